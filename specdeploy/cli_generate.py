@@ -1,0 +1,113 @@
+"""``specdeploy generate``: stream completions and end with a stats table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .runtime.config import DRAFTERS, POLICIES
+
+
+def read_prompts(path: Path) -> list[str]:
+    """Prompts from a .jsonl file (a "prompt" field per line) or plain text (one prompt per line)."""
+    lines = path.read_text().splitlines()
+    prompts = []
+    if path.suffix == ".jsonl":
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise click.ClickException(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise click.ClickException(f"{path}:{number}: expected an object with a string 'prompt' field")
+            prompts.append(record["prompt"])
+    else:
+        prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise click.ClickException(f"{path}: contains no prompt")
+    return prompts
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--prompt", "prompts", multiple=True, help="Prompt text (repeatable).")
+@click.option("--prompt-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="A .jsonl file with a 'prompt' field per line, or plain text with one prompt per line.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens to generate at most.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k most likely tokens (0: off).")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass in (0, 1].")
+@click.option("--min-p", type=float, default=0.0, show_default=True, help="Drop tokens below min_p x the top probability.")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 means off.")
+@click.option("--seed", type=int, default=None, help="Seed for sampling (same seed, same output).")
+@click.option("--k", type=int, default=4, show_default=True, help="Draft length (the maximum, for adaptive policies).")
+@click.option("--policy", type=click.Choice(POLICIES), default="fixed", show_default=True, help="Draft-length policy.")
+@click.option("--drafter", type=click.Choice(DRAFTERS), default="model", show_default=True,
+              help="model: the artifact's draft; prompt-lookup: n-gram; none: plain target decoding.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True,
+              help="ONNX Runtime execution provider.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt: text, token_ids, stats.")
+def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
+             seed, k, policy, drafter, stop, batch_size, provider, threads, as_json):
+    """Generate text with speculative decoding from an exported artifact DIRECTORY."""
+    from . import GenerationConfig, Pipeline
+    from .contract import ContractError
+    from .engines import EngineInputError, ProviderError
+    from .runtime.cache import CapacityError
+    from .runtime.config import ConfigError
+
+    prompts = list(prompts) + (read_prompts(prompt_file) if prompt_file else [])
+    if not prompts:
+        raise click.UsageError("give --prompt or --prompt-file")
+    try:
+        config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                  min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, k=k, policy=policy,
+                                  drafter=drafter, stop=tuple(stop))
+        pipeline = Pipeline.load(directory, provider=provider, threads=threads)
+        if as_json:
+            for result in pipeline.generate(prompts, config, batch_size=batch_size):
+                click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                                       "finish_reason": result.finish_reason, "stats": result.stats}))
+            return
+        results = _show(pipeline, prompts, config, batch_size)
+    except (ConfigError, CapacityError, ContractError, ProviderError, EngineInputError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    _stats_table(results)
+
+
+def _show(pipeline, prompts, config, batch_size):
+    out = Console(highlight=False)
+    if batch_size == 1:
+        results = []
+        for prompt in prompts:
+            out.print(f"[bold cyan]{prompt}[/]", end="")
+            for chunk in pipeline.stream(prompt, config):
+                out.print(chunk.text, end="", markup=False)
+            out.print()
+            results.append(chunk.result)
+        return results
+    results = pipeline.generate(prompts, config, batch_size=batch_size)
+    for prompt, result in zip(prompts, results):
+        out.print(f"[bold cyan]{prompt}[/]", end="")
+        out.print(result.text, markup=False)
+    return results
+
+
+def _stats_table(results) -> None:
+    table = Table("prompt", "tokens", "tok/s", "mean accepted", "acceptance", "by position", "finish",
+                  title="speculative decoding")
+    for i, r in enumerate(results):
+        s = r.stats
+        by_pos = " ".join(f"{a:.2f}" for a in s["acceptance_by_position"])
+        table.add_row(str(i), str(s["tokens"]), f"{s['tokens_per_s']:.1f}", f"{s['mean_accepted_length']:.2f}",
+                      f"{s['acceptance_rate']:.2f}", by_pos or "-", r.finish_reason)
+    Console(stderr=True).print(table)

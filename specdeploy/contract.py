@@ -1,0 +1,236 @@
+"""The verify-v1 contract and the artifact manifest, as data.
+
+Every exported decoder (draft or target) has one signature, declared here once and written
+into ``manifest.json``; engines and the runtime read names and sizes from the manifest, never
+from constants.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CONTRACT = "verify-v1"
+MANIFEST = "manifest.json"
+ROLES = ("target", "draft")
+DTYPES = ("float32", "float16")
+WEIGHT_FORMATS = ("full", "int4")
+
+
+class ContractError(ValueError):
+    """An artifact or manifest that does not satisfy the verify contract."""
+
+
+def input_names(num_layers: int) -> list[str]:
+    """Graph inputs in order: input_ids, past_len, then cache_key.i / cache_value.i per layer."""
+    names = ["input_ids", "past_len"]
+    for i in range(num_layers):
+        names += [f"cache_key.{i}", f"cache_value.{i}"]
+    return names
+
+
+def output_names(num_layers: int) -> list[str]:
+    """Graph outputs in order: logits, then new_key.i / new_value.i per layer."""
+    names = ["logits"]
+    for i in range(num_layers):
+        names += [f"new_key.{i}", f"new_value.{i}"]
+    return names
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One exported decoder: what engines and the runtime need to drive it."""
+
+    role: str
+    file: str
+    architecture: str
+    num_layers: int
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    dtype: str
+    weights: str
+    capacity: int
+    tokenizer_fingerprint: str
+    eos_token_ids: tuple[int, ...] = ()
+    parameters: int = 0
+
+    @property
+    def inputs(self) -> list[str]:
+        return input_names(self.num_layers)
+
+    @property
+    def outputs(self) -> list[str]:
+        return output_names(self.num_layers)
+
+    def cache_shape(self, batch: int, capacity: int) -> tuple[int, int, int, int]:
+        """Shape of one layer's key (or value) cache: [batch, kv_heads, capacity, head_dim]."""
+        return (batch, self.kv_heads, capacity, self.head_dim)
+
+    def cache_bytes(self, batch: int, capacity: int) -> int:
+        """Bytes of all keys and values of this model for ``batch`` rows of ``capacity`` slots."""
+        itemsize = 4 if self.dtype == "float32" else 2
+        return 2 * self.num_layers * batch * self.kv_heads * capacity * self.head_dim * itemsize
+
+
+@dataclass
+class Manifest:
+    """The content of ``manifest.json``: contract version, models, tokenizer and file hashes."""
+
+    models: dict[str, ModelSpec]
+    tokenizer: str = "tokenizer.json"
+    files: dict[str, str] = field(default_factory=dict)
+    contract: str = CONTRACT
+    exporter_version: str = ""
+    opset: int = 0
+
+    @property
+    def target(self) -> ModelSpec:
+        return self.models["target"]
+
+    @property
+    def draft(self) -> ModelSpec | None:
+        return self.models.get("draft")
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        for spec in data["models"].values():
+            spec["eos_token_ids"] = list(spec["eos_token_ids"])
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    def write(self, directory: Path) -> Path:
+        path = Path(directory) / MANIFEST
+        path.write_text(self.to_json() + "\n")
+        return path
+
+    @classmethod
+    def read(cls, directory: Path) -> Manifest:
+        """Read and validate ``directory/manifest.json``; raise ContractError naming what is wrong."""
+        path = Path(directory) / MANIFEST
+        if not path.is_file():
+            raise ContractError(f"{path}: no manifest; is this an artifact dir written by `specdeploy export`?")
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ContractError(f"{path}: not valid JSON ({exc})") from exc
+        return cls.from_dict(data, where=str(path))
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = MANIFEST) -> Manifest:
+        if not isinstance(data, dict):
+            raise ContractError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        contract = _field(data, "contract", str, where)
+        if contract != CONTRACT:
+            raise ContractError(f"{where}: contract {contract!r} is not supported; expected {CONTRACT!r}")
+        models_data = _field(data, "models", dict, where)
+        if "target" not in models_data:
+            raise ContractError(f"{where}: models has no 'target' entry")
+        models = {}
+        for role, spec in models_data.items():
+            if role not in ROLES:
+                raise ContractError(f"{where}: models.{role}: unknown role; expected one of {ROLES}")
+            models[role] = _spec_from_dict(spec, f"{where}: models.{role}")
+        files = _field(data, "files", dict, where)
+        for name, digest in files.items():
+            if not isinstance(digest, str) or len(digest) != 64:
+                raise ContractError(f"{where}: files.{name}: expected a sha256 hex digest, got {digest!r}")
+        return cls(
+            models=models,
+            tokenizer=_field(data, "tokenizer", str, where),
+            files=files,
+            contract=contract,
+            exporter_version=str(data.get("exporter_version", "")),
+            opset=int(data.get("opset", 0)),
+        )
+
+
+_SPEC_TYPES = {
+    "role": str, "file": str, "architecture": str, "num_layers": int, "num_heads": int,
+    "kv_heads": int, "head_dim": int, "vocab_size": int, "dtype": str, "weights": str,
+    "capacity": int, "tokenizer_fingerprint": str,
+}
+
+
+def _field(data: dict, name: str, kind: type, where: str):
+    if name not in data:
+        raise ContractError(f"{where}: missing field {name!r}")
+    value = data[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ContractError(f"{where}: field {name!r} must be {kind.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _spec_from_dict(data: object, where: str) -> ModelSpec:
+    if not isinstance(data, dict):
+        raise ContractError(f"{where}: expected an object, got {type(data).__name__}")
+    values = {name: _field(data, name, kind, where) for name, kind in _SPEC_TYPES.items()}
+    for name in ("num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size", "capacity"):
+        if values[name] <= 0:
+            raise ContractError(f"{where}: {name} must be positive, got {values[name]}")
+    if values["dtype"] not in DTYPES:
+        raise ContractError(f"{where}: dtype {values['dtype']!r} not in {DTYPES}")
+    if values["weights"] not in WEIGHT_FORMATS:
+        raise ContractError(f"{where}: weights {values['weights']!r} not in {WEIGHT_FORMATS}")
+    if values["num_heads"] % values["kv_heads"]:
+        raise ContractError(f"{where}: num_heads {values['num_heads']} is not a multiple of kv_heads {values['kv_heads']}")
+    _check_relative(values["file"], where)
+    eos = data.get("eos_token_ids", [])
+    if not isinstance(eos, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in eos):
+        raise ContractError(f"{where}: eos_token_ids must be a list of ints, got {eos!r}")
+    return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=int(data.get("parameters", 0)))
+
+
+def _check_relative(name: str, where: str) -> None:
+    path = Path(name)
+    if path.is_absolute() or ".." in path.parts or len(path.parts) != 1:
+        raise ContractError(f"{where}: file {name!r} must be a plain file name inside the artifact dir")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_files(directory: Path, manifest: Manifest) -> list[str]:
+    """Compare every file the manifest lists with its sha256; return one problem per line (empty: all good)."""
+    problems = []
+    directory = Path(directory)
+    for name, expected in sorted(manifest.files.items()):
+        try:
+            _check_relative(name, "files")
+        except ContractError as exc:
+            problems.append(str(exc))
+            continue
+        path = directory / name
+        if path.is_symlink() or not path.is_file():
+            problems.append(f"{name}: missing or not a regular file")
+            continue
+        got = sha256_file(path)
+        if got != expected:
+            problems.append(f"{name}: sha256 {got[:16]}… does not match the manifest's {expected[:16]}…")
+    for spec in manifest.models.values():
+        if spec.file not in manifest.files:
+            problems.append(f"{spec.file}: the {spec.role} graph is not listed in the manifest's files")
+    if manifest.tokenizer not in manifest.files:
+        problems.append(f"{manifest.tokenizer}: the tokenizer is not listed in the manifest's files")
+    return problems
+
+
+def special_tokens(tokenizer) -> dict[str, int]:
+    """The special added tokens of a ``tokenizers.Tokenizer``: content -> id."""
+    return {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 over a ``tokenizers.Tokenizer``'s full vocabulary (token -> id) and special tokens."""
+    payload = json.dumps(
+        [sorted(tokenizer.get_vocab(with_added_tokens=True).items()), sorted(special_tokens(tokenizer).items())]
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()

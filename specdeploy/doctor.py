@@ -1,0 +1,88 @@
+"""Checks behind ``specdeploy doctor``: each problem comes with what to do about it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
+
+MIN_OPSET = 17
+
+
+def diagnose(directory: Path) -> list[tuple[str, str]]:
+    """(problem, fix) pairs for an artifact dir; empty when all is well."""
+    try:
+        manifest = Manifest.read(directory)
+    except ContractError as exc:
+        return [(str(exc), "re-export the artifact with `specdeploy export`")]
+    problems = []
+    for line in verify_files(directory, manifest):
+        problems.append((line, "the file changed after export: re-export, or restore the original file"))
+    if manifest.opset and manifest.opset < MIN_OPSET:
+        problems.append((f"opset {manifest.opset} < {MIN_OPSET}", "re-export with this version of specdeploy"))
+    tokenizer_path = Path(directory) / manifest.tokenizer
+    if tokenizer_path.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            fingerprint = tokenizer_fingerprint(Tokenizer.from_file(str(tokenizer_path)))
+        except Exception as exc:
+            problems.append((f"{manifest.tokenizer}: unreadable ({exc})", "re-export the artifact"))
+            fingerprint = None
+        for spec in manifest.models.values():
+            if fingerprint and spec.tokenizer_fingerprint != fingerprint:
+                problems.append((f"{spec.role}: exported with another tokenizer than {manifest.tokenizer}",
+                                 "export draft and target together from checkpoints that share a tokenizer"))
+    draft, target = manifest.draft, manifest.target
+    if draft is not None:
+        if draft.vocab_size != target.vocab_size:
+            problems.append((f"vocab sizes differ: target {target.vocab_size}, draft {draft.vocab_size}",
+                             "use a draft from the target's model family"))
+        if draft.capacity < target.capacity:
+            problems.append((f"draft capacity {draft.capacity} < target capacity {target.capacity}: requests are "
+                             f"limited to {draft.capacity} slots", "re-export both with the same --capacity"))
+    if not problems:
+        problems += _check_graphs(directory, manifest)
+    return problems
+
+
+def _check_graphs(directory: Path, manifest: Manifest) -> list[tuple[str, str]]:
+    """Load each graph into ONNX Runtime and compare its inputs/outputs with the manifest."""
+    from .engines import ProviderError, load_engine
+
+    problems = []
+    for role in manifest.models:
+        try:
+            load_engine(directory, manifest, role)
+        except ProviderError as exc:
+            problems.append((str(exc), "re-export the artifact"))
+        except Exception as exc:  # ONNX Runtime's own load errors (corrupt graph, bad opset)
+            problems.append((f"{role}: ONNX Runtime cannot load {manifest.models[role].file}: {exc}",
+                             "re-export the artifact"))
+    return problems
+
+
+def diagnose_pair(target: str, draft: str | None) -> list[tuple[str, str]]:
+    """(problem, fix) pairs for checkpoints about to be exported together."""
+    from .exporter import ExportError
+    from .exporter.checkpoint import load_checkpoint
+    from .exporter.registry import lookup
+    from .exporter.tokenizer import differences
+
+    loaded = {}
+    problems = []
+    for role, path in (("target", target), ("draft", draft)):
+        if path is None:
+            continue
+        try:
+            loaded[role] = load_checkpoint(path)
+            lookup(loaded[role].config.model_type)
+        except ExportError as exc:
+            problems.append((f"{role}: {exc}", "fix the checkpoint, or pick a supported one"))
+    if len(loaded) == 2:
+        for line in differences(loaded["target"].tokenizer, loaded["draft"].tokenizer):
+            problems.append((f"tokenizers: {line}", "use a draft from the target's model family"))
+        if loaded["target"].config.vocab_size != loaded["draft"].config.vocab_size:
+            problems.append((f"vocab_size: target {loaded['target'].config.vocab_size}, draft "
+                             f"{loaded['draft'].config.vocab_size}", "use a draft from the target's model family"))
+    return problems

@@ -1,0 +1,87 @@
+"""One Engine interface over every backend; the runtime never asks which backend it has."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..contract import ModelSpec
+
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+class EngineInputError(ValueError):
+    """An input that does not fit the engine's verify contract."""
+
+
+@dataclass
+class EngineOutput:
+    logits: np.ndarray  # [batch, tokens, vocab] float32
+    new_kv: list[np.ndarray]  # 2 * layers arrays, each [batch, kv_heads, tokens, head_dim]
+    seconds: float
+
+
+class Engine:
+    """A verify-v1 decoder. ``infer`` checks inputs and times the call; backends implement ``infer_impl``."""
+
+    spec: ModelSpec
+
+    @property
+    def cache_dtype(self) -> np.dtype:
+        return np.dtype(NUMPY_DTYPES[self.spec.dtype])
+
+    def allocate_cache(self, batch: int, capacity: int) -> list[np.ndarray]:
+        """Zero-filled key/value buffers, [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]."""
+        shape = self.spec.cache_shape(batch, capacity)
+        return [np.zeros(shape, self.cache_dtype) for _ in range(2 * self.spec.num_layers)]
+
+    def infer(self, input_ids: np.ndarray, past_len: np.ndarray, cache: list[np.ndarray]) -> EngineOutput:
+        """Run new tokens ``input_ids`` [batch, tokens] at ``past_len`` [batch] over ``cache``."""
+        self._check(input_ids, past_len, cache)
+        start = time.perf_counter()
+        logits, new_kv = self.infer_impl(input_ids, past_len, cache)
+        return EngineOutput(logits, new_kv, time.perf_counter() - start)
+
+    def infer_impl(self, input_ids, past_len, cache) -> tuple[np.ndarray, list[np.ndarray]]:
+        raise NotImplementedError  # abstract: each backend overrides it
+
+    def _check(self, input_ids, past_len, cache) -> None:
+        role = self.spec.role
+        if not isinstance(input_ids, np.ndarray) or input_ids.dtype != np.int64 or input_ids.ndim != 2:
+            raise EngineInputError(
+                f"{role}: input tensor input_ids | received {_describe(input_ids)}; expected int64 [batch, tokens]"
+            )
+        batch, tokens = input_ids.shape
+        if batch == 0 or tokens == 0:
+            raise EngineInputError(f"{role}: input tensor input_ids | received empty shape {input_ids.shape}")
+        if not isinstance(past_len, np.ndarray) or past_len.dtype != np.int64 or past_len.shape != (batch,):
+            raise EngineInputError(
+                f"{role}: input tensor past_len | received {_describe(past_len)}; expected int64 ({batch},)"
+            )
+        if len(cache) != 2 * self.spec.num_layers:
+            raise EngineInputError(f"{role}: received {len(cache)} cache tensors; expected {2 * self.spec.num_layers}")
+        first = cache[0]
+        capacity = first.shape[2] if first.ndim == 4 else -1
+        expected = self.spec.cache_shape(batch, capacity)
+        for i, buf in enumerate(cache):
+            if buf.shape != expected or buf.dtype != self.cache_dtype:
+                name = f"cache_{'key' if i % 2 == 0 else 'value'}.{i // 2}"
+                raise EngineInputError(
+                    f"{role}: input tensor {name} | received {_describe(buf)}; expected {self.spec.dtype} {expected}"
+                )
+        if past_len.min() < 0 or past_len.max() + tokens > capacity:
+            raise EngineInputError(
+                f"{role}: past_len {past_len.tolist()} + {tokens} new tokens exceeds cache capacity {capacity}"
+            )
+        if input_ids.min() < 0 or input_ids.max() >= self.spec.vocab_size:
+            raise EngineInputError(
+                f"{role}: input_ids range [{input_ids.min()}, {input_ids.max()}] outside the vocabulary [0, {self.spec.vocab_size})"
+            )
+
+
+def _describe(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {value.shape}"
+    return type(value).__name__

@@ -1,0 +1,139 @@
+"""Checkpoints -> an artifact dir: target.onnx, draft.onnx, tokenizer.json, manifest.json.
+
+The dir is built in a temporary sibling and renamed into place only when complete, so an
+interrupted export never leaves a half-written artifact behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import __version__
+from ..contract import DTYPES, WEIGHT_FORMATS, Manifest, ModelSpec, sha256_file
+from . import onnx_graph
+from .checkpoint import Checkpoint, load_checkpoint
+from .registry import ExportError, lookup
+from .tokenizer import differences, fingerprint
+
+Progress = Callable[[str], None]
+
+
+def export_artifact(
+    target: str | Path,
+    out: str | Path,
+    draft: str | Path | None = None,
+    dtype: str = "float32",
+    weights: str = "full",
+    capacity: int = 2048,
+    force: bool = False,
+    draft_weights: str | None = None,
+    progress: Progress = lambda step: None,
+) -> Manifest:
+    """Export a target (and optionally a draft) checkpoint to a verify-v1 artifact dir at ``out``.
+
+    ``weights``: "full" or "int4" for the target; ``draft_weights`` defaults to the same.
+    Returns the manifest written. Raises ExportError on bad input, before writing anything.
+    """
+    out = Path(out)
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype {dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
+    for name, value in (("weights", weights), ("draft weights", draft_weights or weights)):
+        if value not in WEIGHT_FORMATS:
+            raise ExportError(f"{name} {value!r} is not supported; expected one of {', '.join(WEIGHT_FORMATS)}")
+    if capacity < 2:
+        raise ExportError(f"capacity must be >= 2, got {capacity}")
+    if out.exists() and not force:
+        raise ExportError(f"{out}: already exists; pass --force to replace it")
+
+    progress(f"loading target {target}")
+    checkpoints = {"target": load_checkpoint(target)}
+    if draft is not None:
+        progress(f"loading draft {draft}")
+        checkpoints["draft"] = load_checkpoint(draft)
+        _check_pair(checkpoints["target"], checkpoints["draft"])
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        specs = {}
+        for role, checkpoint in checkpoints.items():
+            fmt = weights if role == "target" else (draft_weights or weights)
+            specs[role] = _export_model(role, checkpoint, staging, dtype, fmt, capacity, progress)
+        checkpoints["target"].tokenizer.save(str(staging / "tokenizer.json"))
+        progress("hashing files")
+        files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
+        manifest = Manifest(models=specs, files=files, exporter_version=__version__, opset=onnx_graph.OPSET)
+        manifest.write(staging)
+        _replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    progress(f"wrote {out}")
+    return manifest
+
+
+def _check_pair(target: Checkpoint, draft: Checkpoint) -> None:
+    problems = differences(target.tokenizer, draft.tokenizer)
+    if problems:
+        raise ExportError("the draft's tokenizer differs from the target's:\n  " + "\n  ".join(problems))
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise ExportError(
+            f"vocab_size differs: target {target.config.vocab_size}, draft {draft.config.vocab_size}; "
+            "the logits of both must index the same tokens"
+        )
+
+
+def _export_model(role, checkpoint: Checkpoint, staging: Path, dtype, fmt, capacity, progress) -> ModelSpec:
+    import torch
+
+    arch = lookup(checkpoint.config.model_type)
+    dims = arch.dims(checkpoint.config)
+    if dims["max_positions"] and capacity > dims["max_positions"]:
+        raise ExportError(
+            f"{role}: capacity {capacity} exceeds the model's max_position_embeddings {dims['max_positions']}"
+        )
+    progress(f"{role}: building the verify graph ({arch.name}, {dims['num_layers']} layers)")
+    with torch.no_grad():
+        module = arch.build(checkpoint.config, checkpoint.weights, capacity)
+        progress(f"{role}: exporting to ONNX")
+        model = onnx_graph.export_graph(module, dims, staging / f"{role}.onnx")
+    del module
+    if fmt == "int4":
+        progress(f"{role}: quantizing MatMul weights to int4 (MatMulNBits)")
+        model = onnx_graph.to_int4(model)
+    if dtype == "float16":
+        progress(f"{role}: converting to float16")
+        model = onnx_graph.to_float16(model)
+    progress(f"{role}: writing {role}.onnx")
+    onnx_graph.save(model, staging / f"{role}.onnx")
+    return ModelSpec(
+        role=role,
+        file=f"{role}.onnx",
+        architecture=checkpoint.config.model_type,
+        num_layers=dims["num_layers"],
+        num_heads=dims["num_heads"],
+        kv_heads=dims["kv_heads"],
+        head_dim=dims["head_dim"],
+        vocab_size=dims["vocab_size"],
+        dtype=dtype,
+        weights=fmt,
+        capacity=capacity,
+        tokenizer_fingerprint=fingerprint(checkpoint.tokenizer),
+        eos_token_ids=checkpoint.eos_token_ids,
+        parameters=checkpoint.parameters,
+    )
+
+
+def _replace(staging: Path, out: Path) -> None:
+    """Move the finished staging dir to ``out``; an existing ``out`` is removed only after that."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+    staging.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,127 @@
+"""Checkpoints in: a local Hugging Face dir (safetensors only), a .gguf file, or a hub id.
+
+Weights are read with safetensors. Pickled ``.bin`` / ``.pt`` files are refused: unpickling a
+file from an untrusted directory runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from .registry import ExportError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+@dataclass
+class Checkpoint:
+    source: str
+    config: object  # a transformers PretrainedConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def parameters(self) -> int:
+        return sum(t.numel() for t in self.weights.values())
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Load config, weights and tokenizer from a HF model dir, a .gguf file or a hub id."""
+    local = Path(path)
+    if local.is_file() and local.suffix == ".gguf":
+        return _load_gguf(local)
+    if local.is_dir():
+        return _load_dir(local)
+    if local.exists():
+        raise ExportError(f"{path}: expected a model directory or a .gguf file")
+    if str(path).count("/") == 1 and not str(path).startswith((".", "/")):
+        return _load_dir(_download(str(path)))
+    raise ExportError(f"{path}: no such file or directory")
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+    except Exception as exc:  # network, auth, unknown repo: one clear message
+        raise ExportError(f"{repo_id}: not a local path, and fetching it from the hub failed ({exc})") from exc
+
+
+def _load_dir(directory: Path) -> Checkpoint:
+    from transformers import AutoConfig
+
+    if not (directory / "config.json").is_file():
+        raise ExportError(f"{directory}: missing config.json; expected a Hugging Face model directory")
+    shards = sorted(directory.glob("*.safetensors"))
+    if not shards:
+        pickled = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickled:
+            raise ExportError(
+                f"{directory}: only pickled weights ({', '.join(pickled)}); refusing to unpickle them, since loading "
+                "a pickle runs arbitrary code. Convert the checkpoint to safetensors on a trusted machine first"
+            )
+        raise ExportError(f"{directory}: no *.safetensors weights found")
+    try:
+        config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
+    except (ValueError, OSError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{directory / 'config.json'}: cannot be read ({exc})") from exc
+    weights = {}
+    for shard in shards:
+        weights.update(_read_safetensors(shard))
+    return Checkpoint(str(directory), config, weights, _read_tokenizer(directory), _eos_ids(directory, config))
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ExportError(f"{path}: corrupt or unreadable safetensors file ({exc})") from exc
+
+
+def _read_tokenizer(directory: Path) -> Tokenizer:
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        raise ExportError(f"{directory}: missing tokenizer.json (a fast tokenizer is required)")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise ExportError(f"{path}: cannot be read as a tokenizer ({exc})") from exc
+
+
+def _eos_ids(directory: Path | None, config) -> tuple[int, ...]:
+    ids = []
+    sources = [getattr(config, "eos_token_id", None)]
+    gen = directory / "generation_config.json" if directory else None
+    if gen and gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for value in sources:
+        for token in value if isinstance(value, list) else [value]:
+            if isinstance(token, int) and token not in ids:
+                ids.append(token)
+    return tuple(ids)
+
+
+def _load_gguf(path: Path) -> Checkpoint:
+    """Dequantize a GGUF file through transformers' GGUF support."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except (ValueError, OSError, KeyError) as exc:
+        raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
+    weights = {k: v.detach() for k, v in model.state_dict().items()}
+    eos = _eos_ids(None, model.config) or tuple(
+        t for t in [getattr(tokenizer, "eos_token_id", None)] if isinstance(t, int)
+    )
+    return Checkpoint(str(path), model.config, weights, tokenizer.backend_tokenizer, eos)

@@ -1,0 +1,84 @@
+"""GPT-2: learned positions, LayerNorm, fused c_attn (Conv1D weights are already [in, out])."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .layers import cached_attention, frozen, layer_norm, positions
+from .registry import ExportError, register, take
+
+
+class Gpt2Verify(nn.Module):
+    def __init__(self, config, weights: dict[str, torch.Tensor], dims: dict):
+        super().__init__()
+        self.eps = config.layer_norm_epsilon
+        self.heads, self.head_dim = dims["num_heads"], dims["head_dim"]
+        self.wte = frozen(take(weights, "transformer.wte.weight"))
+        self.wpe = frozen(take(weights, "transformer.wpe.weight"))
+        self.lm_head = frozen(weights.get("lm_head.weight", self.wte.data).t())
+        self.ln_f = nn.ParameterList([frozen(take(weights, f"transformer.ln_f.{p}")) for p in ("weight", "bias")])
+        self.layers = nn.ModuleList(_Block(weights, f"transformer.h.{i}.") for i in range(dims["num_layers"]))
+
+    def forward(self, input_ids, past_len, *cache):
+        batch, tokens = input_ids.shape
+        x = nn.functional.embedding(input_ids, self.wte) + nn.functional.embedding(positions(past_len, tokens), self.wpe)
+        hidden = self.heads * self.head_dim
+        new_kv = []
+        for i, block in enumerate(self.layers):
+            h = layer_norm(x, block.ln1_w, block.ln1_b, self.eps)
+            q, k, v = (h @ block.attn_w + block.attn_b).split([hidden] * 3, dim=-1)
+            q, k, v = (t.reshape(batch, tokens, self.heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+            attn = cached_attention(q * (1.0 / math.sqrt(self.head_dim)), k, v, cache[2 * i], cache[2 * i + 1], past_len)
+            x = x + attn @ block.proj_w + block.proj_b
+            h = layer_norm(x, block.ln2_w, block.ln2_b, self.eps)
+            h = nn.functional.gelu(h @ block.fc_w + block.fc_b, approximate="tanh")
+            x = x + h @ block.mlp_proj_w + block.mlp_proj_b
+            new_kv += [k, v]
+        logits = layer_norm(x, self.ln_f[0], self.ln_f[1], self.eps) @ self.lm_head
+        return (logits.to(torch.float32), *new_kv)
+
+
+class _Block(nn.Module):
+    def __init__(self, weights: dict[str, torch.Tensor], prefix: str):
+        super().__init__()
+        names = {
+            "ln1_w": "ln_1.weight", "ln1_b": "ln_1.bias", "attn_w": "attn.c_attn.weight",
+            "attn_b": "attn.c_attn.bias", "proj_w": "attn.c_proj.weight", "proj_b": "attn.c_proj.bias",
+            "ln2_w": "ln_2.weight", "ln2_b": "ln_2.bias", "fc_w": "mlp.c_fc.weight", "fc_b": "mlp.c_fc.bias",
+            "mlp_proj_w": "mlp.c_proj.weight", "mlp_proj_b": "mlp.c_proj.bias",
+        }
+        for attr, name in names.items():
+            setattr(self, attr, frozen(take(weights, prefix + name)))
+
+
+class Gpt2Family:
+    name = "gpt2"
+    model_types = ("gpt2",)
+
+    def dims(self, config) -> dict:
+        return {
+            "num_layers": config.n_layer,
+            "num_heads": config.n_head,
+            "kv_heads": config.n_head,
+            "head_dim": config.n_embd // config.n_head,
+            "vocab_size": config.vocab_size,
+            "max_positions": config.n_positions,
+        }
+
+    def build(self, config, weights, capacity):
+        if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "reorder_and_upcast_attn", False):
+            raise ExportError("gpt2 variants with scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn are not supported")
+        if not getattr(config, "scale_attn_weights", True):
+            raise ExportError("gpt2 with scale_attn_weights=False is not supported")
+        if config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ExportError(f"activation_function {config.activation_function!r} is not supported; expected 'gelu_new'")
+        # HF checkpoints of GPT2LMHeadModel save the body under "transformer."; GPT2Model without it.
+        if "transformer.wte.weight" not in weights:
+            weights = {("transformer." + k if not k.startswith("lm_head") else k): v for k, v in weights.items()}
+        return Gpt2Verify(config, weights, self.dims(config)).eval()
+
+
+register(Gpt2Family())

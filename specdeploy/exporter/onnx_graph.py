@@ -1,0 +1,111 @@
+"""Torch verify module -> ONNX file: dynamo export, then optional fp16 and int4 rewrites."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+from ..contract import input_names, output_names
+from .registry import ExportError
+
+OPSET = 18
+# Models past this size must keep their weights as ONNX external data (protobuf caps files at 2 GB).
+EXTERNAL_DATA_BYTES = 1 << 30
+# Example sizes for tracing: all >= 2 and pairwise distinct, since a dim of size 1, or one equal to
+# another, can be specialised into the graph.
+EXAMPLE_BATCH, EXAMPLE_TOKENS, EXAMPLE_CAPACITY = 3, 5, 11
+
+
+def export_graph(module: torch.nn.Module, dims: dict, path: Path) -> onnx.ModelProto:
+    """Trace ``module`` into a verify-v1 graph with dynamic batch, tokens and capacity."""
+    layers, kv_heads, head_dim = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
+    input_ids = torch.randint(0, dims["vocab_size"], (EXAMPLE_BATCH, EXAMPLE_TOKENS))
+    past_len = torch.tensor([2, 4, 3][:EXAMPLE_BATCH], dtype=torch.int64)
+    cache = [torch.zeros(EXAMPLE_BATCH, kv_heads, EXAMPLE_CAPACITY, head_dim) for _ in range(2 * layers)]
+    batch, tokens, capacity = (torch.export.Dim(n) for n in ("batch", "tokens", "capacity"))
+    dynamic = (
+        {0: batch, 1: tokens},
+        {0: batch},
+        tuple({0: batch, 2: capacity} for _ in cache),  # varargs take a nested tuple
+    )
+    with warnings.catch_warnings(), _quiet():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module,
+            (input_ids, past_len, *cache),
+            dynamo=True,
+            dynamic_shapes=dynamic,
+            input_names=input_names(layers),
+            output_names=output_names(layers),
+            opset_version=OPSET,
+            optimize=True,
+            verbose=False,
+        )
+    model = program.model_proto
+    _name_dims(model, layers)
+    return model
+
+
+def _name_dims(model: onnx.ModelProto, layers: int) -> None:
+    """Give the dynamic axes the contract's names, whatever the exporter called them."""
+    wanted = {"input_ids": ["batch", "tokens"], "past_len": ["batch"], "logits": ["batch", "tokens", "vocab"]}
+    for i in range(layers):
+        for kind in ("key", "value"):
+            wanted[f"cache_{kind}.{i}"] = ["batch", "kv_heads", "capacity", "head_dim"]
+            wanted[f"new_{kind}.{i}"] = ["batch", "kv_heads", "tokens", "head_dim"]
+    for value in list(model.graph.input) + list(model.graph.output):
+        for dim, name in zip(value.type.tensor_type.shape.dim, wanted.get(value.name, [])):
+            if not dim.HasField("dim_value"):
+                dim.dim_param = name
+
+
+def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """fp16 weights and caches; ids, past_len and logits keep their types (the contract's)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    keep = [n for n in ("input_ids", "past_len", "logits")]
+    return convert_float_to_float16(model, keep_io_types=keep, disable_shape_infer=True)
+
+
+def to_int4(model: onnx.ModelProto, block_size: int = 32, accuracy_level: int = 4) -> onnx.ModelProto:
+    """4-bit block-wise weight-only MatMuls through ONNX Runtime's own MatMulNBits quantizer."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level)
+    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+    with _quiet():
+        quantizer.process()
+    quantized = quantizer.model.model
+    if not any(node.op_type == "MatMulNBits" for node in quantized.graph.node):
+        raise ExportError("int4 quantization rewrote no MatMul; the graph has no constant MatMul weights")
+    return quantized
+
+
+def save(model: onnx.ModelProto, path: Path) -> list[Path]:
+    """Write the graph (and its external data when large); return the files written."""
+    size = sum(t.ByteSize() for t in model.graph.initializer)
+    if size < EXTERNAL_DATA_BYTES:
+        onnx.save_model(model, str(path))
+        return [path]
+    data = path.with_name(path.name + ".data")
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
+    return [path, data]
+
+
+class _quiet:
+    """Silence the exporters' info logging (progress is shown by the caller)."""
+
+    def __enter__(self):
+        self.levels = {}
+        for name in ("torch.onnx", "onnxscript", "onnx_ir", "root", "onnxruntime"):
+            logger = logging.getLogger(None if name == "root" else name)
+            self.levels[name] = logger.level
+            logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        for name, level in self.levels.items():
+            logging.getLogger(None if name == "root" else name).setLevel(level)

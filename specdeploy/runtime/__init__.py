@@ -1,0 +1,1 @@
+"""The speculative runtime: pure NumPy over engines. Imports neither torch nor transformers."""

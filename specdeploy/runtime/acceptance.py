@@ -1,0 +1,83 @@
+"""Acceptance rules: which drafted tokens survive verification, and which token comes next.
+
+Glossary (as in vLLM's rejection sampler):
+- *draft tokens* d_1..d_K: proposed by the drafter, with proposal distributions q_1..q_K.
+- *accepted* tokens: the longest prefix of the drafts that survives; n of them, 0 <= n <= K.
+- *recovered* token: emitted at the first rejection (position n + 1) instead of d_{n+1}; greedy
+  takes the target's argmax there, sampling draws from normalise(max(0, p_{n+1} - q_{n+1})).
+- *bonus* token: emitted when all K drafts are accepted, from the target's p_{K+1}.
+Every cycle emits n + 1 tokens: n accepted plus one recovered or bonus token.
+
+Outputs follow vLLM: ``accepted`` [batch] and ``emitted`` [batch, K + 1] padded with -1.
+Pure functions: no I/O, no timing, no globals; randomness comes from the caller's generators.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .sampling import sample
+
+PAD = -1
+
+
+def greedy_accept(target_argmax: np.ndarray, drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Accept while each draft equals the target's argmax; then emit the target's own token.
+
+    target_argmax: [batch, K + 1] int; drafts: [batch, K] int.
+    Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
+    """
+    batch, k = drafts.shape
+    matches = drafts == target_argmax[:, :k]  # [batch, K]
+    accepted = np.cumprod(matches, axis=1).sum(axis=1)  # [batch]
+    positions = np.arange(k + 1)[None, :]  # [1, K + 1]
+    padded_drafts = np.concatenate([drafts, np.full((batch, 1), PAD)], axis=1)  # [batch, K + 1]
+    final = np.take_along_axis(target_argmax, accepted[:, None], axis=1)  # [batch, 1]
+    emitted = np.where(positions < accepted[:, None], padded_drafts, PAD)
+    emitted = np.where(positions == accepted[:, None], final, emitted)
+    return accepted, emitted
+
+
+def speculative_accept(
+    p: np.ndarray,
+    q: np.ndarray | None,
+    drafts: np.ndarray,
+    rngs: list[np.random.Generator],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Distribution-preserving speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    p: [batch, K + 1, vocab] target probabilities (processed); q: [batch, K, vocab] draft
+    probabilities, or None when the drafter proposes deterministically (q is one-hot on the
+    draft); drafts: [batch, K]; rngs: one generator per row.
+    Draft d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection the
+    recovered token is drawn from normalise(max(0, p_i - q_i)); after K accepts the bonus token is
+    drawn from p_{K+1}. The emitted tokens are then distributed exactly as p.
+    Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
+    """
+    batch, k = drafts.shape
+    rows = np.arange(batch)[:, None]
+    cols = np.arange(k)[None, :]
+    p_draft = p[rows, cols, drafts]  # [batch, K]
+    q_draft = np.ones_like(p_draft) if q is None else q[rows, cols, drafts]  # [batch, K]
+    ratio = np.divide(p_draft, q_draft, out=np.zeros_like(p_draft), where=q_draft > 0)  # [batch, K]
+    uniforms = np.stack([rng.random(k) for rng in rngs]) if k else np.zeros((batch, 0))  # [batch, K]
+    accepted = np.cumprod(uniforms < ratio, axis=1).sum(axis=1)  # [batch]
+    emitted = np.full((batch, k + 1), PAD, dtype=np.int64)
+    for b in range(batch):
+        n = int(accepted[b])
+        emitted[b, :n] = drafts[b, :n]
+        target = p[b, n]  # [vocab]
+        if n < k:
+            proposal = q[b, n] if q is not None else _one_hot(drafts[b, n], target.shape[-1])
+            residual = np.maximum(target - proposal, 0.0)
+            # p == q exactly leaves no residual mass; rejection then has probability 0 in exact
+            # arithmetic, and p itself is the right fallback for what rounding left.
+            target = residual if residual.sum() > 0 else target
+        emitted[b, n] = sample(target, rngs[b])
+    return accepted, emitted
+
+
+def _one_hot(token: int, vocab: int) -> np.ndarray:
+    out = np.zeros(vocab)
+    out[token] = 1.0
+    return out

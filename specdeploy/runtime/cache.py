@@ -1,0 +1,63 @@
+"""KV cache staging and commit. Rollback moves a length: nothing is copied or cropped.
+
+Each model's cache holds K/V for a prefix of a row's tokens; ``past_len[b]`` is that prefix's
+length. New K/V are staged at ``past_len .. past_len + T``; commit moves ``past_len`` to the
+accepted prefix, and rejected entries beyond it are simply overwritten by the next call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class CapacityError(ValueError):
+    """A request that cannot fit in the cache capacity."""
+
+
+def plan_capacity(prompt_lengths: list[int], max_new_tokens: int, k: int, limit: int, role: str = "target") -> int:
+    """Slots a batch needs: longest prompt + max_new_tokens + k + 1; refused above ``limit``."""
+    needed = max(prompt_lengths) + max_new_tokens + k + 1
+    if needed > limit:
+        raise CapacityError(
+            f"{role}: prompt ({max(prompt_lengths)} tokens) + max_new_tokens ({max_new_tokens}) + k ({k}) + 1 = "
+            f"{needed} cache slots, but the artifact was exported with capacity {limit}; shorten the prompt, lower "
+            "max_new_tokens or k, or re-export with a larger --capacity"
+        )
+    return needed
+
+
+class KVCache:
+    """Preallocated, zero-filled K/V buffers of one model for a batch, and each row's past_len."""
+
+    def __init__(self, buffers: list[np.ndarray]):
+        self.buffers = buffers  # [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]
+        self.past_len = np.zeros(buffers[0].shape[0], dtype=np.int64)  # [batch]
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    def stage(self, new_kv: list[np.ndarray], start: np.ndarray) -> None:
+        """Write new K/V (each [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
+        tokens = new_kv[0].shape[2]
+        if np.all(start == start[0]):
+            s = int(start[0])
+            for buf, new in zip(self.buffers, new_kv):
+                buf[:, :, s : s + tokens] = new
+            return
+        for b, s in enumerate(start.tolist()):
+            for buf, new in zip(self.buffers, new_kv):
+                buf[b, :, s : s + tokens] = new[b]
+
+    def commit(self, lengths: np.ndarray) -> None:
+        """Move each row's valid prefix to ``lengths`` [batch]."""
+        self.past_len[:] = lengths
+
+    def select(self, rows: np.ndarray) -> None:
+        """Keep only ``rows`` (finished rows leave the batch)."""
+        self.buffers = [np.ascontiguousarray(b[rows]) for b in self.buffers]
+        self.past_len = self.past_len[rows]

@@ -1,0 +1,158 @@
+"""The decoder: prefill, speculative cycles, stopping, and batches with ragged acceptance.
+
+One cycle, for every active row b with L_b committed tokens x[0:L_b]:
+  the drafter proposes d_1..d_K (written into the row's token buffer at L_b..),
+  the target runs [x[L_b - 1], d_1..d_K] (K + 1 tokens) from past_len L_b - 1,
+  acceptance keeps n_b drafts and emits one recovered or bonus token,
+  the target's past_len moves to L_b + n_b, the draft's to what it has seen of the new prefix.
+Rows accept different numbers of tokens in the same call; finished rows leave the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..engines.base import Engine
+from .acceptance import greedy_accept, speculative_accept
+from .cache import KVCache, plan_capacity
+from .config import GenerationConfig
+from .forward import forward_rows
+from .policies import CycleOutcome
+from .sampling import penalize_positions, probabilities
+from .telemetry import CycleRecord
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class RowResult:
+    request_id: str
+    prompt_ids: np.ndarray
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+    records: list[CycleRecord] = field(default_factory=list)
+
+
+class Generation:
+    """One batch of requests in flight; ``step()`` runs one cycle and reports what each row committed."""
+
+    def __init__(self, target: Engine, drafter, policy, config: GenerationConfig, prompts: list[np.ndarray],
+                 request_ids: list[str], stop_check=None, k_limit: int | None = None):
+        self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
+        self.stop_check = stop_check  # (row result) -> number of tokens to keep, or None to go on
+        self.k_cap = config.k if config.speculative else 0
+        limit = target.spec.capacity if k_limit is None else k_limit
+        self.capacity = plan_capacity([len(p) for p in prompts], config.max_new_tokens, self.k_cap, limit)
+        self.rows = [RowResult(rid, p) for rid, p in zip(request_ids, prompts)]
+        batch = len(prompts)
+        self.active = np.arange(batch)  # batch row -> request index
+        self.tokens = np.zeros((batch, self.capacity), np.int64)  # [batch, capacity]
+        self.lengths = np.array([len(p) for p in prompts], np.int64)  # [batch] committed tokens
+        for b, p in enumerate(prompts):
+            self.tokens[b, : len(p)] = p
+        seeds = [None if config.seed is None else [config.seed, i] for i in range(batch)]
+        self.rngs = [np.random.default_rng(s) for s in seeds]
+        self.cache = KVCache(target.allocate_cache(batch, self.capacity))
+        self.drafter.start(batch, self.capacity)
+        self.eos = set() if config.ignore_eos else set(target.spec.eos_token_ids)
+        self.cycle = 0
+        self.prefill_seconds = self._prefill()
+
+    @property
+    def done(self) -> bool:
+        return len(self.active) == 0
+
+    def _prefill(self) -> float:
+        """The target sees every prompt token but the last (each cycle starts from x[L - 1])."""
+        began = time.perf_counter()
+        goal = self.lengths - 1
+        while np.any(self.cache.past_len < goal):
+            ends = np.minimum(goal, self.cache.past_len + PREFILL_CHUNK)
+            forward_rows(self.target, self.cache, self.tokens, ends)
+        return time.perf_counter() - began
+
+    def step(self) -> list[tuple[int, list[int]]]:
+        """One cycle over the active rows. Returns (request index, newly committed token ids) per row."""
+        config, batch = self.config, len(self.active)
+        remaining = np.array([config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active])
+        k = min(self.policy.next_k() if self.k_cap else 0, self.k_cap, int(remaining.max()) - 1)
+        proposal = self.drafter.propose(self.tokens, self.lengths, k, config, self._rngs(),
+                                        self.policy.confidence_threshold) if k > 0 else None
+        k = proposal.drafts.shape[1] if proposal else 0
+        drafts = proposal.drafts if proposal else np.zeros((batch, 0), np.int64)
+
+        logits, _, verify_s, cache_s = forward_rows(self.target, self.cache, self.tokens, self.lengths + k)
+        began = time.perf_counter()
+        if config.repetition_penalty != 1.0:
+            logits = np.stack([penalize_positions(logits[b], self.tokens[b, : self.lengths[b]], drafts[b],
+                                                  config.repetition_penalty) for b in range(batch)])
+        if config.greedy:
+            accepted, emitted = greedy_accept(logits.argmax(-1), drafts)
+        else:
+            accepted, emitted = speculative_accept(probabilities(logits, config), proposal.q if proposal else None,
+                                                   drafts, self._rngs())
+        accept_s = time.perf_counter() - began
+
+        began = time.perf_counter()
+        old_lengths = self.lengths.copy()
+        rows = np.arange(batch)
+        self.tokens[rows, old_lengths + accepted] = emitted[rows, accepted]
+        self.cache.commit(old_lengths + accepted)
+        self.drafter.commit(old_lengths, accepted)
+        self.lengths = old_lengths + accepted + 1
+        cache_s += time.perf_counter() - began
+
+        draft_s = proposal.seconds if proposal else 0.0
+        self.policy.observe(CycleOutcome(k, accepted, draft_s, proposal.steps if proposal else 0, verify_s, k + 1))
+        committed, finished = [], []
+        for b in range(batch):
+            index = int(self.active[b])
+            row = self.rows[index]
+            new = [int(t) for t in emitted[b, : accepted[b] + 1]]
+            new = self._truncate(row, new, int(remaining[b]))
+            row.token_ids += new
+            if row.finish_reason:
+                finished.append(b)
+            committed.append((index, new))
+            n = int(accepted[b])
+            row.records.append(CycleRecord(
+                request_id=row.request_id, cycle=self.cycle, k=k, accepted=n,
+                rejected_at=n + 1 if n < k else None,
+                final="plain" if k == 0 else ("bonus" if n == k else "recovered"),
+                emitted=len(new), draft_s=draft_s / batch, verify_s=verify_s / batch,
+                accept_s=accept_s / batch, cache_s=cache_s / batch, batch_size=batch,
+            ))
+        self.cycle += 1
+        if finished:
+            self._leave(finished)
+        return committed
+
+    def _truncate(self, row: RowResult, new: list[int], remaining: int) -> list[int]:
+        """Cut a row's new tokens at EOS, max_new_tokens or a stop string, and say why it finished."""
+        for i, token in enumerate(new):
+            if token in self.eos:
+                new, row.finish_reason = new[: i + 1], "eos"
+                break
+        if len(new) >= remaining:
+            new = new[:remaining]
+            row.finish_reason = row.finish_reason or "length"
+        if self.stop_check is not None:
+            keep = self.stop_check(row.token_ids, new)
+            if keep is not None:
+                new, row.finish_reason = new[:keep], "stop"
+        return new
+
+    def _leave(self, finished: list[int]) -> None:
+        keep = np.setdiff1d(np.arange(len(self.active)), finished)
+        self.active = self.active[keep]
+        self.tokens = self.tokens[keep]
+        self.lengths = self.lengths[keep]
+        if len(keep):
+            self.cache.select(keep)
+            self.drafter.select(keep)
+
+    def _rngs(self) -> list[np.random.Generator]:
+        return [self.rngs[i] for i in self.active]

@@ -1,0 +1,126 @@
+"""Drafters propose tokens for the target to verify: a draft model, prompt lookup, or none."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..engines.base import Engine
+from .cache import KVCache
+from .config import GenerationConfig
+from .forward import forward_rows
+from .sampling import penalize, probabilities, sample
+
+
+@dataclass
+class Proposal:
+    drafts: np.ndarray  # [batch, k] int64
+    q: np.ndarray | None  # [batch, k, vocab] proposal distributions; None: deterministic (one-hot)
+    seconds: float  # drafting time, engine calls and their bookkeeping
+    steps: int  # draft engine calls
+
+
+class NoDrafter:
+    """Plain target decoding: the baseline."""
+
+    name = "none"
+
+    def start(self, batch: int, capacity: int) -> None:
+        """Nothing to allocate."""
+
+    def propose(self, tokens, lengths, k, config, rngs, threshold=None) -> Proposal:
+        return Proposal(np.zeros((len(lengths), 0), np.int64), None, 0.0, 0)
+
+    def commit(self, old_lengths: np.ndarray, accepted: np.ndarray) -> None:
+        """Nothing to roll back."""
+
+    def select(self, rows: np.ndarray) -> None:
+        """Nothing per row."""
+
+
+class ModelDrafter(NoDrafter):
+    """A draft model: catches up on committed tokens it has not seen, then proposes one call a token."""
+
+    name = "model"
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.cache: KVCache | None = None
+
+    def start(self, batch: int, capacity: int) -> None:
+        self.cache = KVCache(self.engine.allocate_cache(batch, capacity))
+
+    def propose(self, tokens, lengths, k, config: GenerationConfig, rngs, threshold=None) -> Proposal:
+        """Write drafts into ``tokens`` [batch, width] at lengths[b] .. and return them with q."""
+        began = time.perf_counter()
+        batch = len(lengths)
+        drafts = np.zeros((batch, k), np.int64)
+        qs = []
+        logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths)
+        last = logits[np.arange(batch), lengths - 1 - start]  # [batch, vocab]
+        steps = 1
+        for i in range(k):
+            if config.repetition_penalty != 1.0:
+                last = np.stack([penalize(last[b], tokens[b, : lengths[b] + i], config.repetition_penalty)
+                                 for b in range(batch)])
+            q = probabilities(last, config)  # [batch, vocab]
+            if threshold is not None and q.max(-1).max() < threshold:
+                break  # no row is confident enough to make another draft worth verifying
+            if config.greedy:
+                drafts[:, i] = last.argmax(-1)
+            else:
+                drafts[:, i] = [sample(q[b], rngs[b]) for b in range(batch)]
+            tokens[np.arange(batch), lengths + i] = drafts[:, i]
+            qs.append(q)
+            if i + 1 < k:
+                logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths + i + 1)
+                last = logits[:, -1]
+                steps += 1
+        made = len(qs)
+        q_all = np.stack(qs, axis=1) if made and not config.greedy else None
+        return Proposal(drafts[:, :made], q_all, time.perf_counter() - began, steps)
+
+    def commit(self, old_lengths: np.ndarray, accepted: np.ndarray) -> None:
+        """The draft's K/V stays valid for committed tokens and the accepted drafts it has seen."""
+        self.cache.commit(np.minimum(self.cache.past_len, old_lengths + accepted))
+
+    def select(self, rows: np.ndarray) -> None:
+        self.cache.select(rows)
+
+
+class PromptLookup(NoDrafter):
+    """Prompt lookup (n-gram) drafting: continue the latest earlier match of the last n tokens.
+
+    No model; like transformers' ``prompt_lookup_num_tokens``. Proposals are deterministic, so q is
+    one-hot and sampling verification accepts a draft d with probability p(d).
+    """
+
+    name = "prompt-lookup"
+
+    def __init__(self, max_ngram: int = 3):
+        self.max_ngram = max_ngram
+
+    def propose(self, tokens, lengths, k, config, rngs, threshold=None) -> Proposal:
+        began = time.perf_counter()
+        found = [self._lookup(tokens[b, : lengths[b]], k) for b in range(len(lengths))]
+        made = max(len(f) for f in found)
+        drafts = np.zeros((len(lengths), made), np.int64)
+        for b, cont in enumerate(found):
+            # rows without a (long enough) match repeat their last token: any proposal is lossless
+            filler = cont[-1] if len(cont) else tokens[b, lengths[b] - 1]
+            drafts[b] = np.concatenate([cont, np.full(made - len(cont), filler)])
+            tokens[b, lengths[b] : lengths[b] + made] = drafts[b]
+        return Proposal(drafts, None, time.perf_counter() - began, 0)
+
+    def _lookup(self, seq: np.ndarray, k: int) -> np.ndarray:
+        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+            windows = sliding_window_view(seq[:-1], n)  # earlier n-grams, the final one excluded
+            hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
+            for hit in hits[::-1]:  # latest match with a continuation first
+                cont = seq[hit + n : hit + n + k]
+                if len(cont):
+                    return cont
+        return seq[:0]

@@ -1,0 +1,32 @@
+"""Ragged engine calls: one call serves rows that need different numbers of new tokens."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..engines.base import Engine
+from .cache import KVCache
+
+
+def forward_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: np.ndarray):
+    """Bring each row's cache up to ``ends[b]`` tokens of ``tokens`` [batch, width]; one engine call.
+
+    Rows needing fewer new tokens than the longest re-feed tokens they already cached (their K/V is
+    recomputed and overwritten with the same values), so one [batch, T] call serves a ragged
+    batch. A row too short to start T tokens back is right-padded instead: its padding lands beyond
+    ``ends[b]`` and is never committed.
+    Returns logits [batch, T, vocab], start [batch] (logits[b, j] follows token start[b] + j), the
+    engine's seconds and the staging seconds. Commits past_len = ends.
+    """
+    counts = ends - cache.past_len
+    tokens_per_row = int(counts.max())
+    start = np.maximum(0, np.minimum(cache.past_len, ends - tokens_per_row))  # [batch]
+    index = np.minimum(start[:, None] + np.arange(tokens_per_row)[None, :], tokens.shape[1] - 1)
+    input_ids = np.take_along_axis(tokens, index, axis=1)  # [batch, T]
+    out = engine.infer(input_ids, start, cache.buffers)
+    began = time.perf_counter()
+    cache.stage(out.new_kv, start)
+    cache.commit(ends)
+    return out.logits, start, out.seconds, time.perf_counter() - began

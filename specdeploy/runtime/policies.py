@@ -1,0 +1,161 @@
+"""Draft-length policies: how many tokens to draft next, and what to learn from a cycle.
+
+Each policy is a two-method object (``next_k``, ``observe``), testable without a model.
+Capabilities are attributes: ``confidence_threshold`` (None: draft all k) tells the drafter when
+to stop early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class CycleOutcome:
+    """What a policy observes after one cycle of a batch."""
+
+    proposed: int  # drafts verified this cycle (K; 0 for a plain decode step)
+    accepted: np.ndarray  # [batch] accepted drafts per row
+    draft_seconds: float  # whole cycle's drafting time
+    draft_steps: int  # draft engine calls made
+    verify_seconds: float  # the target call
+    verify_tokens: int  # tokens per row in the target call (K + 1)
+
+
+class FixedK:
+    """Always draft k tokens."""
+
+    confidence_threshold = None
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, outcome: CycleOutcome) -> None:
+        """A fixed policy learns nothing."""
+
+
+class ConfidenceStop(FixedK):
+    """Draft up to k tokens, stopping once the draft's top probability falls below a threshold."""
+
+    def __init__(self, k: int, threshold: float = 0.4):
+        super().__init__(k)
+        self.confidence_threshold = threshold
+
+
+class Heuristic:
+    """transformers' schedule: +2 after a fully accepted block, -1 otherwise, within [1, k_max]."""
+
+    confidence_threshold = None
+
+    def __init__(self, k_max: int, start: int | None = None):
+        self.k_max = k_max
+        self.k = min(start or k_max, k_max)
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, outcome: CycleOutcome) -> None:
+        if outcome.proposed == 0:
+            return
+        if np.all(outcome.accepted == outcome.proposed):
+            self.k = min(self.k + 2, self.k_max)
+        else:
+            self.k = max(self.k - 1, 1)
+
+
+class CostModel:
+    """Pick the K that maximises expected tokens per second, K = 0 (plain decoding) included.
+
+    It keeps running estimates of
+    - a_i, the rate at which draft i is accepted given drafts 1..i-1 were (decayed counts),
+    - c_d, the time of one draft step, and v(T), the time of a target call over T tokens,
+    and chooses argmax_K E[tokens | K] / (K c_d + v(K + 1)), with E[tokens | K] = 1 + sum_{j<=K}
+    prod_{i<=j} a_i (Leviathan et al. 2023, per-position). While K = 0 wins it probes with the
+    best K > 0 every ``probe_every`` cycles, so it notices when speculation starts to pay again.
+    """
+
+    confidence_threshold = None
+
+    def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float = 0.5,
+                 probe_every: int = 16):
+        self.k_max = k_max
+        self.start = min(start if start is not None else k_max, k_max)
+        self.decay, self.prior, self.probe_every = decay, prior, probe_every
+        self.tried = np.zeros(k_max + 1)  # index i: times draft i was verified (index 0 unused)
+        self.kept = np.zeros(k_max + 1)
+        self.draft_step: float | None = None
+        self.verify: dict[int, float] = {}
+        self.plain_streak = 0
+
+    def acceptance(self) -> np.ndarray:
+        """Estimated conditional acceptance a_i for i = 1..k_max.  # [k_max]"""
+        return (self.kept[1:] + self.prior) / (self.tried[1:] + 1.0)
+
+    def verify_cost(self, tokens: int) -> float:
+        """v(T): measured where known, else a least-squares line through the measured points."""
+        if tokens in self.verify:
+            return self.verify[tokens]
+        if len(self.verify) == 1:
+            (t0, v0), = self.verify.items()
+            return v0 * (1 + 0.1 * (tokens - t0))  # until a second size is measured, 10 % a token
+        t = np.array(list(self.verify))
+        v = np.array(list(self.verify.values()))
+        slope, base = np.polyfit(t, v, 1)
+        return max(base + slope * tokens, min(v))
+
+    def expected_rate(self) -> np.ndarray:
+        """Expected tokens per second for K = 0..k_max.  # [k_max + 1]"""
+        survive = np.concatenate([[1.0], np.cumprod(self.acceptance())])  # P(first j drafts accepted)
+        tokens = np.cumsum(survive)  # E[tokens | K] = sum_{j=0..K} survive_j
+        step = self.draft_step or 0.0
+        cost = np.array([k * step + self.verify_cost(k + 1) for k in range(self.k_max + 1)])
+        return tokens / cost
+
+    def next_k(self) -> int:
+        if self.draft_step is None or not self.verify:
+            return self.start  # nothing measured yet: speculate to learn the costs
+        rates = self.expected_rate()
+        best = int(np.argmax(rates))
+        if best == 0 and self.k_max > 0:
+            self.plain_streak += 1
+            if self.plain_streak >= self.probe_every:
+                self.plain_streak = 0
+                return int(np.argmax(rates[1:])) + 1
+        else:
+            self.plain_streak = 0
+        return best
+
+    def observe(self, outcome: CycleOutcome) -> None:
+        k = outcome.proposed
+        blend = 0.1  # costs drift slowly (cache growth, machine load); acceptance decays apart
+        if k > 0:
+            self.tried *= self.decay
+            self.kept *= self.decay
+            for n in np.asarray(outcome.accepted):
+                reached = min(int(n) + 1, k)  # drafts 1..n accepted, n + 1 rejected (if it exists)
+                self.tried[1 : reached + 1] += 1
+                self.kept[1 : int(n) + 1] += 1
+        if outcome.draft_steps:
+            step = outcome.draft_seconds / outcome.draft_steps
+            self.draft_step = step if self.draft_step is None else (1 - blend) * self.draft_step + blend * step
+        if outcome.verify_tokens:
+            t, v = outcome.verify_tokens, outcome.verify_seconds
+            self.verify[t] = v if t not in self.verify else (1 - blend) * self.verify[t] + blend * v
+
+
+def make_policy(name: str, k: int, confidence_threshold: float = 0.4):
+    """The policy called ``name`` with maximum draft length ``k``."""
+    if name == "fixed":
+        return FixedK(k)
+    if name == "confidence":
+        return ConfidenceStop(k, confidence_threshold)
+    if name == "heuristic":
+        return Heuristic(k)
+    if name == "cost":
+        return CostModel(k)
+    raise ValueError(f"policy {name!r} is unknown; expected fixed, confidence, heuristic or cost")

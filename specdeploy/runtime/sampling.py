@@ -1,0 +1,74 @@
+"""Logit processing, applied identically to draft and target logits before acceptance.
+
+Order (as transformers applies it): repetition penalty, temperature, top-k, top-p, min-p.
+Temperature 0 means greedy: the processed distribution is one-hot on the argmax.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import GenerationConfig
+
+
+def penalize(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """Repetition penalty over tokens in ``seen``: positive logits / penalty, negative * penalty.
+
+    logits: [vocab]; returns a new array.
+    """
+    out = logits.copy()
+    if penalty != 1.0 and seen.size:
+        ids = np.unique(seen)
+        vals = out[ids]
+        out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def penalize_positions(logits: np.ndarray, history: np.ndarray, drafts: np.ndarray, penalty: float) -> np.ndarray:
+    """Penalty for each of T positions, position t seeing ``history`` plus ``drafts[:t]``.
+
+    logits: [T, vocab]; history: committed tokens; drafts: [T - 1] (or more). Returns [T, vocab].
+    """
+    if penalty == 1.0:
+        return logits
+    return np.stack([penalize(logits[t], np.concatenate([history, drafts[:t]]), penalty) for t in range(len(logits))])
+
+
+def probabilities(logits: np.ndarray, config: GenerationConfig) -> np.ndarray:
+    """Processed distribution over the vocabulary for each row of ``logits`` [..., vocab] (float64)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if config.greedy:
+        probs = np.zeros_like(logits)
+        np.put_along_axis(probs, logits.argmax(-1)[..., None], 1.0, axis=-1)
+        return probs
+    scaled = logits / config.temperature
+    vocab = scaled.shape[-1]
+    if 0 < config.top_k < vocab:
+        kth = np.partition(scaled, vocab - config.top_k, axis=-1)[..., vocab - config.top_k, None]
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    probs = _softmax(scaled)
+    if config.top_p < 1.0:
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(probs, order, axis=-1)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+        drop_sorted = (np.cumsum(sorted_p, axis=-1) - sorted_p) >= config.top_p
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        probs = np.where(drop, 0.0, probs)
+        probs /= probs.sum(-1, keepdims=True)
+    if config.min_p > 0:
+        floor = config.min_p * probs.max(-1, keepdims=True)
+        probs = np.where(probs < floor, 0.0, probs)
+        probs /= probs.sum(-1, keepdims=True)
+    return probs
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    shifted = np.exp(x - x.max(-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One token id drawn from ``probs`` [vocab] (need not be normalised)."""
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))

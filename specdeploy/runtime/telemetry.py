@@ -1,0 +1,79 @@
+"""One record per cycle and row; every aggregate is derived from records, never counted apart.
+
+Times of a batched call are shared out equally among the rows it served, so summing any time
+field over records gives the wall time spent in that phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass
+class CycleRecord:
+    request_id: str
+    cycle: int
+    k: int  # drafts proposed (and verified) for this row
+    accepted: int  # drafts accepted, 0 <= accepted <= k
+    rejected_at: int | None  # 1-based position of the first rejected draft; None if none was
+    final: str  # the emitted extra token: "bonus" (all k accepted, k > 0), "recovered", or "plain" (k = 0)
+    emitted: int  # tokens committed for this row this cycle (after EOS / length truncation)
+    draft_s: float
+    verify_s: float
+    accept_s: float
+    cache_s: float
+    batch_size: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def mean_accepted_length(records: Iterable[CycleRecord]) -> float:
+    """Mean tokens a cycle commits per row: accepted drafts + 1 (the field's 'mean accepted length', tau)."""
+    records = list(records)
+    return float(np.mean([r.accepted + 1 for r in records])) if records else 0.0
+
+
+def acceptance_by_position(records: Iterable[CycleRecord], k_max: int | None = None) -> list[float]:
+    """P(draft i accepted | draft i was verified), i = 1..k_max (from cycles that verified it)."""
+    records = [r for r in records if r.k > 0]
+    k_max = k_max or max((r.k for r in records), default=0)
+    rates = []
+    for i in range(1, k_max + 1):
+        reached = [r for r in records if r.k >= i and r.accepted >= i - 1]
+        rates.append(float(np.mean([r.accepted >= i for r in reached])) if reached else float("nan"))
+    return rates
+
+
+def acceptance_rate(records: Iterable[CycleRecord]) -> float:
+    """Accepted drafts / proposed drafts."""
+    records = list(records)
+    proposed = sum(r.k for r in records)
+    return sum(r.accepted for r in records) / proposed if proposed else float("nan")
+
+
+def time_split(records: Iterable[CycleRecord]) -> dict[str, float]:
+    """Seconds spent in draft, verify, accept and cache."""
+    records = list(records)
+    return {name: float(sum(getattr(r, f"{name}_s") for r in records)) for name in ("draft", "verify", "accept", "cache")}
+
+
+def summarize(records: Iterable[CycleRecord], seconds: float | None = None) -> dict:
+    """Aggregates of a set of records; ``seconds`` is the wall time for tokens/s (else summed phases)."""
+    records = list(records)
+    split = time_split(records)
+    tokens = sum(r.emitted for r in records)
+    wall = seconds if seconds is not None else sum(split.values())
+    return {
+        "tokens": tokens,
+        "cycles": len(records),
+        "mean_accepted_length": mean_accepted_length(records),
+        "acceptance_rate": acceptance_rate(records),
+        "acceptance_by_position": acceptance_by_position(records),
+        "seconds": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "time_split": split,
+    }

@@ -1,0 +1,43 @@
+"""Session-scoped tiny checkpoints and artifacts: each model is built and exported once per run."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import tiny
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """Tiny llama-family checkpoints: a target, a perturbed target (a draft that agrees often) and
+    an unrelated random model (a draft that is pure noise)."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    config = tiny.llama_config()
+    target = tiny.build_model(config, seed=0)
+    close = tiny.build_model(config, seed=1, perturb_from=target, noise=0.05)
+    noise = tiny.build_model(tiny.llama_config(num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
+                                               num_key_value_heads=1, intermediate_size=24), seed=2)
+    return {
+        "target": tiny.save_checkpoint(target, root / "target"),
+        "close": tiny.save_checkpoint(close, root / "close"),
+        "noise": tiny.save_checkpoint(noise, root / "noise"),
+        "models": {"target": target, "close": close, "noise": noise},
+    }
+
+
+@pytest.fixture(scope="session")
+def pair_dir(checkpoints, tmp_path_factory):
+    """Target with a close draft: partial, ragged acceptance."""
+    return tiny.export_cli(tmp_path_factory.mktemp("art") / "pair", checkpoints["target"], checkpoints["close"])
+
+
+@pytest.fixture(scope="session")
+def self_dir(checkpoints, tmp_path_factory):
+    """Target drafting for itself: every draft is accepted."""
+    return tiny.export_cli(tmp_path_factory.mktemp("art") / "self", checkpoints["target"], checkpoints["target"])
+
+
+@pytest.fixture(scope="session")
+def noise_dir(checkpoints, tmp_path_factory):
+    """A draft that is pure noise: almost nothing is accepted, output must not change."""
+    return tiny.export_cli(tmp_path_factory.mktemp("art") / "noise", checkpoints["target"], checkpoints["noise"])

@@ -1,0 +1,86 @@
+"""Tiny seeded random models with a small word-level tokenizer, built inside the tests (no downloads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+VOCAB = 128
+WORDS = 120  # tokenizer entries: 4 specials + 116 words; the model vocab (128) is a little larger
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+EOS = 2
+
+
+def make_tokenizer(words: int = WORDS, shift: int = 0):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers.decoders import WordPiece
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for i in range(len(SPECIALS), words):
+        vocab[f"w{i + shift}"] = i
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tokenizer.add_special_tokens(SPECIALS)
+    return tokenizer
+
+
+def llama_config(kind: str = "llama", **overrides):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    base = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=48, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
+                tie_word_embeddings=False)
+    base.update(overrides)
+    config_cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[kind]
+    return config_cls(**base)
+
+
+def gpt2_config(**overrides):
+    from transformers import GPT2Config
+
+    base = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=256, eos_token_id=EOS, bos_token_id=1)
+    base.update(overrides)
+    return GPT2Config(**base)
+
+
+def build_model(config, seed: int = 0, perturb_from=None, noise: float = 0.0):
+    """A random model from ``config``; with ``perturb_from``, that model's weights plus Gaussian noise."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else p.add_(torch.randn_like(p) * 0.1)
+        if perturb_from is not None:
+            model.load_state_dict(perturb_from.state_dict())
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * noise)
+    return model
+
+
+def save_checkpoint(model, directory: Path, tokenizer=None) -> Path:
+    directory = Path(directory)
+    model.save_pretrained(directory, safe_serialization=True)
+    (tokenizer or make_tokenizer()).save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def export_cli(out: Path, target: Path, draft: Path | None = None, *extra: str) -> Path:
+    """Export through the CLI, as a user would."""
+    from click.testing import CliRunner
+
+    from specdeploy.cli import main
+
+    args = ["export", "--target", str(target), "--out", str(out), "--capacity", "96", *extra]
+    if draft is not None:
+        args += ["--draft", str(draft)]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text())
