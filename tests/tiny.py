@@ -44,16 +44,27 @@ def gpt2_config(**overrides):
     return GPT2Config(**base)
 
 
-def build_model(config, seed: int = 0, perturb_from=None, noise: float = 0.0):
-    """A random model from ``config``; with ``perturb_from``, that model's weights plus Gaussian noise."""
+def build_model(config, seed: int = 0, perturb_from=None, noise: float = 0.0, conditioned: bool = False):
+    """A random model from ``config``; with ``perturb_from``, that model's weights plus Gaussian noise.
+
+    The default init (std 0.3) gives well-separated logits for exact greedy tests. ``conditioned``
+    scales weights by 1/sqrt(fan_in) instead, so that weight noise (int4) does not get amplified
+    chaotically layer by layer, as it never is in a trained model.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3) if p.dim() > 1 else p.add_(torch.randn_like(p) * 0.1)
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+            elif not conditioned:
+                p.normal_(0, 0.3)
+            else:
+                fan_in = p.shape[1] if "embed" not in name and "wte" not in name else 1
+                p.normal_(0, (4.0 if "lm_head" in name else 0.5) / fan_in**0.5)
         if perturb_from is not None:
             model.load_state_dict(perturb_from.state_dict())
             for p in model.parameters():

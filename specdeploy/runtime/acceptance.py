@@ -27,6 +27,7 @@ def greedy_accept(target_argmax: np.ndarray, drafts: np.ndarray) -> tuple[np.nda
     target_argmax: [batch, K + 1] int; drafts: [batch, K] int.
     Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
     """
+    drafts = np.asarray(drafts, dtype=np.int64)
     batch, k = drafts.shape
     matches = drafts == target_argmax[:, :k]  # [batch, K]
     accepted = np.cumprod(matches, axis=1).sum(axis=1)  # [batch]
@@ -54,6 +55,7 @@ def speculative_accept(
     drawn from p_{K+1}. The emitted tokens are then distributed exactly as p.
     Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
     """
+    drafts = np.asarray(drafts, dtype=np.int64)
     batch, k = drafts.shape
     rows = np.arange(batch)[:, None]
     cols = np.arange(k)[None, :]

@@ -27,6 +27,7 @@ class GenerationConfig:
     policy: str = "fixed"
     drafter: str = "model"
     stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # stop like EOS, in addition to it
     confidence_threshold: float = 0.4
     ignore_eos: bool = False
 
@@ -60,6 +61,10 @@ class GenerationConfig:
         if any(not isinstance(s, str) or not s for s in stop):
             raise bad("stop", "non-empty strings")
         object.__setattr__(self, "stop", stop)
+        ids = tuple(self.stop_token_ids)
+        if any(not _is_int(t) or t < 0 for t in ids):
+            raise bad("stop_token_ids", "non-negative integers")
+        object.__setattr__(self, "stop_token_ids", ids)
 
     @property
     def greedy(self) -> bool:

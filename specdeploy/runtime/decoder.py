@@ -34,6 +34,7 @@ class RowResult:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str = ""
     records: list[CycleRecord] = field(default_factory=list)
+    decode_seconds: float = 0.0  # wall time from the end of prefill to this row's last cycle
 
 
 class Generation:
@@ -57,9 +58,10 @@ class Generation:
         self.rngs = [np.random.default_rng(s) for s in seeds]
         self.cache = KVCache(target.allocate_cache(batch, self.capacity))
         self.drafter.start(batch, self.capacity)
-        self.eos = set() if config.ignore_eos else set(target.spec.eos_token_ids)
+        self.eos = set(config.stop_token_ids) | (set() if config.ignore_eos else set(target.spec.eos_token_ids))
         self.cycle = 0
         self.prefill_seconds = self._prefill()
+        self.decode_started = time.perf_counter()
 
     @property
     def done(self) -> bool:
@@ -114,6 +116,7 @@ class Generation:
             new = [int(t) for t in emitted[b, : accepted[b] + 1]]
             new = self._truncate(row, new, int(remaining[b]))
             row.token_ids += new
+            row.decode_seconds = time.perf_counter() - self.decode_started
             if row.finish_reason:
                 finished.append(b)
             committed.append((index, new))

@@ -139,7 +139,7 @@ class Pipeline:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def _result(self, row: RowResult, prefill_seconds: float, config: GenerationConfig) -> GenerationResult:
-        stats = summarize(row.records)
+        stats = summarize(row.records, seconds=row.decode_seconds)
         stats["prefill_s"] = prefill_seconds
         stats["prompt_tokens"] = int(len(row.prompt_ids))
         text = self._cut_at_stop(self.decode(row.token_ids), config)

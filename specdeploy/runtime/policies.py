@@ -93,8 +93,17 @@ class CostModel:
         self.plain_streak = 0
 
     def acceptance(self) -> np.ndarray:
-        """Estimated conditional acceptance a_i for i = 1..k_max.  # [k_max]"""
-        return (self.kept[1:] + self.prior) / (self.tried[1:] + 1.0)
+        """Estimated conditional acceptance a_i for i = 1..k_max.  # [k_max]
+
+        Each rate is shrunk towards the one before it (a_1 towards ``prior``): a position seldom
+        verified inherits its neighbour's rate, so positions never tried are neither dismissed nor
+        over-trusted.
+        """
+        rates = np.empty(self.k_max)
+        previous = self.prior
+        for i in range(1, self.k_max + 1):
+            previous = rates[i - 1] = (self.kept[i] + previous) / (self.tried[i] + 1.0)
+        return rates
 
     def verify_cost(self, tokens: int) -> float:
         """v(T): measured where known, else a least-squares line through the measured points."""

@@ -1,0 +1,80 @@
+"""After any sequence of cycles, the committed cache prefix equals a fresh prefill of the committed tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.runtime.cache import CapacityError, KVCache, plan_capacity
+
+
+class RandomK:
+    """A policy that drafts a random number of tokens each cycle (0 included)."""
+
+    confidence_threshold = None
+
+    def __init__(self, k_max, seed):
+        self.k_max, self.rng = k_max, np.random.default_rng(seed)
+
+    def next_k(self):
+        return int(self.rng.integers(0, self.k_max + 1))
+
+    def observe(self, outcome):
+        pass
+
+
+def _fresh_prefill(engine, tokens):
+    out = engine.infer(tokens[None], np.zeros(1, np.int64), engine.allocate_cache(1, len(tokens)))
+    return out.new_kv
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_committed_prefix_equals_fresh_prefill(pair_dir, seed, temperature):
+    pipeline = Pipeline.load(pair_dir)
+    prompts = ["w5 w6 w7", "w10 w11 w12 w13 w14 w15", "w20", "w30 w31 w30 w31"]
+    config = GenerationConfig(k=6, max_new_tokens=40, temperature=temperature, seed=seed, ignore_eos=True)
+    run = pipeline.start(prompts, config)
+    run.policy = RandomK(6, seed)
+    rng = np.random.default_rng(seed)
+    for _ in range(int(rng.integers(3, 9))):
+        run.step()
+    # the target has seen every committed token but the last; the draft at most all of them
+    np.testing.assert_array_equal(run.cache.past_len, run.lengths - 1)
+    for cache, engine in ((run.cache, pipeline.target), (run.drafter.cache, pipeline.draft)):
+        for b in range(len(run.active)):
+            n = int(cache.past_len[b])
+            assert n <= run.lengths[b]
+            fresh = _fresh_prefill(engine, run.tokens[b, :n])
+            for buf, ref in zip(cache.buffers, fresh):
+                np.testing.assert_allclose(buf[b, :, :n], ref[0], atol=1e-4, rtol=1e-4)
+
+
+def test_rows_never_read_another_rows_slots(pair_dir):
+    pipeline = Pipeline.load(pair_dir)
+    engine = pipeline.target
+    ids = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
+    alone = engine.infer(ids[:1], np.array([3]), engine.allocate_cache(1, 16))
+    cache = engine.allocate_cache(2, 16)
+    for buf in cache:
+        buf[1] = np.nan  # poison every slot of the other row
+        buf[0, :, 3:] = 1e4  # and row 0's own slots beyond its past_len
+    together = engine.infer(ids, np.array([3, 0]), cache)
+    assert np.isfinite(together.logits[0]).all()
+    np.testing.assert_allclose(together.logits[0], alone.logits[0], atol=1e-5)
+
+
+def test_stage_writes_each_row_at_its_own_offset():
+    cache = KVCache([np.zeros((2, 1, 8, 2), np.float32)])
+    new = [np.arange(2 * 1 * 3 * 2, dtype=np.float32).reshape(2, 1, 3, 2) + 1]
+    cache.stage(new, np.array([1, 4]))
+    np.testing.assert_array_equal(cache.buffers[0][0, :, 1:4], new[0][0])
+    np.testing.assert_array_equal(cache.buffers[0][1, :, 4:7], new[0][1])
+    assert cache.buffers[0][0, :, 4:].sum() == 0 and cache.buffers[0][1, :, :4].sum() == 0
+
+
+def test_capacity_is_planned_and_refused_with_the_numbers():
+    assert plan_capacity([5, 9], max_new_tokens=10, k=4, limit=100) == 9 + 10 + 4 + 1
+    with pytest.raises(CapacityError, match=r"9 tokens.*max_new_tokens \(90\).*k \(4\).*104.*capacity 100"):
+        plan_capacity([5, 9], max_new_tokens=90, k=4, limit=100)

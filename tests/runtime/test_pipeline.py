@@ -1,0 +1,122 @@
+"""The public API: results, streaming, stop strings, and bad input that leaves the pipeline usable."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.contract import ContractError
+from specdeploy.runtime.cache import CapacityError
+from specdeploy.runtime.config import ConfigError
+from tests import tiny
+
+GOOD = GenerationConfig(k=3, max_new_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def pipeline(pair_dir):
+    return Pipeline.load(pair_dir)
+
+
+def test_result_fields(pipeline):
+    result = pipeline.generate("w5 w6 w7", GOOD)[0]
+    assert len(result.token_ids) == 12 and result.finish_reason == "length"
+    assert result.text == pipeline.decode(result.token_ids)
+    stats = result.stats
+    assert stats["tokens"] == 12 and stats["prompt_tokens"] == 3
+    assert stats["mean_accepted_length"] == pytest.approx(sum(r.accepted + 1 for r in result.records) / len(result.records))
+    assert stats["tokens_per_s"] > 0 and set(stats["time_split"]) == {"draft", "verify", "accept", "cache"}
+
+
+def test_stream_yields_what_generate_returns(pipeline):
+    chunks = list(pipeline.stream("w10 w11 w12", GOOD))
+    whole = pipeline.generate("w10 w11 w12", GOOD)[0]
+    assert "".join(c.text for c in chunks) == whole.text
+    assert [t for c in chunks for t in c.token_ids] == whole.token_ids
+    assert len(chunks) > 1 and chunks[-1].result is not None and chunks[-1].result.token_ids == whole.token_ids
+
+
+def test_stop_string_cuts_text_and_tokens(pipeline):
+    plain = pipeline.generate("w5 w6 w7", GOOD)[0]
+    words = plain.text.split()
+    stop = words[4]
+    first = words.index(stop)
+    result = pipeline.generate("w5 w6 w7", GenerationConfig(k=3, max_new_tokens=12, ignore_eos=True, stop=(stop,)))[0]
+    assert result.finish_reason == "stop"
+    assert result.token_ids == plain.token_ids[: first + 1]
+    assert stop not in result.text and result.text.split() == words[:first]
+
+
+def test_token_id_prompts(pipeline):
+    ids = pipeline.encode("w5 w6 w7").tolist()
+    assert pipeline.generate([ids], GOOD)[0].token_ids == pipeline.generate("w5 w6 w7", GOOD)[0].token_ids
+
+
+@pytest.mark.parametrize("prompt,config,error,match", [
+    ("", GOOD, ConfigError, "empty"),
+    ([], GOOD, ConfigError, "no tokens"),
+    ([5, 500], GOOD, ConfigError, r"outside the vocabulary \[0, 128\)"),
+    ([-1, 5], GOOD, ConfigError, "outside the vocabulary"),
+    ("w5 " * 90, GOOD, CapacityError, "capacity 96"),
+    ("w5", GenerationConfig(max_new_tokens=200), CapacityError, r"max_new_tokens \(200\)"),
+    ("w5", GenerationConfig(k=120, max_new_tokens=4), CapacityError, r"k \(120\)"),
+    ("w5", "not a config", ConfigError, "expected a GenerationConfig"),
+])
+def test_bad_input_is_refused_and_pipeline_stays_usable(pipeline, prompt, config, error, match):
+    with pytest.raises(error, match=match):
+        pipeline.generate([prompt], config)
+    assert len(pipeline.generate("w5 w6", GOOD)[0].token_ids) == 12
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("temperature", -0.5, "temperature: got -0.5"),
+    ("top_p", 0.0, r"top_p: got 0.0; expected a number in \(0, 1\]"),
+    ("top_p", 1.5, "top_p"),
+    ("top_k", -1, "top_k: got -1"),
+    ("min_p", 1.0, "min_p"),
+    ("max_new_tokens", 0, "max_new_tokens"),
+    ("k", -2, "k: got -2"),
+    ("policy", "greedy", "policy: got 'greedy'; expected one of fixed, confidence, heuristic, cost"),
+    ("drafter", "eagle", "drafter"),
+    ("repetition_penalty", 0, "repetition_penalty"),
+    ("seed", 1.5, "seed"),
+    ("stop", ("",), "stop"),
+    ("stop_token_ids", (-3,), "stop_token_ids"),
+    ("temperature", float("nan"), "temperature"),
+])
+def test_config_validation(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        GenerationConfig(**{field: value})
+
+
+def test_model_drafter_needs_a_draft(checkpoints, tmp_path):
+    single = Pipeline.load(tiny.export_cli(tmp_path / "single", checkpoints["target"]))
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        single.generate("w5", GenerationConfig(drafter="model"))
+    assert single.generate("w5", GenerationConfig(drafter="prompt-lookup", max_new_tokens=4))[0].token_ids
+
+
+def test_draft_from_another_tokenizer_is_refused(pair_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(pair_dir, broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["models"]["draft"]["tokenizer_fingerprint"] = "0" * 64
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ContractError, match="draft model was exported with another tokenizer"):
+        Pipeline.load(broken)
+
+
+def test_tampered_file_is_refused_before_loading(pair_dir, tmp_path):
+    broken = tmp_path / "tampered"
+    shutil.copytree(pair_dir, broken)
+    import onnx
+
+    graph = onnx.load(str(broken / "draft.onnx"))
+    graph.doc_string = "changed after export"  # still a valid graph, but not the exported one
+    onnx.save(graph, str(broken / "draft.onnx"))
+    with pytest.raises(ContractError, match="draft.onnx: sha256"):
+        Pipeline.load(broken)
+    Pipeline.load(broken, verify_hashes=False)  # an explicit opt-out loads it anyway

@@ -1,0 +1,88 @@
+"""Draft-length policies, without any model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdeploy.runtime.policies import ConfidenceStop, CostModel, CycleOutcome, FixedK, Heuristic, make_policy
+
+
+def _outcome(k, accepted, draft_step=0.002, verify=None):
+    verify = verify if verify is not None else 0.010 * (1 + 0.05 * k)
+    return CycleOutcome(k, np.array(accepted), draft_step * k, k, verify, k + 1)
+
+
+def test_fixed_and_confidence():
+    fixed = FixedK(5)
+    fixed.observe(_outcome(5, [0]))
+    assert fixed.next_k() == 5 and fixed.confidence_threshold is None
+    confident = ConfidenceStop(6, 0.3)
+    assert confident.next_k() == 6 and confident.confidence_threshold == 0.3
+
+
+def test_heuristic_schedule():
+    policy = Heuristic(k_max=8, start=3)
+    policy.observe(_outcome(3, [3]))
+    assert policy.next_k() == 5
+    policy.observe(_outcome(5, [5]))
+    assert policy.next_k() == 7
+    policy.observe(_outcome(7, [7]))
+    assert policy.next_k() == 8  # capped at k_max
+    policy.observe(_outcome(8, [2]))
+    assert policy.next_k() == 7
+    for _ in range(20):
+        policy.observe(_outcome(policy.next_k(), [0]))
+    assert policy.next_k() == 1  # never below 1
+    policy.observe(_outcome(1, [1, 0]))  # a batch: not every row accepted everything
+    assert policy.next_k() == 1
+
+
+def _train(policy, accept_prob, cycles=200, seed=0, draft_step=0.002):
+    rng = np.random.default_rng(seed)
+    for _ in range(cycles):
+        k = policy.next_k()
+        accepted = 0
+        while accepted < k and rng.random() < accept_prob:
+            accepted += 1
+        policy.observe(_outcome(k, [accepted], draft_step=draft_step))
+    return policy
+
+
+def test_cost_model_stops_speculating_when_nothing_is_accepted():
+    policy = _train(CostModel(k_max=8), accept_prob=0.0)
+    picks = [policy.next_k() for _ in range(8)]
+    assert picks.count(0) >= 7
+    assert policy.expected_rate().argmax() == 0
+
+
+def test_cost_model_drafts_long_when_everything_is_accepted():
+    policy = _train(CostModel(k_max=8), accept_prob=1.0)
+    assert policy.next_k() >= 6
+    np.testing.assert_allclose(policy.acceptance()[:6], 1.0, atol=0.05)
+
+
+def test_cost_model_probes_again_after_a_plain_streak():
+    policy = _train(CostModel(k_max=4, probe_every=5), accept_prob=0.0)
+    picks = []
+    for _ in range(12):
+        k = policy.next_k()
+        picks.append(k)
+        policy.observe(_outcome(k, [0]))
+    assert any(k > 0 for k in picks) and picks.count(0) >= 8
+
+
+def test_cost_model_expected_rate_matches_hand_computation():
+    policy = CostModel(k_max=2, prior=0.0)
+    policy.tried[1:] = [9, 4]  # a_1 = (3 + 0) / (9 + 1) = 0.3, a_2 = (1 + a_1) / (4 + 1) = 0.26
+    policy.kept[1:] = [3, 1]
+    policy.draft_step = 1.0
+    policy.verify = {1: 10.0, 3: 14.0}  # v(2) = 12 on the line through both
+    expected = [1 / 10.0, (1 + 0.3) / (1 + 12.0), (1 + 0.3 + 0.3 * 0.26) / (2 + 14.0)]
+    np.testing.assert_allclose(policy.expected_rate(), expected)
+
+
+def test_make_policy_rejects_unknown_names():
+    assert isinstance(make_policy("cost", 4), CostModel)
+    with pytest.raises(ValueError, match="'greedy' is unknown"):
+        make_policy("greedy", 4)
