@@ -1,0 +1,146 @@
+"""CLI: export, inspect and doctor, with their errors (click's CliRunner)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from specdeploy.cli import main
+from tests import tiny
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def ckpt(checkpoints):
+    return checkpoints["target"]
+
+
+def _copy(src, dst, drop=()):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*drop))
+    return dst
+
+
+def test_export_writes_manifest_with_every_field(pair_dir):
+    manifest = tiny.read_json(pair_dir / "manifest.json")
+    assert manifest["contract"] == "verify-v1" and manifest["exporter_version"]
+    assert set(manifest["files"]) == {"target.onnx", "draft.onnx", "tokenizer.json"}
+    for role in ("target", "draft"):
+        spec = manifest["models"][role]
+        assert spec["architecture"] == "llama" and spec["num_layers"] == 2 and spec["kv_heads"] == 2
+        assert spec["head_dim"] == 8 and spec["vocab_size"] == 128 and spec["capacity"] == 96
+        assert spec["dtype"] == "float32" and spec["weights"] == "full" and len(spec["tokenizer_fingerprint"]) == 64
+    assert not [p for p in pair_dir.parent.iterdir() if p.name.startswith(".")]  # no staging dir left
+
+
+def test_missing_config_json(ckpt, tmp_path):
+    src = _copy(ckpt, tmp_path / "src", drop=("config.json",))
+    result = run("export", "--target", src, "--out", tmp_path / "out")
+    assert result.exit_code != 0 and "missing config.json" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_architecture_lists_supported(tmp_path):
+    from transformers import OPTConfig
+
+    config = OPTConfig(vocab_size=128, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,
+                       word_embed_proj_dim=16)
+    src = tiny.save_checkpoint(tiny.build_model(config), tmp_path / "opt")
+    result = run("export", "--target", src, "--out", tmp_path / "out")
+    assert result.exit_code != 0
+    assert "model_type 'opt' is not supported; supported: gpt2, llama, mistral, qwen2" in result.output
+
+
+def test_corrupt_safetensors(ckpt, tmp_path):
+    src = _copy(ckpt, tmp_path / "src")
+    (src / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    result = run("export", "--target", src, "--out", tmp_path / "out")
+    assert result.exit_code != 0 and "corrupt or unreadable safetensors" in result.output
+
+
+def test_bin_only_checkpoint_is_refused_without_unpickling(ckpt, tmp_path):
+    src = _copy(ckpt, tmp_path / "src", drop=("*.safetensors",))
+    marker = tmp_path / "unpickled"
+    # a pickle that would create a file if anything loaded it
+    payload = b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
+    (src / "pytorch_model.bin").write_bytes(payload)
+    result = run("export", "--target", src, "--out", tmp_path / "out")
+    assert result.exit_code != 0
+    assert "only pickled weights (pytorch_model.bin); refusing to unpickle" in result.output
+    assert not marker.exists()
+
+
+def test_tokenizer_mismatch_reports_differences(checkpoints, tmp_path):
+    other = _copy(checkpoints["close"], tmp_path / "other")
+    tiny.make_tokenizer(words=110, shift=3).save(str(other / "tokenizer.json"))
+    result = run("export", "--target", checkpoints["target"], "--draft", other, "--out", tmp_path / "out")
+    assert result.exit_code != 0
+    assert "draft's tokenizer differs" in result.output
+    assert "vocab sizes differ: target 120, draft 110" in result.output
+    assert "first: 4: 'w4' vs 'w7'" in result.output
+
+
+def test_existing_output_dir_needs_force(ckpt, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = run("export", "--target", ckpt, "--out", out)
+    assert result.exit_code != 0 and "already exists; pass --force" in result.output
+    assert (out / "keep.txt").read_text() == "mine"
+    result = run("export", "--target", ckpt, "--out", out, "--force", "--capacity", "64")
+    assert result.exit_code == 0, result.output
+    assert not (out / "keep.txt").exists() and tiny.read_json(out / "manifest.json")["models"]["target"]["capacity"] == 64
+
+
+def test_failed_export_leaves_nothing_behind(ckpt, tmp_path):
+    result = run("export", "--target", ckpt, "--out", tmp_path / "out", "--capacity", "100000")
+    assert result.exit_code != 0 and "exceeds the model's max_position_embeddings 256" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inspect_table_and_json(pair_dir):
+    result = run("inspect", pair_dir)
+    assert result.exit_code == 0
+    for text in ("verify-v1", "target", "draft", "cache_key.{i}", "new_value.{i}", "tokenizer.json"):
+        assert text in result.output
+    data = json.loads(run("inspect", pair_dir, "--json").output)
+    assert data["models"]["target"]["inputs"][:3] == ["input_ids", "past_len", "cache_key.0"]
+    assert data["file_sizes"]["target.onnx"] == (pair_dir / "target.onnx").stat().st_size
+
+
+def test_inspect_not_an_artifact(tmp_path):
+    result = run("inspect", tmp_path)
+    assert result.exit_code != 0 and "no manifest" in result.output
+
+
+def test_doctor_ok_then_hash_mismatch(pair_dir, tmp_path):
+    assert run("doctor", pair_dir).exit_code == 0
+    broken = _copy(pair_dir, tmp_path / "broken")
+    with open(broken / "tokenizer.json", "a") as handle:
+        handle.write(" ")
+    result = run("doctor", broken)
+    assert result.exit_code == 1
+    assert "tokenizer.json: sha256" in result.output and "fix:" in result.output
+
+
+def test_doctor_bad_manifest(pair_dir, tmp_path):
+    broken = _copy(pair_dir, tmp_path / "broken")
+    manifest = tiny.read_json(broken / "manifest.json")
+    manifest["contract"] = "verify-v9"
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    result = run("doctor", broken)
+    assert result.exit_code == 1 and "contract 'verify-v9' is not supported" in result.output
+
+
+def test_doctor_checkpoint_pair(checkpoints, tmp_path):
+    assert run("doctor", "--target", checkpoints["target"], "--draft", checkpoints["close"]).exit_code == 0
+    other = _copy(checkpoints["close"], tmp_path / "other")
+    tiny.make_tokenizer(words=110).save(str(other / "tokenizer.json"))
+    result = run("doctor", "--target", checkpoints["target"], "--draft", other)
+    assert result.exit_code == 1 and "vocab sizes differ" in result.output
+    assert run("doctor").exit_code == 2  # neither a dir nor --target: a usage error

@@ -1,0 +1,65 @@
+"""CLI: specdeploy generate."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_generate_json_matches_the_api(pair_dir):
+    result = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--prompt", "w8", "--max-new-tokens", "10",
+                 "--k", "3", "--json")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    expected = Pipeline.load(pair_dir).generate(["w5 w6 w7", "w8"], GenerationConfig(k=3, max_new_tokens=10))
+    assert [line["token_ids"] for line in lines] == [r.token_ids for r in expected]
+    assert [line["text"] for line in lines] == [r.text for r in expected]
+    assert {"tokens_per_s", "mean_accepted_length", "acceptance_by_position"} <= set(lines[0]["stats"])
+
+
+def test_generate_streams_text_and_prints_stats(pair_dir):
+    result = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--max-new-tokens", "8", "--policy", "cost")
+    assert result.exit_code == 0, result.output
+    text = Pipeline.load(pair_dir).generate("w5 w6 w7", GenerationConfig(max_new_tokens=8))[0].text
+    assert text in result.output and "tok/s" in result.output and "speculative decoding" in result.output
+
+
+def test_prompt_files(pair_dir, tmp_path):
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "w5 w6"}) + "\n\n" + json.dumps({"prompt": "w9"}) + "\n")
+    text = tmp_path / "p.txt"
+    text.write_text("w5 w6\nw9\n")
+    outputs = []
+    for path in (jsonl, text):
+        result = run("generate", pair_dir, "--prompt-file", path, "--max-new-tokens", "5", "--json", "--batch-size", "2")
+        assert result.exit_code == 0, result.output
+        outputs.append([json.loads(x)["token_ids"] for x in result.output.splitlines() if x.startswith("{")])
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 2
+
+
+def test_generate_errors(pair_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "w5"}) + "\n{oops\n")
+    cases = [
+        (["--prompt-file", bad], "bad.jsonl:2: not valid JSON"),
+        (["--prompt", "w5", "--temperature", "-1"], "temperature: got -1.0"),
+        (["--prompt", "w5", "--top-p", "0"], "top_p: got 0.0"),
+        (["--prompt", "w5", "--max-new-tokens", "500"], "capacity 96"),
+        (["--prompt", "w5", "--policy", "nope"], "Invalid value for '--policy'"),
+        ([], "give --prompt or --prompt-file"),
+    ]
+    for args, message in cases:
+        result = run("generate", pair_dir, *args)
+        assert result.exit_code != 0 and message in result.output, (args, result.output)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    result = run("generate", pair_dir, "--prompt-file", empty)
+    assert result.exit_code != 0 and "contains no prompt" in result.output

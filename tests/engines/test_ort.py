@@ -1,0 +1,54 @@
+"""The ONNX Runtime engine: input checks that name the tensor, providers, graph/manifest agreement."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from specdeploy.contract import Manifest
+from specdeploy.engines import EngineInputError, OrtEngine, ProviderError, load_engine
+
+
+@pytest.fixture(scope="module")
+def engine(pair_dir):
+    return load_engine(pair_dir, Manifest.read(pair_dir), "target")
+
+
+def test_caches_are_preallocated_zero_filled_in_model_dtype(engine):
+    cache = engine.allocate_cache(2, 10)
+    assert len(cache) == 4 and all(b.shape == (2, 2, 10, 8) and b.dtype == np.float32 and not b.any() for b in cache)
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda ids, past, cache: (ids.astype(np.int32), past, cache), r"input_ids \| received int32 \(2, 3\); expected int64"),
+    (lambda ids, past, cache: (ids[0], past, cache), r"input_ids \| received int64 \(3,\)"),
+    (lambda ids, past, cache: (ids, past[:1], cache), r"past_len \| received int64 \(1,\); expected int64 \(2,\)"),
+    (lambda ids, past, cache: (ids, past, cache[:3]), "received 3 cache tensors; expected 4"),
+    (lambda ids, past, cache: (ids, past, [cache[0], cache[1], cache[2].astype(np.float16), cache[3]]),
+     r"cache_key.1 \| received float16 \(2, 2, 10, 8\); expected float32 \(2, 2, 10, 8\)"),
+    (lambda ids, past, cache: (ids, past, [cache[0][:, :1]] + cache[1:]), r"cache_key.0 \| received float32 \(2, 1, 10, 8\)"),
+    (lambda ids, past, cache: (ids, np.array([8, 2]), cache), r"past_len \[8, 2\] \+ 3 new tokens exceeds cache capacity 10"),
+    (lambda ids, past, cache: (ids + 200, past, cache), r"outside the vocabulary \[0, 128\)"),
+])
+def test_bad_inputs_name_the_tensor(engine, mutate, match):
+    ids, past, cache = np.ones((2, 3), np.int64), np.array([0, 2]), engine.allocate_cache(2, 10)
+    with pytest.raises(EngineInputError, match=match):
+        engine.infer(*mutate(ids, past, cache))
+    assert engine.infer(ids, past, cache).logits.shape == (2, 3, 128)  # still usable
+
+
+def test_unavailable_provider_fails_loudly(pair_dir):
+    manifest = Manifest.read(pair_dir)
+    with pytest.raises(ProviderError, match="'cuda' .* not available"):
+        OrtEngine(pair_dir / "target.onnx", manifest.target, provider="cuda")
+    with pytest.raises(ProviderError, match="unknown"):
+        OrtEngine(pair_dir / "target.onnx", manifest.target, provider="tpu")
+
+
+def test_graph_disagreeing_with_manifest_is_refused(pair_dir):
+    manifest = Manifest.read(pair_dir)
+    wrong = dataclasses.replace(manifest.target, num_layers=3)
+    with pytest.raises(ProviderError, match="disagree with the manifest"):
+        OrtEngine(pair_dir / "target.onnx", wrong)

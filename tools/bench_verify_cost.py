@@ -1,0 +1,119 @@
+"""How much does verifying T tokens cost against decoding one? (issue: verify cost)
+
+Builds random Llama models (~30M and ~125M parameters by default), exports each to a verify-v1
+graph (fp32, optionally int4), and times one ONNX Runtime call at tokens = 1, 5 and 9 with a past
+of half the capacity, batch 1, on a shared 2-thread pool. Prints median latency and the ratio to
+tokens = 1. All ratios come from the same run, interleaved, so machine drift hits them alike.
+
+    python tools/bench_verify_cost.py [--sizes 30m,125m] [--weights full,int4] [--capacity 512]
+    python tools/bench_verify_cost.py --onnx path/to/target.onnx --manifest-dir DIR   # an exported artifact
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SIZES = {  # hidden, layers, heads, kv_heads, intermediate, vocab
+    "30m": (384, 6, 6, 2, 1024, 32000),  # tied embeddings, as small released models have
+    "125m": (576, 30, 9, 3, 1536, 49152),
+}
+
+
+def build(size: str, weights: str, capacity: int, workdir: Path, block_size: int, accuracy_level: int):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdeploy.contract import ModelSpec
+    from specdeploy.exporter import onnx_graph
+    from specdeploy.exporter.llama import LlamaFamily
+
+    hidden, layers, heads, kv, inter, vocab = SIZES[size]
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=capacity,
+                         tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    family = LlamaFamily()
+    with torch.no_grad():
+        proto = onnx_graph.export_graph(family.build(config, model.state_dict(), capacity), family.dims(config), None)
+    if weights == "int4":
+        proto = onnx_graph.to_int4(proto, block_size=block_size, accuracy_level=accuracy_level)
+    path = workdir / f"{size}-{weights}.onnx"
+    onnx_graph.save(proto, path)
+    spec = ModelSpec(role="target", file=path.name, architecture="llama", num_layers=layers, num_heads=heads,
+                     kv_heads=kv, head_dim=hidden // heads, vocab_size=vocab, dtype="float32", weights=weights,
+                     capacity=capacity, tokenizer_fingerprint="0" * 64, parameters=params)
+    return path, spec
+
+
+def measure(engine, capacity: int, token_counts, repeats: int) -> dict[int, float]:
+    """Median seconds of one call per token count, interleaved round by round."""
+    rng = np.random.default_rng(0)
+    cache = engine.allocate_cache(1, capacity)
+    for buf in cache:
+        buf[:] = rng.normal(0, 1, buf.shape)
+    past = np.array([capacity // 2], np.int64)
+    inputs = {t: rng.integers(0, engine.spec.vocab_size, (1, t)) for t in token_counts}
+    times = {t: [] for t in token_counts}
+    for t in token_counts:  # warm-up
+        engine.infer(inputs[t], past, cache)
+    for _ in range(repeats):
+        for t in token_counts:
+            began = time.perf_counter()
+            engine.infer(inputs[t], past, cache)
+            times[t].append(time.perf_counter() - began)
+    return {t: statistics.median(v) for t, v in times.items()}
+
+
+def report(label: str, params: int, medians: dict[int, float]) -> str:
+    base = medians[min(medians)]
+    cells = "  ".join(f"T={t}: {m * 1e3:7.2f} ms ({m / base:4.2f}x)" for t, m in medians.items())
+    return f"{label:<22} {params / 1e6:7.1f}M  {cells}"
+
+
+def main() -> None:
+    from specdeploy.engines import OrtEngine
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="30m,125m", help="comma list of " + ", ".join(SIZES))
+    parser.add_argument("--weights", default="full", help="comma list of full, int4")
+    parser.add_argument("--capacity", type=int, default=512)
+    parser.add_argument("--tokens", default="1,5,9")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--block-size", type=int, default=32, help="int4 MatMulNBits block size")
+    parser.add_argument("--accuracy-level", type=int, default=4, help="int4 MatMulNBits accuracy level (0, 1, 2, 4)")
+    parser.add_argument("--artifact", type=Path, help="time the target (and draft) of an exported artifact instead")
+    args = parser.parse_args()
+    token_counts = [int(t) for t in args.tokens.split(",")]
+
+    print(f"median latency of one call, batch 1, past {args.capacity // 2}, capacity {args.capacity}, "
+          f"{args.threads} threads, {args.repeats} repeats")
+    if args.artifact:
+        from specdeploy.contract import Manifest
+
+        manifest = Manifest.read(args.artifact)
+        for role, spec in manifest.models.items():
+            engine = OrtEngine(args.artifact / spec.file, spec, threads=args.threads)
+            medians = measure(engine, min(args.capacity, spec.capacity), token_counts, args.repeats)
+            print(report(f"{role} {spec.weights}/{spec.dtype}", spec.parameters, medians), flush=True)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes.split(","):
+            for weights in args.weights.split(","):
+                path, spec = build(size, weights, args.capacity, Path(tmp), args.block_size, args.accuracy_level)
+                engine = OrtEngine(path, spec, threads=args.threads)
+                medians = measure(engine, args.capacity, token_counts, args.repeats)
+                print(report(f"llama-{size} {weights}", spec.parameters, medians), flush=True)
+                del engine
+
+
+if __name__ == "__main__":
+    main()
