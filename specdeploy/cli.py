@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .contract import ContractError, Manifest, verify_files
+from .contract import ContractError, Manifest
 
 console = Console(stderr=True)
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-
-import numpy as np
 
 from ..contract import ModelSpec
 from .base import Engine
@@ -73,6 +72,7 @@ class OrtEngine(Engine):
         self.device = "cpu" if provider == "cpu" else "cuda"
         self._check_graph()
         self._outputs = spec.outputs
+        self._local = threading.local()
 
     def _check_graph(self) -> None:
         """The graph's inputs and outputs must be the ones the manifest declares, in order."""
@@ -86,15 +86,33 @@ class OrtEngine(Engine):
             )
 
     def infer_impl(self, input_ids, past_len, cache):
-        binding = self.session.io_binding()
+        binding, bound = self._thread_binding()
+        # The caches are preallocated and updated in place, so they stay bound across calls and are
+        # rebound only when the runtime hands over other buffers (a new request, rows leaving).
+        if len(bound) != len(cache) or any(a is not b for a, b in zip(bound, cache)):
+            for name, buf in zip(self.spec.inputs[2:], cache):
+                binding.bind_cpu_input(name, buf)
+            bound[:] = cache
         binding.bind_cpu_input("input_ids", input_ids)
         binding.bind_cpu_input("past_len", past_len)
-        for name, buf in zip(self.spec.inputs[2:], cache):
-            binding.bind_cpu_input(name, buf)
-        for name in self._outputs:
-            binding.bind_output(name, self.device)
+        # Outputs stay bound to the buffers ONNX Runtime allocated last time, reused while the
+        # shape (batch, tokens) repeats; a new shape needs fresh, unallocated outputs.
+        if self._local.output_shape != input_ids.shape:
+            binding.clear_binding_outputs()
+            for name in self._outputs:
+                binding.bind_output(name, self.device)
+            self._local.output_shape = input_ids.shape
         self.session.run_with_iobinding(binding)
         outputs = binding.copy_outputs_to_cpu()
         return outputs[0], outputs[1:]
+
+    def _thread_binding(self):
+        """One IOBinding per thread: a binding holds per-call state, a session may be shared."""
+        local = self._local
+        if not hasattr(local, "binding"):
+            local.binding = self.session.io_binding()
+            local.bound = []
+            local.output_shape = None
+        return local.binding, local.bound
 
 

@@ -7,7 +7,6 @@ from tokenizers import Tokenizer
 from ..contract import special_tokens as _special_tokens
 from ..contract import tokenizer_fingerprint
 
-
 fingerprint = tokenizer_fingerprint
 
 

@@ -28,15 +28,11 @@ def greedy_accept(target_argmax: np.ndarray, drafts: np.ndarray) -> tuple[np.nda
     Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
     """
     drafts = np.asarray(drafts, dtype=np.int64)
-    batch, k = drafts.shape
-    matches = drafts == target_argmax[:, :k]  # [batch, K]
-    accepted = np.cumprod(matches, axis=1).sum(axis=1)  # [batch]
-    positions = np.arange(k + 1)[None, :]  # [1, K + 1]
-    padded_drafts = np.concatenate([drafts, np.full((batch, 1), PAD)], axis=1)  # [batch, K + 1]
-    final = np.take_along_axis(target_argmax, accepted[:, None], axis=1)  # [batch, 1]
-    emitted = np.where(positions < accepted[:, None], padded_drafts, PAD)
-    emitted = np.where(positions == accepted[:, None], final, emitted)
-    return accepted, emitted
+    k = drafts.shape[1]
+    accepted = (drafts == target_argmax[:, :k]).cumprod(axis=1).sum(axis=1)  # [batch]
+    # accepted drafts equal the target's argmax, so every emitted token is the argmax at its position
+    keep = np.arange(k + 1) <= accepted[:, None]  # [batch, K + 1]
+    return accepted, np.where(keep, target_argmax, PAD)
 
 
 def speculative_accept(

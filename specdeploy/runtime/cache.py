@@ -44,8 +44,8 @@ class KVCache:
     def stage(self, new_kv: list[np.ndarray], start: np.ndarray) -> None:
         """Write new K/V (each [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
         tokens = new_kv[0].shape[2]
-        if np.all(start == start[0]):
-            s = int(start[0])
+        s = int(start[0])
+        if len(start) == 1 or (start == s).all():
             for buf, new in zip(self.buffers, new_kv):
                 buf[:, :, s : s + tokens] = new
             return
@@ -55,7 +55,7 @@ class KVCache:
 
     def commit(self, lengths: np.ndarray) -> None:
         """Move each row's valid prefix to ``lengths`` [batch]."""
-        self.past_len[:] = lengths
+        self.past_len = np.asarray(lengths, dtype=np.int64)
 
     def select(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (finished rows leave the batch)."""

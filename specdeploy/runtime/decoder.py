@@ -79,8 +79,8 @@ class Generation:
     def step(self) -> list[tuple[int, list[int]]]:
         """One cycle over the active rows. Returns (request index, newly committed token ids) per row."""
         config, batch = self.config, len(self.active)
-        remaining = np.array([config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active])
-        k = min(self.policy.next_k() if self.k_cap else 0, self.k_cap, int(remaining.max()) - 1)
+        remaining = [config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active]
+        k = min(self.policy.next_k() if self.k_cap else 0, self.k_cap, max(remaining) - 1)
         proposal = self.drafter.propose(self.tokens, self.lengths, k, config, self._rngs(),
                                         self.policy.confidence_threshold) if k > 0 else None
         k = proposal.drafts.shape[1] if proposal else 0
@@ -99,28 +99,27 @@ class Generation:
         accept_s = time.perf_counter() - began
 
         began = time.perf_counter()
-        old_lengths = self.lengths.copy()
+        old_lengths = self.lengths
         rows = np.arange(batch)
-        self.tokens[rows, old_lengths + accepted] = emitted[rows, accepted]
-        self.cache.commit(old_lengths + accepted)
+        seen = old_lengths + accepted  # the target has now seen x[0:L] and the accepted drafts
+        self.tokens[rows, seen] = emitted[rows, accepted]
+        self.cache.commit(seen)
         self.drafter.commit(old_lengths, accepted)
-        self.lengths = old_lengths + accepted + 1
+        self.lengths = seen + 1
         cache_s += time.perf_counter() - began
 
         draft_s = proposal.seconds if proposal else 0.0
         self.policy.observe(CycleOutcome(k, accepted, draft_s, proposal.steps if proposal else 0, verify_s, k + 1))
         committed, finished = [], []
-        for b in range(batch):
-            index = int(self.active[b])
+        now = time.perf_counter() - self.decode_started
+        for b, (index, n, tokens) in enumerate(zip(self.active.tolist(), accepted.tolist(), emitted.tolist())):
             row = self.rows[index]
-            new = [int(t) for t in emitted[b, : accepted[b] + 1]]
-            new = self._truncate(row, new, int(remaining[b]))
+            new = self._truncate(row, tokens[: n + 1], remaining[b])
             row.token_ids += new
-            row.decode_seconds = time.perf_counter() - self.decode_started
+            row.decode_seconds = now
             if row.finish_reason:
                 finished.append(b)
             committed.append((index, new))
-            n = int(accepted[b])
             row.records.append(CycleRecord(
                 request_id=row.request_id, cycle=self.cycle, k=k, accepted=n,
                 rejected_at=n + 1 if n < k else None,
@@ -140,7 +139,7 @@ class Generation:
                 new, row.finish_reason = new[: i + 1], "eos"
                 break
         if len(new) >= remaining:
-            new = new[:remaining]
+            del new[remaining:]
             row.finish_reason = row.finish_reason or "length"
         if self.stop_check is not None:
             keep = self.stop_check(row.token_ids, new)

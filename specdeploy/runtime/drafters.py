@@ -6,12 +6,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..engines.base import Engine
 from .cache import KVCache
 from .config import GenerationConfig
-from .forward import forward_rows
+from .forward import forward_one, forward_rows
 from .sampling import penalize, probabilities, sample
 
 
@@ -57,31 +56,35 @@ class ModelDrafter(NoDrafter):
         """Write drafts into ``tokens`` [batch, width] at lengths[b] .. and return them with q."""
         began = time.perf_counter()
         batch = len(lengths)
+        rows = np.arange(batch)
         drafts = np.zeros((batch, k), np.int64)
         qs = []
         logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths)
-        last = logits[np.arange(batch), lengths - 1 - start]  # [batch, vocab]
-        steps = 1
+        last = logits[rows, lengths - 1 - start]  # [batch, vocab]
+        steps, made = 1, 0
         for i in range(k):
             if config.repetition_penalty != 1.0:
-                last = np.stack([penalize(last[b], tokens[b, : lengths[b] + i], config.repetition_penalty)
-                                 for b in range(batch)])
-            q = probabilities(last, config)  # [batch, vocab]
-            if threshold is not None and q.max(-1).max() < threshold:
-                break  # no row is confident enough to make another draft worth verifying
+                last = np.stack([penalize(last[b], np.concatenate([tokens[b, : lengths[b]], drafts[b, :i]]),
+                                          config.repetition_penalty) for b in range(batch)])
             if config.greedy:
+                # greedy needs no distribution, only its top probability when a threshold asks for it
+                if threshold is not None and _top_probability(last).max() < threshold:
+                    break
                 drafts[:, i] = last.argmax(-1)
             else:
+                q = probabilities(last, config)  # [batch, vocab]
+                if threshold is not None and q.max(-1).max() < threshold:
+                    break  # no row is confident enough to make another draft worth verifying
                 drafts[:, i] = [sample(q[b], rngs[b]) for b in range(batch)]
-            tokens[np.arange(batch), lengths + i] = drafts[:, i]
-            qs.append(q)
+                qs.append(q)
+            made += 1
             if i + 1 < k:
-                logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths + i + 1)
-                last = logits[:, -1]
+                last, _ = forward_one(self.engine, self.cache, drafts[:, i])
                 steps += 1
-        made = len(qs)
-        q_all = np.stack(qs, axis=1) if made and not config.greedy else None
-        return Proposal(drafts[:, :made], q_all, time.perf_counter() - began, steps)
+        drafts = drafts[:, :made]
+        tokens[rows[:, None], lengths[:, None] + np.arange(made)] = drafts  # the verify call reads them there
+        q_all = np.stack(qs, axis=1) if qs else None
+        return Proposal(drafts, q_all, time.perf_counter() - began, steps)
 
     def commit(self, old_lengths: np.ndarray, accepted: np.ndarray) -> None:
         """The draft's K/V stays valid for committed tokens and the accepted drafts it has seen."""
@@ -89,6 +92,11 @@ class ModelDrafter(NoDrafter):
 
     def select(self, rows: np.ndarray) -> None:
         self.cache.select(rows)
+
+
+def _top_probability(logits: np.ndarray) -> np.ndarray:
+    """max softmax(logits) per row, without forming the distribution.  # [batch]"""
+    return 1.0 / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)
 
 
 class PromptLookup(NoDrafter):
@@ -116,10 +124,13 @@ class PromptLookup(NoDrafter):
         return Proposal(drafts, None, time.perf_counter() - began, 0)
 
     def _lookup(self, seq: np.ndarray, k: int) -> np.ndarray:
-        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
-            windows = sliding_window_view(seq[:-1], n)  # earlier n-grams, the final one excluded
-            hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
-            for hit in hits[::-1]:  # latest match with a continuation first
+        length = len(seq)
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            # starts j < length - n where seq[j : j + n] equals the final n-gram
+            match = seq[: length - n] == seq[length - n]
+            for t in range(1, n):
+                match &= seq[t : length - n + t] == seq[length - n + t]
+            for hit in np.flatnonzero(match)[::-1]:  # latest match with a continuation first
                 cont = seq[hit + n : hit + n + k]
                 if len(cont):
                     return cont

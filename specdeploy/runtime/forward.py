@@ -20,13 +20,33 @@ def forward_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: np.nd
     Returns logits [batch, T, vocab], start [batch] (logits[b, j] follows token start[b] + j), the
     engine's seconds and the staging seconds. Commits past_len = ends.
     """
-    counts = ends - cache.past_len
-    tokens_per_row = int(counts.max())
-    start = np.maximum(0, np.minimum(cache.past_len, ends - tokens_per_row))  # [batch]
-    index = np.minimum(start[:, None] + np.arange(tokens_per_row)[None, :], tokens.shape[1] - 1)
-    input_ids = np.take_along_axis(tokens, index, axis=1)  # [batch, T]
-    out = engine.infer(input_ids, start, cache.buffers)
+    past = cache.past_len
+    if len(past) == 1:  # batch 1, the latency case: plain ints and one slice
+        first, last = int(past[0]), int(ends[0])
+        start, input_ids = past, tokens[:, first:last]
+    else:
+        tokens_per_row = int((ends - past).max())
+        start = np.maximum(0, np.minimum(past, ends - tokens_per_row))  # [batch]
+        first = int(start[0])
+        if (start == first).all():
+            input_ids = tokens[:, first : first + tokens_per_row]
+        else:
+            index = np.minimum(start[:, None] + np.arange(tokens_per_row)[None, :], tokens.shape[1] - 1)
+            input_ids = np.take_along_axis(tokens, index, axis=1)  # [batch, T]
+    out = engine.infer(np.ascontiguousarray(input_ids), start, cache.buffers)
     began = time.perf_counter()
     cache.stage(out.new_kv, start)
     cache.commit(ends)
     return out.logits, start, out.seconds, time.perf_counter() - began
+
+
+def forward_one(engine: Engine, cache: KVCache, next_tokens: np.ndarray):
+    """One new token per row at each row's past_len (the drafting step): no ragged bookkeeping.
+
+    next_tokens: [batch]. Returns logits [batch, vocab] and the engine's seconds.
+    """
+    past = cache.past_len
+    out = engine.infer(np.ascontiguousarray(next_tokens[:, None]), past, cache.buffers)
+    cache.stage(out.new_kv, past)
+    cache.past_len = past + 1
+    return out.logits[:, 0], out.seconds

@@ -1,0 +1,81 @@
+"""Time per cycle spent outside engine calls: acceptance, cache, policy, drafting bookkeeping.
+
+Exports tiny random Llama models (a target and a perturbed copy as draft), then runs greedy and
+sampled speculative decoding at batch 1 and 8 and reports, per cycle, wall time minus the time
+inside engine calls (each engine is wrapped by a timer). Target: <= 50 us per cycle at batch 1.
+
+    python tools/bench_overhead.py [--cycles 2000] [--k 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+class TimedEngine:
+    """Delegates to an engine and adds up the seconds spent inside its calls."""
+
+    def __init__(self, engine):
+        self.engine, self.spent = engine, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def infer(self, *args):
+        began = time.perf_counter()
+        out = self.engine.infer(*args)
+        self.spent += time.perf_counter() - began
+        return out
+
+
+def main() -> None:
+    from specdeploy import GenerationConfig, Pipeline
+    from tests import tiny
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cycles", type=int, default=1500, help="cycles measured per configuration")
+    parser.add_argument("--k", type=int, default=4)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        config = tiny.llama_config()
+        target = tiny.build_model(config, seed=0)
+        draft = tiny.build_model(config, seed=1, perturb_from=target, noise=0.02)
+        tiny.export_cli(tmp / "art", tiny.save_checkpoint(target, tmp / "t"), tiny.save_checkpoint(draft, tmp / "d"),
+                        "--capacity", "256")
+        pipeline = Pipeline.load(tmp / "art", threads=1)
+        pipeline.target = TimedEngine(pipeline.target)
+        pipeline.draft = TimedEngine(pipeline.draft)
+        print(f"tiny llama pair (vocab {tiny.VOCAB}), k={args.k}, overhead = cycle wall time - engine time")
+        for drafter in ("model", "prompt-lookup"):
+            for temperature in (0.0, 1.0):
+                for batch in (1, 8):
+                    per_cycle = []
+                    gen = GenerationConfig(k=args.k, drafter=drafter, temperature=temperature, seed=0,
+                                           max_new_tokens=200, ignore_eos=True)
+                    cycles = 0
+                    while cycles < args.cycles:
+                        run = pipeline.start(["w5 w6 w7 w8 w5 w6"] * batch, gen)
+                        while not run.done:
+                            engines = pipeline.target.spent + pipeline.draft.spent
+                            began = time.perf_counter()
+                            run.step()
+                            wall = time.perf_counter() - began
+                            per_cycle.append(wall - (pipeline.target.spent + pipeline.draft.spent - engines))
+                            cycles += 1
+                    median = statistics.median(per_cycle) * 1e6
+                    mean = statistics.fmean(per_cycle) * 1e6
+                    print(f"drafter={drafter:<13} temperature={temperature} batch={batch}: overhead per cycle "
+                          f"median {median:6.1f} us, mean {mean:6.1f} us ({cycles} cycles)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
