@@ -28,7 +28,9 @@ class Checkpoint:
 
     @property
     def parameters(self) -> int:
-        return sum(t.numel() for t in self.weights.values())
+        """Parameter count; tied tensors (one storage under two names) count once."""
+        seen = {t.untyped_storage().data_ptr(): t.numel() for t in self.weights.values()}
+        return sum(seen.values())
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
