@@ -131,3 +131,7 @@ def doctor(directory, target, draft):
 from .cli_generate import generate  # noqa: E402  (registers on main)
 
 main.add_command(generate)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,25 +14,13 @@ from .runtime.config import DRAFTERS, POLICIES
 
 
 def read_prompts(path: Path) -> list[str]:
-    """Prompts from a .jsonl file (a "prompt" field per line) or plain text (one prompt per line)."""
-    lines = path.read_text().splitlines()
-    prompts = []
-    if path.suffix == ".jsonl":
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise click.ClickException(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise click.ClickException(f"{path}:{number}: expected an object with a string 'prompt' field")
-            prompts.append(record["prompt"])
-    else:
-        prompts = [line for line in lines if line.strip()]
-    if not prompts:
-        raise click.ClickException(f"{path}: contains no prompt")
-    return prompts
+    """Prompt texts of a prompt file (see ``specdeploy.workloads.load_prompts``)."""
+    from .workloads import PromptFileError, load_prompts
+
+    try:
+        return [p.text for p in load_prompts(path)]
+    except PromptFileError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @click.command()
@@ -56,8 +45,11 @@ def read_prompts(path: Path) -> list[str]:
               help="ONNX Runtime execution provider.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt: text, token_ids, stats.")
+@click.option("--compare", is_flag=True,
+              help="Also decode the prompts with the target alone, in the same process, and print the speedup "
+                   "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-             seed, k, policy, drafter, stop, batch_size, provider, threads, as_json):
+             seed, k, policy, drafter, stop, batch_size, provider, threads, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from . import GenerationConfig, Pipeline
     from .contract import ContractError
@@ -73,15 +65,22 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                                   min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, k=k, policy=policy,
                                   drafter=drafter, stop=tuple(stop))
         pipeline = Pipeline.load(directory, provider=provider, threads=threads)
+        if compare:  # one short run of each first, so neither side pays the first-call set-up
+            for warm in (config, dataclasses.replace(config, drafter="none")):
+                pipeline.generate(prompts[:1], dataclasses.replace(warm, max_new_tokens=min(4, max_new_tokens)))
         if as_json:
-            for result in pipeline.generate(prompts, config, batch_size=batch_size):
+            results = pipeline.generate(prompts, config, batch_size=batch_size)
+            for result in results:
                 click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
                                        "finish_reason": result.finish_reason, "stats": result.stats}))
-            return
-        results = _show(pipeline, prompts, config, batch_size)
+        else:
+            results = _show(pipeline, prompts, config, batch_size)
+            _stats_table(results)
+        if compare:
+            plain = pipeline.generate(prompts, dataclasses.replace(config, drafter="none"), batch_size=batch_size)
+            _comparison(results, plain, config, as_json)
     except (ConfigError, CapacityError, ContractError, ProviderError, EngineInputError) as exc:
         raise click.ClickException(str(exc)) from exc
-    _stats_table(results)
 
 
 def _show(pipeline, prompts, config, batch_size):
@@ -100,6 +99,38 @@ def _show(pipeline, prompts, config, batch_size):
         out.print(f"[bold cyan]{prompt}[/]", end="")
         out.print(result.text, markup=False)
     return results
+
+
+def _comparison(spec, plain, config, as_json: bool) -> None:
+    """Speculative against plain target decoding of the same prompts, measured in this process."""
+    from .runtime.telemetry import acceptance_by_position, mean_accepted_length
+
+    def rate(results):
+        tokens = sum(r.stats["tokens"] for r in results)
+        return tokens / sum(r.stats["seconds"] for r in results)
+
+    records = [rec for r in spec for rec in r.records]
+    summary = {
+        "speculative_tokens_per_s": rate(spec),
+        "plain_tokens_per_s": rate(plain),
+        "speedup": rate(spec) / rate(plain),
+        "mean_accepted_length": mean_accepted_length(records),
+        "acceptance_by_position": acceptance_by_position(records),
+        "identical_outputs": sum(a.token_ids == b.token_ids for a, b in zip(spec, plain)),
+        "prompts": len(spec),
+    }
+    if as_json:
+        click.echo(json.dumps({"comparison": summary}))
+        return
+    table = Table("", "tok/s", title=f"speculative ({config.drafter}, k={config.k}, {config.policy}) vs target alone")
+    table.add_row("target alone", f"{summary['plain_tokens_per_s']:.2f}")
+    table.add_row("speculative", f"{summary['speculative_tokens_per_s']:.2f}")
+    table.add_row("speedup", f"{summary['speedup']:.2f}x")
+    table.add_row("mean accepted length", f"{summary['mean_accepted_length']:.2f}")
+    table.add_row("acceptance by position", " ".join(f"{a:.2f}" for a in summary["acceptance_by_position"]) or "-")
+    same = f"{summary['identical_outputs']} / {summary['prompts']}"
+    table.add_row("identical outputs", same + ("" if config.greedy else " (sampling: not expected)"))
+    Console(stderr=True).print(table)
 
 
 def _stats_table(results) -> None:

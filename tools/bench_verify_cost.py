@@ -6,13 +6,17 @@ of half the capacity, batch 1, on a shared 2-thread pool. Prints median latency 
 tokens = 1. All ratios come from the same run, interleaved, so machine drift hits them alike.
 
     python tools/bench_verify_cost.py [--sizes 30m,125m] [--weights full,int4] [--capacity 512]
-    python tools/bench_verify_cost.py --onnx path/to/target.onnx --manifest-dir DIR   # an exported artifact
+    python tools/bench_verify_cost.py --artifact DIR            # the models of an exported artifact
+    python tools/bench_verify_cost.py --artifact DIR --variants int4-b32-a4,int8-b32-a4,...
+        # re-quantizes the artifact's fp32 target per variant (weights-bits, block size, accuracy level)
+        # and times each: the configuration search for compressed targets
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -72,6 +76,21 @@ def measure(engine, capacity: int, token_counts, repeats: int) -> dict[int, floa
     return {t: statistics.median(v) for t, v in times.items()}
 
 
+def quantized_variant(source: Path, variant: str, workdir: Path) -> Path:
+    """``source`` (an fp32 verify graph) re-quantized as ``variant``, e.g. "int4-b32-a4" or "int8-b128-a0"."""
+    import onnx
+
+    from specdeploy.exporter import onnx_graph
+
+    kind, block, level = variant.split("-")
+    bits = {"int4": 4, "int8": 8}[kind]
+    model = onnx.load(str(source))
+    quantized = onnx_graph.quantize_weights(model, bits=bits, block_size=int(block[1:]), accuracy_level=int(level[1:]))
+    path = workdir / f"{variant}.onnx"
+    onnx_graph.save(quantized, path)
+    return path
+
+
 def report(label: str, params: int, medians: dict[int, float]) -> str:
     base = medians[min(medians)]
     cells = "  ".join(f"T={t}: {m * 1e3:7.2f} ms ({m / base:4.2f}x)" for t, m in medians.items())
@@ -91,6 +110,9 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=32, help="int4 MatMulNBits block size")
     parser.add_argument("--accuracy-level", type=int, default=4, help="int4 MatMulNBits accuracy level (0, 1, 2, 4)")
     parser.add_argument("--artifact", type=Path, help="time the target (and draft) of an exported artifact instead")
+    parser.add_argument("--variants", default="", help="with --artifact: quantization variants of its fp32 target")
+    parser.add_argument("--optimization", default="all", choices=["none", "basic", "extended", "all"],
+                        help="ONNX Runtime graph optimization level")
     args = parser.parse_args()
     token_counts = [int(t) for t in args.tokens.split(",")]
 
@@ -99,9 +121,26 @@ def main() -> None:
     if args.artifact:
         from specdeploy.contract import Manifest
 
+        import dataclasses
+
         manifest = Manifest.read(args.artifact)
+        if args.variants:
+            spec = manifest.target
+            if spec.weights != "full" or spec.dtype != "float32":
+                sys.exit("--variants needs an artifact with an fp32, full-weight target")
+            with tempfile.TemporaryDirectory(dir=args.artifact.parent) as tmp:
+                for variant in args.variants.split(","):
+                    path = quantized_variant(args.artifact / spec.file, variant, Path(tmp))
+                    engine = OrtEngine(path, dataclasses.replace(spec, weights="int4"), threads=args.threads,
+                                       optimization=args.optimization)
+                    medians = measure(engine, min(args.capacity, spec.capacity), token_counts, args.repeats)
+                    print(report(f"target {variant}", spec.parameters, medians), flush=True)
+                    del engine
+                    path.unlink()
+                    path.with_name(path.name + ".data").unlink(missing_ok=True)
+            return
         for role, spec in manifest.models.items():
-            engine = OrtEngine(args.artifact / spec.file, spec, threads=args.threads)
+            engine = OrtEngine(args.artifact / spec.file, spec, threads=args.threads, optimization=args.optimization)
             medians = measure(engine, min(args.capacity, spec.capacity), token_counts, args.repeats)
             print(report(f"{role} {spec.weights}/{spec.dtype}", spec.parameters, medians), flush=True)
         return

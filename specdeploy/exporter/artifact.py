@@ -6,6 +6,7 @@ interrupted export never leaves a half-written artifact behind.
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from pathlib import Path
 from .. import __version__
 from ..contract import DTYPES, WEIGHT_FORMATS, Manifest, ModelSpec, sha256_file
 from . import onnx_graph
-from .checkpoint import Checkpoint, load_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint, load_tokenizer_and_config
 from .registry import ExportError, lookup
 from .tokenizer import differences, fingerprint
 
@@ -48,21 +49,25 @@ def export_artifact(
     if out.exists() and not force:
         raise ExportError(f"{out}: already exists; pass --force to replace it")
 
-    progress(f"loading target {target}")
-    checkpoints = {"target": load_checkpoint(target)}
+    sources = {"target": target} if draft is None else {"target": target, "draft": draft}
     if draft is not None:
-        progress(f"loading draft {draft}")
-        checkpoints["draft"] = load_checkpoint(draft)
-        _check_pair(checkpoints["target"], checkpoints["draft"])
+        progress("checking that draft and target share a tokenizer and vocabulary")
+        _check_pair(target, draft)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         specs = {}
-        for role, checkpoint in checkpoints.items():
+        for role, source in sources.items():
+            # one checkpoint in memory at a time: a 1.5B model is ~6 GB of fp32 weights
+            progress(f"loading {role} {source}")
+            checkpoint = load_checkpoint(source)
+            if role == "target":
+                checkpoint.tokenizer.save(str(staging / "tokenizer.json"))
             fmt = weights if role == "target" else (draft_weights or weights)
             specs[role] = _export_model(role, checkpoint, staging, dtype, fmt, capacity, progress)
-        checkpoints["target"].tokenizer.save(str(staging / "tokenizer.json"))
+            del checkpoint
+            gc.collect()
         progress("hashing files")
         files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
         manifest = Manifest(models=specs, files=files, exporter_version=__version__, opset=onnx_graph.OPSET)
@@ -75,13 +80,15 @@ def export_artifact(
     return manifest
 
 
-def _check_pair(target: Checkpoint, draft: Checkpoint) -> None:
-    problems = differences(target.tokenizer, draft.tokenizer)
+def _check_pair(target, draft) -> None:
+    """Refuse a pair whose tokenizers or vocab sizes differ, before any weight is loaded."""
+    (t_tok, t_config), (d_tok, d_config) = load_tokenizer_and_config(target), load_tokenizer_and_config(draft)
+    problems = differences(t_tok, d_tok)
     if problems:
         raise ExportError("the draft's tokenizer differs from the target's:\n  " + "\n  ".join(problems))
-    if target.config.vocab_size != draft.config.vocab_size:
+    if t_config.vocab_size != d_config.vocab_size:
         raise ExportError(
-            f"vocab_size differs: target {target.config.vocab_size}, draft {draft.config.vocab_size}; "
+            f"vocab_size differs: target {t_config.vocab_size}, draft {d_config.vocab_size}; "
             "the logits of both must index the same tokens"
         )
 
@@ -91,24 +98,31 @@ def _export_model(role, checkpoint: Checkpoint, staging: Path, dtype, fmt, capac
 
     arch = lookup(checkpoint.config.model_type)
     dims = arch.dims(checkpoint.config)
+    parameters = checkpoint.parameters
     if dims["max_positions"] and capacity > dims["max_positions"]:
         raise ExportError(
             f"{role}: capacity {capacity} exceeds the model's max_position_embeddings {dims['max_positions']}"
         )
     progress(f"{role}: building the verify graph ({arch.name}, {dims['num_layers']} layers)")
+    path = staging / f"{role}.onnx"
     with torch.no_grad():
         module = arch.build(checkpoint.config, checkpoint.weights, capacity)
+        checkpoint.weights.clear()  # the module holds its own (transposed) copies
         progress(f"{role}: exporting to ONNX")
-        model = onnx_graph.export_graph(module, dims, staging / f"{role}.onnx")
+        onnx_graph.export_graph(module, dims, path)
     del module
-    if fmt == "int4":
-        progress(f"{role}: quantizing MatMul weights to int4 (MatMulNBits)")
-        model = onnx_graph.to_int4(model)
-    if dtype == "float16":
-        progress(f"{role}: converting to float16")
-        model = onnx_graph.to_float16(model)
-    progress(f"{role}: writing {role}.onnx")
-    onnx_graph.save(model, staging / f"{role}.onnx")
+    gc.collect()
+    if fmt == "int4" or dtype == "float16":
+        model = onnx_graph.load(path)
+        if fmt == "int4":
+            progress(f"{role}: quantizing MatMul weights to int4 (MatMulNBits)")
+            model = onnx_graph.to_int4(model)
+        if dtype == "float16":
+            progress(f"{role}: converting to float16")
+            model = onnx_graph.to_float16(model)
+        progress(f"{role}: writing {role}.onnx")
+        onnx_graph.save(model, path)
+        del model
     return ModelSpec(
         role=role,
         file=f"{role}.onnx",
@@ -123,7 +137,7 @@ def _export_model(role, checkpoint: Checkpoint, staging: Path, dtype, fmt, capac
         capacity=capacity,
         tokenizer_fingerprint=fingerprint(checkpoint.tokenizer),
         eos_token_ids=checkpoint.eos_token_ids,
-        parameters=checkpoint.parameters,
+        parameters=parameters,
     )
 
 

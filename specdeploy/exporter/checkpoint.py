@@ -47,6 +47,39 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     raise ExportError(f"{path}: no such file or directory")
 
 
+def load_tokenizer_and_config(path: str | Path):
+    """The tokenizer and config of a checkpoint, without its weights (for checks before export)."""
+    local = Path(path)
+    if local.is_file() and local.suffix == ".gguf":
+        from transformers import AutoConfig, AutoTokenizer
+
+        try:
+            config = AutoConfig.from_pretrained(local.parent, gguf_file=local.name)
+            tokenizer = AutoTokenizer.from_pretrained(local.parent, gguf_file=local.name)
+        except (ValueError, OSError, KeyError) as exc:
+            raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
+        return tokenizer.backend_tokenizer, config
+    directory = local if local.is_dir() else None
+    if directory is None:
+        if local.exists():
+            raise ExportError(f"{path}: expected a model directory or a .gguf file")
+        if str(path).count("/") != 1 or str(path).startswith((".", "/")):
+            raise ExportError(f"{path}: no such file or directory")
+        directory = _download(str(path))
+    return _read_tokenizer(directory), _read_config(directory)
+
+
+def _read_config(directory: Path):
+    from transformers import AutoConfig
+
+    if not (directory / "config.json").is_file():
+        raise ExportError(f"{directory}: missing config.json; expected a Hugging Face model directory")
+    try:
+        return AutoConfig.from_pretrained(directory, trust_remote_code=False)
+    except (ValueError, OSError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{directory / 'config.json'}: cannot be read ({exc})") from exc
+
+
 def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
@@ -57,8 +90,6 @@ def _download(repo_id: str) -> Path:
 
 
 def _load_dir(directory: Path) -> Checkpoint:
-    from transformers import AutoConfig
-
     if not (directory / "config.json").is_file():
         raise ExportError(f"{directory}: missing config.json; expected a Hugging Face model directory")
     shards = sorted(directory.glob("*.safetensors"))
@@ -70,10 +101,7 @@ def _load_dir(directory: Path) -> Checkpoint:
                 "a pickle runs arbitrary code. Convert the checkpoint to safetensors on a trusted machine first"
             )
         raise ExportError(f"{directory}: no *.safetensors weights found")
-    try:
-        config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
-    except (ValueError, OSError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{directory / 'config.json'}: cannot be read ({exc})") from exc
+    config = _read_config(directory)
     weights = {}
     for shard in shards:
         weights.update(_read_safetensors(shard))

@@ -20,8 +20,12 @@ EXTERNAL_DATA_BYTES = 1 << 30
 EXAMPLE_BATCH, EXAMPLE_TOKENS, EXAMPLE_CAPACITY = 3, 5, 11
 
 
-def export_graph(module: torch.nn.Module, dims: dict, path: Path) -> onnx.ModelProto:
-    """Trace ``module`` into a verify-v1 graph with dynamic batch, tokens and capacity."""
+def export_graph(module: torch.nn.Module, dims: dict, path: Path) -> None:
+    """Trace ``module`` into a verify-v1 graph at ``path`` with dynamic batch, tokens and capacity.
+
+    Weights are streamed from the torch module to disk (as ONNX external data when large), so the
+    exporter never holds a second in-memory copy of a multi-GB model.
+    """
     layers, kv_heads, head_dim = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
     input_ids = torch.randint(0, dims["vocab_size"], (EXAMPLE_BATCH, EXAMPLE_TOKENS))
     past_len = torch.tensor([2, 4, 3][:EXAMPLE_BATCH], dtype=torch.int64)
@@ -45,9 +49,17 @@ def export_graph(module: torch.nn.Module, dims: dict, path: Path) -> onnx.ModelP
             optimize=True,
             verbose=False,
         )
-    model = program.model_proto
-    _name_dims(model, layers)
-    return model
+        weight_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+        program.save(str(path), external_data=weight_bytes >= EXTERNAL_DATA_BYTES)
+    del program
+    # rename the dynamic axes in the graph alone; external weights stay where they are
+    graph = onnx.load(str(path), load_external_data=False)
+    _name_dims(graph, layers)
+    onnx.save_model(graph, str(path))
+
+
+def load(path: Path) -> onnx.ModelProto:
+    return onnx.load(str(path))
 
 
 def _name_dims(model: onnx.ModelProto, layers: int) -> None:
@@ -73,25 +85,37 @@ def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def to_int4(model: onnx.ModelProto, block_size: int = 32, accuracy_level: int = 4) -> onnx.ModelProto:
     """4-bit block-wise weight-only MatMuls through ONNX Runtime's own MatMulNBits quantizer."""
+    return quantize_weights(model, bits=4, block_size=block_size, accuracy_level=accuracy_level)
+
+
+def quantize_weights(model: onnx.ModelProto, bits: int = 4, block_size: int = 32, accuracy_level: int = 4) -> onnx.ModelProto:
+    """Block-wise weight-only MatMuls (``bits`` 4 or 8) through ONNX Runtime's MatMulNBits quantizer.
+
+    accuracy_level 4 lets the kernels quantize activations to int8 on the fly (fastest on CPU);
+    0 keeps fp32 compute.
+    """
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
-    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level)
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level,
+                                          bits=bits)
     quantizer = MatMulNBitsQuantizer(model, algo_config=config)
     with _quiet():
         quantizer.process()
     quantized = quantizer.model.model
     if not any(node.op_type == "MatMulNBits" for node in quantized.graph.node):
-        raise ExportError("int4 quantization rewrote no MatMul; the graph has no constant MatMul weights")
+        raise ExportError(f"int{bits} quantization rewrote no MatMul; the graph has no constant MatMul weights")
     return quantized
 
 
 def save(model: onnx.ModelProto, path: Path) -> list[Path]:
-    """Write the graph (and its external data when large); return the files written."""
+    """Write the graph (and its external data when large) over ``path``; return the files written."""
+    data = path.with_name(path.name + ".data")
     size = sum(t.ByteSize() for t in model.graph.initializer)
     if size < EXTERNAL_DATA_BYTES:
         onnx.save_model(model, str(path))
+        data.unlink(missing_ok=True)
         return [path]
-    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
     return [path, data]
 
