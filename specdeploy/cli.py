@@ -128,9 +128,11 @@ def doctor(directory, target, draft):
     sys.exit(1)
 
 
-from .cli_generate import generate  # noqa: E402  (registers on main)
+from .cli_bench import bench, report  # noqa: E402
+from .cli_generate import generate  # noqa: E402
 
-main.add_command(generate)
+for command in (generate, bench, report):
+    main.add_command(command)
 
 
 if __name__ == "__main__":

@@ -119,9 +119,9 @@ def main() -> None:
     print(f"median latency of one call, batch 1, past {args.capacity // 2}, capacity {args.capacity}, "
           f"{args.threads} threads, {args.repeats} repeats")
     if args.artifact:
-        from specdeploy.contract import Manifest
-
         import dataclasses
+
+        from specdeploy.contract import Manifest
 
         manifest = Manifest.read(args.artifact)
         if args.variants:

@@ -1,0 +1,97 @@
+"""``specdeploy bench`` and ``specdeploy report``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+
+def _csv(kind):
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        try:
+            return [kind(v) for v in items]
+        except ValueError as exc:
+            raise click.BadParameter(f"{value!r}: expected a comma-separated list of {kind.__name__}") from exc
+    return parse
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--prompts", "prompts_path", required=True,
+              help="Prompt file (.txt, .jsonl with 'prompt', or Spec-Bench .jsonl), or 'humaneval' (extra 'bench').")
+@click.option("--k", "ks", default="0,1,2,4,8", show_default=True, callback=_csv(int),
+              help="Draft lengths; 0 is plain target decoding (always run as the baseline).")
+@click.option("--policy", "policies", default="fixed", show_default=True, callback=_csv(str),
+              help="Comma list of fixed, confidence, heuristic, cost.")
+@click.option("--drafter", "drafters", default="model", show_default=True, callback=_csv(str),
+              help="Comma list of model, prompt-lookup.")
+@click.option("--temperature", "temperatures", default="0", show_default=True, callback=_csv(float),
+              help="Comma list of temperatures (0: greedy).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Rounds over all prompts; the speedup spread is taken over rounds.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for records.jsonl and summary.json.")
+@click.option("--force", is_flag=True, help="Replace an existing --out directory.")
+def bench(directory, prompts_path, ks, policies, drafters, temperatures, max_new_tokens, repeat, batch_size, limit,
+          threads, seed, out, force):
+    """Run the baseline and a grid of configurations in one process, interleaved; record and summarise."""
+    from . import Pipeline
+    from .contract import ContractError
+    from .reports.bench import GridError, build_grid, run_bench
+    from .runtime.cache import CapacityError
+    from .workloads import PromptFileError, humaneval, load_prompts
+
+    try:
+        grid = build_grid(ks, policies, drafters, temperatures, max_new_tokens, seed)
+        prompts = humaneval() if prompts_path == "humaneval" else load_prompts(prompts_path)
+    except (GridError, PromptFileError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    prompts = prompts[:limit] if limit else prompts
+    if out.exists():
+        if not force:
+            raise click.ClickException(f"{out}: already exists; pass --force to replace it")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    try:
+        pipeline = Pipeline.load(directory, threads=threads)
+        total = repeat * -(-len(prompts) // batch_size) * len(grid)
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task(f"bench: {len(grid)} configurations x {len(prompts)} prompts x {repeat}", total=total)
+            summary = run_bench(pipeline, grid, prompts, out, repeat, batch_size, lambda: progress.advance(task))
+    except (ContractError, CapacityError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    _print_summary(summary["all"])
+    Console(stderr=True).print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}; `specdeploy report {out}` plots them")
+
+
+def _print_summary(summary: dict) -> None:
+    from .reports.plots import HEADER, _table_rows
+
+    table = Table(*HEADER, title="bench (speedup against the baseline measured in the same run)")
+    for row in _table_rows(summary):
+        table.add_row(*row)
+    Console().print(table)
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+def report(directory):
+    """Plot a bench directory: PNGs, report.html (self-contained) and report.md."""
+    from .reports.plots import write_report
+
+    if not (directory / "summary.json").is_file() or not (directory / "records.jsonl").is_file():
+        raise click.ClickException(f"{directory}: no summary.json / records.jsonl; run `specdeploy bench --out {directory}`")
+    for path in write_report(directory):
+        click.echo(path)

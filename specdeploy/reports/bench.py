@@ -1,0 +1,169 @@
+"""The bench grid: the baseline and every configuration, interleaved round by round, in one process.
+
+Writes ``records.jsonl`` (one line per cycle record, and one per run, each tagged with its
+configuration, prompt and repeat) and ``summary.json``, whose every number is recomputed from
+``records.jsonl`` by ``summarize`` — the summary is never counted separately.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..runtime.config import DRAFTERS, POLICIES, GenerationConfig
+from ..runtime.telemetry import CycleRecord, acceptance_by_position, mean_accepted_length, time_split
+from ..workloads import Prompt
+from .analytic import predicted_speedup
+
+
+class GridError(ValueError):
+    """A bench grid that cannot run."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    config: GenerationConfig
+    baseline: str  # the name of the plain-decoding setting at the same temperature
+
+
+def build_grid(ks: Sequence[int], policies: Sequence[str], drafters: Sequence[str], temperatures: Sequence[float],
+               max_new_tokens: int, seed: int = 0) -> list[Setting]:
+    """The baseline per temperature plus every (drafter, policy, k > 0, temperature) combination."""
+    for name, values in (("k", ks), ("policy", policies), ("drafter", drafters), ("temperature", temperatures)):
+        if not values:
+            raise GridError(f"--{name}: empty; the grid needs at least one value")
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise GridError(f"--policy: unknown {unknown}; expected some of {', '.join(POLICIES)}")
+    unknown = [d for d in drafters if d not in DRAFTERS or d == "none"]
+    if unknown:
+        raise GridError(f"--drafter: unknown {unknown}; expected some of model, prompt-lookup")
+    if any(k < 0 for k in ks):
+        raise GridError(f"--k: got {list(ks)}; expected integers >= 0 (0 is the baseline)")
+    grid = []
+    for temperature in temperatures:
+        base = f"plain t={temperature:g}"
+        common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        grid.append(Setting(base, GenerationConfig(drafter="none", **common), base))
+        for drafter, policy, k in itertools.product(drafters, policies, ks):
+            if k > 0:
+                config = GenerationConfig(drafter=drafter, policy=policy, k=k, **common)
+                grid.append(Setting(f"{drafter} {policy} k={k} t={temperature:g}", config, base))
+    if len(grid) == len(temperatures):
+        raise GridError("the grid has no speculative configuration: give a k > 0")
+    return grid
+
+
+def run_bench(pipeline, grid: list[Setting], prompts: list[Prompt], out: Path, repeat: int = 1, batch_size: int = 1,
+              advance: Callable[[], None] = lambda: None) -> dict:
+    """Run every setting on every prompt ``repeat`` times, interleaved; write records.jsonl and summary.json."""
+    for setting in grid:  # warm-up: the first calls of a session pay allocations and page faults
+        pipeline.generate([prompts[0].text], replace(setting.config, max_new_tokens=min(4, setting.config.max_new_tokens)))
+    records_path = out / "records.jsonl"
+    with open(records_path, "w") as sink:
+        for rep, first in itertools.product(range(repeat), range(0, len(prompts), batch_size)):
+            batch = prompts[first : first + batch_size]
+            offset = (rep * len(prompts) + first) % len(grid)
+            for setting in grid[offset:] + grid[:offset]:  # rotate who runs first each round
+                results = pipeline.generate([p.text for p in batch], setting.config, batch_size=batch_size)
+                for prompt, result in zip(batch, results):
+                    tags = {"config": setting.name, "baseline": setting.baseline, "prompt_id": prompt.id,
+                            "prompt_set": prompt.source, "category": prompt.category, "repeat": rep}
+                    for record in result.records:
+                        sink.write(json.dumps({"type": "cycle", **tags, **record.to_dict()}) + "\n")
+                    sink.write(json.dumps({"type": "run", **tags, "tokens": result.stats["tokens"],
+                                           "seconds": result.stats["seconds"], "token_ids": result.token_ids,
+                                           "greedy": setting.config.greedy,
+                                           "k": setting.config.k if setting.config.speculative else 0}) + "\n")
+                advance()
+    summary = summarize(read_records(records_path))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def summarize(lines: list[dict]) -> dict:
+    """Aggregates per configuration, overall and per segment (prompt set / category), from records alone."""
+    segments = defaultdict(list)
+    for line in lines:
+        segments["all"].append(line)
+        segments[f"{line['prompt_set']}/{line['category'] or '-'}"].append(line)
+    return _json_safe({segment: _summarize_segment(rows) for segment, rows in segments.items()})
+
+
+def _json_safe(value):
+    """NaN (an undefined rate) becomes None: JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return None if isinstance(value, float) and value != value else value
+
+
+def _summarize_segment(lines: list[dict]) -> dict:
+    runs, cycles = defaultdict(list), defaultdict(list)
+    for line in lines:
+        (runs if line["type"] == "run" else cycles)[line["config"]].append(line)
+    field_names = CycleRecord.__dataclass_fields__
+    out = {}
+    for config, config_runs in runs.items():
+        baseline = config_runs[0]["baseline"]
+        records = [CycleRecord(**{k: v for k, v in c.items() if k in field_names}) for c in cycles[config]]
+        per_repeat = _per_repeat_rates(config_runs)
+        base_rates = _per_repeat_rates(runs[baseline])
+        speedups = [per_repeat[r] / base_rates[r] for r in per_repeat if r in base_rates and base_rates[r] > 0]
+        split = time_split(records)
+        total_time = sum(split.values()) or 1.0
+        base_by_prompt = {(r["prompt_id"], r["repeat"]): r["token_ids"] for r in runs[baseline]}
+        identical = sum(r["token_ids"] == base_by_prompt.get((r["prompt_id"], r["repeat"])) for r in config_runs)
+        tokens, seconds = sum(r["tokens"] for r in config_runs), sum(r["seconds"] for r in config_runs)
+        entry = {
+            "baseline": baseline,
+            "k": config_runs[0]["k"],
+            "runs": len(config_runs),
+            "tokens": tokens,
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "speedup_median": statistics.median(speedups) if speedups else float("nan"),
+            "speedup_min": min(speedups, default=float("nan")),
+            "speedup_max": max(speedups, default=float("nan")),
+            "mean_accepted_length": mean_accepted_length(records),
+            "acceptance_by_position": acceptance_by_position(records),
+            "time_share": {phase: t / total_time for phase, t in split.items()},
+            "identical_to_baseline": identical if config_runs[0]["greedy"] else None,
+        }
+        out[config] = entry
+    for config, entry in out.items():
+        entry.update(_prediction(entry, cycles[config], cycles[entry["baseline"]]))
+    return out
+
+
+def _per_repeat_rates(runs: list[dict]) -> dict[int, float]:
+    tokens, seconds = defaultdict(int), defaultdict(float)
+    for run in runs:
+        tokens[run["repeat"]] += run["tokens"]
+        seconds[run["repeat"]] += run["seconds"]
+    return {r: tokens[r] / seconds[r] for r in tokens if seconds[r] > 0}
+
+
+def _prediction(entry: dict, cycles: list[dict], baseline_cycles: list[dict]) -> dict:
+    """The analytic model's speedup from this configuration's measured rates and costs."""
+    drafted = [c for c in cycles if c["k"] > 0]
+    if not drafted or not baseline_cycles:
+        return {"predicted_speedup": 1.0 if entry["k"] == 0 else float("nan"), "efficiency": float("nan")}
+    k = round(statistics.fmean(c["k"] for c in drafted))
+    draft_step = sum(c["draft_s"] for c in drafted) / sum(c["k"] for c in drafted)
+    verify = statistics.fmean(c["verify_s"] for c in drafted)
+    plain_step = statistics.fmean(c["verify_s"] for c in baseline_cycles)
+    rates = (entry["acceptance_by_position"] + [0.0] * k)[:k]
+    predicted = predicted_speedup(rates, k, draft_step, verify, plain_step)
+    return {"predicted_speedup": predicted, "efficiency": entry["speedup_median"] / predicted if predicted else float("nan")}

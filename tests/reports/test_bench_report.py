@@ -1,0 +1,126 @@
+"""specdeploy bench and report on tiny exported models, end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdeploy.cli import main
+from specdeploy.reports.bench import read_records, summarize
+from specdeploy.reports.plots import PLOTS
+from specdeploy.reports.prometheus import SpecDecodingMetrics
+from specdeploy.runtime.telemetry import CycleRecord
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def bench_dir(pair_dir, tmp_path_factory):
+    prompts = tmp_path_factory.mktemp("p") / "prompts.jsonl"
+    lines = [{"prompt": "w5 w6 w7", "id": "a", "category": "x"}, {"prompt": "w30 w31 w30 w31", "id": "b", "category": "y"},
+             {"prompt": "w9", "id": "c", "category": "x"}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path_factory.mktemp("bench") / "out"
+    result = run("bench", pair_dir, "--prompts", prompts, "--k", "0,1,3", "--policy", "fixed,cost",
+                 "--drafter", "model,prompt-lookup", "--temperature", "0,0.8", "--max-new-tokens", "10",
+                 "--repeat", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_summary_is_recomputed_exactly_from_records(bench_dir):
+    summary = json.loads((bench_dir / "summary.json").read_text())
+    recomputed = json.loads(json.dumps(summarize(read_records(bench_dir / "records.jsonl"))))
+    assert summary == recomputed
+    assert set(summary) == {"all", "prompts/x", "prompts/y"}  # segmented by prompt set and category
+
+
+def test_grid_and_baseline_in_one_process(bench_dir):
+    summary = json.loads((bench_dir / "summary.json").read_text())["all"]
+    # 2 temperatures x (baseline + 2 drafters x 2 policies x 2 ks)
+    assert len(summary) == 2 * (1 + 2 * 2 * 2)
+    runs = [r for r in read_records(bench_dir / "records.jsonl") if r["type"] == "run"]
+    assert {r["config"] for r in runs} == set(summary)
+    assert all(r["repeat"] in (0, 1) for r in runs) and len(runs) == len(summary) * 3 * 2
+    # the baseline ran interleaved with the others in the same file (same process, same rounds)
+    configs_in_order = [r["config"] for r in runs]
+    first_base, last_base = configs_in_order.index("plain t=0"), len(configs_in_order) - 1 - configs_in_order[::-1].index("plain t=0")
+    assert first_base < len(summary) and last_base > len(runs) - len(summary) - 1
+    for name, entry in summary.items():
+        if entry["k"] == 0:
+            assert entry["speedup_median"] == pytest.approx(1.0)
+        if name.endswith("t=0"):
+            assert entry["identical_to_baseline"] == entry["runs"]  # greedy: always identical
+    assert all(0 <= s <= 1 for e in summary.values() for s in e["time_share"].values())
+
+
+def test_report_writes_valid_pngs_and_pages(bench_dir):
+    result = run("report", bench_dir)
+    assert result.exit_code == 0, result.output
+    for name in PLOTS:
+        data = (bench_dir / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+        width, height = struct.unpack(">II", data[16:24])
+        assert (width, height) == (800, 500)
+    page = (bench_dir / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(PLOTS) and "model fixed k=3 t=0" in page
+    assert "| configuration |" in (bench_dir / "report.md").read_text()
+
+
+def test_prometheus_exposition_matches_records(bench_dir):
+    cycles = [r for r in read_records(bench_dir / "records.jsonl") if r["type"] == "cycle"]
+    fields = CycleRecord.__dataclass_fields__
+    registry = CollectorRegistry()
+    metrics = SpecDecodingMetrics(registry)
+    metrics.observe_all(CycleRecord(**{k: v for k, v in c.items() if k in fields}) for c in cycles)
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    value = {f: sum(s.value for s in families[f].samples if s.name.endswith("_total")) for f in
+             ("specdeploy_cycles", "specdeploy_drafted_tokens", "specdeploy_accepted_tokens", "specdeploy_emitted_tokens")}
+    assert value["specdeploy_cycles"] == len(cycles)
+    assert value["specdeploy_drafted_tokens"] == sum(c["k"] for c in cycles)
+    assert value["specdeploy_accepted_tokens"] == sum(c["accepted"] for c in cycles)
+    assert value["specdeploy_emitted_tokens"] == sum(c["emitted"] for c in cycles)
+    verify_sum = [s.value for s in families["specdeploy_cycle_phase_seconds"].samples
+                  if s.name.endswith("_sum") and s.labels["phase"] == "verify"]
+    assert verify_sum[0] == pytest.approx(sum(c["verify_s"] for c in cycles))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompts", "{missing}"], "no such file"),
+    (["--prompts", "{empty}"], "contains no prompt"),
+    (["--prompts", "{bad}"], "bad.jsonl:2: not valid JSON"),
+    (["--prompts", "{good}", "--k", ""], "--k: empty"),
+    (["--prompts", "{good}", "--k", "0"], "no speculative configuration"),
+    (["--prompts", "{good}", "--policy", "fixed,magic"], "--policy: unknown ['magic']"),
+    (["--prompts", "{good}", "--drafter", "eagle"], "--drafter: unknown ['eagle']"),
+    (["--prompts", "{good}", "--k", "1,x"], "expected a comma-separated list of int"),
+])
+def test_bench_bad_input(pair_dir, tmp_path, args, message):
+    files = {"missing": tmp_path / "missing.txt", "empty": tmp_path / "empty.txt", "bad": tmp_path / "bad.jsonl",
+             "good": tmp_path / "good.txt"}
+    files["empty"].write_text("\n")
+    files["bad"].write_text('{"prompt": "w5"}\n{nope\n')
+    files["good"].write_text("w5 w6\n")
+    args = [a.format(**files) for a in args]
+    result = run("bench", pair_dir, *args, "--out", tmp_path / "out")
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_refuses_existing_out(pair_dir, tmp_path):
+    (tmp_path / "good.txt").write_text("w5 w6\n")
+    (tmp_path / "out").mkdir()
+    result = run("bench", pair_dir, "--prompts", tmp_path / "good.txt", "--out", tmp_path / "out")
+    assert result.exit_code != 0 and "already exists; pass --force" in result.output
+
+
+def test_report_on_a_non_bench_dir(tmp_path):
+    result = run("report", tmp_path)
+    assert result.exit_code != 0 and "no summary.json" in result.output
