@@ -51,7 +51,8 @@ def test_grid_and_baseline_in_one_process(bench_dir):
     assert all(r["repeat"] in (0, 1) for r in runs) and len(runs) == len(summary) * 3 * 2
     # the baseline ran interleaved with the others in the same file (same process, same rounds)
     configs_in_order = [r["config"] for r in runs]
-    first_base, last_base = configs_in_order.index("plain t=0"), len(configs_in_order) - 1 - configs_in_order[::-1].index("plain t=0")
+    first_base = configs_in_order.index("plain t=0")
+    last_base = len(configs_in_order) - 1 - configs_in_order[::-1].index("plain t=0")
     assert first_base < len(summary) and last_base > len(runs) - len(summary) - 1
     for name, entry in summary.items():
         if entry["k"] == 0:
