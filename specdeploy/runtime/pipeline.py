@@ -12,6 +12,7 @@ import numpy as np
 from ..contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
 from ..engines import load_engine
 from .config import ConfigError, GenerationConfig
+from .cache import CapacityError, plan_capacity
 from .decoder import Generation, RowResult
 from .drafters import ModelDrafter, NoDrafter, PromptLookup
 from .policies import make_policy
@@ -37,18 +38,21 @@ class StreamChunk:
 class Pipeline:
     """A loaded artifact: tokenizer, target engine and (optionally) draft engine."""
 
-    def __init__(self, manifest: Manifest, tokenizer, target, draft=None, directory: Path | None = None):
+    def __init__(self, manifest: Manifest, tokenizer, target, draft=None, directory: Path | None = None,
+                 max_cache_bytes: int | None = None):
         self.manifest, self.tokenizer, self.target, self.draft = manifest, tokenizer, target, draft
         self.directory = directory
+        self.max_cache_bytes = max_cache_bytes
         self._ids = itertools.count()
 
     @classmethod
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
-             verify_hashes: bool = True) -> Pipeline:
+             verify_hashes: bool = True, max_cache_bytes: int | None = None) -> Pipeline:
         """Load an artifact dir written by ``specdeploy export``.
 
         Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
-        unless ``verify_hashes=False`` is passed explicitly.
+        unless ``verify_hashes=False`` is passed explicitly. ``max_cache_bytes`` caps the KV-cache
+        memory one batch may allocate (target and draft together); a batch over it is refused.
         """
         from tokenizers import Tokenizer
 
@@ -71,7 +75,18 @@ class Pipeline:
             raise ContractError(f"draft vocab {draft_spec.vocab_size} differs from target vocab {manifest.target.vocab_size}")
         target = load_engine(directory, manifest, "target", provider, threads)
         draft = load_engine(directory, manifest, "draft", provider, threads) if draft_spec else None
-        return cls(manifest, tokenizer, target, draft, directory)
+        return cls(manifest, tokenizer, target, draft, directory, max_cache_bytes)
+
+    def cache_bytes(self, batch: int, capacity: int, speculative: bool = True) -> dict[str, int]:
+        """KV-cache bytes a batch of ``batch`` rows of ``capacity`` slots allocates, per model and in total.
+
+        ``capacity`` already holds the speculative slots (prompt + max_new_tokens + k + 1).
+        """
+        sizes = {"target": self.target.spec.cache_bytes(batch, capacity)}
+        if speculative and self.draft is not None:
+            sizes["draft"] = self.draft.spec.cache_bytes(batch, capacity)
+        sizes["total"] = sum(sizes.values())
+        return sizes
 
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
         """Token ids of a prompt (text, or ids checked against the vocabulary)."""
@@ -99,6 +114,16 @@ class Pipeline:
         limit = min(s.capacity for s in self.manifest.models.values())
         request_ids = [f"req-{next(self._ids)}" for _ in ids]
         stop_check = self._stop_check(config.stop) if config.stop else None
+        if self.max_cache_bytes is not None:
+            capacity = plan_capacity([len(i) for i in ids], config.max_new_tokens, config.k if config.speculative else 0,
+                                     limit)
+            sizes = self.cache_bytes(len(ids), capacity, speculative=config.drafter == "model" and config.speculative)
+            if sizes["total"] > self.max_cache_bytes:
+                detail = ", ".join(f"{role} {n / 2**20:.1f} MiB" for role, n in sizes.items() if role != "total")
+                raise CapacityError(
+                    f"KV caches for {len(ids)} rows x {capacity} slots need {sizes['total'] / 2**20:.1f} MiB ({detail}), "
+                    f"over the limit of {self.max_cache_bytes / 2**20:.1f} MiB; use a smaller batch, fewer new tokens or k"
+                )
         return Generation(self.target, drafter, make_policy(config.policy, config.k, config.confidence_threshold),
                           config, ids, request_ids, stop_check, k_limit=limit)
 
