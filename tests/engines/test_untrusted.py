@@ -1,0 +1,89 @@
+"""Hostile artifacts: every one is refused with a clear error before ONNX Runtime reads a byte of it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import onnx
+import pytest
+
+from specdeploy import Pipeline
+from specdeploy.contract import ContractError, sha256_file
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _rehash(directory):
+    """Make the manifest agree with the (tampered) files, as an attacker who controls both would."""
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"] = {p.name: sha256_file(p) for p in directory.iterdir() if p.is_file() and p.name != "manifest.json"}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _point_external(directory, location):
+    graph = onnx.load(str(directory / "target.onnx"))
+    tensor = max(graph.graph.initializer, key=lambda t: len(t.raw_data))
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value=location)
+    tensor.external_data.add(key="offset", value="0")
+    tensor.external_data.add(key="length", value="64")
+    onnx.save(graph, str(directory / "target.onnx"))
+
+
+@pytest.mark.parametrize("location", ["/etc/passwd", "../outside.bin", "sub/../../x.bin", "unlisted.bin"])
+def test_external_data_escaping_the_artifact_is_refused(self_dir, tmp_path, location):
+    art = _copy(self_dir, tmp_path / "art")
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 64)
+    (art / "unlisted.bin").write_bytes(b"\0" * 64)
+    _point_external(art, location)
+    _rehash(art)
+    if location == "unlisted.bin":  # present in the dir, but not in the manifest's files
+        manifest = json.loads((art / "manifest.json").read_text())
+        del manifest["files"]["unlisted.bin"]
+        (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ContractError, match="points its external data at"):
+        Pipeline.load(art)
+
+
+def test_symlink_out_of_the_artifact_is_refused(self_dir, tmp_path):
+    art = _copy(self_dir, tmp_path / "art")
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 64)
+    (art / "weights.bin").symlink_to(tmp_path / "secret.bin")
+    _point_external(art, "weights.bin")
+    _rehash(art)
+    with pytest.raises(ContractError, match="missing or not a regular file|points its external data"):
+        Pipeline.load(art)
+    with pytest.raises(ContractError, match="points its external data"):
+        Pipeline.load(art, verify_hashes=False)
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda m: m.pop("models"), "missing field 'models'"),
+    (lambda m: m.update(contract="verify-v2"), "contract 'verify-v2' is not supported"),
+    (lambda m: m["models"]["target"].update(num_layers="2"), "'num_layers' must be int, got str"),
+    (lambda m: m["models"]["target"].update(kv_heads=0), "kv_heads must be positive"),
+    (lambda m: m["models"]["target"].update(dtype="bfloat16"), "dtype 'bfloat16' not in"),
+    (lambda m: m["models"]["target"].update(file="../target.onnx"), "must be a plain file name"),
+    (lambda m: m["models"].update(oracle=m["models"]["target"]), "unknown role"),
+    (lambda m: m["files"].update({"target.onnx": "abc"}), "expected a sha256 hex digest"),
+    (lambda m: m["models"]["target"].update(num_layers=3), "disagree with the manifest"),
+])
+def test_malformed_manifests(self_dir, tmp_path, mutate, match):
+    art = _copy(self_dir, tmp_path / "art")
+    manifest = json.loads((art / "manifest.json").read_text())
+    mutate(manifest)
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises((ContractError, RuntimeError), match=match):
+        Pipeline.load(art)
+
+
+def test_manifest_that_is_not_json(self_dir, tmp_path):
+    art = _copy(self_dir, tmp_path / "art")
+    (art / "manifest.json").write_text("{ not json")
+    with pytest.raises(ContractError, match="not valid JSON"):
+        Pipeline.load(art)
