@@ -11,8 +11,8 @@ import numpy as np
 
 from ..contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
 from ..engines import load_engine
-from .config import ConfigError, GenerationConfig
 from .cache import CapacityError, plan_capacity
+from .config import ConfigError, GenerationConfig
 from .decoder import Generation, RowResult
 from .drafters import ModelDrafter, NoDrafter, PromptLookup
 from .policies import make_policy
