@@ -8,7 +8,8 @@ tokens = 1. All ratios come from the same run, interleaved, so machine drift hit
     python tools/bench_verify_cost.py [--sizes 30m,125m] [--weights full,int4] [--capacity 512]
     python tools/bench_verify_cost.py --artifact DIR            # the models of an exported artifact
     python tools/bench_verify_cost.py --artifact DIR --variants int4-b32-a4,int8-b32-a4,...
-        # re-quantizes the artifact's fp32 target per variant (weights-bits, block size, accuracy level)
+        # re-quantizes the artifact's fp32 target per variant (weights-bits, block size, accuracy level;
+        # "dyn8": ONNX Runtime's dynamic int8 quantization)
         # and times each: the configuration search for compressed targets
 """
 
@@ -82,11 +83,17 @@ def quantized_variant(source: Path, variant: str, workdir: Path) -> Path:
 
     from specdeploy.exporter import onnx_graph
 
+    path = workdir / f"{variant}.onnx"
+    if variant == "dyn8":  # int8 weights per channel, activations quantized per call: MatMulInteger / QGEMM
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8, per_channel=True,
+                         use_external_data_format=True, op_types_to_quantize=["MatMul"])
+        return path
     kind, block, level = variant.split("-")
     bits = {"int4": 4, "int8": 8}[kind]
     model = onnx.load(str(source))
     quantized = onnx_graph.quantize_weights(model, bits=bits, block_size=int(block[1:]), accuracy_level=int(level[1:]))
-    path = workdir / f"{variant}.onnx"
     onnx_graph.save(quantized, path)
     return path
 

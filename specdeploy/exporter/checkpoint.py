@@ -53,6 +53,7 @@ def load_tokenizer_and_config(path: str | Path):
     if local.is_file() and local.suffix == ".gguf":
         from transformers import AutoConfig, AutoTokenizer
 
+        check_gguf_header(local)
         try:
             config = AutoConfig.from_pretrained(local.parent, gguf_file=local.name)
             tokenizer = AutoTokenizer.from_pretrained(local.parent, gguf_file=local.name)
@@ -112,6 +113,11 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        header = int.from_bytes(handle.read(8), "little")
+    if size < 8 or header > size - 8:  # checked here so that no reader sizes a buffer from it
+        raise ExportError(f"{path}: corrupt or unreadable safetensors file (header of {header} bytes in a {size}-byte file)")
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
@@ -141,10 +147,30 @@ def _eos_ids(directory: Path | None, config) -> tuple[int, ...]:
     return tuple(ids)
 
 
+GGUF_MAGIC = b"GGUF"
+GGUF_MAX_COUNT = 1 << 20  # tensors or metadata entries: real models have hundreds
+
+
+def check_gguf_header(path: Path) -> None:
+    """Refuse a GGUF file whose header is not GGUF or declares absurd counts, before any parser allocates."""
+    with open(path, "rb") as handle:
+        header = handle.read(24)
+    if len(header) < 24 or header[:4] != GGUF_MAGIC:
+        raise ExportError(f"{path}: not a GGUF file (magic {header[:4]!r}, expected {GGUF_MAGIC!r})")
+    version = int.from_bytes(header[4:8], "little")
+    tensors, entries = int.from_bytes(header[8:16], "little"), int.from_bytes(header[16:24], "little")
+    if version not in (2, 3):
+        raise ExportError(f"{path}: GGUF version {version} is not supported; expected 2 or 3")
+    if tensors > GGUF_MAX_COUNT or entries > GGUF_MAX_COUNT:
+        raise ExportError(f"{path}: GGUF header declares {tensors} tensors and {entries} metadata entries; "
+                          f"refusing counts above {GGUF_MAX_COUNT}")
+
+
 def _load_gguf(path: Path) -> Checkpoint:
     """Dequantize a GGUF file through transformers' GGUF support."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_gguf_header(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

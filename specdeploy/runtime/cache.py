@@ -61,3 +61,9 @@ class KVCache:
         """Keep only ``rows`` (finished rows leave the batch)."""
         self.buffers = [np.ascontiguousarray(b[rows]) for b in self.buffers]
         self.past_len = self.past_len[rows]
+
+    def view(self, row: int) -> KVCache:
+        """Row ``row`` alone, on views of the batch buffers: what it stages lands in the batch."""
+        single = KVCache([b[row : row + 1] for b in self.buffers])
+        single.past_len = self.past_len[row : row + 1].copy()
+        return single

@@ -10,6 +10,7 @@ Rows accept different numbers of tokens in the same call; finished rows leave th
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ class RowResult:
     finish_reason: str = ""
     records: list[CycleRecord] = field(default_factory=list)
     decode_seconds: float = 0.0  # wall time from the end of prefill to this row's last cycle
+    error: str = ""  # why the row failed, when finish_reason is "error"
 
 
 class Generation:
@@ -68,16 +70,87 @@ class Generation:
         return len(self.active) == 0
 
     def _prefill(self) -> float:
-        """The target sees every prompt token but the last (each cycle starts from x[L - 1])."""
+        """The target sees every prompt token but the last (each cycle starts from x[L - 1]).
+
+        If the batched prefill fails, each row is prefilled alone and only rows that fail alone
+        leave (with finish_reason "error").
+        """
         began = time.perf_counter()
-        goal = self.lengths - 1
-        while np.any(self.cache.past_len < goal):
-            ends = np.minimum(goal, self.cache.past_len + PREFILL_CHUNK)
-            forward_rows(self.target, self.cache, self.tokens, ends)
+        try:
+            self._prefill_cache(self.cache, self.tokens, self.lengths - 1)
+        except Exception:  # an engine fault: find the rows it belongs to
+            failed = []
+            for b, index in enumerate(self.active.tolist()):
+                single = self.cache.view(b)
+                single.past_len[:] = 0
+                try:
+                    self._prefill_cache(single, self.tokens[b : b + 1], self.lengths[b : b + 1] - 1)
+                except Exception as exc:
+                    self.rows[index].finish_reason = "error"
+                    self.rows[index].error = f"{type(exc).__name__}: {exc}"
+                    failed.append(b)
+                self.cache.past_len[b] = single.past_len[0]
+            if failed:
+                self._leave(failed)
         return time.perf_counter() - began
 
+    def _prefill_cache(self, cache: KVCache, tokens: np.ndarray, goal: np.ndarray) -> None:
+        while np.any(cache.past_len < goal):
+            forward_rows(self.target, cache, tokens, np.minimum(goal, cache.past_len + PREFILL_CHUNK))
+
     def step(self) -> list[tuple[int, list[int]]]:
-        """One cycle over the active rows. Returns (request index, newly committed token ids) per row."""
+        """One cycle over the active rows. Returns (request index, newly committed token ids) per row.
+
+        If an engine call fails, the cycle is rolled back (lengths only: nothing was committed) and
+        re-run row by row, so that a fault tied to one row fails that row alone; a failed row ends
+        with finish_reason "error" and its message in ``error``, and the other rows go on.
+        """
+        snapshot = self._snapshot()
+        try:
+            committed, finished = self._cycle()
+        except Exception:  # an engine fault, whatever its type: find the rows it belongs to
+            self._restore(snapshot)
+            committed, finished = self._isolate()
+        if finished:
+            self._leave(finished)
+        return committed
+
+    def _snapshot(self):
+        drafter_cache = getattr(self.drafter, "cache", None)
+        return (self.cache.past_len.copy(), None if drafter_cache is None else drafter_cache.past_len.copy(),
+                [self.rngs[i].bit_generator.state for i in self.active])
+
+    def _restore(self, snapshot) -> None:
+        target_past, draft_past, rng_states = snapshot
+        self.cache.commit(target_past)
+        if draft_past is not None:
+            self.drafter.cache.commit(draft_past)
+        for i, state in zip(self.active, rng_states):
+            self.rngs[i].bit_generator.state = state
+
+    def _isolate(self):
+        """Re-run the failed cycle for each row alone, on views of its slots of the batch buffers."""
+        committed, finished = [], []
+        for b, index in enumerate(self.active.tolist()):
+            row = copy.copy(self)
+            row.active, row.tokens, row.lengths = self.active[b : b + 1], self.tokens[b : b + 1], self.lengths[b : b + 1].copy()
+            row.cache, row.drafter = self.cache.view(b), self.drafter.view(b)
+            try:
+                new, done = row._cycle()
+            except Exception as exc:
+                self.rows[index].finish_reason = "error"
+                self.rows[index].error = f"{type(exc).__name__}: {exc}"
+                committed.append((index, []))
+                finished.append(b)
+                continue
+            self.lengths[b], self.cache.past_len[b] = row.lengths[0], row.cache.past_len[0]
+            self.drafter.adopt(b, row.drafter)
+            committed += new
+            finished += [b] if done else []
+        self.cycle += 1
+        return committed, finished
+
+    def _cycle(self):
         config, batch = self.config, len(self.active)
         remaining = [config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active]
         k = min(self.policy.next_k() if self.k_cap else 0, self.k_cap, max(remaining) - 1)
@@ -128,9 +201,7 @@ class Generation:
                 accept_s=accept_s / batch, cache_s=cache_s / batch, batch_size=batch,
             ))
         self.cycle += 1
-        if finished:
-            self._leave(finished)
-        return committed
+        return committed, finished
 
     def _truncate(self, row: RowResult, new: list[int], remaining: int) -> list[int]:
         """Cut a row's new tokens at EOS, max_new_tokens or a stop string, and say why it finished."""

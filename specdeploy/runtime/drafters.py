@@ -39,6 +39,13 @@ class NoDrafter:
     def select(self, rows: np.ndarray) -> None:
         """Nothing per row."""
 
+    def view(self, row: int):
+        """This drafter for one row of the batch (stateless drafters serve any row)."""
+        return self
+
+    def adopt(self, row: int, single) -> None:
+        """Take back what a one-row view of this drafter committed."""
+
 
 class ModelDrafter(NoDrafter):
     """A draft model: catches up on committed tokens it has not seen, then proposes one call a token."""
@@ -92,6 +99,14 @@ class ModelDrafter(NoDrafter):
 
     def select(self, rows: np.ndarray) -> None:
         self.cache.select(rows)
+
+    def view(self, row: int) -> ModelDrafter:
+        single = ModelDrafter(self.engine)
+        single.cache = self.cache.view(row)
+        return single
+
+    def adopt(self, row: int, single: ModelDrafter) -> None:
+        self.cache.past_len[row] = single.cache.past_len[0]
 
 
 def _top_probability(logits: np.ndarray) -> np.ndarray:

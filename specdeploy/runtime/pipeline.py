@@ -19,13 +19,18 @@ from .policies import make_policy
 from .telemetry import CycleRecord, summarize
 
 
+class GenerationError(RuntimeError):
+    """A request that failed while decoding (an engine fault); other requests are unaffected."""
+
+
 @dataclass
 class GenerationResult:
     text: str
     token_ids: list[int]  # generated tokens, prompt excluded
     stats: dict
-    finish_reason: str = ""
+    finish_reason: str = ""  # "eos", "length", "stop", or "error" (then ``error`` says why)
     records: list[CycleRecord] = field(default_factory=list)
+    error: str = ""
 
 
 @dataclass
@@ -153,6 +158,8 @@ class Pipeline:
                 text = self._cut_at_stop(self.decode(row.token_ids), config)
                 # hold back a trailing partial UTF-8 sequence until the next token completes it
                 visible = text[:-1] if text.endswith("\ufffd") and not run.done else text
+                if row.finish_reason == "error":
+                    raise GenerationError(f"{row.request_id}: {row.error}")
                 if not run.done:
                     yield StreamChunk(visible[len(shown):], new)
                     shown = visible
@@ -168,7 +175,7 @@ class Pipeline:
         stats["prefill_s"] = prefill_seconds
         stats["prompt_tokens"] = int(len(row.prompt_ids))
         text = self._cut_at_stop(self.decode(row.token_ids), config)
-        return GenerationResult(text, row.token_ids, stats, row.finish_reason, row.records)
+        return GenerationResult(text, row.token_ids, stats, row.finish_reason, row.records, row.error)
 
     @staticmethod
     def _cut_at_stop(text: str, config: GenerationConfig) -> str:

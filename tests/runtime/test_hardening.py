@@ -8,6 +8,7 @@ import pytest
 
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.cache import CapacityError
+from specdeploy.runtime.pipeline import GenerationError
 
 CONFIG = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True)
 
@@ -50,31 +51,67 @@ def test_threads_sharing_a_pipeline_get_their_own_outputs(pair_dir):
 
 
 class FailingEngine:
-    """Wraps an engine and raises on the n-th call."""
+    """Wraps an engine and raises on the n-th call, or on any call that carries a poison token."""
 
-    def __init__(self, engine, fail_at):
-        self.engine, self.fail_at, self.calls = engine, fail_at, 0
+    def __init__(self, engine, fail_at=None, poison=None):
+        self.engine, self.fail_at, self.poison, self.calls = engine, fail_at, poison, 0
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def infer(self, *args):
+    def infer(self, input_ids, *args):
         self.calls += 1
-        if self.calls == self.fail_at:
+        if self.calls == self.fail_at or (self.poison is not None and (input_ids == self.poison).any()):
             raise RuntimeError("injected engine fault")
-        return self.engine.infer(*args)
+        return self.engine.infer(input_ids, *args)
+
+
+PROMPTS = ["w5 w6 w7", "w10 w11 w12", "w20 w21", "w30 w31 w30"]
 
 
 @pytest.mark.parametrize("role", ["target", "draft"])
-def test_engine_fault_fails_the_request_and_pipeline_stays_usable(pair_dir, role):
+def test_fault_tied_to_one_row_fails_that_row_alone(pair_dir, role):
+    pipeline = Pipeline.load(pair_dir)
+    reference = [r.token_ids for r in pipeline.generate(PROMPTS, CONFIG)]
+    # a token no other row ever feeds the engines: only the third row's calls carry it
+    used = {t for ids in reference for t in ids} | {int(t) for p in PROMPTS for t in pipeline.encode(p)}
+    poison = next(t for t in range(4, 120) if t not in used)
+    original = getattr(pipeline, role)
+    setattr(pipeline, role, FailingEngine(original, poison=poison))
+    results = pipeline.generate(["w5 w6 w7", "w10 w11 w12", f"w20 w{poison}", "w30 w31 w30"], CONFIG)
+    setattr(pipeline, role, original)
+    assert results[2].finish_reason == "error" and "injected engine fault" in results[2].error
+    for i in (0, 1, 3):  # the other rows of the batch finish exactly as they would have
+        assert results[i].token_ids == reference[i] and results[i].finish_reason == "length"
+    assert [r.token_ids for r in pipeline.generate(PROMPTS, CONFIG)] == reference
+
+
+@pytest.mark.parametrize("fail_at", [3, 6])
+def test_transient_fault_is_retried_without_changing_outputs(pair_dir, fail_at):
+    pipeline = Pipeline.load(pair_dir)
+    reference = [r.token_ids for r in pipeline.generate(PROMPTS, CONFIG)]
+    pipeline.draft = FailingEngine(pipeline.draft, fail_at=fail_at)
+    assert [r.token_ids for r in pipeline.generate(PROMPTS, CONFIG)] == reference
+
+
+def test_sampled_rows_keep_their_randomness_through_a_retry(pair_dir):
+    pipeline = Pipeline.load(pair_dir)
+    sampled = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, temperature=1.0, seed=3)
+    reference = [r.token_ids for r in pipeline.generate(PROMPTS, sampled)]
+    pipeline.target = FailingEngine(pipeline.target, fail_at=4)
+    assert [r.token_ids for r in pipeline.generate(PROMPTS, sampled)] == reference
+
+
+def test_failed_single_request_and_stream(pair_dir):
     pipeline = Pipeline.load(pair_dir)
     reference = pipeline.generate(["w5 w6 w7"], CONFIG)[0].token_ids
-    original = getattr(pipeline, role)
-    setattr(pipeline, role, FailingEngine(original, fail_at=4))
-    with pytest.raises(RuntimeError, match="injected engine fault"):
-        pipeline.generate(["w5 w6 w7"], CONFIG)
-    assert pipeline.generate(["w5 w6 w7"], CONFIG)[0].token_ids == reference  # the next request is unaffected
-    setattr(pipeline, role, original)
+    original = pipeline.target
+    pipeline.target = FailingEngine(original, poison=7)
+    (failed,) = pipeline.generate(["w5 w6 w7"], CONFIG)
+    assert failed.finish_reason == "error" and failed.error == "RuntimeError: injected engine fault"
+    with pytest.raises(GenerationError, match="injected engine fault"):
+        list(pipeline.stream("w5 w6 w7", CONFIG))
+    pipeline.target = original
     assert pipeline.generate(["w5 w6 w7"], CONFIG)[0].token_ids == reference
 
 

@@ -1,0 +1,47 @@
+"""Checkpoint headers with absurd sizes are refused before anything is allocated from them."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+
+import pytest
+
+from specdeploy.exporter import ExportError
+from specdeploy.exporter.checkpoint import check_gguf_header, load_checkpoint
+
+
+def _gguf(path, version=3, tensors=10, entries=10):
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", version, tensors, entries) + b"\0" * 64)
+    return path
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(tensors=1 << 60), "declares 1152921504606846976 tensors"),
+    (dict(entries=1 << 40), "metadata entries; refusing"),
+    (dict(version=99), "GGUF version 99 is not supported"),
+])
+def test_absurd_gguf_headers(tmp_path, kwargs, match):
+    path = _gguf(tmp_path / "m.gguf", **kwargs)
+    with pytest.raises(ExportError, match=match):
+        check_gguf_header(path)
+    with pytest.raises(ExportError, match=match):
+        load_checkpoint(path)
+
+
+def test_not_a_gguf(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"PK\x03\x04" + b"\0" * 40)
+    with pytest.raises(ExportError, match="not a GGUF file"):
+        load_checkpoint(tmp_path / "m.gguf")
+
+
+def test_plausible_gguf_header_passes(tmp_path):
+    check_gguf_header(_gguf(tmp_path / "m.gguf"))
+
+
+def test_safetensors_header_larger_than_the_file(checkpoints, tmp_path):
+    src = shutil.copytree(checkpoints["target"], tmp_path / "ckpt")
+    data = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 62) + data[8:])
+    with pytest.raises(ExportError, match=r"header of 4611686018427387904 bytes in a \d+-byte file"):
+        load_checkpoint(src)
