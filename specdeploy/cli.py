@@ -28,14 +28,19 @@ def main():
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Artifact dir to write.")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
               help="Weight and KV-cache dtype.")
-@click.option("--weights", type=click.Choice(["full", "int4"]), default="full", show_default=True,
-              help="int4: 4-bit block-wise MatMul weights via ONNX Runtime's MatMulNBits quantizer.")
-@click.option("--draft-weights", type=click.Choice(["full", "int4"]), default=None,
+@click.option("--weights", type=click.Choice(["full", "int4", "int8"]), default="full", show_default=True,
+              help="int4: 4-bit block-wise MatMul weights (ONNX Runtime's MatMulNBits); int8: per-channel int8 "
+                   "weights, activations quantized per call (ONNX Runtime's dynamic quantizer).")
+@click.option("--draft-weights", type=click.Choice(["full", "int4", "int8"]), default=None,
               help="Weight format of the draft (default: same as --weights).")
 @click.option("--capacity", type=click.IntRange(min=2), default=2048, show_default=True,
               help="Maximum cache slots (prompt + new tokens + draft length + 1) a request may use.")
+@click.option("--block-size", type=click.Choice(["16", "32", "64", "128", "256"]), default="32", show_default=True,
+              help="int4: weights per quantization block (larger: faster decode, coarser weights).")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
+              help="int4: MatMulNBits compute type (4: int8 activations, fastest on CPU; 0: fp32).")
 @click.option("--force", is_flag=True, help="Replace an existing output dir.")
-def export(target, draft, out, dtype, weights, draft_weights, capacity, force):
+def export(target, draft, out, dtype, weights, draft_weights, capacity, block_size, accuracy_level, force):
     """Export Hugging Face causal LMs to verify-v1 ONNX graphs plus a manifest."""
     from .exporter import ExportError, export_artifact
 
@@ -46,7 +51,8 @@ def export(target, draft, out, dtype, weights, draft_weights, capacity, force):
                 status.update(step)
 
             manifest = export_artifact(target, out, draft=draft, dtype=dtype, weights=weights, capacity=capacity,
-                                       force=force, draft_weights=draft_weights, progress=progress)
+                                       force=force, draft_weights=draft_weights, progress=progress,
+                                       block_size=int(block_size), accuracy_level=accuracy_level)
     except (ExportError, ContractError) as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(f"[green]exported[/] {', '.join(manifest.models)} to {out}")
@@ -129,9 +135,10 @@ def doctor(directory, target, draft):
 
 
 from .cli_bench import bench, report  # noqa: E402
+from .cli_build import build  # noqa: E402
 from .cli_generate import generate  # noqa: E402
 
-for command in (generate, bench, report):
+for command in (generate, bench, report, build):
     main.add_command(command)
 
 

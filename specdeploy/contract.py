@@ -16,7 +16,7 @@ CONTRACT = "verify-v1"
 MANIFEST = "manifest.json"
 ROLES = ("target", "draft")
 DTYPES = ("float32", "float16")
-WEIGHT_FORMATS = ("full", "int4")
+WEIGHT_FORMATS = ("full", "int4", "int8")
 
 
 class ContractError(ValueError):
@@ -86,6 +86,7 @@ class Manifest:
     contract: str = CONTRACT
     exporter_version: str = ""
     opset: int = 0
+    engines: dict[str, dict] = field(default_factory=dict)  # role -> TensorRT build facts (specdeploy build)
 
     @property
     def target(self) -> ModelSpec:
@@ -137,6 +138,9 @@ class Manifest:
         for name, digest in files.items():
             if not isinstance(digest, str) or len(digest) != 64:
                 raise ContractError(f"{where}: files.{name}: expected a sha256 hex digest, got {digest!r}")
+        engines = data.get("engines", {})
+        if not isinstance(engines, dict) or not all(isinstance(v, dict) for v in engines.values()):
+            raise ContractError(f"{where}: engines must map roles to objects, got {engines!r}")
         return cls(
             models=models,
             tokenizer=_field(data, "tokenizer", str, where),
@@ -144,6 +148,7 @@ class Manifest:
             contract=contract,
             exporter_version=str(data.get("exporter_version", "")),
             opset=int(data.get("opset", 0)),
+            engines=engines,
         )
 
 

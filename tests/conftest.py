@@ -41,3 +41,20 @@ def self_dir(checkpoints, tmp_path_factory):
 def noise_dir(checkpoints, tmp_path_factory):
     """A draft that is pure noise: almost nothing is accepted, output must not change."""
     return tiny.export_cli(tmp_path_factory.mktemp("art") / "noise", checkpoints["target"], checkpoints["noise"])
+
+
+@pytest.fixture(scope="session")
+def exported_architecture(tmp_path_factory):
+    """name -> (transformers model, artifact dir) for the parity cases, each exported once per session."""
+    from tests.exporter.cases import PARITY_CASES
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model = tiny.build_model(PARITY_CASES[name](), seed=3)
+            root = tmp_path_factory.mktemp(name)
+            cache[name] = (model, tiny.export_cli(root / "art", tiny.save_checkpoint(model, root / "ckpt")))
+        return cache[name]
+
+    return get

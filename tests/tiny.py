@@ -95,3 +95,12 @@ def export_cli(out: Path, target: Path, draft: Path | None = None, *extra: str) 
 
 def read_json(path: Path):
     return json.loads(Path(path).read_text())
+
+
+def export_pair(directory: Path, capacity: int = 256, noise: float = 0.02) -> Path:
+    """A tiny llama target and a perturbed copy as its draft, exported to ``directory / "art"``."""
+    directory = Path(directory)
+    target = build_model(llama_config(), seed=0)
+    draft = build_model(llama_config(), seed=1, perturb_from=target, noise=noise)
+    return export_cli(directory / "art", save_checkpoint(target, directory / "t"), save_checkpoint(draft, directory / "d"),
+                      None, "--capacity", str(capacity))

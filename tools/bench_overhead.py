@@ -45,13 +45,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        config = tiny.llama_config()
-        target = tiny.build_model(config, seed=0)
-        draft = tiny.build_model(config, seed=1, perturb_from=target, noise=0.02)
-        tiny.export_cli(tmp / "art", tiny.save_checkpoint(target, tmp / "t"), tiny.save_checkpoint(draft, tmp / "d"),
-                        "--capacity", "256")
-        pipeline = Pipeline.load(tmp / "art", threads=1)
+        pipeline = Pipeline.load(tiny.export_pair(Path(tmp), capacity=256), threads=1)
         pipeline.target = TimedEngine(pipeline.target)
         pipeline.draft = TimedEngine(pipeline.draft)
         print(f"tiny llama pair (vocab {tiny.VOCAB}), k={args.k}, overhead = cycle wall time - engine time")

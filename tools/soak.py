@@ -52,13 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        config = tiny.llama_config()
-        target = tiny.build_model(config, seed=0)
-        draft = tiny.build_model(config, seed=1, perturb_from=target, noise=0.02)
-        tiny.export_cli(tmp / "art", tiny.save_checkpoint(target, tmp / "t"), tiny.save_checkpoint(draft, tmp / "d"),
-                        "--capacity", "128")
-        pipeline = Pipeline.load(tmp / "art", threads=1)
+        pipeline = Pipeline.load(tiny.export_pair(Path(tmp), capacity=128), threads=1)
         cycles, errors, requests, baseline = 0, [], 0, None
         start = rss_mib()
         began = time.perf_counter()

@@ -32,10 +32,13 @@ def export_artifact(
     force: bool = False,
     draft_weights: str | None = None,
     progress: Progress = lambda step: None,
+    block_size: int = 32,
+    accuracy_level: int = 4,
 ) -> Manifest:
     """Export a target (and optionally a draft) checkpoint to a verify-v1 artifact dir at ``out``.
 
     ``weights``: "full" or "int4" for the target; ``draft_weights`` defaults to the same.
+    ``block_size`` and ``accuracy_level`` tune ONNX Runtime's MatMulNBits quantizer (int4 only).
     Returns the manifest written. Raises ExportError on bad input, before writing anything.
     """
     out = Path(out)
@@ -44,6 +47,10 @@ def export_artifact(
     for name, value in (("weights", weights), ("draft weights", draft_weights or weights)):
         if value not in WEIGHT_FORMATS:
             raise ExportError(f"{name} {value!r} is not supported; expected one of {', '.join(WEIGHT_FORMATS)}")
+    if block_size not in (16, 32, 64, 128, 256):
+        raise ExportError(f"block_size {block_size} is not supported; expected 16, 32, 64, 128 or 256")
+    if accuracy_level not in (0, 1, 2, 3, 4):
+        raise ExportError(f"accuracy_level {accuracy_level} is not supported; expected 0 to 4")
     if capacity < 2:
         raise ExportError(f"capacity must be >= 2, got {capacity}")
     if out.exists() and not force:
@@ -65,7 +72,8 @@ def export_artifact(
             if role == "target":
                 checkpoint.tokenizer.save(str(staging / "tokenizer.json"))
             fmt = weights if role == "target" else (draft_weights or weights)
-            specs[role] = _export_model(role, checkpoint, staging, dtype, fmt, capacity, progress)
+            specs[role] = _export_model(role, checkpoint, staging, dtype, fmt, capacity, progress,
+                                        (block_size, accuracy_level))
             del checkpoint
             gc.collect()
         progress("hashing files")
@@ -93,7 +101,7 @@ def _check_pair(target, draft) -> None:
         )
 
 
-def _export_model(role, checkpoint: Checkpoint, staging: Path, dtype, fmt, capacity, progress) -> ModelSpec:
+def _export_model(role, checkpoint: Checkpoint, staging: Path, dtype, fmt, capacity, progress, quant) -> ModelSpec:
     import torch
 
     arch = lookup(checkpoint.config.model_type)
@@ -112,11 +120,14 @@ def _export_model(role, checkpoint: Checkpoint, staging: Path, dtype, fmt, capac
         onnx_graph.export_graph(module, dims, path)
     del module
     gc.collect()
+    if fmt == "int8":
+        progress(f"{role}: quantizing MatMul weights to int8 (dynamic activations)")
+        onnx_graph.to_int8_dynamic(path)
     if fmt == "int4" or dtype == "float16":
         model = onnx_graph.load(path)
         if fmt == "int4":
-            progress(f"{role}: quantizing MatMul weights to int4 (MatMulNBits)")
-            model = onnx_graph.to_int4(model)
+            progress(f"{role}: quantizing MatMul weights to int4 (MatMulNBits, block {quant[0]}, accuracy {quant[1]})")
+            model = onnx_graph.to_int4(model, block_size=quant[0], accuracy_level=quant[1])
         if dtype == "float16":
             progress(f"{role}: converting to float16")
             model = onnx_graph.to_float16(model)

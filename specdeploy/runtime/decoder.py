@@ -117,15 +117,16 @@ class Generation:
 
     def _snapshot(self):
         drafter_cache = getattr(self.drafter, "cache", None)
-        return (self.cache.past_len.copy(), None if drafter_cache is None else drafter_cache.past_len.copy(),
-                [self.rngs[i].bit_generator.state for i in self.active])
+        # greedy decoding draws nothing, so only sampled runs need their generators' states
+        states = None if self.config.greedy else [self.rngs[i].bit_generator.state for i in self.active]
+        return (self.cache.past_len.copy(), None if drafter_cache is None else drafter_cache.past_len.copy(), states)
 
     def _restore(self, snapshot) -> None:
         target_past, draft_past, rng_states = snapshot
         self.cache.commit(target_past)
         if draft_past is not None:
             self.drafter.cache.commit(draft_past)
-        for i, state in zip(self.active, rng_states):
+        for i, state in zip(self.active, rng_states or []):
             self.rngs[i].bit_generator.state = state
 
     def _isolate(self):

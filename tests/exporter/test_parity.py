@@ -14,19 +14,8 @@ from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
 from specdeploy.exporter import ARCHITECTURES
 from tests import tiny
+from tests.exporter.cases import PARITY_CASES
 
-# model_type -> config factory; every registered architecture must appear here (see the meta-test).
-PARITY_CASES = {
-    "llama": lambda: tiny.llama_config("llama"),
-    "llama-rope-llama3": lambda: tiny.llama_config(
-        "llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                               "original_max_position_embeddings": 16}),
-    "llama-rope-linear": lambda: tiny.llama_config("llama", rope_scaling={"rope_type": "linear", "factor": 2.0}),
-    "llama-tied": lambda: tiny.llama_config("llama", tie_word_embeddings=True),
-    "mistral": lambda: tiny.llama_config("mistral", sliding_window=None),
-    "qwen2": lambda: tiny.llama_config("qwen2", tie_word_embeddings=True),
-    "gpt2": lambda: tiny.gpt2_config(),
-}
 PAST = np.array([4, 9, 6])
 
 
@@ -37,13 +26,9 @@ def test_every_registered_architecture_has_a_parity_case():
 
 
 @pytest.fixture(scope="module", params=sorted(PARITY_CASES))
-def exported(request, tmp_path_factory):
-    config = PARITY_CASES[request.param]()
-    model = tiny.build_model(config, seed=3)
-    root = tmp_path_factory.mktemp(request.param)
-    tiny.export_cli(root / "art", tiny.save_checkpoint(model, root / "ckpt"))
-    manifest = Manifest.read(root / "art")
-    return request.param, model, load_engine(root / "art", manifest, "target")
+def exported(request, exported_architecture):
+    model, directory = exported_architecture(request.param)
+    return request.param, model, load_engine(directory, Manifest.read(directory), "target")
 
 
 def _reference(model, sequence: np.ndarray):

@@ -1,0 +1,190 @@
+"""TensorRT engines from the same verify-v1 ONNX: optimization profiles, builds, and build facts.
+
+Works with NVIDIA's ``tensorrt`` module or with ``tensorrt_rtx`` (TensorRT for RTX GPUs, which
+also builds ahead of time on a machine without a GPU) where their APIs agree. Imported lazily:
+the CPU install never needs either.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..contract import ContractError, Manifest, ModelSpec, sha256_file
+from .base import EngineInputError
+
+PREFILL_CHUNK = 512  # the runtime prefills in chunks of at most this many tokens
+
+
+class BuildError(RuntimeError):
+    """A TensorRT build that cannot proceed; the message says what to change."""
+
+
+def tensorrt():
+    """The TensorRT Python module: ``tensorrt`` if installed, else ``tensorrt_rtx``."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        try:
+            import tensorrt_rtx as trt
+        except ImportError as exc:
+            raise BuildError("neither tensorrt nor tensorrt_rtx is installed: pip install 'specdeploy[trt]' "
+                             "(or tensorrt-rtx)") from exc
+    return trt
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One optimization profile: [min, opt, max] of batch, tokens and capacity."""
+
+    name: str
+    batch: tuple[int, int, int]
+    tokens: tuple[int, int, int]
+    capacity: tuple[int, int, int]
+
+    def shapes(self, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """[min, opt, max] shape of every graph input."""
+        out = {
+            "input_ids": tuple((b, t) for b, t in zip(self.batch, self.tokens)),
+            "past_len": tuple((b,) for b in self.batch),
+        }
+        for name in spec.inputs[2:]:
+            out[name] = tuple((b, spec.kv_heads, c, spec.head_dim) for b, c in zip(self.batch, self.capacity))
+        return out
+
+    def admits(self, spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> str | None:
+        """None if every shape is within [min, max]; else a message naming the tensor and the profile's range."""
+        for name, (low, opt, high) in self.shapes(spec).items():
+            got = shapes.get(name)
+            if got is None:
+                continue
+            if len(got) != len(low) or any(g < lo or g > hi for g, lo, hi in zip(got, low, high)):
+                return (f"input tensor {name} | shape {tuple(got)} is outside optimization profile {self.name!r}: "
+                        f"[min {low}, opt {opt}, max {high}]")
+        return None
+
+
+def plan_profiles(spec: ModelSpec, max_batch: int, max_draft: int, capacity: int | None = None,
+                  opt_capacity: int | None = None) -> list[Profile]:
+    """A verify profile (tokens 1 .. K + 1) and, since prefill needs far longer inputs, a prefill profile."""
+    capacity = capacity or spec.capacity
+    if capacity > spec.capacity:
+        raise BuildError(f"--capacity {capacity} exceeds the exported capacity {spec.capacity}")
+    if max_batch < 1 or max_draft < 0 or capacity < 2:
+        raise BuildError(f"need max_batch >= 1, max_draft >= 0, capacity >= 2; got {max_batch}, {max_draft}, {capacity}")
+    opt = min(opt_capacity or max(2, capacity // 2), capacity)
+    caps = (1, opt, capacity)
+    verify = Profile("verify", (1, 1, max_batch), (1, max_draft + 1, max_draft + 1), caps)
+    chunk = min(PREFILL_CHUNK, capacity)
+    prefill = Profile("prefill", (1, 1, max_batch), (1, chunk, chunk), caps)
+    return [verify] if chunk <= max_draft + 1 else [verify, prefill]
+
+
+def check_shapes(profiles: list[Profile], spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> Profile:
+    """The first profile that admits ``shapes``; EngineInputError naming the tensor and ranges otherwise."""
+    problems = []
+    for profile in profiles:
+        problem = profile.admits(spec, shapes)
+        if problem is None:
+            return profile
+        problems.append(problem)
+    raise EngineInputError(f"{spec.role}: " + "; ".join(problems))
+
+
+def build_engines(directory: Path, max_batch: int = 1, max_draft: int = 8, capacity: int | None = None,
+                  opt_capacity: int | None = None, precision: str = "auto", log=print) -> Manifest:
+    """Build a TensorRT plan next to each ONNX graph of an artifact and record the build in its manifest."""
+    trt = tensorrt()
+    directory = Path(directory)
+    manifest = Manifest.read(directory)
+    logger = trt.Logger(trt.Logger.WARNING)
+    device = device_facts()
+    cache_path = directory / "timing.cache"
+    for role, spec in manifest.models.items():
+        profiles = plan_profiles(spec, max_batch, max_draft, capacity, opt_capacity)
+        log(f"{role}: parsing {spec.file}")
+        builder = trt.Builder(logger)
+        network = builder.create_network(0)  # TensorRT-RTX is always strongly typed; TensorRT takes precision flags
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse_from_file(str(directory / spec.file)):
+            errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
+            raise BuildError(f"{spec.file}: TensorRT's ONNX parser refused the graph: {errors}")
+        config = builder.create_builder_config()
+        _set_precision(trt, config, precision, spec)
+        for profile in profiles:
+            optimization = builder.create_optimization_profile()
+            for name, (low, opt, high) in profile.shapes(spec).items():
+                optimization.set_shape(name, low, opt, high)
+            config.add_optimization_profile(optimization)
+        cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
+        config.set_timing_cache(cache, ignore_mismatch=False)
+        log(f"{role}: building ({', '.join(p.name for p in profiles)} profiles)")
+        plan = builder.build_serialized_network(network, config)
+        if plan is None:
+            raise BuildError(f"{spec.file}: TensorRT could not build an engine (see the log above)")
+        plan_file = f"{role}.plan"
+        (directory / plan_file).write_bytes(bytes(plan))
+        cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+        manifest.engines[role] = {
+            "file": plan_file,
+            "module": trt.__name__,
+            "tensorrt_version": trt.__version__,
+            **device,
+            "precision": precision if precision != "auto" else spec.dtype,
+            "profiles": [asdict(p) for p in profiles],
+        }
+    for name in [m["file"] for m in manifest.engines.values()] + ["timing.cache"]:
+        manifest.files[name] = sha256_file(directory / name)
+    manifest.write(directory)
+    return manifest
+
+
+def _is_rtx(trt) -> bool:
+    return trt.__name__.startswith("tensorrt_rtx")
+
+
+def _set_precision(trt, config, precision: str, spec: ModelSpec) -> None:
+    if precision == "auto":
+        return  # strongly typed: the graph's own dtypes
+    if _is_rtx(trt):
+        wanted = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+        if spec.dtype != wanted:
+            raise BuildError(f"TensorRT-RTX builds strongly typed networks from the graph's dtypes: --{precision} needs "
+                             f"an artifact exported with --dtype {wanted}, this one is {spec.dtype}")
+        return
+    config.set_flag({"fp16": trt.BuilderFlag.FP16, "bf16": trt.BuilderFlag.BF16}[precision])
+
+
+def device_facts() -> dict:
+    """The GPU this build targets, as far as this machine can tell."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            return {"gpu": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}"}
+    except ImportError:
+        pass
+    return {"gpu": "none (ahead-of-time build without a GPU)", "compute_capability": "any"}
+
+
+def check_plan(entry: dict, role: str, trt_module: str, trt_version: str, device: dict) -> None:
+    """Refuse a plan built by another TensorRT, or for another GPU, saying which and how to rebuild."""
+    rebuild = "rebuild it on this machine with `specdeploy build DIR --trt`"
+    built = f"{entry.get('module')} {entry.get('tensorrt_version')}"
+    if (entry.get("module"), entry.get("tensorrt_version")) != (trt_module, trt_version):
+        raise ContractError(f"{role}: {entry.get('file')} was built by {built}; this process has {trt_module} "
+                            f"{trt_version}: {rebuild}")
+    wanted = entry.get("compute_capability")
+    if wanted != "any" and wanted != device.get("compute_capability"):
+        raise ContractError(f"{role}: {entry.get('file')} was built for {entry.get('gpu')} (compute capability {wanted}); "
+                            f"this machine has {device.get('gpu')} ({device.get('compute_capability')}): {rebuild}")
+
+
+def profiles_of(entry: dict) -> list[Profile]:
+    return [Profile(p["name"], tuple(p["batch"]), tuple(p["tokens"]), tuple(p["capacity"])) for p in entry["profiles"]]
+
+
+def describe(manifest: Manifest) -> str:
+    return json.dumps(manifest.engines, indent=2)
