@@ -7,6 +7,7 @@ interrupted export never leaves a half-written artifact behind.
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -62,7 +63,9 @@ def export_artifact(
         _check_pair(target, draft)
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_staging(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    (staging / ".pid").write_text(str(os.getpid()))
     try:
         specs = {}
         for role, source in sources.items():
@@ -76,6 +79,7 @@ def export_artifact(
                                         (block_size, accuracy_level))
             del checkpoint
             gc.collect()
+        (staging / ".pid").unlink()
         progress("hashing files")
         files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
         manifest = Manifest(models=specs, files=files, exporter_version=__version__, opset=onnx_graph.OPSET)
@@ -86,6 +90,20 @@ def export_artifact(
         raise
     progress(f"wrote {out}")
     return manifest
+
+
+def _remove_abandoned_staging(out: Path) -> None:
+    """Staging dirs of an export that was killed (its process is gone) would hold gigabytes forever."""
+    for staging in out.parent.glob(f".{out.name}.*"):
+        pid_file = staging / ".pid"
+        if not staging.is_dir() or not pid_file.is_file():
+            continue
+        try:
+            os.kill(int(pid_file.read_text()), 0)
+        except (ProcessLookupError, ValueError):
+            shutil.rmtree(staging, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, someone else's
 
 
 def _check_pair(target, draft) -> None:

@@ -153,9 +153,9 @@ class Generation:
 
     def _cycle(self):
         config, batch = self.config, len(self.active)
-        remaining = [config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active]
+        remaining = [config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active.tolist()]
         k = min(self.policy.next_k() if self.k_cap else 0, self.k_cap, max(remaining) - 1)
-        proposal = self.drafter.propose(self.tokens, self.lengths, k, config, self._rngs(),
+        proposal = self.drafter.propose(self.tokens, self.lengths, k, config, None if config.greedy else self._rngs(),
                                         self.policy.confidence_threshold) if k > 0 else None
         k = proposal.drafts.shape[1] if proposal else 0
         drafts = proposal.drafts if proposal else np.zeros((batch, 0), np.int64)

@@ -144,3 +144,17 @@ def test_doctor_checkpoint_pair(checkpoints, tmp_path):
     result = run("doctor", "--target", checkpoints["target"], "--draft", other)
     assert result.exit_code == 1 and "vocab sizes differ" in result.output
     assert run("doctor").exit_code == 2  # neither a dir nor --target: a usage error
+
+
+def test_abandoned_staging_of_a_killed_export_is_removed(ckpt, tmp_path):
+    dead = tmp_path / ".out.abc123"
+    dead.mkdir()
+    (dead / ".pid").write_text("999999999")  # no such process
+    (dead / "target.onnx.data").write_bytes(b"\0" * 1024)
+    alive = tmp_path / ".out.def456"
+    alive.mkdir()
+    (alive / ".pid").write_text(str(__import__("os").getpid()))  # an export still running
+    result = run("export", "--target", ckpt, "--out", tmp_path / "out", "--capacity", "64")
+    assert result.exit_code == 0, result.output
+    assert not dead.exists() and alive.exists()
+    assert ".pid" not in tiny.read_json(tmp_path / "out" / "manifest.json")["files"]
