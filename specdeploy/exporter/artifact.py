@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import __version__
 from ..contract import DTYPES, WEIGHT_FORMATS, Manifest, ModelSpec, sha256_file
 from . import onnx_graph
-from .checkpoint import Checkpoint, load_checkpoint, load_tokenizer_and_config
+from .checkpoint import load_checkpoint, load_tokenizer_and_config
 from .registry import ExportError, lookup
 from .tokenizer import differences, fingerprint
 
@@ -35,11 +35,13 @@ def export_artifact(
     progress: Progress = lambda step: None,
     block_size: int = 32,
     accuracy_level: int = 4,
+    isolate: bool | None = None,
 ) -> Manifest:
     """Export a target (and optionally a draft) checkpoint to a verify-v1 artifact dir at ``out``.
 
     ``weights``: "full" or "int4" for the target; ``draft_weights`` defaults to the same.
     ``block_size`` and ``accuracy_level`` tune ONNX Runtime's MatMulNBits quantizer (int4 only).
+    ``isolate``: trace each model in a child process (default: for GGUF files and large checkpoints).
     Returns the manifest written. Raises ExportError on bad input, before writing anything.
     """
     out = Path(out)
@@ -69,16 +71,14 @@ def export_artifact(
     try:
         specs = {}
         for role, source in sources.items():
-            # one checkpoint in memory at a time: a 1.5B model is ~6 GB of fp32 weights
-            progress(f"loading {role} {source}")
-            checkpoint = load_checkpoint(source)
-            if role == "target":
-                checkpoint.tokenizer.save(str(staging / "tokenizer.json"))
+            # One checkpoint in memory at a time (a 1.5B model is ~7 GB of fp32 weights), and large
+            # ones traced in a child process: torch keeps the heap of a traced export, which the
+            # quantizer that comes next needs.
+            isolated = _is_large(source) if isolate is None else isolate
+            facts = (_trace_in_child if isolated else _trace)(role, source, staging, capacity, progress)
             fmt = weights if role == "target" else (draft_weights or weights)
-            specs[role] = _export_model(role, checkpoint, staging, dtype, fmt, capacity, progress,
-                                        (block_size, accuracy_level))
-            del checkpoint
-            gc.collect()
+            _compress(role, staging / f"{role}.onnx", dtype, fmt, (block_size, accuracy_level), progress)
+            specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, capacity=capacity, **facts)
         (staging / ".pid").unlink()
         progress("hashing files")
         files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
@@ -119,25 +119,89 @@ def _check_pair(target, draft) -> None:
         )
 
 
-def _export_model(role, checkpoint: Checkpoint, staging: Path, dtype, fmt, capacity, progress, quant) -> ModelSpec:
+def _trace(role: str, source, staging: Path, capacity: int, progress: Progress) -> dict:
+    """Load a checkpoint and trace its verify graph to ``staging/role.onnx``; return the model's facts."""
     import torch
 
+    progress(f"loading {role} {source}")
+    checkpoint = load_checkpoint(source)
+    if role == "target":
+        checkpoint.tokenizer.save(str(staging / "tokenizer.json"))
     arch = lookup(checkpoint.config.model_type)
     dims = arch.dims(checkpoint.config)
-    parameters = checkpoint.parameters
     if dims["max_positions"] and capacity > dims["max_positions"]:
         raise ExportError(
             f"{role}: capacity {capacity} exceeds the model's max_position_embeddings {dims['max_positions']}"
         )
+    facts = {
+        "architecture": checkpoint.config.model_type,
+        **{k: dims[k] for k in ("num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size")},
+        "tokenizer_fingerprint": fingerprint(checkpoint.tokenizer),
+        "eos_token_ids": tuple(checkpoint.eos_token_ids),
+        "parameters": checkpoint.parameters,
+    }
     progress(f"{role}: building the verify graph ({arch.name}, {dims['num_layers']} layers)")
-    path = staging / f"{role}.onnx"
     with torch.no_grad():
         module = arch.build(checkpoint.config, checkpoint.weights, capacity)
         checkpoint.weights.clear()  # the module holds its own (transposed) copies
         progress(f"{role}: exporting to ONNX")
-        onnx_graph.export_graph(module, dims, path)
-    del module
+        onnx_graph.export_graph(module, dims, staging / f"{role}.onnx")
+    del module, checkpoint
     gc.collect()
+    return facts
+
+
+def _trace_in_child(role: str, source, staging: Path, capacity: int, progress: Progress) -> dict:
+    """``_trace`` in a fresh process, relaying its progress; its memory goes back to the OS when it ends."""
+    import multiprocessing
+    import queue as queues
+
+    context = multiprocessing.get_context("spawn")
+    messages = context.Queue()
+    process = context.Process(target=_trace_child, args=(role, str(source), str(staging), capacity, messages))
+    process.start()
+    try:
+        while True:
+            try:
+                kind, payload = messages.get(timeout=1.0)
+            except queues.Empty:
+                if not process.is_alive():
+                    raise ExportError(f"{role}: the export process died (exit code {process.exitcode}; "
+                                      "-9 means it ran out of memory)") from None
+                continue
+            if kind == "progress":
+                progress(payload)
+            elif kind == "error":
+                raise ExportError(payload)
+            else:
+                return payload
+    finally:
+        process.join(timeout=60)
+        if process.is_alive():
+            process.kill()
+
+
+def _trace_child(role: str, source: str, staging: str, capacity: int, messages) -> None:
+    try:
+        facts = _trace(role, source, Path(staging), capacity, lambda m: messages.put(("progress", m)))
+    except ExportError as exc:
+        messages.put(("error", str(exc)))
+    except Exception as exc:  # any failure reaches the parent as one clear message
+        messages.put(("error", f"{role}: {type(exc).__name__}: {exc}"))
+    else:
+        messages.put(("done", facts))
+
+
+def _is_large(source) -> bool:
+    """GGUF files, hub ids and checkpoints over 256 MB are traced in a child process."""
+    path = Path(source)
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.glob("*.safetensors")) > 256 << 20
+    return True
+
+
+def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int], progress: Progress) -> None:
+    """int8 / int4 weights and fp16, rewriting the traced graph at ``path`` in place."""
     if fmt == "int8":
         progress(f"{role}: quantizing MatMul weights to int8 (dynamic activations)")
         onnx_graph.to_int8_dynamic(path)
@@ -151,23 +215,6 @@ def _export_model(role, checkpoint: Checkpoint, staging: Path, dtype, fmt, capac
             model = onnx_graph.to_float16(model)
         progress(f"{role}: writing {role}.onnx")
         onnx_graph.save(model, path)
-        del model
-    return ModelSpec(
-        role=role,
-        file=f"{role}.onnx",
-        architecture=checkpoint.config.model_type,
-        num_layers=dims["num_layers"],
-        num_heads=dims["num_heads"],
-        kv_heads=dims["kv_heads"],
-        head_dim=dims["head_dim"],
-        vocab_size=dims["vocab_size"],
-        dtype=dtype,
-        weights=fmt,
-        capacity=capacity,
-        tokenizer_fingerprint=fingerprint(checkpoint.tokenizer),
-        eos_token_ids=checkpoint.eos_token_ids,
-        parameters=parameters,
-    )
 
 
 def _replace(staging: Path, out: Path) -> None:

@@ -125,22 +125,10 @@ def to_int8_dynamic(path: Path) -> None:
 
     ONNX Runtime's dynamic quantizer (MatMulInteger on MLAS's int8 GEMM): on this project's CPUs its
     cost grows far more slowly with the tokens per call than MatMulNBits', which is what verifying
-    K + 1 tokens at once needs (see README, Measuring). It runs in a fresh process: the quantizer
-    holds the fp32 and int8 weights at once, and the exporting process's heap is already large.
+    K + 1 tokens at once needs (see README, Measuring).
     """
-    import multiprocessing
-
-    process = multiprocessing.get_context("spawn").Process(target=_int8_dynamic, args=(str(path),))
-    process.start()
-    process.join()
-    if process.exitcode != 0:
-        raise ExportError(f"{path.name}: int8 quantization failed (exit code {process.exitcode}; -9 means out of memory)")
-
-
-def _int8_dynamic(path: str) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    path = Path(path)
     quantized = path.with_name(path.stem + ".int8.onnx")
     with _quiet():
         quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, per_channel=True,

@@ -24,3 +24,23 @@ def test_external_data_export_loads_and_matches(checkpoints, pair_dir, tmp_path,
     want = inline.infer(ids, np.zeros(1, np.int64), inline.allocate_cache(1, 8)).logits
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert tiny.read_json(out / "manifest.json")["files"]["target.onnx.data"]
+
+
+def test_isolated_export_in_a_child_process_matches(checkpoints, pair_dir, tmp_path):
+    """Large checkpoints are traced in a child process; the artifact is the same, errors still clear."""
+    import pytest
+
+    from specdeploy.exporter import ExportError
+
+    messages = []
+    manifest = export_artifact(checkpoints["target"], tmp_path / "child", capacity=96, isolate=True,
+                               progress=messages.append)
+    assert any("exporting to ONNX" in m for m in messages)  # progress relayed from the child
+    assert manifest.target.parameters > 0 and manifest.target.architecture == "llama"
+    ids = np.array([[5, 6, 7]])
+    got, want = Pipeline.load(tmp_path / "child").target, Pipeline.load(pair_dir).target
+    np.testing.assert_allclose(got.infer(ids, np.zeros(1, np.int64), got.allocate_cache(1, 4)).logits,
+                               want.infer(ids, np.zeros(1, np.int64), want.allocate_cache(1, 4)).logits, atol=1e-6)
+    with pytest.raises(ExportError, match="capacity 5000 exceeds the model's max_position_embeddings 256"):
+        export_artifact(checkpoints["target"], tmp_path / "bad", capacity=5000, isolate=True)
+    assert not (tmp_path / "bad").exists()
