@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .runtime.config import DRAFTERS, POLICIES
@@ -88,7 +89,7 @@ def _show(pipeline, prompts, config, batch_size):
     if batch_size == 1:
         results = []
         for prompt in prompts:
-            out.print(f"[bold cyan]{prompt}[/]", end="")
+            out.print(f"[bold cyan]{escape(prompt)}[/]", end="")
             for chunk in pipeline.stream(prompt, config):
                 out.print(chunk.text, end="", markup=False)
             out.print()
@@ -96,7 +97,7 @@ def _show(pipeline, prompts, config, batch_size):
         return results
     results = pipeline.generate(prompts, config, batch_size=batch_size)
     for prompt, result in zip(prompts, results):
-        out.print(f"[bold cyan]{prompt}[/]", end="")
+        out.print(f"[bold cyan]{escape(prompt)}[/]", end="")
         out.print(result.text, markup=False)
     return results
 

@@ -103,4 +103,4 @@ def export_pair(directory: Path, capacity: int = 256, noise: float = 0.02) -> Pa
     target = build_model(llama_config(), seed=0)
     draft = build_model(llama_config(), seed=1, perturb_from=target, noise=noise)
     return export_cli(directory / "art", save_checkpoint(target, directory / "t"), save_checkpoint(draft, directory / "d"),
-                      None, "--capacity", str(capacity))
+                      "--capacity", str(capacity))

@@ -183,7 +183,8 @@ class Generation:
         cache_s += time.perf_counter() - began
 
         draft_s = proposal.seconds if proposal else 0.0
-        self.policy.observe(CycleOutcome(k, accepted, draft_s, proposal.steps if proposal else 0, verify_s, k + 1))
+        self.policy.observe(CycleOutcome(k, accepted, draft_s, proposal.steps if proposal else 0, verify_s, k + 1,
+                                         proposal.catchup if proposal else 1))
         committed, finished = [], []
         now = time.perf_counter() - self.decode_started
         for b, (index, n, tokens) in enumerate(zip(self.active.tolist(), accepted.tolist(), emitted.tolist())):

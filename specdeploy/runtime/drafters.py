@@ -20,6 +20,7 @@ class Proposal:
     q: np.ndarray | None  # [batch, k, vocab] proposal distributions; None: deterministic (one-hot)
     seconds: float  # drafting time, engine calls and their bookkeeping
     steps: int  # draft engine calls
+    catchup: int = 1  # tokens the first call fed (more than 2 after cycles that did not draft)
 
 
 class NoDrafter:
@@ -66,6 +67,7 @@ class ModelDrafter(NoDrafter):
         rows = np.arange(batch)
         drafts = np.zeros((batch, k), np.int64)
         qs = []
+        catchup = int((lengths - self.cache.past_len).max())
         logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths)
         last = logits[rows, lengths - 1 - start]  # [batch, vocab]
         steps, made = 1, 0
@@ -91,7 +93,7 @@ class ModelDrafter(NoDrafter):
         drafts = drafts[:, :made]
         tokens[rows[:, None], lengths[:, None] + np.arange(made)] = drafts  # the verify call reads them there
         q_all = np.stack(qs, axis=1) if qs else None
-        return Proposal(drafts, q_all, time.perf_counter() - began, steps)
+        return Proposal(drafts, q_all, time.perf_counter() - began, steps, catchup)
 
     def commit(self, old_lengths: np.ndarray, accepted: np.ndarray) -> None:
         """The draft's K/V stays valid for committed tokens and the accepted drafts it has seen."""

@@ -22,6 +22,7 @@ class CycleOutcome:
     draft_steps: int  # draft engine calls made
     verify_seconds: float  # the target call
     verify_tokens: int  # tokens per row in the target call (K + 1)
+    catchup_tokens: int = 1  # tokens the draft's first call fed (many after cycles that did not draft)
 
 
 class FixedK:
@@ -149,7 +150,9 @@ class CostModel:
                 reached = min(int(n) + 1, k)  # drafts 1..n accepted, n + 1 rejected (if it exists)
                 self.tried[1 : reached + 1] += 1
                 self.kept[1 : int(n) + 1] += 1
-        if outcome.draft_steps:
+        # A catch-up after plain cycles feeds the draft many tokens at once; timing it as one step
+        # would make drafting look dear and keep the policy from ever speculating again.
+        if outcome.draft_steps and outcome.catchup_tokens <= 2:
             step = outcome.draft_seconds / outcome.draft_steps
             self.draft_step = step if self.draft_step is None else (1 - blend) * self.draft_step + blend * step
         if outcome.verify_tokens:

@@ -75,3 +75,9 @@ def test_compare_with_target_alone(pair_dir):
     assert comparison["speedup"] == comparison["speculative_tokens_per_s"] / comparison["plain_tokens_per_s"]
     table = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--max-new-tokens", "12", "--compare")
     assert table.exit_code == 0 and "identical outputs" in table.output and "2 / 2" not in table.output
+
+
+def test_prompt_with_brackets_is_printed_verbatim(pair_dir):
+    result = run("generate", pair_dir, "--prompt", "w5 [int] w6", "--max-new-tokens", "3")
+    assert result.exit_code == 0, result.output
+    assert "w5 [int] w6" in result.output  # not swallowed as rich markup

@@ -86,3 +86,14 @@ def test_make_policy_rejects_unknown_names():
     assert isinstance(make_policy("cost", 4), CostModel)
     with pytest.raises(ValueError, match="'greedy' is unknown"):
         make_policy("greedy", 4)
+
+
+def test_cost_model_ignores_catch_up_calls_when_timing_draft_steps():
+    policy = CostModel(k_max=4)
+    policy.observe(CycleOutcome(2, np.array([2]), draft_seconds=0.004, draft_steps=2, verify_seconds=0.01,
+                                verify_tokens=3, catchup_tokens=1))
+    assert policy.draft_step == pytest.approx(0.002)
+    # resuming after 30 plain cycles: the first draft call fed 31 tokens and took far longer
+    policy.observe(CycleOutcome(2, np.array([2]), draft_seconds=0.2, draft_steps=2, verify_seconds=0.01,
+                                verify_tokens=3, catchup_tokens=31))
+    assert policy.draft_step == pytest.approx(0.002)
