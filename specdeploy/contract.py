@@ -17,6 +17,8 @@ MANIFEST = "manifest.json"
 ROLES = ("target", "draft")
 DTYPES = ("float32", "float16")
 WEIGHT_FORMATS = ("full", "int4", "int8")
+# The runtime prefills prompts in calls of at most this many tokens; TensorRT profiles cover it.
+PREFILL_CHUNK = 512
 
 
 class ContractError(ValueError):

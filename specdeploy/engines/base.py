@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ class EngineOutput:
     seconds: float
 
 
-class Engine:
+class Engine(ABC):
     """A verify-v1 decoder. ``infer`` checks inputs and times the call; backends implement ``infer_impl``."""
 
     spec: ModelSpec
@@ -44,8 +45,9 @@ class Engine:
         logits, new_kv = self.infer_impl(input_ids, past_len, cache)
         return EngineOutput(logits, new_kv, time.perf_counter() - start)
 
+    @abstractmethod
     def infer_impl(self, input_ids, past_len, cache) -> tuple[np.ndarray, list[np.ndarray]]:
-        raise NotImplementedError  # abstract: each backend overrides it
+        """Run the backend on checked inputs; return logits and the new K/V per layer."""
 
     def _check(self, input_ids, past_len, cache) -> None:
         role = self.spec.role

@@ -7,14 +7,11 @@ the CPU install never needs either.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..contract import ContractError, Manifest, ModelSpec, sha256_file
+from ..contract import PREFILL_CHUNK, ContractError, Manifest, ModelSpec, sha256_file
 from .base import EngineInputError
-
-PREFILL_CHUNK = 512  # the runtime prefills in chunks of at most this many tokens
 
 
 class BuildError(RuntimeError):
@@ -184,7 +181,3 @@ def check_plan(entry: dict, role: str, trt_module: str, trt_version: str, device
 
 def profiles_of(entry: dict) -> list[Profile]:
     return [Profile(p["name"], tuple(p["batch"]), tuple(p["tokens"]), tuple(p["capacity"])) for p in entry["profiles"]]
-
-
-def describe(manifest: Manifest) -> str:
-    return json.dumps(manifest.engines, indent=2)

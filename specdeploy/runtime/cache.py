@@ -37,10 +37,6 @@ class KVCache:
     def capacity(self) -> int:
         return self.buffers[0].shape[2]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers)
-
     def stage(self, new_kv: list[np.ndarray], start: np.ndarray) -> None:
         """Write new K/V (each [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
         tokens = new_kv[0].shape[2]

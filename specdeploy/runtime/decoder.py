@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..contract import PREFILL_CHUNK
 from ..engines.base import Engine
 from .acceptance import greedy_accept, speculative_accept
 from .cache import KVCache, plan_capacity
@@ -24,8 +25,6 @@ from .forward import forward_rows
 from .policies import CycleOutcome
 from .sampling import penalize_positions, probabilities
 from .telemetry import CycleRecord
-
-PREFILL_CHUNK = 512
 
 
 @dataclass
