@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
-from ..contract import DTYPES, WEIGHT_FORMATS, Manifest, ModelSpec, sha256_file
+from ..contract import DTYPES, WEIGHT_FORMATS, Manifest, ModelSpec, sha256_file, tokenizer_fingerprint
 from . import onnx_graph
 from .checkpoint import load_checkpoint, load_tokenizer_and_config
 from .registry import ExportError, lookup
-from .tokenizer import differences, fingerprint
+from .tokenizer import differences
 
 Progress = Callable[[str], None]
 
@@ -136,7 +136,7 @@ def _trace(role: str, source, staging: Path, capacity: int, progress: Progress) 
     facts = {
         "architecture": checkpoint.config.model_type,
         **{k: dims[k] for k in ("num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size")},
-        "tokenizer_fingerprint": fingerprint(checkpoint.tokenizer),
+        "tokenizer_fingerprint": tokenizer_fingerprint(checkpoint.tokenizer),
         "eos_token_ids": tuple(checkpoint.eos_token_ids),
         "parameters": checkpoint.parameters,
     }

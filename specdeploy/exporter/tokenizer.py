@@ -1,13 +1,10 @@
-"""Tokenizer fingerprints and the report of how two tokenizers differ."""
+"""The report of how two tokenizers differ (fingerprints live in the contract)."""
 
 from __future__ import annotations
 
 from tokenizers import Tokenizer
 
 from ..contract import special_tokens as _special_tokens
-from ..contract import tokenizer_fingerprint
-
-fingerprint = tokenizer_fingerprint
 
 
 def differences(a: Tokenizer, b: Tokenizer, names: tuple[str, str] = ("target", "draft")) -> list[str]:

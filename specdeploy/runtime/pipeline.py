@@ -196,6 +196,9 @@ class Pipeline:
     def _stop_check(self, stops: tuple[str, ...]):
         def check(previous: list[int], new: list[int]) -> int | None:
             """Fewest of the new tokens whose text completes a stop string; None if none does."""
+            # one decode per cycle in the common case; the per-token search only once a stop appears
+            if not any(s in self.decode(previous + new) for s in stops):
+                return None
             for keep in range(1, len(new) + 1):
                 text = self.decode(previous + new[:keep])
                 if any(s in text for s in stops):
