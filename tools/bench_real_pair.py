@@ -65,7 +65,7 @@ def logits_gap(pipeline, ids: np.ndarray, k: int = 4) -> float:
         out = engine.infer(ids[None, j : j + 1], np.array([j]), cache)
         for buf, new in zip(cache, out.new_kv):
             buf[:, :, j : j + 1] = new
-        single.append(out.logits[0, 0])
+        single.append(out.logits[0, 0].copy())  # the engine reuses its output buffers
     multi = engine.infer(ids[None, n - k - 1 :], np.array([n - k - 1]), cache).logits[0]
     return float(np.abs(np.stack(single) - multi).max())
 

@@ -19,8 +19,13 @@ class EngineInputError(ValueError):
 
 @dataclass
 class EngineOutput:
+    """One call's results. They may live in buffers the engine reuses: valid until the engine's next
+    call on the same thread with the same batch and token count; copy what must outlive that."""
+
     logits: np.ndarray  # [batch, tokens, vocab] float32
-    new_kv: list[np.ndarray]  # 2 * layers arrays, each [batch, kv_heads, tokens, head_dim]
+    # 2 * layers arrays [k0, v0, k1, ...], each [batch, kv_heads, tokens, head_dim]; ONNX Runtime
+    # returns them as one stacked array [2 * layers, batch, kv_heads, tokens, head_dim]
+    new_kv: np.ndarray | list[np.ndarray]
     seconds: float
 
 
@@ -33,10 +38,14 @@ class Engine(ABC):
     def cache_dtype(self) -> np.dtype:
         return np.dtype(NUMPY_DTYPES[self.spec.dtype])
 
-    def allocate_cache(self, batch: int, capacity: int) -> list[np.ndarray]:
-        """Zero-filled key/value buffers, [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]."""
+    def allocate_cache(self, batch: int, capacity: int) -> np.ndarray:
+        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim].
+
+        One array [2 * layers, batch, kv_heads, capacity, head_dim]: element i is cache tensor i, and
+        staging a call's new K/V into every layer is one copy.
+        """
         shape = self.spec.cache_shape(batch, capacity)
-        return [np.zeros(shape, self.cache_dtype) for _ in range(2 * self.spec.num_layers)]
+        return np.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype)
 
     def infer(self, input_ids: np.ndarray, past_len: np.ndarray, cache: list[np.ndarray]) -> EngineOutput:
         """Run new tokens ``input_ids`` [batch, tokens] at ``past_len`` [batch] over ``cache``."""

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from pathlib import Path
+
+import numpy as np
 
 from ..contract import ModelSpec
 from .base import Engine
@@ -20,6 +23,11 @@ class ProviderError(RuntimeError):
 
 
 _global_pool: int | None = None
+# Calls of up to this many tokens (decode, draft and verify steps) get outputs preallocated once per
+# shape and reused; longer calls (prefill chunks) get fresh ones, as holding a [batch, 512, vocab]
+# logits buffer per shape would cost hundreds of MB.
+REUSED_OUTPUT_TOKENS = 16
+REUSED_SHAPES = 8
 
 
 def shared_thread_pool(threads: int) -> None:
@@ -69,7 +77,6 @@ class OrtEngine(Engine):
         if active[0] != wanted:
             raise ProviderError(f"provider {wanted} was requested but the session fell back to {active}")
         self.spec = spec
-        self.device = "cpu" if provider == "cpu" else "cuda"
         self._check_graph()
         self._outputs = spec.outputs
         self._local = threading.local()
@@ -86,33 +93,47 @@ class OrtEngine(Engine):
             )
 
     def infer_impl(self, input_ids, past_len, cache):
-        binding, bound = self._thread_binding()
+        call = self._call(input_ids.shape)
         # The caches are preallocated and updated in place, so they stay bound across calls and are
         # rebound only when the runtime hands over other buffers (a new request, rows leaving).
-        if len(bound) != len(cache) or any(a is not b for a, b in zip(bound, cache)):
+        if len(call.bound) != len(cache) or any(a is not b for a, b in zip(call.bound, cache)):
             for name, buf in zip(self.spec.inputs[2:], cache):
-                binding.bind_cpu_input(name, buf)
-            bound[:] = cache
-        binding.bind_cpu_input("input_ids", input_ids)
-        binding.bind_cpu_input("past_len", past_len)
-        # Outputs stay bound to the buffers ONNX Runtime allocated last time, reused while the
-        # shape (batch, tokens) repeats; a new shape needs fresh, unallocated outputs.
-        if self._local.output_shape != input_ids.shape:
-            binding.clear_binding_outputs()
-            for name in self._outputs:
-                binding.bind_output(name, self.device)
-            self._local.output_shape = input_ids.shape
-        self.session.run_with_iobinding(binding)
-        outputs = binding.copy_outputs_to_cpu()
-        return outputs[0], outputs[1:]
+                call.binding.bind_cpu_input(name, buf)
+            call.bound = list(cache)
+        call.binding.bind_cpu_input("input_ids", input_ids)
+        call.binding.bind_cpu_input("past_len", past_len)
+        self.session.run_with_iobinding(call.binding)
+        return call.logits, call.new_kv
 
-    def _thread_binding(self):
-        """One IOBinding per thread: a binding holds per-call state, a session may be shared."""
-        local = self._local
-        if not hasattr(local, "binding"):
-            local.binding = self.session.io_binding()
-            local.bound = []
-            local.output_shape = None
-        return local.binding, local.bound
+    def _call(self, shape: tuple[int, int]) -> _BoundCall:
+        """The IOBinding for calls of ``shape`` (batch, tokens) on this thread, outputs bound to numpy arrays.
+
+        One binding per shape and thread (a binding holds per-call state; a session may be shared),
+        so a cycle's alternating shapes (draft steps of 1 token, verification of K + 1) never rebind.
+        """
+        calls = getattr(self._local, "calls", None)
+        if calls is None:
+            calls = self._local.calls = OrderedDict()
+        call = calls.get(shape)
+        if call is not None:
+            calls.move_to_end(shape)
+            return call
+        call = _BoundCall(self.session.io_binding(), self.spec, shape, self.cache_dtype)
+        if shape[1] <= REUSED_OUTPUT_TOKENS:
+            calls[shape] = call
+            if len(calls) > REUSED_SHAPES:
+                calls.popitem(last=False)
+        return call
 
 
+class _BoundCall:
+    """An IOBinding with its outputs bound to preallocated arrays: ONNX Runtime writes the results there."""
+
+    def __init__(self, binding, spec: ModelSpec, shape: tuple[int, int], cache_dtype: np.dtype):
+        batch, tokens = shape
+        self.binding, self.bound = binding, []
+        self.logits = np.empty((batch, tokens, spec.vocab_size), np.float32)
+        self.new_kv = np.empty((2 * spec.num_layers, *spec.cache_shape(batch, tokens)), cache_dtype)
+        binding.bind_output(spec.outputs[0], "cpu", 0, np.float32, list(self.logits.shape), self.logits.ctypes.data)
+        for name, buf in zip(spec.outputs[1:], self.new_kv):
+            binding.bind_output(name, "cpu", 0, cache_dtype, list(buf.shape), buf.ctypes.data)

@@ -27,27 +27,32 @@ def plan_capacity(prompt_lengths: list[int], max_new_tokens: int, k: int, limit:
 
 
 class KVCache:
-    """Preallocated, zero-filled K/V buffers of one model for a batch, and each row's past_len."""
+    """Preallocated, zero-filled K/V buffers of one model for a batch, and each row's past_len.
 
-    def __init__(self, buffers: list[np.ndarray]):
-        self.buffers = buffers  # [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]
-        self.past_len = np.zeros(buffers[0].shape[0], dtype=np.int64)  # [batch]
+    ``stacked`` is one array [2 * layers, batch, kv_heads, capacity, head_dim] (what
+    ``Engine.allocate_cache`` returns); ``buffers`` lists its per-layer tensors, the objects the
+    engine keeps bound between calls.
+    """
+
+    def __init__(self, stacked: np.ndarray):
+        self.stacked = stacked
+        self.buffers = list(stacked)  # [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]
+        self.past_len = np.zeros(stacked.shape[1], dtype=np.int64)  # [batch]
 
     @property
     def capacity(self) -> int:
-        return self.buffers[0].shape[2]
+        return self.stacked.shape[3]
 
-    def stage(self, new_kv: list[np.ndarray], start: np.ndarray) -> None:
-        """Write new K/V (each [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
-        tokens = new_kv[0].shape[2]
+    def stage(self, new_kv, start: np.ndarray) -> None:
+        """Write new K/V (2 * layers of [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
+        new_kv = np.asarray(new_kv)  # engines may return a list; ONNX Runtime returns one stacked array
+        tokens = new_kv.shape[3]
         s = int(start[0])
         if len(start) == 1 or (start == s).all():
-            for buf, new in zip(self.buffers, new_kv):
-                buf[:, :, s : s + tokens] = new
+            self.stacked[:, :, :, s : s + tokens] = new_kv  # every layer in one copy
             return
         for b, s in enumerate(start.tolist()):
-            for buf, new in zip(self.buffers, new_kv):
-                buf[b, :, s : s + tokens] = new[b]
+            self.stacked[:, b, :, s : s + tokens] = new_kv[:, b]
 
     def commit(self, lengths: np.ndarray) -> None:
         """Move each row's valid prefix to ``lengths`` [batch]."""
@@ -55,11 +60,12 @@ class KVCache:
 
     def select(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (finished rows leave the batch)."""
-        self.buffers = [np.ascontiguousarray(b[rows]) for b in self.buffers]
+        self.stacked = np.ascontiguousarray(self.stacked[:, rows])
+        self.buffers = list(self.stacked)
         self.past_len = self.past_len[rows]
 
     def view(self, row: int) -> KVCache:
         """Row ``row`` alone, on views of the batch buffers: what it stages lands in the batch."""
-        single = KVCache([b[row : row + 1] for b in self.buffers])
+        single = KVCache(self.stacked[:, row : row + 1])
         single.past_len = self.past_len[row : row + 1].copy()
         return single

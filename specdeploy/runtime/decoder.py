@@ -173,9 +173,10 @@ class Generation:
 
         began = time.perf_counter()
         old_lengths = self.lengths
-        rows = np.arange(batch)
         seen = old_lengths + accepted  # the target has now seen x[0:L] and the accepted drafts
-        self.tokens[rows, seen] = emitted[rows, accepted]
+        accepted_rows, emitted_rows = accepted.tolist(), emitted.tolist()
+        for b, (at, n) in enumerate(zip(seen.tolist(), accepted_rows)):
+            self.tokens[b, at] = emitted_rows[b][n]  # the recovered or bonus token
         self.cache.commit(seen)
         self.drafter.commit(old_lengths, accepted)
         self.lengths = seen + 1
@@ -186,7 +187,7 @@ class Generation:
                                          proposal.catchup if proposal else 1))
         committed, finished = [], []
         now = time.perf_counter() - self.decode_started
-        for b, (index, n, tokens) in enumerate(zip(self.active.tolist(), accepted.tolist(), emitted.tolist())):
+        for b, (index, n, tokens) in enumerate(zip(self.active.tolist(), accepted_rows, emitted_rows)):
             row = self.rows[index]
             new = self._truncate(row, tokens[: n + 1], remaining[b])
             row.token_ids += new

@@ -69,7 +69,8 @@ class ModelDrafter(NoDrafter):
         qs = []
         catchup = int((lengths - self.cache.past_len).max())
         logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths)
-        last = logits[rows, lengths - 1 - start]  # [batch, vocab]
+        # batch 1 feeds exactly the tokens it had not seen, so its last logits are the call's last
+        last = logits[:, -1] if batch == 1 else logits[rows, lengths - 1 - start]  # [batch, vocab]
         steps, made = 1, 0
         for i in range(k):
             if config.repetition_penalty != 1.0:
@@ -91,7 +92,8 @@ class ModelDrafter(NoDrafter):
                 last, _ = forward_one(self.engine, self.cache, drafts[:, i])
                 steps += 1
         drafts = drafts[:, :made]
-        tokens[rows[:, None], lengths[:, None] + np.arange(made)] = drafts  # the verify call reads them there
+        for b, length in enumerate(lengths.tolist()):  # the verify call reads them there
+            tokens[b, length : length + made] = drafts[b]
         q_all = np.stack(qs, axis=1) if qs else None
         return Proposal(drafts, q_all, time.perf_counter() - began, steps, catchup)
 

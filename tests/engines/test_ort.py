@@ -19,6 +19,23 @@ def engine(pair_dir):
 def test_caches_are_preallocated_zero_filled_in_model_dtype(engine):
     cache = engine.allocate_cache(2, 10)
     assert len(cache) == 4 and all(b.shape == (2, 2, 10, 8) and b.dtype == np.float32 and not b.any() for b in cache)
+    assert cache.shape == (4, 2, 2, 10, 8)  # one array: staging every layer is one copy
+
+
+def test_outputs_are_stacked_and_reused_per_shape_only(engine):
+    """Small calls write into buffers bound once per (batch, tokens); other shapes never clobber them."""
+    cache = engine.allocate_cache(1, 16)
+    ids = np.array([[5, 6, 7]])
+    first = engine.infer(ids, np.array([0]), cache)
+    kept = first.logits.copy(), first.new_kv.copy()
+    assert first.new_kv.shape == (4, 1, 2, 3, 8)
+    other = engine.infer(ids[:, :1], np.array([3]), cache)  # another shape: its own buffers
+    assert not np.shares_memory(other.logits, first.logits)
+    np.testing.assert_array_equal(first.logits, kept[0])
+    again = engine.infer(ids, np.array([0]), cache)  # the same shape: same buffers, same results
+    assert again.logits is first.logits and again.new_kv is first.new_kv
+    np.testing.assert_array_equal(again.logits, kept[0])
+    np.testing.assert_array_equal(again.new_kv, kept[1])
 
 
 @pytest.mark.parametrize("mutate,match", [
@@ -28,7 +45,7 @@ def test_caches_are_preallocated_zero_filled_in_model_dtype(engine):
     (lambda ids, past, cache: (ids, past, cache[:3]), "received 3 cache tensors; expected 4"),
     (lambda ids, past, cache: (ids, past, [cache[0], cache[1], cache[2].astype(np.float16), cache[3]]),
      r"cache_key.1 \| received float16 \(2, 2, 10, 8\); expected float32 \(2, 2, 10, 8\)"),
-    (lambda ids, past, cache: (ids, past, [cache[0][:, :1]] + cache[1:]), r"cache_key.0 \| received float32 \(2, 1, 10, 8\)"),
+    (lambda ids, past, cache: (ids, past, [cache[0][:, :1], *cache[1:]]), r"cache_key.0 \| received float32 \(2, 1, 10, 8\)"),
     (lambda ids, past, cache: (ids, np.array([8, 2]), cache), r"past_len \[8, 2\] \+ 3 new tokens exceeds cache capacity 10"),
     (lambda ids, past, cache: (ids + 200, past, cache), r"outside the vocabulary \[0, 128\)"),
 ])

@@ -66,7 +66,7 @@ def test_rows_never_read_another_rows_slots(pair_dir):
 
 
 def test_stage_writes_each_row_at_its_own_offset():
-    cache = KVCache([np.zeros((2, 1, 8, 2), np.float32)])
+    cache = KVCache(np.zeros((1, 2, 1, 8, 2), np.float32))
     new = [np.arange(2 * 1 * 3 * 2, dtype=np.float32).reshape(2, 1, 3, 2) + 1]
     cache.stage(new, np.array([1, 4]))
     np.testing.assert_array_equal(cache.buffers[0][0, :, 1:4], new[0][0])
