@@ -17,11 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fetch_qwen_coder import DEFAULT_CACHE, fetch  # noqa: E402
 
+from specdeploy import __version__  # noqa: E402
+
 PROMPT = '''def merge_sorted(a: list[int], b: list[int]) -> list[int]:
     """Merge two sorted lists into one sorted list."""
 '''
 # Chosen by tools/bench_verify_cost.py --variants (see README, Measuring): the int8 target verifies
-# 5 tokens for 1.26x the cost of one; the draft only ever decodes, so it takes the fastest decoder.
+# 5 tokens for ~1.27x the cost of one; the draft only ever decodes, so it takes the fastest decoder.
 TARGET_WEIGHTS, DRAFT_WEIGHTS, BLOCK_SIZE = "int8", "int4", "128"
 
 
@@ -35,7 +37,9 @@ def main() -> None:
 
     target = fetch("1.5b", args.cache, log=print)
     draft = fetch("0.5b", args.cache, log=print)
-    artifact = args.cache / "artifacts" / f"qwen2.5-coder-1.5b-{TARGET_WEIGHTS}+0.5b-{DRAFT_WEIGHTS}-b{BLOCK_SIZE}"
+    # the exporter version in the name: an artifact cached by an older exporter is not reused
+    name = f"qwen2.5-coder-1.5b-{TARGET_WEIGHTS}+0.5b-{DRAFT_WEIGHTS}-b{BLOCK_SIZE}-v{__version__}"
+    artifact = args.cache / "artifacts" / name
     specdeploy = [sys.executable, "-m", "specdeploy.cli"]
     if not (artifact / "manifest.json").is_file() or subprocess.run([*specdeploy, "doctor", str(artifact)],
                                                                     capture_output=True).returncode:
