@@ -62,6 +62,9 @@ class Generation:
         self.eos = set(config.stop_token_ids) | (set() if config.ignore_eos else set(target.spec.eos_token_ids))
         self.cycle = 0
         self.prefill_seconds = self._prefill()
+        if self.k_cap and hasattr(policy, "plan"):  # a policy that weighs the draft's catch-up on the prompt
+            ratio = drafter.cost_ratio(target.spec)
+            policy.plan(self.prefill_seconds * ratio, config.max_new_tokens, ratio)
         self.decode_started = time.perf_counter()
 
     @property

@@ -44,6 +44,10 @@ class NoDrafter:
         """This drafter for one row of the batch (stateless drafters serve any row)."""
         return self
 
+    def cost_ratio(self, target_spec) -> float:
+        """A draft step's cost relative to the target's (0: drafting needs no model)."""
+        return 0.0
+
     def adopt(self, row: int, single) -> None:
         """Take back what a one-row view of this drafter committed."""
 
@@ -111,6 +115,11 @@ class ModelDrafter(NoDrafter):
 
     def adopt(self, row: int, single: ModelDrafter) -> None:
         self.cache.past_len[row] = single.cache.past_len[0]
+
+    def cost_ratio(self, target_spec) -> float:
+        """Parameters of the draft over the target's: what a token costs each, to a first estimate."""
+        draft, target = self.engine.spec.parameters, target_spec.parameters
+        return draft / target if draft > 0 and target > 0 else 0.0
 
 
 def _top_probability(logits: np.ndarray) -> np.ndarray:

@@ -78,7 +78,15 @@ class CostModel:
     and chooses argmax_K E[tokens | K] / (K c_d + v(K + 1)), with E[tokens | K] = 1 + sum_{j<=K}
     prod_{i<=j} a_i (Leviathan et al. 2023, per-position). While K = 0 wins it probes with the
     best K > 0 every ``probe_every`` cycles, so it notices when speculation starts to pay again.
+
+    Before the first draft, a draft model must catch up on the whole prompt, a cost no later
+    saving recovers when the prompt is long and the output short (Spec-Bench summarization: 0.91x).
+    Given a ``plan``, the first cycle decodes plainly to measure v(1), and speculation starts only
+    if an optimistic saving over the tokens to come (every draft accepted at ``optimism``) repays
+    the estimated catch-up; otherwise the request stays plain, without probes (each would pay it).
     """
+
+    optimism = 0.8  # acceptance assumed per position when judging a catch-up before any was measured
 
     confidence_threshold = None
 
@@ -92,6 +100,24 @@ class CostModel:
         self.draft_step: float | None = None
         self.verify: dict[int, float] = {}
         self.plain_streak = 0
+        self.catchup: tuple[float, int, float] | None = None  # (seconds, tokens to come, draft/target cost)
+        self.plain_only = False
+
+    def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
+        """Before the first cycle: the draft's estimated catch-up time, the tokens to generate, and a
+        draft step's cost relative to a target step (the models' parameter ratio)."""
+        if catchup_seconds > 0:
+            self.catchup = (catchup_seconds, new_tokens, draft_cost_ratio)
+
+    def _catchup_pays(self) -> bool:
+        """Would the best K, all at ``optimism``, save more than the catch-up costs over the tokens to come?"""
+        seconds, tokens, ratio = self.catchup
+        v1 = self.verify[1]
+        k = np.arange(self.k_max + 1)
+        expected = np.cumsum(np.concatenate([[1.0], self.optimism ** k[1:]]))  # E[tokens | K]
+        cost = k * ratio * v1 + v1 * (1 + 0.1 * k)  # draft steps + verification (10 % a token, as below)
+        best = float((expected / cost).max())
+        return tokens * (v1 - 1 / best) > seconds
 
     def acceptance(self) -> np.ndarray:
         """Estimated conditional acceptance a_i for i = 1..k_max.  # [k_max]
@@ -127,6 +153,14 @@ class CostModel:
         return tokens / cost
 
     def next_k(self) -> int:
+        if self.plain_only:
+            return 0
+        if self.catchup is not None:
+            if 1 not in self.verify:
+                return 0  # one plain step measures v(1) before the catch-up is paid
+            self.plain_only = not self._catchup_pays()
+            self.catchup = None
+            return 0 if self.plain_only else self.start
         if self.draft_step is None or not self.verify:
             return self.start  # nothing measured yet: speculate to learn the costs
         rates = self.expected_rate()

@@ -97,3 +97,25 @@ def test_cost_model_ignores_catch_up_calls_when_timing_draft_steps():
     policy.observe(CycleOutcome(2, np.array([2]), draft_seconds=0.2, draft_steps=2, verify_seconds=0.01,
                                 verify_tokens=3, catchup_tokens=31))
     assert policy.draft_step == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("catchup_seconds,speculates", [(5.0, False), (1.8, False), (1.6, True), (0.5, True)])
+def test_cost_model_weighs_the_draft_catch_up_before_paying_it(catchup_seconds, speculates):
+    """Hand numbers: v(1) = 60 ms, draft steps 0.35 of it, every draft accepted at 0.8: the best K (2)
+    gives 2.44 tokens per 1.9 v(1), so 128 tokens save 128 * 0.06 * (1 - 1.9/2.44) = 1.7 s at most."""
+    policy = CostModel(k_max=8)
+    policy.plan(catchup_seconds, new_tokens=128, draft_cost_ratio=0.35)
+    assert policy.next_k() == 0  # one plain step first: it measures v(1)
+    policy.observe(_outcome(0, [0], verify=0.06))
+    picks = []
+    for _ in range(40):  # no probing when the catch-up does not pay: each probe would pay it
+        picks.append(policy.next_k())
+        policy.observe(_outcome(picks[-1], [picks[-1]], verify=0.06 * (1 + 0.05 * picks[-1])))
+    assert (picks[0] == 8) == speculates
+    assert (max(picks) == 0) == (not speculates)
+
+
+def test_cost_model_plan_without_a_catch_up_changes_nothing():
+    policy = CostModel(k_max=4)
+    policy.plan(0.0, new_tokens=128, draft_cost_ratio=0.0)  # prompt lookup: no model to catch up
+    assert policy.next_k() == 4
