@@ -4,7 +4,10 @@ Exports tiny random Llama models (a target and a perturbed copy as draft), then 
 sampled speculative decoding at batch 1 and 8 and reports, per cycle, wall time minus the time
 inside engine calls (each engine is wrapped by a timer). Target: <= 50 us per cycle at batch 1.
 
-    python tools/bench_overhead.py [--cycles 2000] [--k 4]
+    python tools/bench_overhead.py [--cycles 2000] [--k 4] [--engine ort|instant]
+
+``--engine instant`` swaps ONNX Runtime for engines that return ready outputs at once: the
+runtime's own cost, without what each real call leaves behind in the CPU's caches.
 """
 
 from __future__ import annotations
@@ -35,6 +38,32 @@ class TimedEngine:
         return out
 
 
+class InstantEngine:
+    """Returns ready-made outputs of the right shapes at once (the real engine's spec and checks)."""
+
+    def __init__(self, engine):
+        import numpy as np
+
+        from specdeploy.engines.base import Engine
+
+        class Instant(Engine):
+            def __init__(self, spec):
+                self.spec, self.outputs, self.rng = spec, {}, np.random.default_rng(0)
+
+            def infer_impl(self, input_ids, past_len, cache):
+                if input_ids.shape not in self.outputs:
+                    batch, tokens = input_ids.shape
+                    logits = self.rng.standard_normal((batch, tokens, self.spec.vocab_size)).astype(np.float32)
+                    kv = np.zeros((2 * self.spec.num_layers, *self.spec.cache_shape(batch, tokens)), self.cache_dtype)
+                    self.outputs[input_ids.shape] = logits, kv
+                return self.outputs[input_ids.shape]
+
+        self.engine = Instant(engine.spec)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
 def main() -> None:
     from specdeploy import GenerationConfig, Pipeline
     from tests import tiny
@@ -42,13 +71,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cycles", type=int, default=1500, help="cycles measured per configuration")
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--engine", choices=["ort", "instant"], default="ort",
+                        help="instant: engines that return at once (random logits), the runtime's own cost")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = Pipeline.load(tiny.export_pair(Path(tmp), capacity=256), threads=1)
-        pipeline.target = TimedEngine(pipeline.target)
-        pipeline.draft = TimedEngine(pipeline.draft)
-        print(f"tiny llama pair (vocab {tiny.VOCAB}), k={args.k}, overhead = cycle wall time - engine time")
+        wrap = InstantEngine if args.engine == "instant" else (lambda engine: engine)
+        pipeline.target = TimedEngine(wrap(pipeline.target))
+        pipeline.draft = TimedEngine(wrap(pipeline.draft))
+        print(f"tiny llama pair (vocab {tiny.VOCAB}), k={args.k}, {args.engine} engines, "
+              "overhead = cycle wall time - engine time")
         for drafter in ("model", "prompt-lookup"):
             for temperature in (0.0, 1.0):
                 for batch in (1, 8):
