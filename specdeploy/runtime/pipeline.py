@@ -9,12 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
+from ..contract import PREFILL_CHUNK, ContractError, Manifest, tokenizer_fingerprint, verify_files
 from ..engines import load_engine
-from .cache import CapacityError, plan_capacity
+from .cache import CapacityError, KVCache, plan_capacity
 from .config import ConfigError, GenerationConfig
 from .decoder import Generation, RowResult
 from .drafters import ModelDrafter, NoDrafter, PromptLookup
+from .forward import forward_rows
 from .policies import make_policy
 from .telemetry import CycleRecord, summarize
 
@@ -166,6 +167,25 @@ class Pipeline:
                 else:
                     result = self._result(row, run.prefill_seconds, config)
                     yield StreamChunk(result.text[len(shown):], new, result)
+
+    def first_divergence(self, prompt: str | Sequence[int], reference: Sequence[int], other: Sequence[int]) -> dict | None:
+        """Where greedy ``other`` leaves ``reference`` (both generated from ``prompt``), and the target's margin there.
+
+        The margin is logit(reference token) - logit(other token), computed by the target over the
+        prompt and the tokens both share, in one prefill. A small margin is a near-tie that the
+        engine's arithmetic can tip (verifying K + 1 tokens at once is not bit-identical to decoding
+        one: README, Exactness); a large one points at a bug. None when neither leaves the other.
+        """
+        position = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
+        if position is None:
+            return None
+        ids = np.concatenate([self.encode(prompt), np.asarray(reference[:position], np.int64)])[None]
+        cache = KVCache(self.target.allocate_cache(1, ids.shape[1]))
+        while cache.past_len[0] < ids.shape[1]:
+            logits, *_ = forward_rows(self.target, cache, ids, np.minimum(ids.shape[1], cache.past_len + PREFILL_CHUNK))
+        last = logits[0, -1]
+        a, b = int(reference[position]), int(other[position])
+        return {"position": position, "reference_token": a, "other_token": b, "margin": float(last[a] - last[b])}
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

@@ -71,7 +71,7 @@ def test_compare_with_target_alone(pair_dir):
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in result.output.splitlines() if x.startswith("{")]
     comparison = lines[-1]["comparison"]
-    assert comparison["identical_outputs"] == comparison["prompts"] == 2
+    assert comparison["identical_outputs"] == comparison["prompts"] == 2 and comparison["divergences"] == []
     assert comparison["speedup"] == comparison["speculative_tokens_per_s"] / comparison["plain_tokens_per_s"]
     table = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--max-new-tokens", "12", "--compare")
     assert table.exit_code == 0 and "identical outputs" in table.output and "2 / 2" not in table.output

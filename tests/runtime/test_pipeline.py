@@ -120,3 +120,20 @@ def test_tampered_file_is_refused_before_loading(pair_dir, tmp_path):
     with pytest.raises(ContractError, match="draft.onnx: sha256"):
         Pipeline.load(broken)
     Pipeline.load(broken, verify_hashes=False)  # an explicit opt-out loads it anyway
+
+
+def test_first_divergence_reports_the_targets_own_margin(pipeline):
+    import numpy as np
+
+    plain = pipeline.generate("w5 w6 w7", GenerationConfig(drafter="none", max_new_tokens=10, ignore_eos=True))[0]
+    assert pipeline.first_divergence("w5 w6 w7", plain.token_ids, plain.token_ids) is None
+    other = list(plain.token_ids)
+    other[6] = (other[6] + 1) % tiny.VOCAB
+    found = pipeline.first_divergence("w5 w6 w7", plain.token_ids, other)
+    # the target itself, decoding the shared prefix: the plain token wins by exactly the margin reported
+    ids = np.array([[*pipeline.encode("w5 w6 w7"), *plain.token_ids[:6]]])
+    engine = pipeline.target
+    logits = engine.infer(ids, np.zeros(1, np.int64), engine.allocate_cache(1, ids.shape[1])).logits[0, -1]
+    assert found["position"] == 6 and (found["reference_token"], found["other_token"]) == (plain.token_ids[6], other[6])
+    assert found["margin"] == pytest.approx(float(logits[plain.token_ids[6]] - logits[other[6]]), abs=1e-5)
+    assert found["margin"] > 0  # greedy plain decoding chose the reference token: it led
