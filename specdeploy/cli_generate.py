@@ -78,10 +78,11 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
             results = _show(pipeline, prompts, config, batch_size)
             _stats_table(results)
         if compare:
-            plain = pipeline.generate(prompts, dataclasses.replace(config, drafter="none"), batch_size=batch_size)
+            plain_config = dataclasses.replace(config, drafter="none")
+            plain = pipeline.generate(prompts, plain_config, batch_size=batch_size)
             divergences = [] if not config.greedy else [
                 {"prompt": i, **d} for i, (prompt, a, b) in enumerate(zip(prompts, plain, results))
-                if (d := pipeline.first_divergence(prompt, a.token_ids, b.token_ids)) is not None]
+                if (d := pipeline.first_divergence(prompt, a.token_ids, b.token_ids, plain_config)) is not None]
             _comparison(results, plain, config, as_json, divergences)
     except (ConfigError, CapacityError, ContractError, ProviderError, EngineInputError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -15,7 +15,7 @@ from .cache import CapacityError, KVCache, plan_capacity
 from .config import ConfigError, GenerationConfig
 from .decoder import Generation, RowResult
 from .drafters import ModelDrafter, NoDrafter, PromptLookup
-from .forward import forward_rows
+from .forward import forward_one, forward_rows
 from .policies import make_policy
 from .telemetry import CycleRecord, summarize
 
@@ -168,24 +168,32 @@ class Pipeline:
                     result = self._result(row, run.prefill_seconds, config)
                     yield StreamChunk(result.text[len(shown):], new, result)
 
-    def first_divergence(self, prompt: str | Sequence[int], reference: Sequence[int], other: Sequence[int]) -> dict | None:
-        """Where greedy ``other`` leaves ``reference`` (both generated from ``prompt``), and the target's margin there.
+    def first_divergence(self, prompt: str | Sequence[int], reference: Sequence[int], other: Sequence[int],
+                         config: GenerationConfig) -> dict | None:
+        """Where greedy ``other`` leaves ``reference``, plain decoding's output of ``prompt`` under ``config``.
 
-        The margin is logit(reference token) - logit(other token), computed by the target over the
-        prompt and the tokens both share, in one prefill. A small margin is a near-tie that the
-        engine's arithmetic can tip (verifying K + 1 tokens at once is not bit-identical to decoding
-        one: README, Exactness); a large one points at a bug. None when neither leaves the other.
+        Returns the position and the margin logit(reference token) - logit(other token) as plain
+        decoding computed it: the target replays that request alone (prefill, then one token a call,
+        in a cache of the capacity the request planned: compressed kernels give slightly different
+        logits for other call shapes and capacities) up to the position. A small margin is a near-tie
+        that the engine's arithmetic can tip (verifying K + 1 tokens at once is not bit-identical to
+        decoding one: README, Exactness); a large one points at a bug. None when neither leaves the other.
         """
         position = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
         if position is None:
             return None
-        ids = np.concatenate([self.encode(prompt), np.asarray(reference[:position], np.int64)])[None]
-        cache = KVCache(self.target.allocate_cache(1, ids.shape[1]))
-        while cache.past_len[0] < ids.shape[1]:
-            logits, *_ = forward_rows(self.target, cache, ids, np.minimum(ids.shape[1], cache.past_len + PREFILL_CHUNK))
-        last = logits[0, -1]
+        prompt_ids = self.encode(prompt)
+        ids = np.concatenate([prompt_ids, np.asarray(reference[:position], np.int64)])[None]
+        prompt_end = len(prompt_ids) - 1  # plain decoding prefills all prompt tokens but the last
+        capacity = plan_capacity([len(prompt_ids)], config.max_new_tokens, config.k if config.speculative else 0,
+                                 self.target.spec.capacity)
+        cache = KVCache(self.target.allocate_cache(1, capacity))
+        while cache.past_len[0] < prompt_end:
+            forward_rows(self.target, cache, ids, np.minimum(prompt_end, cache.past_len + PREFILL_CHUNK))
+        for at in range(prompt_end, ids.shape[1]):
+            last, _ = forward_one(self.target, cache, ids[:, at])
         a, b = int(reference[position]), int(other[position])
-        return {"position": position, "reference_token": a, "other_token": b, "margin": float(last[a] - last[b])}
+        return {"position": position, "reference_token": a, "other_token": b, "margin": float(last[0, a] - last[0, b])}
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

@@ -125,15 +125,16 @@ def test_tampered_file_is_refused_before_loading(pair_dir, tmp_path):
 def test_first_divergence_reports_the_targets_own_margin(pipeline):
     import numpy as np
 
-    plain = pipeline.generate("w5 w6 w7", GenerationConfig(drafter="none", max_new_tokens=10, ignore_eos=True))[0]
-    assert pipeline.first_divergence("w5 w6 w7", plain.token_ids, plain.token_ids) is None
+    config = GenerationConfig(drafter="none", max_new_tokens=10, ignore_eos=True)
+    plain = pipeline.generate("w5 w6 w7", config)[0]
+    assert pipeline.first_divergence("w5 w6 w7", plain.token_ids, plain.token_ids, config) is None
     other = list(plain.token_ids)
     other[6] = (other[6] + 1) % tiny.VOCAB
-    found = pipeline.first_divergence("w5 w6 w7", plain.token_ids, other)
-    # the target itself, decoding the shared prefix: the plain token wins by exactly the margin reported
+    found = pipeline.first_divergence("w5 w6 w7", plain.token_ids, other, config)
+    # the target over the shared prefix in one call (fp32: the same logits as one token a call, to 1e-5)
     ids = np.array([[*pipeline.encode("w5 w6 w7"), *plain.token_ids[:6]]])
     engine = pipeline.target
     logits = engine.infer(ids, np.zeros(1, np.int64), engine.allocate_cache(1, ids.shape[1])).logits[0, -1]
     assert found["position"] == 6 and (found["reference_token"], found["other_token"]) == (plain.token_ids[6], other[6])
     assert found["margin"] == pytest.approx(float(logits[plain.token_ids[6]] - logits[other[6]]), abs=1e-5)
-    assert found["margin"] > 0  # greedy plain decoding chose the reference token: it led
+    assert found["margin"] > 0  # replayed as plain decoding ran it, the token plain decoding chose leads
