@@ -151,6 +151,8 @@ def main() -> None:
     parser.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts (first N)")
     parser.add_argument("--specbench", type=int, default=1, help="Spec-Bench prompts per category group")
     parser.add_argument("--ks", default="1,2,3,4,6,8")
+    parser.add_argument("--groups", default="", help="comma list of prompt groups to keep (humaneval, "
+                        "spec_bench/rag, ...); default all")
     parser.add_argument("--peer", type=int, default=0, help="prompts for transformers' assisted generation (slow)")
     parser.add_argument("--gguf-dir", type=Path, default=Path.home() / ".cache" / "specdeploy")
     parser.add_argument("--out", type=Path, default=None, help="write the per-prompt results as JSON")
@@ -161,6 +163,8 @@ def main() -> None:
     recorder = pipeline.target = LogitsRecorder(pipeline.target)
     grid = configs([int(k) for k in args.ks.split(",")])
     prompts = workload(args.humaneval, args.specbench)
+    if args.groups:
+        prompts = [(g, p) for g, p in prompts if g in args.groups.split(",")]
     for config in grid.values():  # warm-up: the first calls of a session allocate
         pipeline.generate(["def f(x):"], type(config)(**{**config.__dict__, "max_new_tokens": 8}))
     runs = {name: [] for name in grid}
