@@ -97,9 +97,12 @@ class OrtEngine(Engine):
         # The caches are preallocated and updated in place, so they stay bound across calls and are
         # rebound only when the runtime hands over other buffers (a new request, rows leaving).
         if len(call.bound) != len(cache) or any(a is not b for a, b in zip(call.bound, cache)):
-            for name, buf in zip(self.spec.inputs[2:], cache):
-                call.binding.bind_cpu_input(name, buf)
-            call.bound = list(cache)
+            cache = list(cache)
+            if len(call.bound) != len(cache) or not all(map(_same_memory, call.bound, cache)):
+                self._forget_other_caches(cache)
+                for name, buf in zip(self.spec.inputs[2:], cache):
+                    call.binding.bind_cpu_input(name, buf)
+            call.bound = cache
         call.binding.bind_cpu_input("input_ids", input_ids)
         call.binding.bind_cpu_input("past_len", past_len)
         self.session.run_with_iobinding(call.binding)
@@ -124,6 +127,20 @@ class OrtEngine(Engine):
             if len(calls) > REUSED_SHAPES:
                 calls.popitem(last=False)
         return call
+
+
+    def _forget_other_caches(self, cache) -> None:
+        """Drop this thread's bindings still bound to other caches: they would keep a finished request's
+        buffers (hundreds of MB on a real model) alive for as long as their shape goes unused."""
+        calls = self._local.calls
+        for shape, call in list(calls.items()):
+            if call.bound and not _same_memory(call.bound[0], cache[0]):
+                del calls[shape]
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Two array objects over the same buffer (views of one cache made apart, e.g. by iterating it)."""
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
 
 
 class _BoundCall:

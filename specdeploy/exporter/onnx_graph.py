@@ -180,7 +180,7 @@ def per_row_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     constants = {"per_row.axes": np.array([-1], np.int64), "per_row.eps": np.array(1e-12, np.float32),
                  "per_row.inv127": np.array(1 / 127, np.float32), "per_row.offset": np.array(128, np.float32)}
     initializers = [numpy_helper.from_array(value, name) for name, value in constants.items()]
-    rescale_after: dict[str, list[onnx.NodeProto]] = {}  # node name -> the per-row Mul to put after it
+    rescale_after: dict[int, list[onnx.NodeProto]] = {}  # id of a quantizer's rescaling Mul -> per-row Muls after it
     nodes = []
     for node in graph.node:
         if node.op_type != "DynamicQuantizeLinear":

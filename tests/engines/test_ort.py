@@ -69,3 +69,20 @@ def test_graph_disagreeing_with_manifest_is_refused(pair_dir):
     wrong = dataclasses.replace(manifest.target, num_layers=3)
     with pytest.raises(ProviderError, match="disagree with the manifest"):
         OrtEngine(pair_dir / "target.onnx", wrong)
+
+
+def test_a_finished_requests_caches_are_not_kept_alive(engine):
+    """Bindings are kept per call shape; once another cache is bound, none may still hold the old one."""
+    import gc
+    import weakref
+
+    old = engine.allocate_cache(2, 16)
+    old_buffers = list(old)
+    for tokens in (1, 3):  # two shapes, two bindings holding the old cache
+        engine.infer(np.ones((2, tokens), np.int64), np.array([0, 0]), old_buffers)
+    gone = weakref.ref(old)
+    del old, old_buffers
+    new = list(engine.allocate_cache(1, 16))
+    engine.infer(np.ones((1, 1), np.int64), np.array([0]), new)
+    gc.collect()
+    assert gone() is None
