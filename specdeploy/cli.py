@@ -30,7 +30,7 @@ def main():
               help="Weight and KV-cache dtype.")
 @click.option("--weights", type=click.Choice(["full", "int4", "int8"]), default="full", show_default=True,
               help="int4: 4-bit block-wise MatMul weights (ONNX Runtime's MatMulNBits); int8: per-channel int8 "
-                   "weights, activations quantized per call (ONNX Runtime's dynamic quantizer).")
+                   "weights, activations quantized per row (ONNX Runtime's dynamic quantizer, rewritten per row).")
 @click.option("--draft-weights", type=click.Choice(["full", "int4", "int8"]), default=None,
               help="Weight format of the draft (default: same as --weights).")
 @click.option("--capacity", type=click.IntRange(min=2), default=2048, show_default=True,

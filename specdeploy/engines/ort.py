@@ -128,7 +128,6 @@ class OrtEngine(Engine):
                 calls.popitem(last=False)
         return call
 
-
     def _forget_other_caches(self, cache) -> None:
         """Drop this thread's bindings still bound to other caches: they would keep a finished request's
         buffers (hundreds of MB on a real model) alive for as long as their shape goes unused."""

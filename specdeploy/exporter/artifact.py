@@ -39,7 +39,7 @@ def export_artifact(
 ) -> Manifest:
     """Export a target (and optionally a draft) checkpoint to a verify-v1 artifact dir at ``out``.
 
-    ``weights``: "full" or "int4" for the target; ``draft_weights`` defaults to the same.
+    ``weights``: "full", "int4" or "int8" for the target; ``draft_weights`` defaults to the same.
     ``block_size`` and ``accuracy_level`` tune ONNX Runtime's MatMulNBits quantizer (int4 only).
     ``isolate``: trace each model in a child process (default: for GGUF files and large checkpoints).
     Returns the manifest written. Raises ExportError on bad input, before writing anything.

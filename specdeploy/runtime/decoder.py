@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..contract import PREFILL_CHUNK
 from ..engines.base import Engine
 from .acceptance import greedy_accept, speculative_accept
 from .cache import KVCache, plan_capacity
 from .config import GenerationConfig
-from .forward import forward_rows
+from .forward import forward_rows, prefill
 from .policies import CycleOutcome
 from .sampling import penalize_positions, probabilities
 from .telemetry import CycleRecord
@@ -79,14 +78,14 @@ class Generation:
         """
         began = time.perf_counter()
         try:
-            self._prefill_cache(self.cache, self.tokens, self.lengths - 1)
+            prefill(self.target, self.cache, self.tokens, self.lengths - 1)
         except Exception:  # an engine fault: find the rows it belongs to
             failed = []
             for b, index in enumerate(self.active.tolist()):
                 single = self.cache.view(b)
                 single.past_len[:] = 0
                 try:
-                    self._prefill_cache(single, self.tokens[b : b + 1], self.lengths[b : b + 1] - 1)
+                    prefill(self.target, single, self.tokens[b : b + 1], self.lengths[b : b + 1] - 1)
                 except Exception as exc:
                     self.rows[index].finish_reason = "error"
                     self.rows[index].error = f"{type(exc).__name__}: {exc}"
@@ -95,10 +94,6 @@ class Generation:
             if failed:
                 self._leave(failed)
         return time.perf_counter() - began
-
-    def _prefill_cache(self, cache: KVCache, tokens: np.ndarray, goal: np.ndarray) -> None:
-        while np.any(cache.past_len < goal):
-            forward_rows(self.target, cache, tokens, np.minimum(goal, cache.past_len + PREFILL_CHUNK))
 
     def step(self) -> list[tuple[int, list[int]]]:
         """One cycle over the active rows. Returns (request index, newly committed token ids) per row.

@@ -68,13 +68,12 @@ class ModelDrafter(NoDrafter):
         """Write drafts into ``tokens`` [batch, width] at lengths[b] .. and return them with q."""
         began = time.perf_counter()
         batch = len(lengths)
-        rows = np.arange(batch)
         drafts = np.zeros((batch, k), np.int64)
         qs = []
         catchup = int((lengths - self.cache.past_len).max())
         logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths)
         # batch 1 feeds exactly the tokens it had not seen, so its last logits are the call's last
-        last = logits[:, -1] if batch == 1 else logits[rows, lengths - 1 - start]  # [batch, vocab]
+        last = logits[:, -1] if batch == 1 else logits[np.arange(batch), lengths - 1 - start]  # [batch, vocab]
         steps, made = 1, 0
         for i in range(k):
             if config.repetition_penalty != 1.0:

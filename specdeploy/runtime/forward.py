@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from ..contract import PREFILL_CHUNK
 from ..engines.base import Engine
 from .cache import KVCache
 
@@ -38,6 +39,12 @@ def forward_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: np.nd
     cache.stage(out.new_kv, start)
     cache.commit(ends)
     return out.logits, start, out.seconds, time.perf_counter() - began
+
+
+def prefill(engine: Engine, cache: KVCache, tokens: np.ndarray, goal: np.ndarray) -> None:
+    """Bring each row's cache up to ``goal[b]`` tokens of ``tokens``, in calls of at most PREFILL_CHUNK tokens."""
+    while np.any(cache.past_len < goal):
+        forward_rows(engine, cache, tokens, np.minimum(goal, cache.past_len + PREFILL_CHUNK))
 
 
 def forward_one(engine: Engine, cache: KVCache, next_tokens: np.ndarray):

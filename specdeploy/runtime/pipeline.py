@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..contract import PREFILL_CHUNK, ContractError, Manifest, tokenizer_fingerprint, verify_files
+from ..contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
 from ..engines import load_engine
 from .cache import CapacityError, KVCache, plan_capacity
 from .config import ConfigError, GenerationConfig
 from .decoder import Generation, RowResult
 from .drafters import ModelDrafter, NoDrafter, PromptLookup
-from .forward import forward_one, forward_rows
+from .forward import forward_one, prefill
 from .policies import make_policy
 from .telemetry import CycleRecord, summarize
 
@@ -188,8 +188,7 @@ class Pipeline:
         capacity = plan_capacity([len(prompt_ids)], config.max_new_tokens, config.k if config.speculative else 0,
                                  self.target.spec.capacity)
         cache = KVCache(self.target.allocate_cache(1, capacity))
-        while cache.past_len[0] < prompt_end:
-            forward_rows(self.target, cache, ids, np.minimum(prompt_end, cache.past_len + PREFILL_CHUNK))
+        prefill(self.target, cache, ids, np.array([prompt_end]))
         for at in range(prompt_end, ids.shape[1]):
             last, _ = forward_one(self.target, cache, ids[:, at])
         a, b = int(reference[position]), int(other[position])

@@ -112,11 +112,8 @@ class CostModel:
     def _catchup_pays(self) -> bool:
         """Would the best K, all at ``optimism``, save more than the catch-up costs over the tokens to come?"""
         seconds, tokens, ratio = self.catchup
-        v1 = self.verify[1]
-        k = np.arange(self.k_max + 1)
-        expected = np.cumsum(np.concatenate([[1.0], self.optimism ** k[1:]]))  # E[tokens | K]
-        cost = k * ratio * v1 + v1 * (1 + 0.1 * k)  # draft steps + verification (10 % a token, as below)
-        best = float((expected / cost).max())
+        v1 = self.verify[1]  # the only cost measured yet: verify_cost extrapolates from it
+        best = float(self.expected_rate(np.full(self.k_max, self.optimism), ratio * v1).max())
         # The estimate scales the target's prefill by the parameter ratio; on the Qwen pair the draft's
         # catch-up took 0.75 of the target's prefill for a ratio of 0.35 (int4 kernels prefill slower per
         # parameter than int8 GEMM): the saving must repay the estimate twice over.
@@ -147,11 +144,11 @@ class CostModel:
         slope, base = np.polyfit(t, v, 1)
         return max(base + slope * tokens, min(v))
 
-    def expected_rate(self) -> np.ndarray:
-        """Expected tokens per second for K = 0..k_max.  # [k_max + 1]"""
-        survive = np.concatenate([[1.0], np.cumprod(self.acceptance())])  # P(first j drafts accepted)
+    def expected_rate(self, acceptance: np.ndarray | None = None, draft_step: float | None = None) -> np.ndarray:
+        """Expected tokens per second for K = 0..k_max (from the estimates, or the ones given).  # [k_max + 1]"""
+        survive = np.concatenate([[1.0], np.cumprod(self.acceptance() if acceptance is None else acceptance)])
         tokens = np.cumsum(survive)  # E[tokens | K] = sum_{j=0..K} survive_j
-        step = self.draft_step or 0.0
+        step = (self.draft_step if draft_step is None else draft_step) or 0.0
         cost = np.array([k * step + self.verify_cost(k + 1) for k in range(self.k_max + 1)])
         return tokens / cost
 
