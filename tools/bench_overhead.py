@@ -3,8 +3,10 @@
 Exports tiny random Llama models (a target and a perturbed copy as draft), then runs greedy and
 sampled speculative decoding at batch 1 and 8 and reports, per cycle, wall time minus the time
 inside engine calls (each engine is wrapped by a timer). Target: <= 50 us per cycle at batch 1.
+Also printed: the part of engine time spent in ``Engine.infer``'s input checks, not in the backend.
 
-    python tools/bench_overhead.py [--cycles 2000] [--k 4] [--engine ort|instant]
+    python tools/bench_overhead.py [--cycles 2000] [--k 4] [--engine ort|instant] [--drafters model]
+        [--temperatures 0] [--batches 1]
 
 ``--engine instant`` swaps ONNX Runtime for engines that return ready outputs at once: the
 runtime's own cost, without what each real call leaves behind in the CPU's caches.
@@ -26,7 +28,7 @@ class TimedEngine:
     """Delegates to an engine and adds up the seconds spent inside its calls."""
 
     def __init__(self, engine):
-        self.engine, self.spent = engine, 0.0
+        self.engine, self.spent, self.backend = engine, 0.0, 0.0
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
@@ -35,6 +37,7 @@ class TimedEngine:
         began = time.perf_counter()
         out = self.engine.infer(*args)
         self.spent += time.perf_counter() - began
+        self.backend += out.seconds  # the backend's own part; the rest is Engine.infer's input checks
         return out
 
 
@@ -73,6 +76,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--engine", choices=["ort", "instant"], default="ort",
                         help="instant: engines that return at once (random logits), the runtime's own cost")
+    parser.add_argument("--drafters", default="model,prompt-lookup", help="comma-separated drafters to measure")
+    parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures (0: greedy)")
+    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,10 +88,10 @@ def main() -> None:
         pipeline.draft = TimedEngine(wrap(pipeline.draft))
         print(f"tiny llama pair (vocab {tiny.VOCAB}), k={args.k}, {args.engine} engines, "
               "overhead = cycle wall time - engine time")
-        for drafter in ("model", "prompt-lookup"):
-            for temperature in (0.0, 1.0):
-                for batch in (1, 8):
-                    per_cycle = []
+        for drafter in args.drafters.split(","):
+            for temperature in map(float, args.temperatures.split(",")):
+                for batch in map(int, args.batches.split(",")):
+                    per_cycle, checks = [], []
                     gen = GenerationConfig(k=args.k, drafter=drafter, temperature=temperature, seed=0,
                                            max_new_tokens=200, ignore_eos=True)
                     cycles = 0
@@ -93,15 +99,19 @@ def main() -> None:
                         run = pipeline.start(["w5 w6 w7 w8 w5 w6"] * batch, gen)
                         while not run.done:
                             engines = pipeline.target.spent + pipeline.draft.spent
+                            backends = pipeline.target.backend + pipeline.draft.backend
                             began = time.perf_counter()
                             run.step()
                             wall = time.perf_counter() - began
-                            per_cycle.append(wall - (pipeline.target.spent + pipeline.draft.spent - engines))
+                            inside = pipeline.target.spent + pipeline.draft.spent - engines
+                            per_cycle.append(wall - inside)
+                            checks.append(inside - (pipeline.target.backend + pipeline.draft.backend - backends))
                             cycles += 1
                     median = statistics.median(per_cycle) * 1e6
                     mean = statistics.fmean(per_cycle) * 1e6
                     print(f"drafter={drafter:<13} temperature={temperature} batch={batch}: overhead per cycle "
-                          f"median {median:6.1f} us, mean {mean:6.1f} us ({cycles} cycles)", flush=True)
+                          f"median {median:6.1f} us, mean {mean:6.1f} us ({cycles} cycles); engines' input checks "
+                          f"{statistics.median(checks) * 1e6:5.1f} us", flush=True)
 
 
 if __name__ == "__main__":

@@ -27,12 +27,25 @@ def greedy_accept(target_argmax: np.ndarray, drafts: np.ndarray) -> tuple[np.nda
     target_argmax: [batch, K + 1] int; drafts: [batch, K] int.
     Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
     """
-    drafts = np.asarray(drafts, dtype=np.int64)
     k = drafts.shape[1]
     accepted = (drafts == target_argmax[:, :k]).cumprod(axis=1).sum(axis=1)  # [batch]
     # accepted drafts equal the target's argmax, so every emitted token is the argmax at its position
     keep = np.arange(k + 1) <= accepted[:, None]  # [batch, K + 1]
     return accepted, np.where(keep, target_argmax, PAD)
+
+
+def greedy_accept_row(target_argmax: list[int], drafts: list[int]) -> int:
+    """``greedy_accept`` for one row, on Python ints: how many leading drafts equal the target's argmax.
+
+    target_argmax: K + 1 ints; drafts: K ints. The row emits target_argmax[:accepted + 1]. For batch 1,
+    the latency case, where a handful of NumPy calls on tiny arrays costs more than the loop.
+    """
+    accepted = 0
+    for draft, target in zip(drafts, target_argmax):
+        if draft != target:
+            break
+        accepted += 1
+    return accepted
 
 
 def speculative_accept(

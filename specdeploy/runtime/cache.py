@@ -45,9 +45,10 @@ class KVCache:
 
     def stage(self, new_kv, start: np.ndarray) -> None:
         """Write new K/V (2 * layers of [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
-        new_kv = np.asarray(new_kv)  # engines may return a list; ONNX Runtime returns one stacked array
+        if not isinstance(new_kv, np.ndarray):  # engines may return a list; ONNX Runtime returns one stacked array
+            new_kv = np.asarray(new_kv)
         tokens = new_kv.shape[3]
-        s = int(start[0])
+        s = start.item(0)
         if len(start) == 1 or (start == s).all():
             self.stacked[:, :, :, s : s + tokens] = new_kv  # every layer in one copy
             return
@@ -55,8 +56,18 @@ class KVCache:
             self.stacked[:, b, :, s : s + tokens] = new_kv[:, b]
 
     def commit(self, lengths: np.ndarray) -> None:
-        """Move each row's valid prefix to ``lengths`` [batch]."""
+        """Move each row's valid prefix to ``lengths`` [batch].
+
+        The array is kept, not copied: arrays of lengths are replaced, never written into (here, in
+        the decoder and the drafters), so a caller or a snapshot may hold the same one.
+        """
         self.past_len = np.asarray(lengths, dtype=np.int64)
+
+    def commit_row(self, row: int, length: int) -> None:
+        """Move one row's valid prefix to ``length``, in a new array (see ``commit``)."""
+        past = self.past_len.copy()
+        past[row] = length
+        self.past_len = past
 
     def select(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (finished rows leave the batch)."""

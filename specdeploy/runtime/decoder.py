@@ -6,6 +6,12 @@ One cycle, for every active row b with L_b committed tokens x[0:L_b]:
   acceptance keeps n_b drafts and emits one recovered or bonus token,
   the target's past_len moves to L_b + n_b, the draft's to what it has seen of the new prefix.
 Rows accept different numbers of tokens in the same call; finished rows leave the batch.
+
+Per-cycle bookkeeping (lengths, positions) runs on Python ints and builds arrays only where an
+engine or a cache needs one. Batch 1 is the latency case, and after each engine call the CPU's
+caches are cold: measured here, the first call of each distinct NumPy routine (a ufunc, a
+reduction, an indexing path) then costs 1-2 us, three array constructions 1.7 us, three different
+routines 3.5 us. ``tools/bench_overhead.py`` measures the whole cycle.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engines.base import Engine
-from .acceptance import greedy_accept, speculative_accept
+from .acceptance import greedy_accept, greedy_accept_row, speculative_accept
 from .cache import KVCache, plan_capacity
 from .config import GenerationConfig
 from .forward import forward_rows, prefill
@@ -44,6 +50,7 @@ class Generation:
                  request_ids: list[str], stop_check=None, k_limit: int | None = None):
         self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
         self.stop_check = stop_check  # (row result) -> number of tokens to keep, or None to go on
+        self.policy_learns = getattr(policy, "learns", True)  # a policy without the attribute is told everything
         self.k_cap = config.k if config.speculative else 0
         limit = target.spec.capacity if k_limit is None else k_limit
         self.capacity = plan_capacity([len(p) for p in prompts], config.max_new_tokens, self.k_cap, limit)
@@ -83,14 +90,14 @@ class Generation:
             failed = []
             for b, index in enumerate(self.active.tolist()):
                 single = self.cache.view(b)
-                single.past_len[:] = 0
+                single.commit(np.zeros(1, np.int64))
                 try:
                     prefill(self.target, single, self.tokens[b : b + 1], self.lengths[b : b + 1] - 1)
                 except Exception as exc:
                     self.rows[index].finish_reason = "error"
                     self.rows[index].error = f"{type(exc).__name__}: {exc}"
                     failed.append(b)
-                self.cache.past_len[b] = single.past_len[0]
+                self.cache.commit_row(b, int(single.past_len[0]))
             if failed:
                 self._leave(failed)
         return time.perf_counter() - began
@@ -116,7 +123,8 @@ class Generation:
         drafter_cache = getattr(self.drafter, "cache", None)
         # greedy decoding draws nothing, so only sampled runs need their generators' states
         states = None if self.config.greedy else [self.rngs[i].bit_generator.state for i in self.active]
-        return (self.cache.past_len.copy(), None if drafter_cache is None else drafter_cache.past_len.copy(), states)
+        # past_len arrays are replaced, never written into (KVCache.commit), so holding them is a snapshot
+        return (self.cache.past_len, None if drafter_cache is None else drafter_cache.past_len, states)
 
     def _restore(self, snapshot) -> None:
         target_past, draft_past, rng_states = snapshot
@@ -141,7 +149,9 @@ class Generation:
                 committed.append((index, []))
                 finished.append(b)
                 continue
-            self.lengths[b], self.cache.past_len[b] = row.lengths[0], row.cache.past_len[0]
+            self.lengths = self.lengths.copy()  # never written into: a cache may hold this array (KVCache.commit)
+            self.lengths[b] = row.lengths[0]
+            self.cache.commit_row(b, int(row.cache.past_len[0]))
             self.drafter.adopt(b, row.drafter)
             committed += new
             finished += [b] if done else []
@@ -149,43 +159,51 @@ class Generation:
         return committed, finished
 
     def _cycle(self):
-        config, batch = self.config, len(self.active)
-        remaining = [config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active.tolist()]
+        config, batch, active = self.config, len(self.active), self.active.tolist()
+        lengths = self.lengths.tolist()  # committed tokens per row; bookkeeping on Python ints (module docstring)
+        remaining = [config.max_new_tokens - len(self.rows[i].token_ids) for i in active]
         k = min(self.policy.next_k() if self.k_cap else 0, self.k_cap, max(remaining) - 1)
         proposal = self.drafter.propose(self.tokens, self.lengths, k, config, None if config.greedy else self._rngs(),
                                         self.policy.confidence_threshold) if k > 0 else None
         k = proposal.drafts.shape[1] if proposal else 0
         drafts = proposal.drafts if proposal else np.zeros((batch, 0), np.int64)
 
-        logits, _, verify_s, cache_s = forward_rows(self.target, self.cache, self.tokens, self.lengths + k)
+        ends = np.array([length + k for length in lengths])  # [batch]
+        logits, _, verify_s, cache_s = forward_rows(self.target, self.cache, self.tokens, ends)
         began = time.perf_counter()
         if config.repetition_penalty != 1.0:
             logits = np.stack([penalize_positions(logits[b], self.tokens[b, : self.lengths[b]], drafts[b],
                                                   config.repetition_penalty) for b in range(batch)])
-        if config.greedy:
-            accepted, emitted = greedy_accept(logits.argmax(-1), drafts)
+        if config.greedy and batch == 1:  # the latency case: the same rule on Python ints
+            target_row = logits.argmax(-1).tolist()[0]  # K + 1 ints
+            accepted_rows, emitted_rows = [greedy_accept_row(target_row, drafts.tolist()[0])], [target_row]
         else:
-            accepted, emitted = speculative_accept(probabilities(logits, config), proposal.q if proposal else None,
-                                                   drafts, self._rngs())
+            if config.greedy:
+                accepted, emitted = greedy_accept(logits.argmax(-1), drafts)
+            else:
+                accepted, emitted = speculative_accept(probabilities(logits, config), proposal.q if proposal else None,
+                                                       drafts, self._rngs())
+            accepted_rows, emitted_rows = accepted.tolist(), emitted.tolist()  # row b emits emitted_rows[b][: n + 1]
         accept_s = time.perf_counter() - began
 
         began = time.perf_counter()
-        old_lengths = self.lengths
-        seen = old_lengths + accepted  # the target has now seen x[0:L] and the accepted drafts
-        accepted_rows, emitted_rows = accepted.tolist(), emitted.tolist()
-        for b, (at, n) in enumerate(zip(seen.tolist(), accepted_rows)):
-            self.tokens[b, at] = emitted_rows[b][n]  # the recovered or bonus token
-        self.cache.commit(seen)
-        self.drafter.commit(old_lengths, accepted)
-        self.lengths = seen + 1
+        # the target has now seen x[0:L] and the accepted drafts; the token after them is the recovered or bonus one
+        seen = [length + n for length, n in zip(lengths, accepted_rows)]
+        for b, (at, n) in enumerate(zip(seen, accepted_rows)):
+            self.tokens[b, at] = emitted_rows[b][n]
+        self.cache.commit(np.array(seen))
+        self.drafter.commit(seen)
+        self.lengths = np.array([at + 1 for at in seen])
         cache_s += time.perf_counter() - began
 
         draft_s = proposal.seconds if proposal else 0.0
-        self.policy.observe(CycleOutcome(k, accepted, draft_s, proposal.steps if proposal else 0, verify_s, k + 1,
-                                         proposal.catchup if proposal else 1))
+        if self.policy_learns:
+            self.policy.observe(CycleOutcome(k, accepted_rows, draft_s, proposal.steps if proposal else 0, verify_s,
+                                             k + 1, proposal.catchup if proposal else 1))
         committed, finished = [], []
         now = time.perf_counter() - self.decode_started
-        for b, (index, n, tokens) in enumerate(zip(self.active.tolist(), accepted_rows, emitted_rows)):
+        shares = draft_s / batch, verify_s / batch, accept_s / batch, cache_s / batch  # of the batch's calls
+        for b, (index, n, tokens) in enumerate(zip(active, accepted_rows, emitted_rows)):
             row = self.rows[index]
             new = self._truncate(row, tokens[: n + 1], remaining[b])
             row.token_ids += new
@@ -193,22 +211,17 @@ class Generation:
             if row.finish_reason:
                 finished.append(b)
             committed.append((index, new))
-            row.records.append(CycleRecord(
-                request_id=row.request_id, cycle=self.cycle, k=k, accepted=n,
-                rejected_at=n + 1 if n < k else None,
-                final="plain" if k == 0 else ("bonus" if n == k else "recovered"),
-                emitted=len(new), draft_s=draft_s / batch, verify_s=verify_s / batch,
-                accept_s=accept_s / batch, cache_s=cache_s / batch, batch_size=batch,
-            ))
+            final = "plain" if k == 0 else ("bonus" if n == k else "recovered")
+            row.records.append(CycleRecord(row.request_id, self.cycle, k, n, n + 1 if n < k else None, final, len(new),
+                                           *shares, batch))
         self.cycle += 1
         return committed, finished
 
     def _truncate(self, row: RowResult, new: list[int], remaining: int) -> list[int]:
         """Cut a row's new tokens at EOS, max_new_tokens or a stop string, and say why it finished."""
-        for i, token in enumerate(new):
-            if token in self.eos:
-                new, row.finish_reason = new[: i + 1], "eos"
-                break
+        if not self.eos.isdisjoint(new):
+            end = next(i for i, token in enumerate(new) if token in self.eos)
+            new, row.finish_reason = new[: end + 1], "eos"
         if len(new) >= remaining:
             del new[remaining:]
             row.finish_reason = row.finish_reason or "length"

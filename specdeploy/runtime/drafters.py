@@ -16,7 +16,7 @@ from .sampling import penalize, probabilities, sample
 
 @dataclass
 class Proposal:
-    drafts: np.ndarray  # [batch, k] int64
+    drafts: np.ndarray  # [batch, k] int64; may be a view of the token buffer (valid until the cycle commits)
     q: np.ndarray | None  # [batch, k, vocab] proposal distributions; None: deterministic (one-hot)
     seconds: float  # drafting time, engine calls and their bookkeeping
     steps: int  # draft engine calls
@@ -34,7 +34,7 @@ class NoDrafter:
     def propose(self, tokens, lengths, k, config, rngs, threshold=None) -> Proposal:
         return Proposal(np.zeros((len(lengths), 0), np.int64), None, 0.0, 0)
 
-    def commit(self, old_lengths: np.ndarray, accepted: np.ndarray) -> None:
+    def commit(self, valid: list[int]) -> None:
         """Nothing to roll back."""
 
     def select(self, rows: np.ndarray) -> None:
@@ -66,43 +66,84 @@ class ModelDrafter(NoDrafter):
 
     def propose(self, tokens, lengths, k, config: GenerationConfig, rngs, threshold=None) -> Proposal:
         """Write drafts into ``tokens`` [batch, width] at lengths[b] .. and return them with q."""
+        if len(lengths) == 1 and config.greedy and config.repetition_penalty == 1.0:
+            return self._propose_greedy_row(tokens, lengths, k, threshold)
+        return self._propose_rows(tokens, lengths, k, config, rngs, threshold)
+
+    def _propose_rows(self, tokens, lengths, k, config: GenerationConfig, rngs, threshold=None) -> Proposal:
+        """The general path: any batch, ragged lengths, sampling, repetition penalty."""
         began = time.perf_counter()
         batch = len(lengths)
-        drafts = np.zeros((batch, k), np.int64)
-        qs = []
-        catchup = int((lengths - self.cache.past_len).max())
         logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths)
+        catchup = logits.shape[1]  # the call fed as many tokens as the row furthest behind needed
         # batch 1 feeds exactly the tokens it had not seen, so its last logits are the call's last
-        last = logits[:, -1] if batch == 1 else logits[np.arange(batch), lengths - 1 - start]  # [batch, vocab]
-        steps, made = 1, 0
+        last = logits[:, -1:] if batch == 1 else logits[np.arange(batch), lengths - 1 - start][:, None]  # [batch, 1, vocab]
+        columns, qs = [], []  # per draft position: [batch, 1] tokens, [batch, vocab] q
         for i in range(k):
             if config.repetition_penalty != 1.0:
-                last = np.stack([penalize(last[b], np.concatenate([tokens[b, : lengths[b]], drafts[b, :i]]),
-                                          config.repetition_penalty) for b in range(batch)])
+                so_far = np.concatenate(columns, axis=1) if columns else np.zeros((batch, 0), np.int64)
+                last = np.stack([penalize(last[b, 0], np.concatenate([tokens[b, : lengths[b]], so_far[b]]),
+                                          config.repetition_penalty) for b in range(batch)])[:, None]
             if config.greedy:
                 # greedy needs no distribution, only its top probability when a threshold asks for it
                 if threshold is not None and _top_probability(last).max() < threshold:
                     break
-                drafts[:, i] = last.argmax(-1)
+                column = last.argmax(-1)  # [batch, 1], the next call's input as it is
             else:
-                q = probabilities(last, config)  # [batch, vocab]
+                q = probabilities(last[:, 0], config)  # [batch, vocab]
                 if threshold is not None and q.max(-1).max() < threshold:
                     break  # no row is confident enough to make another draft worth verifying
-                drafts[:, i] = [sample(q[b], rngs[b]) for b in range(batch)]
+                column = np.array([[sample(q[b], rngs[b])] for b in range(batch)], np.int64)
                 qs.append(q)
-            made += 1
+            columns.append(column)
             if i + 1 < k:
-                last, _ = forward_one(self.engine, self.cache, drafts[:, i])
-                steps += 1
-        drafts = drafts[:, :made]
-        for b, length in enumerate(lengths.tolist()):  # the verify call reads them there
-            tokens[b, length : length + made] = drafts[b]
+                last, _ = forward_one(self.engine, self.cache, column)
+        drafts = np.concatenate(columns, axis=1) if columns else np.zeros((batch, 0), np.int64)  # [batch, made]
+        made = drafts.shape[1]
+        if batch == 1:  # the verify call reads them there
+            at = lengths.item(0)
+            tokens[:, at : at + made] = drafts
+        else:
+            for b, at in enumerate(lengths.tolist()):
+                tokens[b, at : at + made] = drafts[b]
         q_all = np.stack(qs, axis=1) if qs else None
+        steps = 1 + min(made, k - 1)  # the catch-up call, then one call per draft but the last
         return Proposal(drafts, q_all, time.perf_counter() - began, steps, catchup)
 
-    def commit(self, old_lengths: np.ndarray, accepted: np.ndarray) -> None:
-        """The draft's K/V stays valid for committed tokens and the accepted drafts it has seen."""
-        self.cache.commit(np.minimum(self.cache.past_len, old_lengths + accepted))
+    def _propose_greedy_row(self, tokens, lengths, k, threshold) -> Proposal:
+        """``propose`` for one row under greedy decoding, the latency case, in fewer NumPy calls.
+
+        The same engine calls with the same inputs as the general path (a test holds them equal), but
+        each draft's argmax is written straight into ``tokens``, where the next draft call and the
+        verify call read it, and positions are Python ints: after every engine call the CPU's caches
+        are cold, and each NumPy call then costs microseconds.
+        """
+        began = time.perf_counter()
+        cache, engine = self.cache, self.engine
+        seen, at = cache.past_len.item(0), lengths.item(0)
+        # every draft's slot in the token buffer and its call's past_len, made before the first call:
+        # between calls then only an argmax and the staging copy run
+        slots = [tokens[:, i : i + 1] for i in range(at, at + k)]  # [1, 1] views
+        pasts = [np.array([i]) for i in range(at, at + k - 1)]
+        out = engine.infer(tokens[:, seen:at], cache.past_len, cache.buffers)  # catch up on what it has not seen
+        cache.stacked[:, :, :, seen:at] = out.new_kv
+        logits, made = out.logits[:, -1:], 0  # [1, 1, vocab]
+        while made < k:
+            if threshold is not None and _top_probability(logits).max() < threshold:
+                break
+            logits.argmax(-1, out=slots[made])
+            made += 1
+            if made < k:
+                out = engine.infer(slots[made - 1], pasts[made - 1], cache.buffers)
+                cache.stacked[:, :, :, at + made - 1 : at + made] = out.new_kv
+                logits = out.logits
+        steps = 1 + min(made, k - 1)  # the catch-up call, then one call per draft but the last
+        cache.commit(np.array([at + steps - 1]))
+        return Proposal(tokens[:, at : at + made], None, time.perf_counter() - began, steps, at - seen)
+
+    def commit(self, valid: list[int]) -> None:
+        """Tokens x[0:valid[b]] stand (the verified prefix); the draft's K/V beyond them is discarded."""
+        self.cache.commit(np.array([min(seen, v) for seen, v in zip(self.cache.past_len.tolist(), valid)]))
 
     def select(self, rows: np.ndarray) -> None:
         self.cache.select(rows)
@@ -113,7 +154,7 @@ class ModelDrafter(NoDrafter):
         return single
 
     def adopt(self, row: int, single: ModelDrafter) -> None:
-        self.cache.past_len[row] = single.cache.past_len[0]
+        self.cache.commit_row(row, int(single.cache.past_len[0]))
 
     def cost_ratio(self, target_spec) -> float:
         """Parameters of the draft over the target's: what a token costs each, to a first estimate."""
@@ -140,14 +181,15 @@ class PromptLookup(NoDrafter):
 
     def propose(self, tokens, lengths, k, config, rngs, threshold=None) -> Proposal:
         began = time.perf_counter()
-        found = [self._lookup(tokens[b, : lengths[b]], k) for b in range(len(lengths))]
+        rows = lengths.tolist()
+        found = [self._lookup(tokens[b, :length], k) for b, length in enumerate(rows)]
         made = max(len(f) for f in found)
-        drafts = np.zeros((len(lengths), made), np.int64)
-        for b, cont in enumerate(found):
-            # rows without a (long enough) match repeat their last token: any proposal is lossless
-            filler = cont[-1] if len(cont) else tokens[b, lengths[b] - 1]
-            drafts[b] = np.concatenate([cont, np.full(made - len(cont), filler)])
-            tokens[b, lengths[b] : lengths[b] + made] = drafts[b]
+        drafts = np.empty((len(rows), made), np.int64)
+        for b, (length, cont) in enumerate(zip(rows, found)):
+            drafts[b, : len(cont)] = cont
+            if len(cont) < made:  # rows without a (long enough) match repeat their last token: any proposal is lossless
+                drafts[b, len(cont) :] = cont[-1] if len(cont) else tokens[b, length - 1]
+            tokens[b, length : length + made] = drafts[b]
         return Proposal(drafts, None, time.perf_counter() - began, 0)
 
     def _lookup(self, seq: np.ndarray, k: int) -> np.ndarray:

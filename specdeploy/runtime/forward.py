@@ -23,8 +23,8 @@ def forward_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: np.nd
     """
     past = cache.past_len
     if len(past) == 1:  # batch 1, the latency case: plain ints and one slice
-        first, last = int(past[0]), int(ends[0])
-        start, input_ids = past, tokens[:, first:last]
+        first, last = past.item(0), ends.item(0)
+        start, input_ids = past, tokens[:, first:last]  # a slice of one C-contiguous row: contiguous
     else:
         tokens_per_row = int((ends - past).max())
         start = np.maximum(0, np.minimum(past, ends - tokens_per_row))  # [batch]
@@ -34,7 +34,8 @@ def forward_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: np.nd
         else:
             index = np.minimum(start[:, None] + np.arange(tokens_per_row)[None, :], tokens.shape[1] - 1)
             input_ids = np.take_along_axis(tokens, index, axis=1)  # [batch, T]
-    out = engine.infer(np.ascontiguousarray(input_ids), start, cache.buffers)
+        input_ids = np.ascontiguousarray(input_ids)
+    out = engine.infer(input_ids, start, cache.buffers)
     began = time.perf_counter()
     cache.stage(out.new_kv, start)
     cache.commit(ends)
@@ -50,10 +51,12 @@ def prefill(engine: Engine, cache: KVCache, tokens: np.ndarray, goal: np.ndarray
 def forward_one(engine: Engine, cache: KVCache, next_tokens: np.ndarray):
     """One new token per row at each row's past_len (the drafting step): no ragged bookkeeping.
 
-    next_tokens: [batch]. Returns logits [batch, vocab] and the engine's seconds.
+    next_tokens: [batch, 1] int64, C-contiguous (what ``argmax(-1)`` of the previous logits gives).
+    Returns logits [batch, 1, vocab] (as the engine gave them: the argmax is the next call's input)
+    and the engine's seconds.
     """
     past = cache.past_len
-    out = engine.infer(np.ascontiguousarray(next_tokens[:, None]), past, cache.buffers)
+    out = engine.infer(next_tokens, past, cache.buffers)
     cache.stage(out.new_kv, past)
     cache.past_len = past + 1
-    return out.logits[:, 0], out.seconds
+    return out.logits, out.seconds

@@ -190,9 +190,9 @@ class Pipeline:
         cache = KVCache(self.target.allocate_cache(1, capacity))
         prefill(self.target, cache, ids, np.array([prompt_end]))
         for at in range(prompt_end, ids.shape[1]):
-            last, _ = forward_one(self.target, cache, ids[:, at])
+            last, _ = forward_one(self.target, cache, np.ascontiguousarray(ids[:, at : at + 1]))
         a, b = int(reference[position]), int(other[position])
-        return {"position": position, "reference_token": a, "other_token": b, "margin": float(last[0, a] - last[0, b])}
+        return {"position": position, "reference_token": a, "other_token": b, "margin": float(last[0, 0, a] - last[0, 0, b])}
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

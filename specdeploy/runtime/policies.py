@@ -2,11 +2,12 @@
 
 Each policy is a two-method object (``next_k``, ``observe``), testable without a model.
 Capabilities are attributes: ``confidence_threshold`` (None: draft all k) tells the drafter when
-to stop early.
+to stop early; ``learns`` (False: ``observe`` does nothing) spares the decoder building outcomes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ class CycleOutcome:
     """What a policy observes after one cycle of a batch."""
 
     proposed: int  # drafts verified this cycle (K; 0 for a plain decode step)
-    accepted: np.ndarray  # [batch] accepted drafts per row
+    accepted: Sequence[int]  # accepted drafts per row
     draft_seconds: float  # whole cycle's drafting time
     draft_steps: int  # draft engine calls made
     verify_seconds: float  # the target call
@@ -29,6 +30,7 @@ class FixedK:
     """Always draft k tokens."""
 
     confidence_threshold = None
+    learns = False
 
     def __init__(self, k: int):
         self.k = k
@@ -52,6 +54,7 @@ class Heuristic:
     """transformers' schedule: +2 after a fully accepted block, -1 otherwise, within [1, k_max]."""
 
     confidence_threshold = None
+    learns = True
 
     def __init__(self, k_max: int, start: int | None = None):
         self.k_max = k_max
@@ -63,7 +66,7 @@ class Heuristic:
     def observe(self, outcome: CycleOutcome) -> None:
         if outcome.proposed == 0:
             return
-        if np.all(outcome.accepted == outcome.proposed):
+        if all(n == outcome.proposed for n in outcome.accepted):
             self.k = min(self.k + 2, self.k_max)
         else:
             self.k = max(self.k - 1, 1)
@@ -89,6 +92,7 @@ class CostModel:
     optimism = 0.8  # acceptance assumed per position when judging a catch-up before any was measured
 
     confidence_threshold = None
+    learns = True
 
     def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float = 0.5,
                  probe_every: int = 16):
@@ -180,7 +184,7 @@ class CostModel:
         if k > 0:
             self.tried *= self.decay
             self.kept *= self.decay
-            for n in np.asarray(outcome.accepted):
+            for n in outcome.accepted:
                 reached = min(int(n) + 1, k)  # drafts 1..n accepted, n + 1 rejected (if it exists)
                 self.tried[1 : reached + 1] += 1
                 self.kept[1 : int(n) + 1] += 1

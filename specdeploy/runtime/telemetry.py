@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 
-@dataclass
+@dataclass(slots=True)
 class CycleRecord:
     request_id: str
     cycle: int

@@ -56,6 +56,24 @@ def test_bad_inputs_name_the_tensor(engine, mutate, match):
     assert engine.infer(ids, past, cache).logits.shape == (2, 3, 128)  # still usable
 
 
+def test_checks_hold_after_a_cache_has_passed(engine):
+    """Cache tensors that passed are not re-checked while the same ones come back; anything else is."""
+    buffers = list(engine.allocate_cache(2, 80))
+    engine.infer(np.ones((2, 1), np.int64), np.array([0, 0]), buffers)
+    expected = r"cache_key.0 \| received float32 \(2, 2, 80, 8\); expected float32 \(1, 2, 80, 8\)"
+    with pytest.raises(EngineInputError, match=expected):
+        engine.infer(np.ones((1, 1), np.int64), np.array([0]), buffers)  # the same tensors, another batch
+    swapped = [*buffers[:3], buffers[3].astype(np.float16)]
+    with pytest.raises(EngineInputError, match=r"cache_value.1 \| received float16"):
+        engine.infer(np.ones((2, 1), np.int64), np.array([0, 0]), swapped)
+    long_ids = np.ones((2, 40), np.int64)  # 80 ids: the NumPy range check
+    long_ids[1, 7] = 128
+    with pytest.raises(EngineInputError, match=r"input_ids range \[1, 128\] outside the vocabulary"):
+        engine.infer(long_ids, np.array([0, 0]), buffers)
+    with pytest.raises(EngineInputError, match=r"input_ids range \[-1, 1\]"):
+        engine.infer(np.array([[1, -1]]), np.array([0]), [b[:1] for b in buffers])
+
+
 def test_unavailable_provider_fails_loudly(pair_dir):
     manifest = Manifest.read(pair_dir)
     with pytest.raises(ProviderError, match="'cuda' .* not available"):

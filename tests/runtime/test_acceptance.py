@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdeploy.runtime.acceptance import PAD, greedy_accept, speculative_accept
+from specdeploy.runtime.acceptance import PAD, greedy_accept, greedy_accept_row, speculative_accept
 
 
 def test_greedy_exact_cases():
@@ -39,6 +39,8 @@ def test_greedy_agrees_with_reference(batch, k, vocab, seed):
     ref_accepted, ref_emitted = _reference_greedy(target, drafts)
     np.testing.assert_array_equal(accepted, ref_accepted)
     np.testing.assert_array_equal(emitted, ref_emitted)
+    # the one-row rule on Python ints (batch 1) agrees row by row
+    assert [greedy_accept_row(t, d) for t, d in zip(target.tolist(), drafts.tolist())] == ref_accepted.tolist()
 
 
 @settings(max_examples=200, deadline=None)

@@ -11,6 +11,7 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import ContractError
 from specdeploy.runtime.cache import CapacityError
 from specdeploy.runtime.config import ConfigError
+from specdeploy.runtime.decoder import Generation
 from tests import tiny
 
 GOOD = GenerationConfig(k=3, max_new_tokens=12, ignore_eos=True)
@@ -138,3 +139,37 @@ def test_first_divergence_reports_the_targets_own_margin(pipeline):
     assert found["position"] == 6 and (found["reference_token"], found["other_token"]) == (plain.token_ids[6], other[6])
     assert found["margin"] == pytest.approx(float(logits[plain.token_ids[6]] - logits[other[6]]), abs=1e-5)
     assert found["margin"] > 0  # replayed as plain decoding ran it, the token plain decoding chose leads
+
+
+class _Recording:
+    """A policy from outside the package: no ``learns`` attribute, so it must be told every cycle."""
+
+    confidence_threshold = None
+
+    def __init__(self):
+        self.told = []
+
+    def next_k(self) -> int:
+        return 3
+
+    def observe(self, outcome) -> None:
+        self.told.append((outcome.proposed, list(outcome.accepted)))
+
+
+class _LearnsNothing(_Recording):
+    learns = False
+
+
+def test_policies_are_told_each_cycle_unless_they_learn_nothing(pipeline):
+    for policy in (_Recording(), _LearnsNothing()):
+        run = Generation(pipeline.target, pipeline._drafter(GOOD), policy, GOOD,
+                         [pipeline.encode("w5 w6 w7"), pipeline.encode("w9")], ["a", "b"])
+        while not run.done:
+            run.step()
+        by_cycle = {}  # cycle -> records of the rows it served, in batch order
+        for row in run.rows:
+            for record in row.records:
+                by_cycle.setdefault(record.cycle, []).append(record)
+        expected = [(records[0].k, [r.accepted for r in records]) for _, records in sorted(by_cycle.items())]
+        assert len(expected) > 2
+        assert policy.told == ([] if isinstance(policy, _LearnsNothing) else expected)

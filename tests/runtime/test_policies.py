@@ -10,7 +10,7 @@ from specdeploy.runtime.policies import ConfidenceStop, CostModel, CycleOutcome,
 
 def _outcome(k, accepted, draft_step=0.002, verify=None):
     verify = verify if verify is not None else 0.010 * (1 + 0.05 * k)
-    return CycleOutcome(k, np.array(accepted), draft_step * k, k, verify, k + 1)
+    return CycleOutcome(k, list(accepted), draft_step * k, k, verify, k + 1)
 
 
 def test_fixed_and_confidence():
@@ -90,11 +90,11 @@ def test_make_policy_rejects_unknown_names():
 
 def test_cost_model_ignores_catch_up_calls_when_timing_draft_steps():
     policy = CostModel(k_max=4)
-    policy.observe(CycleOutcome(2, np.array([2]), draft_seconds=0.004, draft_steps=2, verify_seconds=0.01,
+    policy.observe(CycleOutcome(2, [2], draft_seconds=0.004, draft_steps=2, verify_seconds=0.01,
                                 verify_tokens=3, catchup_tokens=1))
     assert policy.draft_step == pytest.approx(0.002)
     # resuming after 30 plain cycles: the first draft call fed 31 tokens and took far longer
-    policy.observe(CycleOutcome(2, np.array([2]), draft_seconds=0.2, draft_steps=2, verify_seconds=0.01,
+    policy.observe(CycleOutcome(2, [2], draft_seconds=0.2, draft_steps=2, verify_seconds=0.01,
                                 verify_tokens=3, catchup_tokens=31))
     assert policy.draft_step == pytest.approx(0.002)
 
