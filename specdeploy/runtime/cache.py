@@ -45,15 +45,20 @@ class KVCache:
 
     def stage(self, new_kv, start: np.ndarray) -> None:
         """Write new K/V (2 * layers of [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
-        if not isinstance(new_kv, np.ndarray):  # engines may return a list; ONNX Runtime returns one stacked array
-            new_kv = np.asarray(new_kv)
-        tokens = new_kv.shape[3]
         s = start.item(0)
         if len(start) == 1 or (start == s).all():
-            self.stacked[:, :, :, s : s + tokens] = new_kv  # every layer in one copy
+            self.stage_at(new_kv, s)
             return
+        new_kv = np.asarray(new_kv)
+        tokens = new_kv.shape[3]
         for b, s in enumerate(start.tolist()):
             self.stacked[:, b, :, s : s + tokens] = new_kv[:, b]
+
+    def stage_at(self, new_kv, slot: int) -> None:
+        """Write new K/V (2 * layers of [batch, kv_heads, T, head_dim]) at slots slot .. slot + T of every row."""
+        if not isinstance(new_kv, np.ndarray):  # engines may return a list; ONNX Runtime returns one stacked array
+            new_kv = np.asarray(new_kv)
+        self.stacked[:, :, :, slot : slot + new_kv.shape[3]] = new_kv  # every layer in one copy
 
     def commit(self, lengths: np.ndarray) -> None:
         """Move each row's valid prefix to ``lengths`` [batch].

@@ -137,6 +137,7 @@ class Generation:
     def _isolate(self):
         """Re-run the failed cycle for each row alone, on views of its slots of the batch buffers."""
         committed, finished = [], []
+        lengths = self.lengths.tolist()
         for b, index in enumerate(self.active.tolist()):
             row = copy.copy(self)
             row.active, row.tokens, row.lengths = self.active[b : b + 1], self.tokens[b : b + 1], self.lengths[b : b + 1].copy()
@@ -149,12 +150,12 @@ class Generation:
                 committed.append((index, []))
                 finished.append(b)
                 continue
-            self.lengths = self.lengths.copy()  # never written into: a cache may hold this array (KVCache.commit)
-            self.lengths[b] = row.lengths[0]
+            lengths[b] = int(row.lengths[0])
             self.cache.commit_row(b, int(row.cache.past_len[0]))
             self.drafter.adopt(b, row.drafter)
             committed += new
             finished += [b] if done else []
+        self.lengths = np.array(lengths)  # a new array: a cache may hold the old one (KVCache.commit)
         self.cycle += 1
         return committed, finished
 

@@ -76,8 +76,7 @@ class ModelDrafter(NoDrafter):
         batch = len(lengths)
         logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths)
         catchup = logits.shape[1]  # the call fed as many tokens as the row furthest behind needed
-        # batch 1 feeds exactly the tokens it had not seen, so its last logits are the call's last
-        last = logits[:, -1:] if batch == 1 else logits[np.arange(batch), lengths - 1 - start][:, None]  # [batch, 1, vocab]
+        last = logits[np.arange(batch), lengths - 1 - start][:, None]  # [batch, 1, vocab]
         columns, qs = [], []  # per draft position: [batch, 1] tokens, [batch, vocab] q
         for i in range(k):
             if config.repetition_penalty != 1.0:
@@ -100,12 +99,8 @@ class ModelDrafter(NoDrafter):
                 last, _ = forward_one(self.engine, self.cache, column)
         drafts = np.concatenate(columns, axis=1) if columns else np.zeros((batch, 0), np.int64)  # [batch, made]
         made = drafts.shape[1]
-        if batch == 1:  # the verify call reads them there
-            at = lengths.item(0)
-            tokens[:, at : at + made] = drafts
-        else:
-            for b, at in enumerate(lengths.tolist()):
-                tokens[b, at : at + made] = drafts[b]
+        for b, at in enumerate(lengths.tolist()):  # the verify call reads them there
+            tokens[b, at : at + made] = drafts[b]
         q_all = np.stack(qs, axis=1) if qs else None
         steps = 1 + min(made, k - 1)  # the catch-up call, then one call per draft but the last
         return Proposal(drafts, q_all, time.perf_counter() - began, steps, catchup)
@@ -126,7 +121,7 @@ class ModelDrafter(NoDrafter):
         slots = [tokens[:, i : i + 1] for i in range(at, at + k)]  # [1, 1] views
         pasts = [np.array([i]) for i in range(at, at + k - 1)]
         out = engine.infer(tokens[:, seen:at], cache.past_len, cache.buffers)  # catch up on what it has not seen
-        cache.stacked[:, :, :, seen:at] = out.new_kv
+        cache.stage_at(out.new_kv, seen)
         logits, made = out.logits[:, -1:], 0  # [1, 1, vocab]
         while made < k:
             if threshold is not None and _top_probability(logits).max() < threshold:
@@ -135,7 +130,7 @@ class ModelDrafter(NoDrafter):
             made += 1
             if made < k:
                 out = engine.infer(slots[made - 1], pasts[made - 1], cache.buffers)
-                cache.stacked[:, :, :, at + made - 1 : at + made] = out.new_kv
+                cache.stage_at(out.new_kv, at + made - 1)
                 logits = out.logits
         steps = 1 + min(made, k - 1)  # the catch-up call, then one call per draft but the last
         cache.commit(np.array([at + steps - 1]))
