@@ -1,4 +1,8 @@
-"""One Engine interface over every backend; the runtime never asks which backend it has."""
+"""One Engine interface over every backend; the runtime never asks which backend it has.
+
+``feed`` and ``prefill`` bring the rows of a cache up to date in as few calls as the interface allows,
+whatever each row lags by: speculation-agnostic, they serve prefill, a draft's catch-up and replays.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import ModelSpec
+from ..contract import PREFILL_CHUNK, ModelSpec
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -24,14 +28,76 @@ class EngineOutput:
     call on the same thread with the same batch and token count; copy what must outlive that."""
 
     logits: np.ndarray  # [batch, tokens, vocab] float32
-    # 2 * layers arrays [k0, v0, k1, ...], each [batch, kv_heads, tokens, head_dim]; ONNX Runtime
-    # returns them as one stacked array [2 * layers, batch, kv_heads, tokens, head_dim]
-    new_kv: np.ndarray | list[np.ndarray]
-    seconds: float
+    # The new tokens' K/V as the graph returned them, already written into the cache by ``infer``:
+    # [2 * layers, batch, kv_heads, tokens, head_dim] (explicit graphs; None where the graph writes in place)
+    new_kv: np.ndarray | list[np.ndarray] | None
+    seconds: float  # the backend's call, without input checks and K/V staging
+    stage_seconds: float = 0.0  # writing the new K/V into the cache
+
+
+class KVCache:
+    """The K/V buffers of one model for a batch, owned by the engine that computes on them, and
+    each row's valid length ``past_len`` (slots at and beyond it are ignored, so rollback moves a length).
+
+    Host engines keep one NumPy array [2 * layers, batch, kv_heads, capacity, head_dim]: element i
+    is cache tensor i (``buffers``), and writing a call's new K/V into every layer is one copy. The
+    handle reads like that array (``len``, iteration, indexing, ``shape``).
+    """
+
+    def __init__(self, stacked: np.ndarray):
+        self.stacked = stacked
+        self.buffers = list(stacked)  # [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]
+        self.commit(np.zeros(stacked.shape[1], dtype=np.int64))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.stacked.shape
+
+    @property
+    def capacity(self) -> int:
+        return self.stacked.shape[3]
+
+    def __len__(self) -> int:
+        return len(self.buffers)
+
+    def __iter__(self):
+        return iter(self.buffers)
+
+    def __getitem__(self, index):
+        return self.stacked[index]
+
+    def commit(self, lengths) -> None:
+        """Move each row's valid prefix to ``lengths`` [batch] (a new array: an earlier one is left as it was)."""
+        self.past_len = np.array(lengths, dtype=np.int64)
+
+    def stage(self, new_kv, start: np.ndarray) -> None:
+        """Write new K/V (2 * layers of [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
+        if not isinstance(new_kv, np.ndarray):  # engines may return a list; ONNX Runtime returns one stacked array
+            new_kv = np.asarray(new_kv)
+        s = start.item(0)
+        if len(start) == 1 or (start == s).all():
+            self.stacked[:, :, :, s : s + new_kv.shape[3]] = new_kv  # every layer and row in one copy
+            return
+        tokens = new_kv.shape[3]
+        for b, s in enumerate(start.tolist()):
+            self.stacked[:, b, :, s : s + tokens] = new_kv[:, b]
+
+    def select(self, rows) -> KVCache:
+        """A cache of only ``rows`` (finished rows leave the batch); lengths come along."""
+        kept = KVCache(np.ascontiguousarray(self.stacked[:, rows]))
+        kept.commit(self.past_len[rows])
+        return kept
+
+    def row(self, b: int) -> KVCache:
+        """Row ``b`` alone, on views of the batch buffers: what it writes lands in the batch."""
+        single = KVCache(self.stacked[:, b : b + 1])
+        single.commit(self.past_len[b : b + 1])
+        return single
 
 
 class Engine(ABC):
-    """A verify-v1 decoder. ``infer`` checks inputs and times the call; backends implement ``infer_impl``."""
+    """A verify-v1 decoder. ``infer`` checks inputs, times the call and keeps the cache current;
+    backends implement ``infer_impl``."""
 
     spec: ModelSpec
 
@@ -39,24 +105,32 @@ class Engine(ABC):
     def cache_dtype(self) -> np.dtype:
         return np.dtype(NUMPY_DTYPES[self.spec.dtype])
 
-    def allocate_cache(self, batch: int, capacity: int) -> np.ndarray:
-        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim].
-
-        One array [2 * layers, batch, kv_heads, capacity, head_dim]: element i is cache tensor i, and
-        staging a call's new K/V into every layer is one copy.
-        """
+    def allocate_cache(self, batch: int, capacity: int) -> KVCache:
+        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim],
+        where this engine computes (host memory here)."""
         shape = self.spec.cache_shape(batch, capacity)
-        return np.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype)
+        return KVCache(np.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype))
 
-    def infer(self, input_ids: np.ndarray, past_len: np.ndarray, cache: list[np.ndarray]) -> EngineOutput:
-        """Run new tokens ``input_ids`` [batch, tokens] at ``past_len`` [batch] over ``cache``."""
+    def infer(self, input_ids: np.ndarray, past_len: np.ndarray, cache) -> EngineOutput:
+        """Run new tokens ``input_ids`` [batch, tokens] at ``past_len`` [batch] over ``cache``.
+
+        The new tokens' K/V are written into the cache at slots past_len[b] .. past_len[b] + tokens;
+        ``cache.past_len`` is the caller's to move. ``cache`` is a ``KVCache`` or a list of per-layer arrays.
+        """
         self._check(input_ids, past_len, cache)
         start = time.perf_counter()
         logits, new_kv = self.infer_impl(input_ids, past_len, cache)
-        return EngineOutput(logits, new_kv, time.perf_counter() - start)
+        ran = time.perf_counter()
+        if isinstance(cache, KVCache):
+            cache.stage(new_kv, past_len)
+        else:
+            for buf, new in zip(cache, new_kv):
+                for b, s in enumerate(past_len.tolist()):
+                    buf[b, :, s : s + new.shape[2]] = new[b]
+        return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran)
 
     @abstractmethod
-    def infer_impl(self, input_ids, past_len, cache) -> tuple[np.ndarray, list[np.ndarray]]:
+    def infer_impl(self, input_ids, past_len, cache) -> tuple[np.ndarray, np.ndarray | list[np.ndarray]]:
         """Run the backend on checked inputs; return logits and the new K/V per layer."""
 
     def _check(self, input_ids, past_len, cache) -> None:
@@ -90,12 +164,12 @@ class Engine(ABC):
     def _check_cache(self, cache, batch: int) -> int:
         """Check the cache tensors' count, shapes and dtype; return their capacity.
 
-        A request passes the same tensors on every call, so the last tensors that passed are remembered
-        and not checked again while they are the ones passed (by identity): 56 on a 28-layer model.
+        A request passes the same cache on every call, so the last cache that passed is remembered and
+        not checked again while it is the one passed (by identity): 56 tensors on a 28-layer model.
         """
-        known = getattr(self, "_checked_cache", ())
-        if len(known) == len(cache) and all(ref() is buf for ref, buf in zip(known, cache)) and cache[0].shape[0] == batch:
-            return cache[0].shape[2]
+        known = getattr(self, "_checked_cache", None)
+        if known is not None and known() is cache and cache.stacked.shape[1] == batch:
+            return cache.stacked.shape[3]
         if len(cache) != 2 * self.spec.num_layers:
             raise EngineInputError(f"{self.spec.role}: received {len(cache)} cache tensors; expected {2 * self.spec.num_layers}")
         first = cache[0]
@@ -107,8 +181,42 @@ class Engine(ABC):
                 raise EngineInputError(
                     f"{self.spec.role}: input tensor {name} | received {_describe(buf)}; expected {self.spec.dtype} {expected}"
                 )
-        self._checked_cache = [weakref.ref(buf) for buf in cache]  # weak: a finished request's caches must go
+        if isinstance(cache, KVCache):  # a list may change between calls; a handle's buffers do not
+            self._checked_cache = weakref.ref(cache)  # weak: a finished request's caches must go
         return capacity
+
+
+def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) -> tuple[np.ndarray, int]:
+    """Bring each row's cache up to ``ends[b]`` tokens of ``tokens`` [batch, width]; one engine call.
+
+    Rows needing fewer new tokens than the longest re-feed tokens they already cached (their K/V is
+    recomputed and overwritten with the same values), so one [batch, T] call serves a ragged
+    batch. A row too short to start T tokens back is right-padded instead: its padding lands beyond
+    ``ends[b]`` and is never committed. Commits past_len = ends.
+    Returns the logits after each row's token ends[b] - 1, [batch, vocab] (a view of the engine's
+    output), and T.
+    """
+    seen = cache.past_len.tolist()
+    width = max([end - past for end, past in zip(ends, seen)])
+    start = [max(0, min(past, end - width)) for end, past in zip(ends, seen)]
+    first = start[0]
+    if start.count(first) == len(start):  # every row from the same slot (always at batch 1): a slice
+        input_ids = tokens[:, first : first + width]
+    else:
+        index = np.minimum(np.array(start)[:, None] + np.arange(width), tokens.shape[1] - 1)
+        input_ids = np.take_along_axis(tokens, index, axis=1)  # [batch, T]
+    logits = engine.infer(input_ids, cache.past_len if start == seen else np.array(start), cache).logits
+    cache.commit(ends)
+    last = [end - 1 - s for end, s in zip(ends, start)]  # where each row's last fed token sits
+    if last.count(width - 1) == len(last):
+        return logits[:, -1], width
+    return logits[np.arange(len(last)), last], width
+
+
+def prefill(engine: Engine, cache: KVCache, tokens: np.ndarray, goal: list[int]) -> None:
+    """Bring each row's cache up to ``goal[b]`` tokens of ``tokens``, in calls of at most PREFILL_CHUNK tokens."""
+    while any(past < end for past, end in zip(cache.past_len.tolist(), goal)):
+        feed(engine, cache, tokens, [min(end, past + PREFILL_CHUNK) for past, end in zip(cache.past_len.tolist(), goal)])
 
 
 def _describe(value) -> str:

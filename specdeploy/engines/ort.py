@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import ModelSpec
-from .base import Engine
+from .base import Engine, KVCache
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -95,14 +95,14 @@ class OrtEngine(Engine):
     def infer_impl(self, input_ids, past_len, cache):
         call = self._call(input_ids.shape)
         # The caches are preallocated and updated in place, so they stay bound across calls and are
-        # rebound only when the runtime hands over other buffers (a new request, rows leaving).
-        if len(call.bound) != len(cache) or any(a is not b for a, b in zip(call.bound, cache)):
-            cache = list(cache)
-            if len(call.bound) != len(cache) or not all(map(_same_memory, call.bound, cache)):
-                self._forget_other_caches(cache)
-                for name, buf in zip(self.spec.inputs[2:], cache):
+        # rebound only when the runtime hands over another cache (a new request, rows leaving).
+        if call.bound is not cache or not isinstance(cache, KVCache):  # a list's contents may change
+            buffers = cache.buffers if isinstance(cache, KVCache) else list(cache)
+            if len(call.buffers) != len(buffers) or not all(map(_same_memory, call.buffers, buffers)):
+                self._forget_other_caches(buffers)
+                for name, buf in zip(self.spec.inputs[2:], buffers):
                     call.binding.bind_cpu_input(name, buf)
-            call.bound = cache
+            call.bound, call.buffers = cache, buffers
         call.binding.bind_cpu_input("input_ids", input_ids)
         call.binding.bind_cpu_input("past_len", past_len)
         self.session.run_with_iobinding(call.binding)
@@ -133,7 +133,7 @@ class OrtEngine(Engine):
         buffers (hundreds of MB on a real model) alive for as long as their shape goes unused."""
         calls = self._local.calls
         for shape, call in list(calls.items()):
-            if call.bound and not _same_memory(call.bound[0], cache[0]):
+            if call.buffers and not _same_memory(call.buffers[0], cache[0]):
                 del calls[shape]
 
 
@@ -147,7 +147,7 @@ class _BoundCall:
 
     def __init__(self, binding, spec: ModelSpec, shape: tuple[int, int], cache_dtype: np.dtype):
         batch, tokens = shape
-        self.binding, self.bound = binding, []
+        self.binding, self.bound, self.buffers = binding, None, []
         self.logits = np.empty((batch, tokens, spec.vocab_size), np.float32)
         self.new_kv = np.empty((2 * spec.num_layers, *spec.cache_shape(batch, tokens)), cache_dtype)
         binding.bind_output(spec.outputs[0], "cpu", 0, np.float32, list(self.logits.shape), self.logits.ctypes.data)

@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..runtime.config import DRAFTERS, POLICIES, GenerationConfig
+from ..runtime.config import GenerationConfig
+from ..runtime.drafters import DRAFTERS
+from ..runtime.policies import POLICIES
 from ..runtime.telemetry import CycleRecord, acceptance_by_position, mean_accepted_length, time_split
 from ..workloads import Prompt
 from .analytic import predicted_speedup
@@ -113,7 +115,7 @@ def _summarize_segment(lines: list[dict]) -> dict:
     runs, cycles = defaultdict(list), defaultdict(list)
     for line in lines:
         (runs if line["type"] == "run" else cycles)[line["config"]].append(line)
-    field_names = CycleRecord.__dataclass_fields__
+    field_names = CycleRecord._fields
     out = {}
     for config, config_runs in runs.items():
         baseline = config_runs[0]["baseline"]

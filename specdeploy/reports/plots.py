@@ -80,7 +80,7 @@ def write_report(directory: Path) -> list[Path]:
     ax.legend(fontsize=7)
     save(fig, PLOTS[3])
 
-    rows = _table_rows(summary)
+    rows = table_rows(summary)
     (directory / "report.md").write_text(_markdown(rows))
     (directory / "report.html").write_text(_html(rows, directory))
     return written + [directory / "report.md", directory / "report.html"]
@@ -98,7 +98,7 @@ def _num(value, fmt: str = ".2f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{fmt}}{suffix}"
 
 
-def _table_rows(summary: dict) -> list[list[str]]:
+def table_rows(summary: dict) -> list[list[str]]:
     rows = []
     for name, e in summary.items():
         rows.append([

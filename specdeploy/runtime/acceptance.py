@@ -21,24 +21,12 @@ from .sampling import sample
 PAD = -1
 
 
-def greedy_accept(target_argmax: np.ndarray, drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Accept while each draft equals the target's argmax; then emit the target's own token.
-
-    target_argmax: [batch, K + 1] int; drafts: [batch, K] int.
-    Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
-    """
-    k = drafts.shape[1]
-    accepted = (drafts == target_argmax[:, :k]).cumprod(axis=1).sum(axis=1)  # [batch]
-    # accepted drafts equal the target's argmax, so every emitted token is the argmax at its position
-    keep = np.arange(k + 1) <= accepted[:, None]  # [batch, K + 1]
-    return accepted, np.where(keep, target_argmax, PAD)
-
-
 def greedy_accept_row(target_argmax: list[int], drafts: list[int]) -> int:
-    """``greedy_accept`` for one row, on Python ints: how many leading drafts equal the target's argmax.
+    """Greedy verification of one row: how many leading drafts equal the target's argmax.
 
-    target_argmax: K + 1 ints; drafts: K ints. The row emits target_argmax[:accepted + 1]. For batch 1,
-    the latency case, where a handful of NumPy calls on tiny arrays costs more than the loop.
+    target_argmax: K + 1 ints; drafts: K ints. The row emits target_argmax[:accepted + 1] (accepted
+    drafts equal the target's argmax, so every emitted token is the argmax at its position). On
+    Python ints: a row holds a handful of tokens, where each NumPy call costs more than the loop.
     """
     accepted = 0
     for draft, target in zip(drafts, target_argmax):
@@ -46,6 +34,17 @@ def greedy_accept_row(target_argmax: list[int], drafts: list[int]) -> int:
             break
         accepted += 1
     return accepted
+
+
+def greedy_accept(target_argmax: np.ndarray, drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``greedy_accept_row`` over a batch, in vLLM's array form.
+
+    target_argmax: [batch, K + 1] int; drafts: [batch, K] int.
+    Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
+    """
+    accepted = np.array([greedy_accept_row(t, d) for t, d in zip(target_argmax.tolist(), drafts.tolist())], np.int64)
+    keep = np.arange(drafts.shape[1] + 1) <= accepted[:, None]  # [batch, K + 1]
+    return accepted, np.where(keep, target_argmax, PAD)
 
 
 def speculative_accept(

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POLICIES = ("fixed", "confidence", "heuristic", "cost")
-DRAFTERS = ("model", "prompt-lookup", "none")
-
 
 class ConfigError(ValueError):
     """A generation option outside its valid range."""
@@ -51,6 +48,9 @@ class GenerationConfig:
             raise bad("seed", "an integer or None")
         if not _is_int(self.k) or self.k < 0:
             raise bad("k", "an integer >= 0")
+        from .drafters import DRAFTERS  # the registries import this module's type for their signatures
+        from .policies import POLICIES
+
         if self.policy not in POLICIES:
             raise bad("policy", f"one of {', '.join(POLICIES)}")
         if self.drafter not in DRAFTERS:

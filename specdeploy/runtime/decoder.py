@@ -1,35 +1,35 @@
-"""The decoder: prefill, speculative cycles, stopping, and batches with ragged acceptance.
+"""The decoder: a batch state and the cycle that moves it.
 
 One cycle, for every active row b with L_b committed tokens x[0:L_b]:
-  the drafter proposes d_1..d_K (written into the row's token buffer at L_b..),
-  the target runs [x[L_b - 1], d_1..d_K] (K + 1 tokens) from past_len L_b - 1,
+  the policy says how many tokens to draft (k),
+  the drafter proposes d_1..d_k,
+  the target runs [x[L_b - 1], d_1..d_k] (k + 1 tokens) from past_len L_b - 1,
   acceptance keeps n_b drafts and emits one recovered or bonus token,
-  the target's past_len moves to L_b + n_b, the draft's to what it has seen of the new prefix.
+  the state commits them; the target's past_len moves to L_b + n_b, the draft's to what it has
+  seen of the new prefix (rollback moves a length).
 Rows accept different numbers of tokens in the same call; finished rows leave the batch.
 
-Per-cycle bookkeeping (lengths, positions) runs on Python ints and builds arrays only where an
-engine or a cache needs one. Batch 1 is the latency case, and after each engine call the CPU's
-caches are cold: measured here, the first call of each distinct NumPy routine (a ufunc, a
-reduction, an indexing path) then costs 1-2 us, three array constructions 1.7 us, three different
-routines 3.5 us. ``tools/bench_overhead.py`` measures the whole cycle.
+Row b of the batch serves request ``active[b]``. Bookkeeping runs on Python ints: after each engine
+call the CPU's caches are cold and every distinct NumPy routine costs microseconds, while a cycle
+touches a handful of numbers per row (``tools/bench_overhead.py`` measures it).
 """
 
 from __future__ import annotations
 
-import copy
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engines.base import Engine
-from .acceptance import greedy_accept, greedy_accept_row, speculative_accept
-from .cache import KVCache, plan_capacity
+from ..engines.base import Engine, KVCache, prefill
+from .acceptance import greedy_accept_row, speculative_accept
+from .cache import plan_capacity
 from .config import GenerationConfig
-from .forward import forward_rows, prefill
-from .policies import CycleOutcome
+from .drafters import Drafter, Proposal
+from .policies import CycleOutcome, adopt
 from .sampling import penalize_positions, probabilities
-from .telemetry import CycleRecord
+from .telemetry import CycleRecord, FinalToken, FinishReason
 
 
 @dataclass
@@ -37,209 +37,337 @@ class RowResult:
     request_id: str
     prompt_ids: np.ndarray
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str = ""
+    finish_reason: FinishReason | str = ""  # empty while the request runs
     records: list[CycleRecord] = field(default_factory=list)
     decode_seconds: float = 0.0  # wall time from the end of prefill to this row's last cycle
     error: str = ""  # why the row failed, when finish_reason is "error"
 
 
-class Generation:
-    """One batch of requests in flight; ``step()`` runs one cycle and reports what each row committed."""
+# (tokens generated so far, new tokens) -> how many new tokens to keep (a stop string ends there), or None
+StopCheck = Callable[[list[int], list[int]], "int | None"]
 
-    def __init__(self, target: Engine, drafter, policy, config: GenerationConfig, prompts: list[np.ndarray],
-                 request_ids: list[str], stop_check=None, k_limit: int | None = None):
-        self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
-        self.stop_check = stop_check  # (row result) -> number of tokens to keep, or None to go on
-        self.policy_learns = getattr(policy, "learns", True)  # a policy without the attribute is told everything
-        self.k_cap = config.k if config.speculative else 0
-        limit = target.spec.capacity if k_limit is None else k_limit
-        self.capacity = plan_capacity([len(p) for p in prompts], config.max_new_tokens, self.k_cap, limit)
-        self.rows = [RowResult(rid, p) for rid, p in zip(request_ids, prompts)]
-        batch = len(prompts)
-        self.active = np.arange(batch)  # batch row -> request index
-        self.tokens = np.zeros((batch, self.capacity), np.int64)  # [batch, capacity]
-        self.lengths = np.array([len(p) for p in prompts], np.int64)  # [batch] committed tokens
-        for b, p in enumerate(prompts):
-            self.tokens[b, : len(p)] = p
-        seeds = [None if config.seed is None else [config.seed, i] for i in range(batch)]
-        self.rngs = [np.random.default_rng(s) for s in seeds]
-        self.cache = KVCache(target.allocate_cache(batch, self.capacity))
-        self.drafter.start(batch, self.capacity)
-        self.eos = set(config.stop_token_ids) | (set() if config.ignore_eos else set(target.spec.eos_token_ids))
-        self.cycle = 0
-        self.prefill_seconds = self._prefill()
-        if self.k_cap and hasattr(policy, "plan"):  # a policy that weighs the draft's catch-up on the prompt
-            ratio = drafter.cost_ratio(target.spec)
-            policy.plan(self.prefill_seconds * ratio, config.max_new_tokens, ratio)
-        self.decode_started = time.perf_counter()
+
+# (tokens generated so far, new tokens) -> how many new tokens to keep (a stop string ends there), or None
+StopCheck = Callable[[list[int], list[int]], "int | None"]
+
+
+class BatchState:
+    """Token buffer [batch, capacity], committed lengths, active rows and their generators.
+
+    Requests ``join`` and ``leave`` between cycles; ``subset`` gives rows that share this state's
+    buffers (what a row commits lands here); ``snapshot``/``restore`` undo a failed cycle.
+    """
+
+    def __init__(self, config: GenerationConfig, capacity: int, eos: set[int], stop_check: StopCheck | None = None):
+        self.config, self.capacity, self.eos, self.stop_check = config, capacity, eos, stop_check
+        self.sampling = not config.greedy  # greedy decoding draws nothing: no generator states to keep
+        self.tokens = np.zeros((0, capacity), np.int64)  # [batch, capacity]
+        self.lengths: list[int] = []  # [batch] committed tokens
+        self.active: list[int] = []  # [batch] request index of each row
+        self.rows: list[RowResult] = []  # by request index, finished ones included
+        self.generators: list[np.random.Generator] = []  # by request index
 
     @property
-    def done(self) -> bool:
-        return len(self.active) == 0
+    def batch(self) -> int:
+        return len(self.active)
 
-    def _prefill(self) -> float:
-        """The target sees every prompt token but the last (each cycle starts from x[L - 1]).
+    def join(self, prompts: Sequence[np.ndarray], request_ids: Sequence[str]) -> None:
+        """Add requests as new rows at the end of the batch."""
+        added = np.zeros((len(prompts), self.capacity), np.int64)
+        for b, prompt in enumerate(prompts):
+            added[b, : len(prompt)] = prompt
+        seed = self.config.seed
+        for prompt, request_id in zip(prompts, request_ids):
+            index = len(self.rows)
+            self.rows.append(RowResult(request_id, prompt))
+            self.generators.append(np.random.default_rng(None if seed is None else [seed, index]))
+            self.active.append(index)
+            self.lengths.append(len(prompt))
+        self.tokens = np.concatenate([self.tokens, added])
 
-        If the batched prefill fails, each row is prefilled alone and only rows that fail alone
-        leave (with finish_reason "error").
+    def leave(self, rows: Sequence[int]) -> list[int]:
+        """Drop batch rows ``rows``; returns the rows that stay, in order (caches keep the same ones)."""
+        keep = [b for b in range(self.batch) if b not in set(rows)]
+        self.tokens = self.tokens[keep]
+        self.lengths = [self.lengths[b] for b in keep]
+        self.active = [self.active[b] for b in keep]
+        return keep
+
+    def subset(self, b: int) -> BatchState:
+        """Row ``b`` alone, on a view of this token buffer and the same results and generators."""
+        single = BatchState(self.config, self.capacity, self.eos, self.stop_check)
+        single.tokens = self.tokens[b : b + 1]
+        single.lengths, single.active = [self.lengths[b]], [self.active[b]]
+        single.rows, single.generators = self.rows, self.generators
+        return single
+
+    def adopt(self, b: int, single: BatchState) -> None:
+        """Take back the length a ``subset`` row committed."""
+        self.lengths[b] = single.lengths[0]
+
+    def snapshot(self) -> tuple:
+        """What a cycle changes before it commits: lengths, and the generators' states when sampling."""
+        states = None if not self.sampling else [self.generators[i].bit_generator.state for i in self.active]
+        return tuple(self.lengths), states
+
+    def restore(self, snapshot: tuple) -> None:
+        lengths, states = snapshot
+        self.lengths = list(lengths)
+        for i, state in zip(self.active, states or []):
+            self.generators[i].bit_generator.state = state
+
+    def rngs(self) -> list[np.random.Generator]:
+        """The active rows' generators, in batch order."""
+        return [self.generators[i] for i in self.active]
+
+    def verify_inputs(self, drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Place ``drafts`` [batch, k] after each row's committed tokens; return the target's input.
+
+        Row b runs [x[L_b - 1], d_1..d_k] from past_len L_b - 1: input_ids [batch, k + 1], past_len [batch].
         """
-        began = time.perf_counter()
-        try:
-            prefill(self.target, self.cache, self.tokens, self.lengths - 1)
-        except Exception:  # an engine fault: find the rows it belongs to
-            failed = []
-            for b, index in enumerate(self.active.tolist()):
-                single = self.cache.view(b)
-                single.commit(np.zeros(1, np.int64))
-                try:
-                    prefill(self.target, single, self.tokens[b : b + 1], self.lengths[b : b + 1] - 1)
-                except Exception as exc:
-                    self.rows[index].finish_reason = "error"
-                    self.rows[index].error = f"{type(exc).__name__}: {exc}"
-                    failed.append(b)
-                self.cache.commit_row(b, int(single.past_len[0]))
-            if failed:
-                self._leave(failed)
-        return time.perf_counter() - began
-
-    def step(self) -> list[tuple[int, list[int]]]:
-        """One cycle over the active rows. Returns (request index, newly committed token ids) per row.
-
-        If an engine call fails, the cycle is rolled back (lengths only: nothing was committed) and
-        re-run row by row, so that a fault tied to one row fails that row alone; a failed row ends
-        with finish_reason "error" and its message in ``error``, and the other rows go on.
-        """
-        snapshot = self._snapshot()
-        try:
-            committed, finished = self._cycle()
-        except Exception:  # an engine fault, whatever its type: find the rows it belongs to
-            self._restore(snapshot)
-            committed, finished = self._isolate()
-        if finished:
-            self._leave(finished)
-        return committed
-
-    def _snapshot(self):
-        drafter_cache = getattr(self.drafter, "cache", None)
-        # greedy decoding draws nothing, so only sampled runs need their generators' states
-        states = None if self.config.greedy else [self.rngs[i].bit_generator.state for i in self.active]
-        # past_len arrays are replaced, never written into (KVCache.commit), so holding them is a snapshot
-        return (self.cache.past_len, None if drafter_cache is None else drafter_cache.past_len, states)
-
-    def _restore(self, snapshot) -> None:
-        target_past, draft_past, rng_states = snapshot
-        self.cache.commit(target_past)
-        if draft_past is not None:
-            self.drafter.cache.commit(draft_past)
-        for i, state in zip(self.active, rng_states or []):
-            self.rngs[i].bit_generator.state = state
-
-    def _isolate(self):
-        """Re-run the failed cycle for each row alone, on views of its slots of the batch buffers."""
-        committed, finished = [], []
-        lengths = self.lengths.tolist()
-        for b, index in enumerate(self.active.tolist()):
-            row = copy.copy(self)
-            row.active, row.tokens, row.lengths = self.active[b : b + 1], self.tokens[b : b + 1], self.lengths[b : b + 1].copy()
-            row.cache, row.drafter = self.cache.view(b), self.drafter.view(b)
-            try:
-                new, done = row._cycle()
-            except Exception as exc:
-                self.rows[index].finish_reason = "error"
-                self.rows[index].error = f"{type(exc).__name__}: {exc}"
-                committed.append((index, []))
-                finished.append(b)
-                continue
-            lengths[b] = int(row.lengths[0])
-            self.cache.commit_row(b, int(row.cache.past_len[0]))
-            self.drafter.adopt(b, row.drafter)
-            committed += new
-            finished += [b] if done else []
-        self.lengths = np.array(lengths)  # a new array: a cache may hold the old one (KVCache.commit)
-        self.cycle += 1
-        return committed, finished
-
-    def _cycle(self):
-        config, batch, active = self.config, len(self.active), self.active.tolist()
-        lengths = self.lengths.tolist()  # committed tokens per row; bookkeeping on Python ints (module docstring)
-        remaining = [config.max_new_tokens - len(self.rows[i].token_ids) for i in active]
-        k = min(self.policy.next_k() if self.k_cap else 0, self.k_cap, max(remaining) - 1)
-        proposal = self.drafter.propose(self.tokens, self.lengths, k, config, None if config.greedy else self._rngs(),
-                                        self.policy.confidence_threshold) if k > 0 else None
-        k = proposal.drafts.shape[1] if proposal else 0
-        drafts = proposal.drafts if proposal else np.zeros((batch, 0), np.int64)
-
-        ends = np.array([length + k for length in lengths])  # [batch]
-        logits, _, verify_s, cache_s = forward_rows(self.target, self.cache, self.tokens, ends)
-        began = time.perf_counter()
-        if config.repetition_penalty != 1.0:
-            logits = np.stack([penalize_positions(logits[b], self.tokens[b, : self.lengths[b]], drafts[b],
-                                                  config.repetition_penalty) for b in range(batch)])
-        if config.greedy and batch == 1:  # the latency case: the same rule on Python ints
-            target_row = logits.argmax(-1).tolist()[0]  # K + 1 ints
-            accepted_rows, emitted_rows = [greedy_accept_row(target_row, drafts.tolist()[0])], [target_row]
+        k = drafts.shape[1]
+        lengths = self.lengths
+        for b, at in enumerate(lengths):
+            self.tokens[b, at : at + k] = drafts[b]
+        first = lengths[0] - 1
+        if lengths.count(first + 1) == len(lengths):  # every row at the same position: a slice
+            input_ids = self.tokens[:, first : first + k + 1]
         else:
-            if config.greedy:
-                accepted, emitted = greedy_accept(logits.argmax(-1), drafts)
-            else:
-                accepted, emitted = speculative_accept(probabilities(logits, config), proposal.q if proposal else None,
-                                                       drafts, self._rngs())
-            accepted_rows, emitted_rows = accepted.tolist(), emitted.tolist()  # row b emits emitted_rows[b][: n + 1]
-        accept_s = time.perf_counter() - began
+            index = np.array(lengths)[:, None] - 1 + np.arange(k + 1)  # [batch, k + 1]
+            input_ids = np.take_along_axis(self.tokens, index, axis=1)
+        return input_ids, np.array([length - 1 for length in lengths])
 
-        began = time.perf_counter()
-        # the target has now seen x[0:L] and the accepted drafts; the token after them is the recovered or bonus one
-        seen = [length + n for length, n in zip(lengths, accepted_rows)]
-        for b, (at, n) in enumerate(zip(seen, accepted_rows)):
-            self.tokens[b, at] = emitted_rows[b][n]
-        self.cache.commit(np.array(seen))
-        self.drafter.commit(seen)
-        self.lengths = np.array([at + 1 for at in seen])
-        cache_s += time.perf_counter() - began
+    def commit(self, accepted: list[int], emitted: list[list[int]], remaining: list[int]) -> tuple[list, list[int]]:
+        """Row b keeps its first accepted[b] drafts and emits emitted[b][accepted[b]] after them.
 
-        draft_s = proposal.seconds if proposal else 0.0
-        if self.policy_learns:
-            self.policy.observe(CycleOutcome(k, accepted_rows, draft_s, proposal.steps if proposal else 0, verify_s,
-                                             k + 1, proposal.catchup if proposal else 1))
+        Tokens past EOS, ``max_new_tokens`` (``remaining[b]``) or a stop string are cut, and the row's
+        finish reason is set. Returns (request index, new tokens) per row and the rows that finished.
+        """
         committed, finished = [], []
-        now = time.perf_counter() - self.decode_started
-        shares = draft_s / batch, verify_s / batch, accept_s / batch, cache_s / batch  # of the batch's calls
-        for b, (index, n, tokens) in enumerate(zip(active, accepted_rows, emitted_rows)):
+        for b, (index, n) in enumerate(zip(self.active, accepted)):
+            at = self.lengths[b] + n  # the target has seen x[0:L] and n drafts; the next token follows them
+            self.tokens[b, at] = emitted[b][n]
+            self.lengths[b] = at + 1
             row = self.rows[index]
-            new = self._truncate(row, tokens[: n + 1], remaining[b])
+            new = self._truncate(row, emitted[b][: n + 1], remaining[b])
             row.token_ids += new
-            row.decode_seconds = now
+            committed.append((index, new))
             if row.finish_reason:
                 finished.append(b)
-            committed.append((index, new))
-            final = "plain" if k == 0 else ("bonus" if n == k else "recovered")
-            row.records.append(CycleRecord(row.request_id, self.cycle, k, n, n + 1 if n < k else None, final, len(new),
-                                           *shares, batch))
-        self.cycle += 1
         return committed, finished
 
     def _truncate(self, row: RowResult, new: list[int], remaining: int) -> list[int]:
         """Cut a row's new tokens at EOS, max_new_tokens or a stop string, and say why it finished."""
         if not self.eos.isdisjoint(new):
             end = next(i for i, token in enumerate(new) if token in self.eos)
-            new, row.finish_reason = new[: end + 1], "eos"
+            new, row.finish_reason = new[: end + 1], FinishReason.EOS
         if len(new) >= remaining:
             del new[remaining:]
-            row.finish_reason = row.finish_reason or "length"
+            row.finish_reason = row.finish_reason or FinishReason.LENGTH
         if self.stop_check is not None:
             keep = self.stop_check(row.token_ids, new)
             if keep is not None:
-                new, row.finish_reason = new[:keep], "stop"
+                new, row.finish_reason = new[:keep], FinishReason.STOP
         return new
 
-    def _leave(self, finished: list[int]) -> None:
-        keep = np.setdiff1d(np.arange(len(self.active)), finished)
-        self.active = self.active[keep]
-        self.tokens = self.tokens[keep]
-        self.lengths = self.lengths[keep]
-        if len(keep):
-            self.cache.select(keep)
-            self.drafter.select(keep)
+    def fail(self, b: int, exc: Exception) -> None:
+        """Row ``b`` ends with an engine fault that is its own."""
+        row = self.rows[self.active[b]]
+        row.finish_reason, row.error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
 
-    def _rngs(self) -> list[np.random.Generator]:
-        return [self.rngs[i] for i in self.active]
+
+class Timer:
+    """Times one ``with`` block: ``with timer: ...`` leaves its wall time in ``timer.seconds``."""
+
+    __slots__ = ("seconds", "_began")
+
+    def __enter__(self) -> Timer:
+        self._began = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._began
+
+
+class Generation:
+    """One batch of requests in flight; ``step()`` runs one cycle and reports what each row committed.
+
+    The first ``step()`` prefills. The choices that depend only on the request (the acceptance rule,
+    what the policy needs to hear) are made once, here.
+    """
+
+    def __init__(self, target: Engine, drafter: Drafter, policy, config: GenerationConfig, prompts: list[np.ndarray],
+                 request_ids: list[str], stop_check: StopCheck | None = None, capacity: int | None = None):
+        self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
+        self.k_cap = config.k if config.speculative else 0
+        if capacity is None:
+            capacity = plan_capacity([len(p) for p in prompts], config.max_new_tokens, self.k_cap, target.spec.capacity)
+        eos = set(config.stop_token_ids) | (set() if config.ignore_eos else set(target.spec.eos_token_ids))
+        self.state = BatchState(config, capacity, eos, stop_check)
+        self.state.join(prompts, request_ids)
+        self.cache = target.allocate_cache(len(prompts), capacity)
+        drafter.start(len(prompts), capacity, config, self._policy.confidence_threshold)
+        self.accept = self._accept_greedy if config.greedy else self._accept_sampled
+        self.accept_timer, self.cache_timer = Timer(), Timer()
+        self.cycle = 0
+        self.prefill_seconds: float | None = None
+        self.decode_started = 0.0
+
+    @property
+    def policy(self):
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy) -> None:
+        """Any object with ``next_k()`` and ``observe(outcome)``; its capabilities are read from here on."""
+        self._policy = adopt(policy)
+
+    @property
+    def rows(self) -> list[RowResult]:
+        return self.state.rows
+
+    @property
+    def done(self) -> bool:
+        return self.state.batch == 0
+
+    # views of the state, for tests and tools
+    tokens = property(lambda self: self.state.tokens)
+    lengths = property(lambda self: np.array(self.state.lengths, np.int64))
+    active = property(lambda self: np.array(self.state.active, np.int64))
+
+    def step(self) -> list[tuple[int, list[int]]]:
+        """One cycle over the active rows (after the prefill, on the first call). Returns (request
+        index, newly committed token ids) per row.
+
+        If an engine call fails, the cycle is rolled back (lengths only: nothing was committed) and
+        re-run row by row, so that a fault tied to one row fails that row alone; a failed row ends
+        with finish_reason "error" and its message in ``error``, and the other rows go on.
+        """
+        if self.prefill_seconds is None:
+            self.prefill()
+            if self.done:
+                return []
+        state = self.state
+        snapshot = state.snapshot()
+        try:
+            committed, finished = self._cycle(state, self.cache, self.drafter)
+        except Exception:  # an engine fault, whatever its type: find the rows it belongs to
+            state.restore(snapshot)
+            before = [length - 1 for length in state.lengths]  # what both models had seen: all but the last token
+            self.cache.commit(before)
+            self.drafter.rollback(before)
+            committed, finished = self._isolate()
+        self.cycle += 1
+        if finished:
+            self._leave(finished)
+        return committed
+
+    def prefill(self) -> None:
+        """The target sees every prompt token but the last (each cycle starts from x[L - 1]); the first
+        ``step()`` calls this when nobody did.
+
+        If the batched prefill fails, each row is prefilled alone and only rows that fail alone
+        leave (with finish_reason "error"). A policy that plans hears the draft's catch-up estimate.
+        """
+        began = time.perf_counter()
+        state, goal = self.state, [length - 1 for length in self.state.lengths]
+        try:
+            prefill(self.target, self.cache, state.tokens, goal)
+        except Exception:  # an engine fault: find the rows it belongs to
+            failed, past = [], self.cache.past_len.tolist()
+            for b in range(state.batch):
+                single = self.cache.row(b)
+                single.commit([0])
+                try:
+                    prefill(self.target, single, state.tokens[b : b + 1], goal[b : b + 1])
+                except Exception as exc:
+                    state.fail(b, exc)
+                    failed.append(b)
+                past[b] = single.past_len.item(0)
+            self.cache.commit(past)
+            if failed:
+                self._leave(failed)
+        self.prefill_seconds = time.perf_counter() - began
+        if self.k_cap and self._policy.plans:  # weighs the draft's catch-up on the prompt before paying it
+            ratio = self.drafter.cost_ratio(self.target.spec)
+            self._policy.plan(self.prefill_seconds * ratio, self.config.max_new_tokens, ratio)
+        self.decode_started = time.perf_counter()
+
+    def _cycle(self, state: BatchState, cache: KVCache, drafter: Drafter):
+        remaining = [self.config.max_new_tokens - len(state.rows[i].token_ids) for i in state.active]
+        k = min(self._policy.next_k(), self.k_cap, max(remaining) - 1)
+        proposal = drafter.propose(state, k) if k > 0 else Proposal.none(len(state.active))
+        k = proposal.drafts.shape[1]
+        verified = self.target.infer(*state.verify_inputs(proposal.drafts), cache)  # logits [batch, k + 1, vocab]
+        with self.accept_timer:
+            accepted, emitted = self.accept(verified.logits, proposal, state)
+        with self.cache_timer:
+            seen = [length + n for length, n in zip(state.lengths, accepted)]  # what the target has now seen
+            cache.commit(seen)
+            drafter.rollback(seen)
+            committed, finished = state.commit(accepted, emitted, remaining)
+        if self._policy.learns:
+            self._policy.observe(CycleOutcome(
+                proposed=k, accepted=accepted, draft_seconds=proposal.seconds, draft_steps=proposal.steps,
+                verify_seconds=verified.seconds, verify_tokens=k + 1, catchup_tokens=proposal.catchup_tokens))
+        self._record(state, k, accepted, committed, proposal.seconds, verified.seconds,
+                     self.cache_timer.seconds + verified.stage_seconds)  # staging the target's K/V is cache work
+        return committed, finished
+
+    def _accept_greedy(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
+        """Each row keeps the drafts that equal the target's argmax, then emits the target's own token."""
+        logits = self._penalized(logits, proposal, state)
+        target = logits.argmax(-1).tolist()  # [batch][k + 1]
+        return [greedy_accept_row(t, d) for t, d in zip(target, proposal.drafts.tolist())], target
+
+    def _accept_sampled(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
+        p = probabilities(self._penalized(logits, proposal, state), self.config)  # [batch, k + 1, vocab]
+        accepted, emitted = speculative_accept(p, proposal.q, proposal.drafts, state.rngs())
+        return accepted.tolist(), emitted.tolist()
+
+    def _penalized(self, logits: np.ndarray, proposal: Proposal, state: BatchState) -> np.ndarray:
+        penalty = self.config.repetition_penalty
+        if penalty == 1.0:
+            return logits
+        return np.stack([penalize_positions(logits[b], state.tokens[b, :at], proposal.drafts[b], penalty)
+                         for b, at in enumerate(state.lengths)])
+
+    def _record(self, state: BatchState, k: int, accepted: list[int], committed: list, draft_s: float,
+                verify_s: float, cache_s: float) -> None:
+        """One record per row; the batched calls' seconds are shared out equally among the rows."""
+        batch, now = len(state.active), time.perf_counter() - self.decode_started
+        for n, (index, new) in zip(accepted, committed):
+            row = state.rows[index]
+            row.decode_seconds = now
+            final = FinalToken.PLAIN if k == 0 else (FinalToken.BONUS if n == k else FinalToken.RECOVERED)
+            row.records.append(CycleRecord(
+                request_id=row.request_id, cycle=self.cycle, k=k, accepted=n, rejected_at=n + 1 if n < k else None,
+                final=final, emitted=len(new), draft_s=draft_s / batch, verify_s=verify_s / batch,
+                accept_s=self.accept_timer.seconds / batch, cache_s=cache_s / batch, batch_size=batch))
+
+    def _isolate(self):
+        """Re-run the failed cycle for each row alone, on views of its slots of the batch buffers."""
+        state, committed, finished = self.state, [], []
+        for b in range(state.batch):
+            single, cache, drafter = state.subset(b), self.cache.row(b), self.drafter.row(b)
+            try:
+                new, done = self._cycle(single, cache, drafter)
+            except Exception as exc:
+                state.fail(b, exc)
+                committed.append((state.active[b], []))
+                finished.append(b)
+                continue
+            state.adopt(b, single)
+            past = self.cache.past_len.tolist()
+            past[b] = cache.past_len.item(0)
+            self.cache.commit(past)
+            self.drafter.adopt(b, drafter)
+            committed += new
+            finished += [b] if done else []
+        return committed, finished
+
+    def _leave(self, finished: list[int]) -> None:
+        keep = self.state.leave(finished)
+        if keep:
+            self.cache = self.cache.select(keep)
+            self.drafter.select(keep)

@@ -1,155 +1,165 @@
-"""Drafters propose tokens for the target to verify: a draft model, prompt lookup, or none."""
+"""Drafters propose tokens for the target to verify: a draft model, prompt lookup, or none.
+
+A drafter reads the batch state, writes only what it owns (its cache, its draft buffer) and
+returns a ``Proposal``. Drafters are registered by name (``--drafter NAME``); what one needs is
+declared (``needs_model``), not probed.
+"""
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..engines.base import Engine
-from .cache import KVCache
+from ..engines.base import Engine, KVCache, feed
 from .config import GenerationConfig
-from .forward import forward_one, forward_rows
 from .sampling import penalize, probabilities, sample
+
+if TYPE_CHECKING:  # the decoder imports the drafters
+    from .decoder import BatchState
 
 
 @dataclass
 class Proposal:
-    drafts: np.ndarray  # [batch, k] int64; may be a view of the token buffer (valid until the cycle commits)
+    drafts: np.ndarray  # [batch, k] int64; the drafter's buffer, valid until its next ``propose``
     q: np.ndarray | None  # [batch, k, vocab] proposal distributions; None: deterministic (one-hot)
     seconds: float  # drafting time, engine calls and their bookkeeping
     steps: int  # draft engine calls
-    catchup: int = 1  # tokens the first call fed (more than 2 after cycles that did not draft)
+    catchup_tokens: int = 1  # tokens the first call fed (more than 2 after cycles that did not draft)
+
+    @classmethod
+    def none(cls, batch: int) -> Proposal:
+        """No drafts: the cycle is a plain decoding step."""
+        return cls(np.zeros((batch, 0), np.int64), None, 0.0, 0)
 
 
-class NoDrafter:
-    """Plain target decoding: the baseline."""
+DRAFTERS: dict[str, type[Drafter]] = {}  # name -> drafter class, in the order the CLI lists them
 
-    name = "none"
 
-    def start(self, batch: int, capacity: int) -> None:
-        """Nothing to allocate."""
+def register(cls: type[Drafter]) -> type[Drafter]:
+    """Make a drafter class available by its ``name``."""
+    DRAFTERS[cls.name] = cls
+    return cls
 
-    def propose(self, tokens, lengths, k, config, rngs, threshold=None) -> Proposal:
-        return Proposal(np.zeros((len(lengths), 0), np.int64), None, 0.0, 0)
 
-    def commit(self, valid: list[int]) -> None:
-        """Nothing to roll back."""
+class Drafter(ABC):
+    """Proposes up to k tokens per row after each row's committed tokens."""
 
-    def select(self, rows: np.ndarray) -> None:
-        """Nothing per row."""
+    name = ""
+    needs_model = False  # True: built on the artifact's draft model (``create(engine)``)
 
-    def view(self, row: int):
-        """This drafter for one row of the batch (stateless drafters serve any row)."""
+    @classmethod
+    def create(cls, engine: Engine | None) -> Drafter:
+        return cls()
+
+    def start(self, batch: int, capacity: int, config: GenerationConfig, threshold: float | None) -> None:
+        """A new batch: ``threshold`` is the policy's confidence threshold (None: always draft k)."""
+        self.config, self.threshold, self.greedy = config, threshold, config.greedy
+
+    @abstractmethod
+    def propose(self, state: BatchState, k: int) -> Proposal:
+        """Up to k drafts per row (every row gets as many)."""
+
+    def rollback(self, lengths: list[int]) -> None:  # noqa: B027 (a default: nothing to do)
+        """Tokens x[0:lengths[b]] stand (the verified prefix); anything seen beyond them is discarded."""
+
+    def select(self, rows: list[int]) -> None:  # noqa: B027 (a default: nothing to do)
+        """Keep only batch rows ``rows`` (finished rows left)."""
+
+    def row(self, b: int) -> Drafter:
+        """This drafter for row ``b`` alone (stateless drafters serve any row)."""
         return self
+
+    def adopt(self, b: int, single: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
+        """Take back what a ``row(b)`` drafter committed."""
 
     def cost_ratio(self, target_spec) -> float:
         """A draft step's cost relative to the target's (0: drafting needs no model)."""
         return 0.0
 
-    def adopt(self, row: int, single) -> None:
-        """Take back what a one-row view of this drafter committed."""
 
-
-class ModelDrafter(NoDrafter):
+@register
+class ModelDrafter(Drafter):
     """A draft model: catches up on committed tokens it has not seen, then proposes one call a token."""
 
     name = "model"
+    needs_model = True
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.cache: KVCache | None = None
 
-    def start(self, batch: int, capacity: int) -> None:
-        self.cache = KVCache(self.engine.allocate_cache(batch, capacity))
+    @classmethod
+    def create(cls, engine: Engine | None) -> Drafter:
+        return cls(engine)
 
-    def propose(self, tokens, lengths, k, config: GenerationConfig, rngs, threshold=None) -> Proposal:
-        """Write drafts into ``tokens`` [batch, width] at lengths[b] .. and return them with q."""
-        if len(lengths) == 1 and config.greedy and config.repetition_penalty == 1.0:
-            return self._propose_greedy_row(tokens, lengths, k, threshold)
-        return self._propose_rows(tokens, lengths, k, config, rngs, threshold)
+    def start(self, batch: int, capacity: int, config: GenerationConfig, threshold: float | None) -> None:
+        super().start(batch, capacity, config, threshold)
+        self.cache = self.engine.allocate_cache(batch, capacity)
+        self._buffers(batch, config.k)
 
-    def _propose_rows(self, tokens, lengths, k, config: GenerationConfig, rngs, threshold=None) -> Proposal:
-        """The general path: any batch, ragged lengths, sampling, repetition penalty."""
+    def _buffers(self, batch: int, k: int) -> None:
+        # draft i of every row is row i of ``columns``: contiguous, so [batch, 1] views of it are the
+        # next draft call's input as they are
+        self.columns = np.zeros((max(k, 1), batch), np.int64)  # [k, batch]
+        self.inputs = [column[:, None] for column in self.columns]  # k views [batch, 1]
+
+    def propose(self, state: BatchState, k: int) -> Proposal:
         began = time.perf_counter()
-        batch = len(lengths)
-        logits, start, _, _ = forward_rows(self.engine, self.cache, tokens, lengths)
-        catchup = logits.shape[1]  # the call fed as many tokens as the row furthest behind needed
-        last = logits[np.arange(batch), lengths - 1 - start][:, None]  # [batch, 1, vocab]
-        columns, qs = [], []  # per draft position: [batch, 1] tokens, [batch, vocab] q
-        for i in range(k):
-            if config.repetition_penalty != 1.0:
-                so_far = np.concatenate(columns, axis=1) if columns else np.zeros((batch, 0), np.int64)
-                last = np.stack([penalize(last[b, 0], np.concatenate([tokens[b, : lengths[b]], so_far[b]]),
-                                          config.repetition_penalty) for b in range(batch)])[:, None]
-            if config.greedy:
-                # greedy needs no distribution, only its top probability when a threshold asks for it
-                if threshold is not None and _top_probability(last).max() < threshold:
-                    break
-                column = last.argmax(-1)  # [batch, 1], the next call's input as it is
-            else:
-                q = probabilities(last[:, 0], config)  # [batch, vocab]
-                if threshold is not None and q.max(-1).max() < threshold:
-                    break  # no row is confident enough to make another draft worth verifying
-                column = np.array([[sample(q[b], rngs[b])] for b in range(batch)], np.int64)
-                qs.append(q)
-            columns.append(column)
-            if i + 1 < k:
-                last, _ = forward_one(self.engine, self.cache, column)
-        drafts = np.concatenate(columns, axis=1) if columns else np.zeros((batch, 0), np.int64)  # [batch, made]
-        made = drafts.shape[1]
-        for b, at in enumerate(lengths.tolist()):  # the verify call reads them there
-            tokens[b, at : at + made] = drafts[b]
-        q_all = np.stack(qs, axis=1) if qs else None
-        steps = 1 + min(made, k - 1)  # the catch-up call, then one call per draft but the last
-        return Proposal(drafts, q_all, time.perf_counter() - began, steps, catchup)
-
-    def _propose_greedy_row(self, tokens, lengths, k, threshold) -> Proposal:
-        """``propose`` for one row under greedy decoding, the latency case, in fewer NumPy calls.
-
-        The same engine calls with the same inputs as the general path (a test holds them equal), but
-        each draft's argmax is written straight into ``tokens``, where the next draft call and the
-        verify call read it, and positions are Python ints: after every engine call the CPU's caches
-        are cold, and each NumPy call then costs microseconds.
-        """
-        began = time.perf_counter()
-        cache, engine = self.cache, self.engine
-        seen, at = cache.past_len.item(0), lengths.item(0)
-        # every draft's slot in the token buffer and its call's past_len, made before the first call:
-        # between calls then only an argmax and the staging copy run
-        slots = [tokens[:, i : i + 1] for i in range(at, at + k)]  # [1, 1] views
-        pasts = [np.array([i]) for i in range(at, at + k - 1)]
-        out = engine.infer(tokens[:, seen:at], cache.past_len, cache.buffers)  # catch up on what it has not seen
-        cache.stage_at(out.new_kv, seen)
-        logits, made = out.logits[:, -1:], 0  # [1, 1, vocab]
+        config, cache, engine = self.config, self.cache, self.engine
+        lengths = state.lengths
+        # catch up on the committed tokens it has not seen: as many as the row furthest behind needed
+        logits, catchup = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]
+        pasts = [np.array([at + i for at in lengths]) for i in range(k - 1)]  # each draft call's past_len
+        qs, made = [], 0
         while made < k:
-            if threshold is not None and _top_probability(logits).max() < threshold:
-                break
-            logits.argmax(-1, out=slots[made])
+            if config.repetition_penalty != 1.0:
+                logits = self._penalized(logits, state, made)
+            if self.greedy:
+                # greedy needs no distribution, only its top probability when a threshold asks for it
+                if self.threshold is not None and _top_probability(logits).max() < self.threshold:
+                    break
+                logits.argmax(-1, out=self.columns[made])
+            else:
+                q = probabilities(logits, config)  # [batch, vocab]
+                if self.threshold is not None and q.max(-1).max() < self.threshold:
+                    break  # no row is confident enough to make another draft worth verifying
+                self.columns[made] = [sample(q[b], rng) for b, rng in enumerate(state.rngs())]
+                qs.append(q)
             made += 1
             if made < k:
-                out = engine.infer(slots[made - 1], pasts[made - 1], cache.buffers)
-                cache.stage_at(out.new_kv, at + made - 1)
-                logits = out.logits
+                logits = engine.infer(self.inputs[made - 1], pasts[made - 1], cache).logits[:, 0]
         steps = 1 + min(made, k - 1)  # the catch-up call, then one call per draft but the last
-        cache.commit(np.array([at + steps - 1]))
-        return Proposal(tokens[:, at : at + made], None, time.perf_counter() - began, steps, at - seen)
+        cache.commit([at + steps - 1 for at in lengths])
+        q_all = np.stack(qs, axis=1) if qs else None
+        return Proposal(self.columns[:made].T, q_all, time.perf_counter() - began, steps, catchup)
 
-    def commit(self, valid: list[int]) -> None:
-        """Tokens x[0:valid[b]] stand (the verified prefix); the draft's K/V beyond them is discarded."""
-        self.cache.commit(np.array([min(seen, v) for seen, v in zip(self.cache.past_len.tolist(), valid)]))
+    def _penalized(self, logits: np.ndarray, state: BatchState, made: int) -> np.ndarray:
+        so_far = self.columns[:made].T  # [batch, made]
+        return np.stack([penalize(logits[b], np.concatenate([state.tokens[b, :at], so_far[b]]),
+                                  self.config.repetition_penalty) for b, at in enumerate(state.lengths)])
 
-    def select(self, rows: np.ndarray) -> None:
-        self.cache.select(rows)
+    def rollback(self, lengths: list[int]) -> None:
+        self.cache.commit([min(seen, v) for seen, v in zip(self.cache.past_len.tolist(), lengths)])
 
-    def view(self, row: int) -> ModelDrafter:
+    def select(self, rows: list[int]) -> None:
+        self.cache = self.cache.select(rows)
+        self._buffers(len(rows), self.columns.shape[0])
+
+    def row(self, b: int) -> ModelDrafter:
         single = ModelDrafter(self.engine)
-        single.cache = self.cache.view(row)
+        single.config, single.threshold, single.greedy = self.config, self.threshold, self.greedy
+        single.cache = self.cache.row(b)
+        single._buffers(1, self.columns.shape[0])
         return single
 
-    def adopt(self, row: int, single: ModelDrafter) -> None:
-        self.cache.commit_row(row, int(single.cache.past_len[0]))
+    def adopt(self, b: int, single: ModelDrafter) -> None:
+        past = self.cache.past_len.tolist()
+        past[b] = single.cache.past_len.item(0)
+        self.cache.commit(past)
 
     def cost_ratio(self, target_spec) -> float:
         """Parameters of the draft over the target's: what a token costs each, to a first estimate."""
@@ -162,7 +172,8 @@ def _top_probability(logits: np.ndarray) -> np.ndarray:
     return 1.0 / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)
 
 
-class PromptLookup(NoDrafter):
+@register
+class PromptLookup(Drafter):
     """Prompt lookup (n-gram) drafting: continue the latest earlier match of the last n tokens.
 
     No model; like transformers' ``prompt_lookup_num_tokens``. Proposals are deterministic, so q is
@@ -174,17 +185,15 @@ class PromptLookup(NoDrafter):
     def __init__(self, max_ngram: int = 3):
         self.max_ngram = max_ngram
 
-    def propose(self, tokens, lengths, k, config, rngs, threshold=None) -> Proposal:
+    def propose(self, state: BatchState, k: int) -> Proposal:
         began = time.perf_counter()
-        rows = lengths.tolist()
-        found = [self._lookup(tokens[b, :length], k) for b, length in enumerate(rows)]
+        found = [self._lookup(state.tokens[b, :length], k) for b, length in enumerate(state.lengths)]
         made = max(len(f) for f in found)
-        drafts = np.empty((len(rows), made), np.int64)
-        for b, (length, cont) in enumerate(zip(rows, found)):
+        drafts = np.empty((state.batch, made), np.int64)
+        for b, (length, cont) in enumerate(zip(state.lengths, found)):
             drafts[b, : len(cont)] = cont
             if len(cont) < made:  # rows without a (long enough) match repeat their last token: any proposal is lossless
-                drafts[b, len(cont) :] = cont[-1] if len(cont) else tokens[b, length - 1]
-            tokens[b, length : length + made] = drafts[b]
+                drafts[b, len(cont) :] = cont[-1] if len(cont) else state.tokens[b, length - 1]
         return Proposal(drafts, None, time.perf_counter() - began, 0)
 
     def _lookup(self, seq: np.ndarray, k: int) -> np.ndarray:
@@ -199,3 +208,13 @@ class PromptLookup(NoDrafter):
                 if len(cont):
                     return cont
         return seq[:0]
+
+
+@register
+class NoDrafter(Drafter):
+    """Plain target decoding: the baseline."""
+
+    name = "none"
+
+    def propose(self, state: BatchState, k: int) -> Proposal:
+        return Proposal.none(state.batch)

@@ -11,13 +11,14 @@ import numpy as np
 
 from ..contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
 from ..engines import load_engine
-from .cache import CapacityError, KVCache, plan_capacity
+from .cache import cache_bytes, plan_batch
 from .config import ConfigError, GenerationConfig
 from .decoder import Generation, RowResult
-from .drafters import ModelDrafter, NoDrafter, PromptLookup
-from .forward import forward_one, prefill
+from .divergence import first_divergence
+from .drafters import DRAFTERS, Drafter
 from .policies import make_policy
-from .telemetry import CycleRecord, summarize
+from .stops import StopStrings
+from .telemetry import CycleRecord, FinishReason, summarize
 
 
 class GenerationError(RuntimeError):
@@ -29,7 +30,7 @@ class GenerationResult:
     text: str
     token_ids: list[int]  # generated tokens, prompt excluded
     stats: dict
-    finish_reason: str = ""  # "eos", "length", "stop", or "error" (then ``error`` says why)
+    finish_reason: FinishReason | str = ""  # eos, length, stop, or error (then ``error`` says why)
     records: list[CycleRecord] = field(default_factory=list)
     error: str = ""
 
@@ -88,11 +89,13 @@ class Pipeline:
 
         ``capacity`` already holds the speculative slots (prompt + max_new_tokens + k + 1).
         """
-        sizes = {"target": self.target.spec.cache_bytes(batch, capacity)}
-        if speculative and self.draft is not None:
-            sizes["draft"] = self.draft.spec.cache_bytes(batch, capacity)
-        sizes["total"] = sum(sizes.values())
-        return sizes
+        return cache_bytes(self._specs(speculative), batch, capacity)
+
+    def _specs(self, with_draft: bool) -> dict:
+        specs = {"target": self.target.spec}
+        if with_draft and self.draft is not None:
+            specs["draft"] = self.draft.spec
+        return specs
 
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
         """Token ids of a prompt (text, or ids checked against the vocabulary)."""
@@ -116,22 +119,14 @@ class Pipeline:
         if not prompts:
             raise ConfigError("prompts: got none; expected at least one prompt")
         ids = [self.encode(p) for p in prompts]
-        drafter = self._drafter(config)
+        drafter = self.drafter_for(config)
         limit = min(s.capacity for s in self.manifest.models.values())
+        capacity = plan_batch([len(i) for i in ids], config, limit, self._specs(drafter.needs_model),
+                              self.max_cache_bytes)
         request_ids = [f"req-{next(self._ids)}" for _ in ids]
-        stop_check = self._stop_check(config.stop) if config.stop else None
-        if self.max_cache_bytes is not None:
-            capacity = plan_capacity([len(i) for i in ids], config.max_new_tokens, config.k if config.speculative else 0,
-                                     limit)
-            sizes = self.cache_bytes(len(ids), capacity, speculative=config.drafter == "model" and config.speculative)
-            if sizes["total"] > self.max_cache_bytes:
-                detail = ", ".join(f"{role} {n / 2**20:.1f} MiB" for role, n in sizes.items() if role != "total")
-                raise CapacityError(
-                    f"KV caches for {len(ids)} rows x {capacity} slots need {sizes['total'] / 2**20:.1f} MiB ({detail}), "
-                    f"over the limit of {self.max_cache_bytes / 2**20:.1f} MiB; use a smaller batch, fewer new tokens or k"
-                )
+        stop_check = StopStrings(config.stop, self.decode).check if config.stop else None
         return Generation(self.target, drafter, make_policy(config.policy, config.k, config.confidence_threshold),
-                          config, ids, request_ids, stop_check, k_limit=limit)
+                          config, ids, request_ids, stop_check, capacity=capacity)
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
                  batch_size: int | None = None) -> list[GenerationResult]:
@@ -159,7 +154,7 @@ class Pipeline:
                 text = self._cut_at_stop(self.decode(row.token_ids), config)
                 # hold back a trailing partial UTF-8 sequence until the next token completes it
                 visible = text[:-1] if text.endswith("\ufffd") and not run.done else text
-                if row.finish_reason == "error":
+                if row.finish_reason == FinishReason.ERROR:
                     raise GenerationError(f"{row.request_id}: {row.error}")
                 if not run.done:
                     yield StreamChunk(visible[len(shown):], new)
@@ -167,32 +162,14 @@ class Pipeline:
                 else:
                     result = self._result(row, run.prefill_seconds, config)
                     yield StreamChunk(result.text[len(shown):], new, result)
+        if row.finish_reason == FinishReason.ERROR:  # failed before any token (prefill)
+            raise GenerationError(f"{row.request_id}: {row.error}")
 
     def first_divergence(self, prompt: str | Sequence[int], reference: Sequence[int], other: Sequence[int],
                          config: GenerationConfig) -> dict | None:
-        """Where greedy ``other`` leaves ``reference``, plain decoding's output of ``prompt`` under ``config``.
-
-        Returns the position and the margin logit(reference token) - logit(other token) as plain
-        decoding computed it: the target replays that request alone (prefill, then one token a call,
-        in a cache of the capacity the request planned: compressed kernels give slightly different
-        logits for other call shapes and capacities) up to the position. A small margin is a near-tie
-        that the engine's arithmetic can tip (verifying K + 1 tokens at once is not bit-identical to
-        decoding one: README, Exactness); a large one points at a bug. None when neither leaves the other.
-        """
-        position = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
-        if position is None:
-            return None
-        prompt_ids = self.encode(prompt)
-        ids = np.concatenate([prompt_ids, np.asarray(reference[:position], np.int64)])[None]
-        prompt_end = len(prompt_ids) - 1  # plain decoding prefills all prompt tokens but the last
-        capacity = plan_capacity([len(prompt_ids)], config.max_new_tokens, config.k if config.speculative else 0,
-                                 self.target.spec.capacity)
-        cache = KVCache(self.target.allocate_cache(1, capacity))
-        prefill(self.target, cache, ids, np.array([prompt_end]))
-        for at in range(prompt_end, ids.shape[1]):
-            last, _ = forward_one(self.target, cache, np.ascontiguousarray(ids[:, at : at + 1]))
-        a, b = int(reference[position]), int(other[position])
-        return {"position": position, "reference_token": a, "other_token": b, "margin": float(last[0, 0, a] - last[0, 0, b])}
+        """Where greedy ``other`` leaves ``reference``: position and the target's margin there, as plain
+        decoding of ``prompt`` under ``config`` computed it (``divergence.first_divergence``); None if nowhere."""
+        return first_divergence(self.target, self.encode(prompt), reference, other, config)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
@@ -206,30 +183,14 @@ class Pipeline:
 
     @staticmethod
     def _cut_at_stop(text: str, config: GenerationConfig) -> str:
-        """Text up to (not including) the earliest stop string."""
-        cuts = [text.find(s) for s in config.stop if s in text]
-        return text[: min(cuts)] if cuts else text
+        return StopStrings(config.stop, None).cut(text) if config.stop else text
 
-    def _drafter(self, config: GenerationConfig):
+    def drafter_for(self, config: GenerationConfig) -> Drafter:
+        """The drafter ``config`` names, on this artifact's draft model where it needs one."""
         if not config.speculative:
-            return NoDrafter()
-        if config.drafter == "prompt-lookup":
-            return PromptLookup()
-        if self.draft is None:
-            raise ConfigError("drafter: 'model' needs a draft model, and this artifact has none; "
+            return DRAFTERS["none"].create(None)
+        drafter = DRAFTERS[config.drafter]
+        if drafter.needs_model and self.draft is None:
+            raise ConfigError(f"drafter: {config.drafter!r} needs a draft model, and this artifact has none; "
                               "use drafter='prompt-lookup' or 'none', or export with --draft")
-        return ModelDrafter(self.draft)
-
-    def _stop_check(self, stops: tuple[str, ...]):
-        def check(previous: list[int], new: list[int]) -> int | None:
-            """Fewest of the new tokens whose text completes a stop string; None if none does."""
-            # one decode per cycle in the common case; the per-token search only once a stop appears
-            if not any(s in self.decode(previous + new) for s in stops):
-                return None
-            for keep in range(1, len(new) + 1):
-                text = self.decode(previous + new[:keep])
-                if any(s in text for s in stops):
-                    return keep
-            return None
-
-        return check
+        return drafter.create(self.draft)

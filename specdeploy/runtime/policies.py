@@ -1,12 +1,15 @@
 """Draft-length policies: how many tokens to draft next, and what to learn from a cycle.
 
-Each policy is a two-method object (``next_k``, ``observe``), testable without a model.
-Capabilities are attributes: ``confidence_threshold`` (None: draft all k) tells the drafter when
-to stop early; ``learns`` (False: ``observe`` does nothing) spares the decoder building outcomes.
+Each policy is a two-method object (``next_k``, ``observe``), testable without a model, registered
+by name. Capabilities are declared attributes, read once per request:
+- ``confidence_threshold`` (None: draft all k) tells the drafter when to stop early;
+- ``learns`` (False: ``observe`` does nothing) spares the decoder building outcomes;
+- ``plans`` (True: ``plan`` wants the draft's catch-up estimate before the first cycle).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,10 +29,68 @@ class CycleOutcome:
     catchup_tokens: int = 1  # tokens the draft's first call fed (many after cycles that did not draft)
 
 
-class FixedK:
+POLICIES: dict[str, type[Policy]] = {}  # name -> policy class, in the order the CLI lists them
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Make a policy class available by its ``name`` (``--policy NAME``, ``GenerationConfig.policy``)."""
+    POLICIES[cls.name] = cls
+    return cls
+
+
+class Policy(ABC):
+    """The protocol every draft-length policy follows, with its defaults."""
+
+    name = ""
+    confidence_threshold: float | None = None
+    learns = True
+    plans = False
+
+    @classmethod
+    def create(cls, k: int, confidence_threshold: float) -> Policy:
+        """The policy for a request with maximum draft length ``k``."""
+        return cls(k)
+
+    @abstractmethod
+    def next_k(self) -> int:
+        """Drafts to propose in the next cycle (0: a plain decoding step)."""
+
+    def observe(self, outcome: CycleOutcome) -> None:  # noqa: B027 (a default: nothing to do)
+        """Learn from a cycle (only called when ``learns``)."""
+
+    def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:  # noqa: B027 (a default: nothing to do)
+        """Before the first cycle (only called when ``plans``)."""
+
+
+class Adopted(Policy):
+    """A policy object from outside the package (anything with ``next_k()`` and ``observe(outcome)``),
+    with the protocol's defaults for the capabilities it does not declare."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        for capability in ("confidence_threshold", "learns", "plans"):
+            setattr(self, capability, getattr(policy, capability, getattr(Policy, capability)))
+
+    def next_k(self) -> int:
+        return self.policy.next_k()
+
+    def observe(self, outcome: CycleOutcome) -> None:
+        self.policy.observe(outcome)
+
+    def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
+        self.policy.plan(catchup_seconds, new_tokens, draft_cost_ratio)
+
+
+def adopt(policy) -> Policy:
+    """``policy`` itself if it is a ``Policy``, else wrapped in ``Adopted``."""
+    return policy if isinstance(policy, Policy) else Adopted(policy)
+
+
+@register
+class FixedK(Policy):
     """Always draft k tokens."""
 
-    confidence_threshold = None
+    name = "fixed"
     learns = False
 
     def __init__(self, k: int):
@@ -38,23 +99,27 @@ class FixedK:
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, outcome: CycleOutcome) -> None:
-        """A fixed policy learns nothing."""
 
-
+@register
 class ConfidenceStop(FixedK):
     """Draft up to k tokens, stopping once the draft's top probability falls below a threshold."""
+
+    name = "confidence"
 
     def __init__(self, k: int, threshold: float = 0.4):
         super().__init__(k)
         self.confidence_threshold = threshold
 
+    @classmethod
+    def create(cls, k: int, confidence_threshold: float) -> Policy:
+        return cls(k, confidence_threshold)
 
-class Heuristic:
+
+@register
+class Heuristic(Policy):
     """transformers' schedule: +2 after a fully accepted block, -1 otherwise, within [1, k_max]."""
 
-    confidence_threshold = None
-    learns = True
+    name = "heuristic"
 
     def __init__(self, k_max: int, start: int | None = None):
         self.k_max = k_max
@@ -72,7 +137,8 @@ class Heuristic:
             self.k = max(self.k - 1, 1)
 
 
-class CostModel:
+@register
+class CostModel(Policy):
     """Pick the K that maximises expected tokens per second, K = 0 (plain decoding) included.
 
     It keeps running estimates of
@@ -89,10 +155,9 @@ class CostModel:
     the estimated catch-up twice; otherwise the request stays plain, without probes (each would pay it).
     """
 
+    name = "cost"
+    plans = True
     optimism = 0.8  # acceptance assumed per position when judging a catch-up before any was measured
-
-    confidence_threshold = None
-    learns = True
 
     def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float = 0.5,
                  probe_every: int = 16):
@@ -118,9 +183,9 @@ class CostModel:
         seconds, tokens, ratio = self.catchup
         v1 = self.verify[1]  # the only cost measured yet: verify_cost extrapolates from it
         best = float(self.expected_rate(np.full(self.k_max, self.optimism), ratio * v1).max())
-        # The estimate scales the target's prefill by the parameter ratio; on the Qwen pair the draft's
-        # catch-up took 0.75 of the target's prefill for a ratio of 0.35 (int4 kernels prefill slower per
-        # parameter than int8 GEMM): the saving must repay the estimate twice over.
+        # The estimate scales the target's prefill by the parameter ratio, which undercounts a draft whose
+        # kernels prefill slower per parameter than the target's (int4 beside int8 GEMM; README, Measuring):
+        # the saving must repay the estimate twice over.
         return tokens * (v1 - 1 / best) > 2 * seconds
 
     def acceptance(self) -> np.ndarray:
@@ -198,14 +263,8 @@ class CostModel:
             self.verify[t] = v if t not in self.verify else (1 - blend) * self.verify[t] + blend * v
 
 
-def make_policy(name: str, k: int, confidence_threshold: float = 0.4):
+def make_policy(name: str, k: int, confidence_threshold: float = 0.4) -> Policy:
     """The policy called ``name`` with maximum draft length ``k``."""
-    if name == "fixed":
-        return FixedK(k)
-    if name == "confidence":
-        return ConfidenceStop(k, confidence_threshold)
-    if name == "heuristic":
-        return Heuristic(k)
-    if name == "cost":
-        return CostModel(k)
-    raise ValueError(f"policy {name!r} is unknown; expected fixed, confidence, heuristic or cost")
+    if name not in POLICIES:
+        raise ValueError(f"policy {name!r} is unknown; expected {', '.join(POLICIES)}")
+    return POLICIES[name].create(k, confidence_threshold)

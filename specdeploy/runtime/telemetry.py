@@ -7,19 +7,45 @@ field over records gives the wall time spent in that phase.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass(slots=True)
-class CycleRecord:
+class _Named(str, Enum):
+    """An enum that serialises (JSON, f-strings, comparisons) as its plain string value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class FinalToken(_Named):
+    """The token a cycle emits after the accepted drafts (vLLM's glossary, acceptance.py)."""
+
+    BONUS = "bonus"  # all k drafts accepted (k > 0): drawn from the target's last distribution
+    RECOVERED = "recovered"  # at the first rejection
+    PLAIN = "plain"  # k = 0: a plain decoding step
+
+
+class FinishReason(_Named):
+    """Why a request ended."""
+
+    EOS = "eos"
+    LENGTH = "length"
+    STOP = "stop"
+    ERROR = "error"  # an engine fault tied to this request; the row's ``error`` says which
+
+
+class CycleRecord(NamedTuple):
+    """One row's cycle; immutable once recorded. Built with keywords."""
+
     request_id: str
     cycle: int
     k: int  # drafts proposed (and verified) for this row
     accepted: int  # drafts accepted, 0 <= accepted <= k
     rejected_at: int | None  # 1-based position of the first rejected draft; None if none was
-    final: str  # the emitted extra token: "bonus" (all k accepted, k > 0), "recovered", or "plain" (k = 0)
+    final: FinalToken  # the emitted extra token: bonus, recovered, or plain (k = 0)
     emitted: int  # tokens committed for this row this cycle (after EOS / length truncation)
     draft_s: float
     verify_s: float
@@ -28,7 +54,7 @@ class CycleRecord:
     batch_size: int
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self._asdict()
 
 
 def mean_accepted_length(records: Iterable[CycleRecord]) -> float:

@@ -77,7 +77,7 @@ def test_report_writes_valid_pngs_and_pages(bench_dir):
 
 def test_prometheus_exposition_matches_records(bench_dir):
     cycles = [r for r in read_records(bench_dir / "records.jsonl") if r["type"] == "cycle"]
-    fields = CycleRecord.__dataclass_fields__
+    fields = CycleRecord._fields
     registry = CollectorRegistry()
     metrics = SpecDecodingMetrics(registry)
     metrics.observe_all(CycleRecord(**{k: v for k, v in c.items() if k in fields}) for c in cycles)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
-from specdeploy.runtime.cache import CapacityError, KVCache, plan_capacity
+from specdeploy.engines.base import KVCache
+from specdeploy.runtime.cache import CapacityError, plan_capacity
 
 
 class RandomK:

@@ -1,4 +1,4 @@
-"""Drafters: prompt lookup against a straightforward reference; the draft model's one-row greedy path."""
+"""Drafters: prompt lookup against a straightforward reference; the draft model against one token a call."""
 
 from __future__ import annotations
 
@@ -10,7 +10,42 @@ from hypothesis import strategies as st
 from specdeploy import GenerationConfig
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
+from specdeploy.runtime.decoder import BatchState
 from specdeploy.runtime.drafters import ModelDrafter, PromptLookup
+
+
+def _state(tokens, lengths, config=None):
+    """A batch state over ``tokens`` [batch, width] with ``lengths`` committed tokens per row."""
+    state = BatchState(config or GenerationConfig(), tokens.shape[1], eos=set())
+    state.tokens, state.lengths, state.active = tokens, list(lengths), list(range(len(lengths)))
+    return state
+
+
+class OneTokenACall:
+    """The greedy draft model written out plainly: catch up, then one engine call per draft."""
+
+    def __init__(self, engine, capacity):
+        self.engine, self.cache = engine, engine.allocate_cache(1, capacity)
+
+    def propose(self, tokens, at, k, threshold):
+        seen = int(self.cache.past_len[0])
+        logits = self.engine.infer(tokens[:, seen:at], self.cache.past_len, self.cache).logits[0, -1]
+        drafts = []
+        while len(drafts) < k:
+            top = np.exp(logits - logits.max())
+            if threshold is not None and (top / top.sum()).max() < threshold:
+                break
+            drafts.append(int(logits.argmax()))
+            if len(drafts) < k:
+                ids = np.array([[drafts[-1]]])
+                logits = self.engine.infer(ids, np.array([at + len(drafts) - 1]), self.cache).logits[0, -1]
+        steps = 1 + min(len(drafts), k - 1)
+        self.cache.commit([at + steps - 1])
+        tokens[0, at : at + len(drafts)] = drafts
+        return np.array([drafts], np.int64).reshape(1, -1), steps, at - seen
+
+    def rollback(self, lengths):
+        self.cache.commit([min(int(self.cache.past_len[0]), lengths[0])])
 
 
 def _reference(seq, k, max_ngram=3):
@@ -33,44 +68,44 @@ def test_propose_pads_rows_without_a_match_and_writes_drafts():
     tokens = np.zeros((2, 16), np.int64)
     tokens[0, :6] = [1, 2, 3, 9, 1, 2]  # "1 2" seen before, followed by "3 9"
     tokens[1, :3] = [4, 5, 6]  # no repeat: no match
-    proposal = PromptLookup().propose(tokens, np.array([6, 3]), 3, GenerationConfig(), rngs=None)
+    state = _state(tokens, [6, 3])
+    proposal = PromptLookup().propose(state, 3)
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1], [6, 6, 6]])
+    state.verify_inputs(proposal.drafts)  # the state places them for the target
     np.testing.assert_array_equal(tokens[0, 6:9], [3, 9, 1])
     assert proposal.q is None and proposal.steps == 0
 
 
 @pytest.mark.parametrize("threshold", [None, 0.3])
-def test_one_row_greedy_path_equals_the_general_path(pair_dir, threshold):
-    """The batch-1 greedy fast path makes the same drafts and leaves the same cache as the general one."""
+def test_greedy_drafts_equal_one_token_a_call(pair_dir, threshold):
+    """The draft model's drafts, calls and cache equal the plain one-token-a-call loop's."""
     engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
     rng = np.random.default_rng(0)
     config = GenerationConfig(k=5)
-    drafters, token_buffers = [], []
-    for _ in range(2):
-        drafter = ModelDrafter(engine)
-        drafter.start(1, 64)
-        drafters.append(drafter)
-        token_buffers.append(np.zeros((1, 64), np.int64))
+    drafter = ModelDrafter(engine)
+    drafter.start(1, 64, config, threshold)
+    reference = OneTokenACall(engine, 64)
+    token_buffers = [np.zeros((1, 64), np.int64) for _ in range(2)]
     length, made_total, stopped_early = 7, 0, False
     for cycle in range(6):
-        fresh = rng.integers(0, 128, length - int(drafters[0].cache.past_len[0]))  # tokens it has not seen
-        results = []
-        for drafter, tokens, propose in zip(drafters, token_buffers, ("_propose_greedy_row", "_propose_rows")):
+        fresh = rng.integers(0, 128, length - int(drafter.cache.past_len[0]))  # tokens it has not seen
+        for tokens in token_buffers:
             tokens[0, length - len(fresh) : length] = fresh
-            args = (tokens, np.array([length]), 5) if propose == "_propose_greedy_row" else \
-                (tokens, np.array([length]), 5, config, None)
-            results.append(getattr(drafter, propose)(*args, threshold=threshold))
-        fast, general = results
+        state = _state(token_buffers[0], [length], config)
+        proposal = drafter.propose(state, 5)
+        state.verify_inputs(proposal.drafts)
+        drafts, steps, catchup = reference.propose(token_buffers[1], length, 5, threshold)
+        fast, general = proposal, type(proposal)(drafts, None, 0.0, steps, catchup)
         np.testing.assert_array_equal(fast.drafts, general.drafts)  # before the buffers change
-        assert (fast.steps, fast.catchup) == (general.steps, general.catchup)
+        assert (fast.steps, fast.catchup_tokens) == (general.steps, general.catchup_tokens)
         np.testing.assert_array_equal(token_buffers[0], token_buffers[1])
-        past = int(drafters[0].cache.past_len[0])
-        assert past == int(drafters[1].cache.past_len[0])
-        np.testing.assert_array_equal(drafters[0].cache.stacked[..., :past, :], drafters[1].cache.stacked[..., :past, :])
+        past = int(drafter.cache.past_len[0])
+        assert past == int(reference.cache.past_len[0])
+        np.testing.assert_array_equal(drafter.cache.stacked[..., :past, :], reference.cache.stacked[..., :past, :])
         made_total += fast.drafts.shape[1]
         stopped_early |= fast.drafts.shape[1] < 5
         accepted = cycle % 3  # then the target keeps some drafts and adds one token
-        for drafter in drafters:
-            drafter.commit([length + accepted])
+        for each in (drafter, reference):
+            each.rollback([length + accepted])
         length += accepted + 1
     assert made_total > 0 and stopped_early == (threshold is not None)

@@ -162,7 +162,7 @@ class _LearnsNothing(_Recording):
 
 def test_policies_are_told_each_cycle_unless_they_learn_nothing(pipeline):
     for policy in (_Recording(), _LearnsNothing()):
-        run = Generation(pipeline.target, pipeline._drafter(GOOD), policy, GOOD,
+        run = Generation(pipeline.target, pipeline.drafter_for(GOOD), policy, GOOD,
                          [pipeline.encode("w5 w6 w7"), pipeline.encode("w9")], ["a", "b"])
         while not run.done:
             run.step()

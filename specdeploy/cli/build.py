@@ -21,8 +21,8 @@ from rich.console import Console
               help="Capacity the kernels are tuned for (default: half of --capacity).")
 def build(directory, trt, precision, max_batch, max_draft, capacity, opt_capacity):
     """Build TensorRT engines next to the ONNX graphs and record the build facts in the manifest."""
-    from .contract import ContractError
-    from .engines.trt_build import BuildError, build_engines
+    from ..contract import ContractError
+    from ..engines.trt_build import BuildError, build_engines
 
     console = Console(stderr=True)
     try:

@@ -47,11 +47,11 @@ def _csv(kind):
 def bench(directory, prompts_path, ks, policies, drafters, temperatures, max_new_tokens, repeat, batch_size, limit,
           threads, seed, out, force):
     """Run the baseline and a grid of configurations in one process, interleaved; record and summarise."""
-    from . import Pipeline
-    from .contract import ContractError
-    from .reports.bench import GridError, build_grid, run_bench
-    from .runtime.cache import CapacityError
-    from .workloads import PromptFileError, humaneval, load_prompts
+    from .. import Pipeline
+    from ..contract import ContractError
+    from ..reports.bench import GridError, build_grid, run_bench
+    from ..runtime.cache import CapacityError
+    from ..workloads import PromptFileError, humaneval, load_prompts
 
     try:
         grid = build_grid(ks, policies, drafters, temperatures, max_new_tokens, seed)
@@ -77,10 +77,10 @@ def bench(directory, prompts_path, ks, policies, drafters, temperatures, max_new
 
 
 def _print_summary(summary: dict) -> None:
-    from .reports.plots import HEADER, _table_rows
+    from ..reports.plots import HEADER, table_rows
 
     table = Table(*HEADER, title="bench (speedup against the baseline measured in the same run)")
-    for row in _table_rows(summary):
+    for row in table_rows(summary):
         table.add_row(*row)
     Console().print(table)
 
@@ -89,7 +89,7 @@ def _print_summary(summary: dict) -> None:
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
 def report(directory):
     """Plot a bench directory: PNGs, report.html (self-contained) and report.md."""
-    from .reports.plots import write_report
+    from ..reports.plots import write_report
 
     if not (directory / "summary.json").is_file() or not (directory / "records.jsonl").is_file():
         raise click.ClickException(f"{directory}: no summary.json / records.jsonl; run `specdeploy bench --out {directory}`")

@@ -11,12 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .runtime.config import DRAFTERS, POLICIES
+from ..runtime.drafters import DRAFTERS
+from ..runtime.policies import POLICIES
 
 
 def read_prompts(path: Path) -> list[str]:
     """Prompt texts of a prompt file (see ``specdeploy.workloads.load_prompts``)."""
-    from .workloads import PromptFileError, load_prompts
+    from ..workloads import PromptFileError, load_prompts
 
     try:
         return [p.text for p in load_prompts(path)]
@@ -37,8 +38,8 @@ def read_prompts(path: Path) -> list[str]:
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 means off.")
 @click.option("--seed", type=int, default=None, help="Seed for sampling (same seed, same output).")
 @click.option("--k", type=int, default=4, show_default=True, help="Draft length (the maximum, for adaptive policies).")
-@click.option("--policy", type=click.Choice(POLICIES), default="fixed", show_default=True, help="Draft-length policy.")
-@click.option("--drafter", type=click.Choice(DRAFTERS), default="model", show_default=True,
+@click.option("--policy", type=click.Choice(list(POLICIES)), default="fixed", show_default=True, help="Draft-length policy.")
+@click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="model", show_default=True,
               help="model: the artifact's draft; prompt-lookup: n-gram; none: plain target decoding.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
@@ -52,11 +53,11 @@ def read_prompts(path: Path) -> list[str]:
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
              seed, k, policy, drafter, stop, batch_size, provider, threads, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
-    from . import GenerationConfig, Pipeline
-    from .contract import ContractError
-    from .engines import EngineInputError, ProviderError
-    from .runtime.cache import CapacityError
-    from .runtime.config import ConfigError
+    from .. import GenerationConfig, Pipeline
+    from ..contract import ContractError
+    from ..engines import EngineInputError, ProviderError
+    from ..runtime.cache import CapacityError
+    from ..runtime.config import ConfigError
 
     prompts = list(prompts) + (read_prompts(prompt_file) if prompt_file else [])
     if not prompts:
@@ -108,7 +109,7 @@ def _show(pipeline, prompts, config, batch_size):
 
 def _comparison(spec, plain, config, as_json: bool, divergences: list[dict]) -> None:
     """Speculative against plain target decoding of the same prompts, measured in this process."""
-    from .runtime.telemetry import acceptance_by_position, mean_accepted_length
+    from ..runtime.telemetry import acceptance_by_position, mean_accepted_length
 
     def rate(results):
         tokens = sum(r.stats["tokens"] for r in results)

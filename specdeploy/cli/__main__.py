@@ -1,0 +1,5 @@
+"""``python -m specdeploy.cli``."""
+
+from . import main
+
+main()

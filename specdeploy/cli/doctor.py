@@ -1,0 +1,30 @@
+"""``specdeploy doctor``: check an artifact, or a checkpoint pair before export."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+
+@click.command()
+@click.argument("directory", required=False, type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--target", default=None, help="Check a checkpoint pair before export: the target checkpoint.")
+@click.option("--draft", default=None, help="With --target: the draft checkpoint.")
+def doctor(directory, target, draft):
+    """Check an artifact DIRECTORY (manifest, hashes, tokenizer, pair, capacity, graphs), or a checkpoint pair
+    (--target/--draft) before export. Exits 1 on a problem, saying what to do."""
+    from ..doctor import diagnose, diagnose_pair
+
+    if (directory is None) == (target is None):
+        raise click.UsageError("give either DIRECTORY or --target (with optional --draft), not both")
+    problems = diagnose(directory) if directory is not None else diagnose_pair(target, draft)
+    out = Console()
+    if not problems:
+        out.print(f"[green]ok[/] {directory or target}: no problem found")
+        return
+    for what, fix in problems:
+        out.print(f"[red]problem[/] {what}\n  [bold]fix:[/] {fix}")
+    sys.exit(1)

@@ -1,0 +1,46 @@
+"""``specdeploy export``: Hugging Face checkpoints (or GGUF files) to a verify-v1 artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..contract import ContractError
+from .common import console
+
+
+@click.command()
+@click.option("--target", required=True, help="Target checkpoint: a HF model dir (safetensors), a .gguf file or a hub id.")
+@click.option("--draft", default=None, help="Draft checkpoint (same forms as --target); must share the target's tokenizer.")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Artifact dir to write.")
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
+              help="Weight and KV-cache dtype.")
+@click.option("--weights", type=click.Choice(["full", "int4", "int8"]), default="full", show_default=True,
+              help="int4: 4-bit block-wise MatMul weights (ONNX Runtime's MatMulNBits); int8: per-channel int8 "
+                   "weights, activations quantized per row (ONNX Runtime's dynamic quantizer, rewritten per row).")
+@click.option("--draft-weights", type=click.Choice(["full", "int4", "int8"]), default=None,
+              help="Weight format of the draft (default: same as --weights).")
+@click.option("--capacity", type=click.IntRange(min=2), default=2048, show_default=True,
+              help="Maximum cache slots (prompt + new tokens + draft length + 1) a request may use.")
+@click.option("--block-size", type=click.Choice(["16", "32", "64", "128", "256"]), default="32", show_default=True,
+              help="int4: weights per quantization block (larger: faster decode, coarser weights).")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
+              help="int4: MatMulNBits compute type (4: int8 activations, fastest on CPU; 0: fp32).")
+@click.option("--force", is_flag=True, help="Replace an existing output dir.")
+def export(target, draft, out, dtype, weights, draft_weights, capacity, block_size, accuracy_level, force):
+    """Export Hugging Face causal LMs to verify-v1 ONNX graphs plus a manifest."""
+    from ..exporter import ExportError, export_artifact
+
+    try:
+        with console.status("exporting") as status:
+            def progress(step):
+                console.log(step)
+                status.update(step)
+
+            manifest = export_artifact(target, out, draft=draft, dtype=dtype, weights=weights, capacity=capacity,
+                                       force=force, draft_weights=draft_weights, progress=progress,
+                                       block_size=int(block_size), accuracy_level=accuracy_level)
+    except (ExportError, ContractError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    console.print(f"[green]exported[/] {', '.join(manifest.models)} to {out}")

@@ -1,0 +1,52 @@
+"""``specdeploy inspect``: an artifact's contract, tensors, sizes and files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .common import human, read_manifest
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest and file sizes as JSON.")
+def inspect(directory, as_json):
+    """Show an artifact's contract, tensors, sizes and files."""
+    manifest = read_manifest(directory)
+    sizes = {name: (directory / name).stat().st_size if (directory / name).exists() else None
+             for name in manifest.files}
+    if as_json:
+        data = json.loads(manifest.to_json())
+        data["file_sizes"] = sizes
+        for role, spec in manifest.models.items():
+            data["models"][role]["inputs"] = spec.inputs
+            data["models"][role]["outputs"] = spec.outputs
+        click.echo(json.dumps(data, indent=2))
+        return
+    out = Console()
+    out.print(f"[bold]{directory}[/]  contract {manifest.contract}, exporter {manifest.exporter_version}, opset {manifest.opset}")
+    models = Table("role", "architecture", "params", "layers", "heads / kv", "head dim", "vocab", "dtype", "weights",
+                   "capacity", title="models")
+    for spec in manifest.models.values():
+        models.add_row(spec.role, spec.architecture, f"{spec.parameters / 1e6:.1f}M", str(spec.num_layers),
+                       f"{spec.num_heads} / {spec.kv_heads}", str(spec.head_dim), str(spec.vocab_size), spec.dtype,
+                       spec.weights, str(spec.capacity))
+    out.print(models)
+    tensors = Table("tensor", "dtype", "shape", title="verify-v1 tensors (per model; i = layer)")
+    spec = manifest.target
+    tensors.add_row("input_ids", "int64", "[batch, tokens]")
+    tensors.add_row("past_len", "int64", "[batch]")
+    tensors.add_row("cache_key.{i} / cache_value.{i}", spec.dtype, "[batch, kv_heads, capacity, head_dim]")
+    tensors.add_row("logits", "float32", "[batch, tokens, vocab]")
+    tensors.add_row("new_key.{i} / new_value.{i}", spec.dtype, "[batch, kv_heads, tokens, head_dim]")
+    out.print(tensors)
+    files = Table("file", "size", "sha256", title="files")
+    for name, digest in sorted(manifest.files.items()):
+        size = sizes[name]
+        files.add_row(name, "missing" if size is None else human(size), digest[:16] + "…")
+    out.print(files)
