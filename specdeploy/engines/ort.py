@@ -34,7 +34,7 @@ def shared_thread_pool(threads: int) -> None:
     """Let every session of this process share one intra-op pool of ``threads`` threads.
 
     With a pool per session, the idle session's spinning threads (the draft's while the target
-    runs, and back) fight for the same cores; one shared pool measured 1.01x -> 1.27x here.
+    runs, and back) fight for the same cores.
     """
     global _global_pool
     import onnxruntime as ort

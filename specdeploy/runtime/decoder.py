@@ -47,10 +47,6 @@ class RowResult:
 StopCheck = Callable[[list[int], list[int]], "int | None"]
 
 
-# (tokens generated so far, new tokens) -> how many new tokens to keep (a stop string ends there), or None
-StopCheck = Callable[[list[int], list[int]], "int | None"]
-
-
 class BatchState:
     """Token buffer [batch, capacity], committed lengths, active rows and their generators.
 
@@ -192,8 +188,10 @@ class Timer:
 class Generation:
     """One batch of requests in flight; ``step()`` runs one cycle and reports what each row committed.
 
-    The first ``step()`` prefills. The choices that depend only on the request (the acceptance rule,
-    what the policy needs to hear) are made once, here.
+    ``prefill()`` runs first (the first ``step()`` calls it when nobody did). What depends only on the
+    request is chosen once, here: the acceptance rule (greedy on Python ints, or sampled), and what the
+    policy declares it needs (``learns``, ``plans``, its confidence threshold). There is one drafting
+    path and one cycle for every batch size.
     """
 
     def __init__(self, target: Engine, drafter: Drafter, policy, config: GenerationConfig, prompts: list[np.ndarray],
@@ -316,7 +314,8 @@ class Generation:
 
     def _accept_greedy(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
         """Each row keeps the drafts that equal the target's argmax, then emits the target's own token."""
-        logits = self._penalized(logits, proposal, state)
+        if self.config.repetition_penalty != 1.0:
+            logits = self._penalized(logits, proposal, state)
         target = logits.argmax(-1).tolist()  # [batch][k + 1]
         return [greedy_accept_row(t, d) for t, d in zip(target, proposal.drafts.tolist())], target
 

@@ -36,20 +36,20 @@ class Proposal:
         return cls(np.zeros((batch, 0), np.int64), None, 0.0, 0)
 
 
-DRAFTERS: dict[str, type[Drafter]] = {}  # name -> drafter class, in the order the CLI lists them
-
-
-def register(cls: type[Drafter]) -> type[Drafter]:
-    """Make a drafter class available by its ``name``."""
-    DRAFTERS[cls.name] = cls
-    return cls
+DRAFTERS: dict[str, type[Drafter]] = {}  # name -> drafter class, in the order they are defined (and listed)
 
 
 class Drafter(ABC):
-    """Proposes up to k tokens per row after each row's committed tokens."""
+    """Proposes up to k tokens per row after each row's committed tokens. A subclass with a ``name`` is
+    registered under it (``--drafter NAME``, ``GenerationConfig.drafter``)."""
 
     name = ""
     needs_model = False  # True: built on the artifact's draft model (``create(engine)``)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            DRAFTERS[cls.name] = cls
 
     @classmethod
     def create(cls, engine: Engine | None) -> Drafter:
@@ -81,7 +81,6 @@ class Drafter(ABC):
         return 0.0
 
 
-@register
 class ModelDrafter(Drafter):
     """A draft model: catches up on committed tokens it has not seen, then proposes one call a token."""
 
@@ -112,7 +111,7 @@ class ModelDrafter(Drafter):
         config, cache, engine = self.config, self.cache, self.engine
         lengths = state.lengths
         # catch up on the committed tokens it has not seen: as many as the row furthest behind needed
-        logits, catchup = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]
+        logits, catchup_tokens = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]
         pasts = [np.array([at + i for at in lengths]) for i in range(k - 1)]  # each draft call's past_len
         qs, made = [], 0
         while made < k:
@@ -135,7 +134,7 @@ class ModelDrafter(Drafter):
         steps = 1 + min(made, k - 1)  # the catch-up call, then one call per draft but the last
         cache.commit([at + steps - 1 for at in lengths])
         q_all = np.stack(qs, axis=1) if qs else None
-        return Proposal(self.columns[:made].T, q_all, time.perf_counter() - began, steps, catchup)
+        return Proposal(self.columns[:made].T, q_all, time.perf_counter() - began, steps, catchup_tokens)
 
     def _penalized(self, logits: np.ndarray, state: BatchState, made: int) -> np.ndarray:
         so_far = self.columns[:made].T  # [batch, made]
@@ -172,7 +171,6 @@ def _top_probability(logits: np.ndarray) -> np.ndarray:
     return 1.0 / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)
 
 
-@register
 class PromptLookup(Drafter):
     """Prompt lookup (n-gram) drafting: continue the latest earlier match of the last n tokens.
 
@@ -210,7 +208,6 @@ class PromptLookup(Drafter):
         return seq[:0]
 
 
-@register
 class NoDrafter(Drafter):
     """Plain target decoding: the baseline."""
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
-from ..engines import load_engine
+from ..contract import Manifest
+from .artifact import open_artifact
 from .cache import cache_bytes, plan_batch
 from .config import ConfigError, GenerationConfig
 from .decoder import Generation, RowResult
@@ -61,27 +61,8 @@ class Pipeline:
         unless ``verify_hashes=False`` is passed explicitly. ``max_cache_bytes`` caps the KV-cache
         memory one batch may allocate (target and draft together); a batch over it is refused.
         """
-        from tokenizers import Tokenizer
-
         directory = Path(directory)
-        manifest = Manifest.read(directory)
-        if verify_hashes:
-            problems = verify_files(directory, manifest)
-            if problems:
-                raise ContractError(f"{directory}: artifact files do not match the manifest:\n  " + "\n  ".join(problems))
-        tokenizer = Tokenizer.from_file(str(directory / manifest.tokenizer))
-        fingerprint = tokenizer_fingerprint(tokenizer)
-        for spec in manifest.models.values():
-            if spec.tokenizer_fingerprint != fingerprint:
-                raise ContractError(
-                    f"{directory}: the {spec.role} model was exported with another tokenizer "
-                    f"(fingerprint {spec.tokenizer_fingerprint[:12]}…, artifact tokenizer {fingerprint[:12]}…)"
-                )
-        draft_spec = manifest.draft
-        if draft_spec is not None and draft_spec.vocab_size != manifest.target.vocab_size:
-            raise ContractError(f"draft vocab {draft_spec.vocab_size} differs from target vocab {manifest.target.vocab_size}")
-        target = load_engine(directory, manifest, "target", provider, threads)
-        draft = load_engine(directory, manifest, "draft", provider, threads) if draft_spec else None
+        manifest, tokenizer, target, draft = open_artifact(directory, provider, threads, verify_hashes)
         return cls(manifest, tokenizer, target, draft, directory, max_cache_bytes)
 
     def cache_bytes(self, batch: int, capacity: int, speculative: bool = True) -> dict[str, int]:

@@ -29,22 +29,22 @@ class CycleOutcome:
     catchup_tokens: int = 1  # tokens the draft's first call fed (many after cycles that did not draft)
 
 
-POLICIES: dict[str, type[Policy]] = {}  # name -> policy class, in the order the CLI lists them
-
-
-def register(cls: type[Policy]) -> type[Policy]:
-    """Make a policy class available by its ``name`` (``--policy NAME``, ``GenerationConfig.policy``)."""
-    POLICIES[cls.name] = cls
-    return cls
+POLICIES: dict[str, type[Policy]] = {}  # name -> policy class, in the order they are defined (and listed)
 
 
 class Policy(ABC):
-    """The protocol every draft-length policy follows, with its defaults."""
+    """The protocol every draft-length policy follows, with its defaults. A subclass with a ``name`` is
+    registered under it (``--policy NAME``, ``GenerationConfig.policy``)."""
 
     name = ""
     confidence_threshold: float | None = None
     learns = True
     plans = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            POLICIES[cls.name] = cls
 
     @classmethod
     def create(cls, k: int, confidence_threshold: float) -> Policy:
@@ -86,7 +86,6 @@ def adopt(policy) -> Policy:
     return policy if isinstance(policy, Policy) else Adopted(policy)
 
 
-@register
 class FixedK(Policy):
     """Always draft k tokens."""
 
@@ -100,7 +99,6 @@ class FixedK(Policy):
         return self.k
 
 
-@register
 class ConfidenceStop(FixedK):
     """Draft up to k tokens, stopping once the draft's top probability falls below a threshold."""
 
@@ -115,7 +113,6 @@ class ConfidenceStop(FixedK):
         return cls(k, confidence_threshold)
 
 
-@register
 class Heuristic(Policy):
     """transformers' schedule: +2 after a fully accepted block, -1 otherwise, within [1, k_max]."""
 
@@ -137,7 +134,6 @@ class Heuristic(Policy):
             self.k = max(self.k - 1, 1)
 
 
-@register
 class CostModel(Policy):
     """Pick the K that maximises expected tokens per second, K = 0 (plain decoding) included.
 
@@ -149,7 +145,7 @@ class CostModel(Policy):
     best K > 0 every ``probe_every`` cycles, so it notices when speculation starts to pay again.
 
     Before the first draft, a draft model must catch up on the whole prompt, a cost no later
-    saving recovers when the prompt is long and the output short (Spec-Bench summarization: 0.91x).
+    saving recovers when the prompt is long and the output short (Spec-Bench's summarization prompts).
     Given a ``plan``, the first cycle decodes plainly to measure v(1), and speculation starts only
     if an optimistic saving over the tokens to come (every draft accepted at ``optimism``) repays
     the estimated catch-up twice; otherwise the request stays plain, without probes (each would pay it).
@@ -169,18 +165,18 @@ class CostModel(Policy):
         self.draft_step: float | None = None
         self.verify: dict[int, float] = {}
         self.plain_streak = 0
-        self.catchup: tuple[float, int, float] | None = None  # (seconds, tokens to come, draft/target cost)
+        self.pending_catchup: tuple[float, int, float] | None = None  # (seconds, tokens to come, draft/target cost)
         self.plain_only = False
 
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
         """Before the first cycle: the draft's estimated catch-up time, the tokens to generate, and a
         draft step's cost relative to a target step (the models' parameter ratio)."""
         if catchup_seconds > 0:
-            self.catchup = (catchup_seconds, new_tokens, draft_cost_ratio)
+            self.pending_catchup = (catchup_seconds, new_tokens, draft_cost_ratio)
 
     def _catchup_pays(self) -> bool:
         """Would the best K, all at ``optimism``, save more than the catch-up costs over the tokens to come?"""
-        seconds, tokens, ratio = self.catchup
+        seconds, tokens, ratio = self.pending_catchup
         v1 = self.verify[1]  # the only cost measured yet: verify_cost extrapolates from it
         best = float(self.expected_rate(np.full(self.k_max, self.optimism), ratio * v1).max())
         # The estimate scales the target's prefill by the parameter ratio, which undercounts a draft whose
@@ -224,11 +220,11 @@ class CostModel(Policy):
     def next_k(self) -> int:
         if self.plain_only:
             return 0
-        if self.catchup is not None:
+        if self.pending_catchup is not None:
             if 1 not in self.verify:
                 return 0  # one plain step measures v(1) before the catch-up is paid
             self.plain_only = not self._catchup_pays()
-            self.catchup = None
+            self.pending_catchup = None
             return 0 if self.plain_only else self.start
         if self.draft_step is None or not self.verify:
             return self.start  # nothing measured yet: speculate to learn the costs

@@ -104,3 +104,27 @@ def test_a_finished_requests_caches_are_not_kept_alive(engine):
     engine.infer(np.ones((1, 1), np.int64), np.array([0]), new)
     gc.collect()
     assert gone() is None
+
+
+def test_infer_writes_the_new_kv_into_the_cache_at_each_rows_past_len(engine):
+    """The runtime never stages K/V: ``infer`` leaves the new tokens' K/V in the cache, ragged rows included."""
+    cache = engine.allocate_cache(2, 12)
+    cache.stacked[...] = -7.0  # slots the call must not touch keep this
+    out = engine.infer(np.array([[5, 6, 7], [8, 9, 10]]), np.array([1, 4]), cache)
+    for b, start in enumerate((1, 4)):
+        np.testing.assert_array_equal(cache.stacked[:, b, :, start : start + 3], out.new_kv[:, b])
+        assert (cache.stacked[:, b, :, :start] == -7).all() and (cache.stacked[:, b, :, start + 3 :] == -7).all()
+    assert out.seconds > 0 and out.stage_seconds > 0
+    assert cache.past_len.tolist() == [0, 0]  # the valid length is the caller's to move
+
+
+def test_cache_rows_and_selections(engine):
+    cache = engine.allocate_cache(3, 8)
+    cache.commit([2, 5, 7])
+    single = cache.row(1)
+    engine.infer(np.array([[5]]), single.past_len, single)  # a row alone writes into the batch's buffers
+    assert cache.stacked[:, 1, :, 5].any() and not cache.stacked[:, [0, 2]].any()
+    kept = cache.select([2, 1])
+    assert kept.past_len.tolist() == [7, 5] and kept.shape == (4, 2, 2, 8, 8)
+    np.testing.assert_array_equal(kept.stacked[:, 1], cache.stacked[:, 1])
+    assert not np.shares_memory(kept.stacked, cache.stacked)  # leaving rows frees the old buffers

@@ -109,3 +109,22 @@ def test_greedy_drafts_equal_one_token_a_call(pair_dir, threshold):
             each.rollback([length + accepted])
         length += accepted + 1
     assert made_total > 0 and stopped_early == (threshold is not None)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_proposals_leave_the_batch_state_as_it_was(pair_dir, temperature):
+    """A drafter reads the state and writes only its own cache and draft buffer."""
+    engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
+    config = GenerationConfig(k=4, temperature=temperature, seed=0)
+    tokens = np.zeros((2, 32), np.int64)
+    tokens[0, :5], tokens[1, :3] = [5, 6, 7, 8, 9], [10, 11, 12]
+    state = _state(tokens, [5, 3], config)
+    state.generators = [np.random.default_rng(i) for i in range(2)]
+    before = tokens.copy()
+    drafter = ModelDrafter(engine)
+    drafter.start(2, 32, config, None)
+    proposal = drafter.propose(state, 4)
+    assert proposal.drafts.shape == (2, 4) and (proposal.q is None) == (temperature == 0)
+    np.testing.assert_array_equal(state.tokens, before)
+    assert state.lengths == [5, 3]
+    assert drafter.cache.past_len.tolist() == [5 + 3, 3 + 3]  # caught up, then fed all drafts but the last

@@ -120,3 +120,25 @@ def test_cost_model_plan_without_a_catch_up_changes_nothing():
     policy = CostModel(k_max=4)
     policy.plan(0.0, new_tokens=128, draft_cost_ratio=0.0)  # prompt lookup: no model to catch up
     assert policy.next_k() == 4
+
+
+def test_policies_are_registered_by_name_with_declared_capabilities():
+    from specdeploy.runtime.policies import POLICIES, adopt
+
+    assert list(POLICIES) == ["fixed", "confidence", "heuristic", "cost"]
+    assert make_policy("confidence", 4, 0.3).confidence_threshold == 0.3
+    assert (FixedK.learns, Heuristic.learns, CostModel.plans, FixedK.plans) == (False, True, True, False)
+
+    class Outside:  # a policy from outside the package declares nothing
+        def next_k(self):
+            return 2
+
+        def observe(self, outcome):
+            self.seen = outcome
+
+    adopted = adopt(Outside())
+    assert (adopted.confidence_threshold, adopted.learns, adopted.plans) == (None, True, False)
+    adopted.observe(_outcome(2, [1]))
+    assert adopted.next_k() == 2 and adopted.policy.seen.accepted == [1]
+    fixed = FixedK(3)
+    assert adopt(fixed) is fixed

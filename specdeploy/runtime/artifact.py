@@ -1,0 +1,39 @@
+"""Opening an artifact dir: files checked against the manifest, tokenizer and models agreeing, engines loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
+from ..engines import Engine, load_engine
+
+
+def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = None,
+                  verify_hashes: bool = True) -> tuple[Manifest, object, Engine, Engine | None]:
+    """The manifest, tokenizer, target engine and draft engine (None without a draft) of ``directory``.
+
+    Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
+    unless ``verify_hashes=False``; both models must have been exported with the artifact's tokenizer
+    and share a vocabulary.
+    """
+    from tokenizers import Tokenizer
+
+    manifest = Manifest.read(directory)
+    if verify_hashes:
+        problems = verify_files(directory, manifest)
+        if problems:
+            raise ContractError(f"{directory}: artifact files do not match the manifest:\n  " + "\n  ".join(problems))
+    tokenizer = Tokenizer.from_file(str(directory / manifest.tokenizer))
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    for spec in manifest.models.values():
+        if spec.tokenizer_fingerprint != fingerprint:
+            raise ContractError(
+                f"{directory}: the {spec.role} model was exported with another tokenizer "
+                f"(fingerprint {spec.tokenizer_fingerprint[:12]}…, artifact tokenizer {fingerprint[:12]}…)"
+            )
+    draft_spec = manifest.draft
+    if draft_spec is not None and draft_spec.vocab_size != manifest.target.vocab_size:
+        raise ContractError(f"draft vocab {draft_spec.vocab_size} differs from target vocab {manifest.target.vocab_size}")
+    target = load_engine(directory, manifest, "target", provider, threads)
+    draft = load_engine(directory, manifest, "draft", provider, threads) if draft_spec else None
+    return manifest, tokenizer, target, draft
