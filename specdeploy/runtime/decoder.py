@@ -83,7 +83,8 @@ class BatchState:
 
     def leave(self, rows: Sequence[int]) -> list[int]:
         """Drop batch rows ``rows``; returns the rows that stay, in order (caches keep the same ones)."""
-        keep = [b for b in range(self.batch) if b not in set(rows)]
+        drop = set(rows)
+        keep = [b for b in range(self.batch) if b not in drop]
         self.tokens = self.tokens[keep]
         self.lengths = [self.lengths[b] for b in keep]
         self.active = [self.active[b] for b in keep]
@@ -103,7 +104,7 @@ class BatchState:
 
     def snapshot(self) -> tuple:
         """What a cycle changes before it commits: lengths, and the generators' states when sampling."""
-        states = None if not self.sampling else [self.generators[i].bit_generator.state for i in self.active]
+        states = [self.generators[i].bit_generator.state for i in self.active] if self.sampling else None
         return tuple(self.lengths), states
 
     def restore(self, snapshot: tuple) -> None:
