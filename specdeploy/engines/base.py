@@ -88,11 +88,18 @@ class KVCache:
         kept.commit(self.past_len[rows])
         return kept
 
-    def row(self, b: int) -> KVCache:
-        """Row ``b`` alone, on views of the batch buffers: what it writes lands in the batch."""
-        single = KVCache(self.stacked[:, b : b + 1])
-        single.commit(self.past_len[b : b + 1])
-        return single
+    def rows(self, start: int, stop: int) -> KVCache:
+        """Rows start .. stop - 1 alone, on views of the batch buffers: what they write lands in the batch
+        (their lengths are their own until committed back)."""
+        part = KVCache(self.stacked[:, start:stop])
+        part.commit(self.past_len[start:stop])
+        return part
+
+    def extend(self, other: KVCache) -> KVCache:
+        """A cache of these rows followed by ``other``'s (rows joining a batch)."""
+        joined = KVCache(np.concatenate([self.stacked, other.stacked], axis=1))
+        joined.commit(np.concatenate([self.past_len, other.past_len]))
+        return joined
 
 
 class Engine(ABC):

@@ -39,7 +39,9 @@ class RowResult:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | str = ""  # empty while the request runs
     records: list[CycleRecord] = field(default_factory=list)
-    decode_seconds: float = 0.0  # wall time from the end of prefill to this row's last cycle
+    prefill_seconds: float = 0.0  # the prefill call(s) this request took part in
+    decode_seconds: float = 0.0  # wall time from the end of its prefill to its last cycle
+    decode_started: float = 0.0  # perf_counter() at the end of its prefill
     error: str = ""  # why the row failed, when finish_reason is "error"
 
 
@@ -209,8 +211,7 @@ class Generation:
         self.accept = self._accept_greedy if config.greedy else self._accept_sampled
         self.accept_timer, self.cache_timer = Timer(), Timer()
         self.cycle = 0
-        self.prefill_seconds: float | None = None
-        self.decode_started = 0.0
+        self.prefill_seconds: float | None = None  # of the batch it started with; None until prefilled
 
     @property
     def policy(self):
@@ -263,34 +264,59 @@ class Generation:
 
     def prefill(self) -> None:
         """The target sees every prompt token but the last (each cycle starts from x[L - 1]); the first
-        ``step()`` calls this when nobody did.
-
-        If the batched prefill fails, each row is prefilled alone and only rows that fail alone
-        leave (with finish_reason "error"). A policy that plans hears the draft's catch-up estimate.
-        """
-        began = time.perf_counter()
-        state, goal = self.state, [length - 1 for length in self.state.lengths]
-        try:
-            prefill(self.target, self.cache, state.tokens, goal)
-        except Exception:  # an engine fault: find the rows it belongs to
-            failed, past = [], self.cache.past_len.tolist()
-            for b in range(state.batch):
-                single = self.cache.row(b)
-                single.commit([0])
-                try:
-                    prefill(self.target, single, state.tokens[b : b + 1], goal[b : b + 1])
-                except Exception as exc:
-                    state.fail(b, exc)
-                    failed.append(b)
-                past[b] = single.past_len.item(0)
-            self.cache.commit(past)
-            if failed:
-                self._leave(failed)
-        self.prefill_seconds = time.perf_counter() - began
+        ``step()`` calls this when nobody did. A policy that plans hears the draft's catch-up estimate."""
+        self.prefill_seconds = self._prefill_rows(0)
         if self.k_cap and self._policy.plans:  # weighs the draft's catch-up on the prompt before paying it
             ratio = self.drafter.cost_ratio(self.target.spec)
             self._policy.plan(self.prefill_seconds * ratio, self.config.max_new_tokens, ratio)
-        self.decode_started = time.perf_counter()
+
+    def join(self, prompts: list[np.ndarray], request_ids: list[str]) -> None:
+        """Requests join the batch between cycles, as new rows at its end; once the batch is prefilled,
+        theirs is done here. Each must fit the batch's capacity (prompt + max_new_tokens + k + 1)."""
+        plan_capacity([len(p) for p in prompts], self.config.max_new_tokens, self.k_cap, self.state.capacity)
+        first = self.state.batch
+        self.state.join(prompts, request_ids)
+        self.cache = self.cache.extend(self.target.allocate_cache(len(prompts), self.state.capacity))
+        self.drafter.extend(len(prompts))
+        if self.prefill_seconds is not None:
+            self._prefill_rows(first)
+
+    def cancel(self, index: int) -> None:
+        """Request ``index`` leaves the batch now (finish reason "cancelled"); its cache rows are freed."""
+        if index in self.state.active:
+            self.state.rows[index].finish_reason = FinishReason.CANCELLED
+            self._leave([self.state.active.index(index)])
+
+    def _prefill_rows(self, first: int) -> float:
+        """Prefill rows ``first ..`` of the batch; returns the seconds it took.
+
+        If the batched prefill fails, each row is prefilled alone and only rows that fail alone
+        leave (with finish_reason "error").
+        """
+        began, state = time.perf_counter(), self.state
+        goal = [length - 1 for length in state.lengths[first:]]
+        rows = self.cache.rows(first, state.batch)
+        failed = []
+        try:
+            prefill(self.target, rows, state.tokens[first:], goal)
+            done = rows.past_len.tolist()
+        except Exception:  # an engine fault: find the rows it belongs to
+            done = []
+            for b in range(first, state.batch):
+                single = self.cache.rows(b, b + 1)  # from the batch's lengths: nothing of the failed call counts
+                try:
+                    prefill(self.target, single, state.tokens[b : b + 1], goal[b - first : b - first + 1])
+                except Exception as exc:
+                    state.fail(b, exc)
+                    failed.append(b)
+                done += single.past_len.tolist()
+        self.cache.commit(self.cache.past_len.tolist()[:first] + done)
+        ended = time.perf_counter()
+        for index in state.active[first:]:
+            state.rows[index].prefill_seconds, state.rows[index].decode_started = ended - began, ended
+        if failed:
+            self._leave(failed)
+        return ended - began
 
     def _cycle(self, state: BatchState, cache: KVCache, drafter: Drafter):
         remaining = [self.config.max_new_tokens - len(state.rows[i].token_ids) for i in state.active]
@@ -335,10 +361,10 @@ class Generation:
     def _record(self, state: BatchState, k: int, accepted: list[int], committed: list, draft_s: float,
                 verify_s: float, cache_s: float) -> None:
         """One record per row; the batched calls' seconds are shared out equally among the rows."""
-        batch, now = len(state.active), time.perf_counter() - self.decode_started
+        batch, now = len(state.active), time.perf_counter()
         for n, (index, new) in zip(accepted, committed):
             row = state.rows[index]
-            row.decode_seconds = now
+            row.decode_seconds = now - row.decode_started
             final = FinalToken.PLAIN if k == 0 else (FinalToken.BONUS if n == k else FinalToken.RECOVERED)
             row.records.append(CycleRecord(
                 request_id=row.request_id, cycle=self.cycle, k=k, accepted=n, rejected_at=n + 1 if n < k else None,
@@ -349,7 +375,7 @@ class Generation:
         """Re-run the failed cycle for each row alone, on views of its slots of the batch buffers."""
         state, committed, finished = self.state, [], []
         for b in range(state.batch):
-            single, cache, drafter = state.subset(b), self.cache.row(b), self.drafter.row(b)
+            single, cache, drafter = state.subset(b), self.cache.rows(b, b + 1), self.drafter.row(b)
             try:
                 new, done = self._cycle(single, cache, drafter)
             except Exception as exc:
@@ -368,6 +394,5 @@ class Generation:
 
     def _leave(self, finished: list[int]) -> None:
         keep = self.state.leave(finished)
-        if keep:
-            self.cache = self.cache.select(keep)
-            self.drafter.select(keep)
+        self.cache = self.cache.select(keep)
+        self.drafter.select(keep)

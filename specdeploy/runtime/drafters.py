@@ -73,6 +73,9 @@ class Drafter(ABC):
         """This drafter for row ``b`` alone (stateless drafters serve any row)."""
         return self
 
+    def extend(self, rows: int) -> None:  # noqa: B027 (a default: nothing to do)
+        """``rows`` new rows join at the end of the batch, having seen nothing."""
+
     def adopt(self, b: int, single: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
         """Take back what a ``row(b)`` drafter committed."""
 
@@ -151,9 +154,13 @@ class ModelDrafter(Drafter):
     def row(self, b: int) -> ModelDrafter:
         single = ModelDrafter(self.engine)
         single.config, single.threshold, single.greedy = self.config, self.threshold, self.greedy
-        single.cache = self.cache.row(b)
+        single.cache = self.cache.rows(b, b + 1)
         single._buffers(1, self.columns.shape[0])
         return single
+
+    def extend(self, rows: int) -> None:
+        self.cache = self.cache.extend(self.engine.allocate_cache(rows, self.cache.capacity))
+        self._buffers(self.cache.shape[1], self.columns.shape[0])
 
     def adopt(self, b: int, single: ModelDrafter) -> None:
         past = self.cache.past_len.tolist()

@@ -121,7 +121,7 @@ class Pipeline:
             run = self.start(prompts[first : first + batch_size], config)
             while not run.done:
                 run.step()
-            results += [self._result(row, run.prefill_seconds, config) for row in run.rows]
+            results += [self._result(row, config) for row in run.rows]
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StreamChunk]:
@@ -141,7 +141,7 @@ class Pipeline:
                     yield StreamChunk(visible[len(shown):], new)
                     shown = visible
                 else:
-                    result = self._result(row, run.prefill_seconds, config)
+                    result = self._result(row, config)
                     yield StreamChunk(result.text[len(shown):], new, result)
         if row.finish_reason == FinishReason.ERROR:  # failed before any token (prefill)
             raise GenerationError(f"{row.request_id}: {row.error}")
@@ -155,9 +155,9 @@ class Pipeline:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def _result(self, row: RowResult, prefill_seconds: float, config: GenerationConfig) -> GenerationResult:
+    def _result(self, row: RowResult, config: GenerationConfig) -> GenerationResult:
         stats = summarize(row.records, seconds=row.decode_seconds)
-        stats["prefill_s"] = prefill_seconds
+        stats["prefill_s"] = row.prefill_seconds
         stats["prompt_tokens"] = int(len(row.prompt_ids))
         text = self._cut_at_stop(self.decode(row.token_ids), config)
         return GenerationResult(text, row.token_ids, stats, row.finish_reason, row.records, row.error)

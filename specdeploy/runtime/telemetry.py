@@ -35,6 +35,7 @@ class FinishReason(_Named):
     LENGTH = "length"
     STOP = "stop"
     ERROR = "error"  # an engine fault tied to this request; the row's ``error`` says which
+    CANCELLED = "cancelled"  # left the batch on request (a client that went away)
 
 
 class CycleRecord(NamedTuple):

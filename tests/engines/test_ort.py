@@ -121,7 +121,7 @@ def test_infer_writes_the_new_kv_into_the_cache_at_each_rows_past_len(engine):
 def test_cache_rows_and_selections(engine):
     cache = engine.allocate_cache(3, 8)
     cache.commit([2, 5, 7])
-    single = cache.row(1)
+    single = cache.rows(1, 2)
     engine.infer(np.array([[5]]), single.past_len, single)  # a row alone writes into the batch's buffers
     assert cache.stacked[:, 1, :, 5].any() and not cache.stacked[:, [0, 2]].any()
     kept = cache.select([2, 1])

@@ -1,0 +1,63 @@
+"""Requests join a running batch and leave it early; every other request's output stays what it is alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.runtime.cache import CapacityError
+from specdeploy.runtime.telemetry import FinishReason
+
+CONFIG = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True)
+PROMPTS = ["w5 w6 w7", "w10 w11 w12 w13 w14", "w20", "w30 w31 w30 w31"]
+
+
+@pytest.fixture(scope="module")
+def pipeline(pair_dir):
+    return Pipeline.load(pair_dir)
+
+
+@pytest.fixture(scope="module")
+def alone(pipeline):
+    return {p: pipeline.generate(p, CONFIG)[0].token_ids for p in PROMPTS}
+
+
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "none"])
+@pytest.mark.parametrize("join_after", [0, 1, 4])
+def test_requests_joining_a_running_batch_decode_as_alone(pipeline, alone, drafter, join_after):
+    config = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, drafter=drafter)
+    run = pipeline.start(PROMPTS[:2], config)
+    for _ in range(join_after):
+        run.step()
+    run.join([pipeline.encode(p) for p in PROMPTS[2:]], ["late-a", "late-b"])
+    assert len(run.active) == 4 and run.cache.shape[1] == 4
+    while not run.done:
+        run.step()
+    expected = alone if drafter == "model" else {p: pipeline.generate(p, config)[0].token_ids for p in PROMPTS}
+    assert [row.token_ids for row in run.rows] == [expected[p] for p in PROMPTS]
+    assert [row.request_id for row in run.rows][2:] == ["late-a", "late-b"]
+    assert all(row.finish_reason == "length" and row.prefill_seconds > 0 for row in run.rows)
+
+
+def test_a_cancelled_request_leaves_and_frees_its_rows(pipeline, alone):
+    run = pipeline.start(PROMPTS, CONFIG)
+    for _ in range(2):
+        run.step()
+    run.cancel(1)
+    assert run.rows[1].finish_reason == FinishReason.CANCELLED and list(run.active) == [0, 2, 3]
+    assert run.cache.shape[1] == 3 and run.drafter.cache.shape[1] == 3
+    run.cancel(1)  # leaving twice changes nothing
+    while not run.done:
+        run.step()
+    assert [run.rows[i].token_ids for i in (0, 2, 3)] == [alone[PROMPTS[i]] for i in (0, 2, 3)]
+    assert len(run.rows[1].token_ids) < len(alone[PROMPTS[1]])
+
+
+def test_a_request_that_cannot_fit_is_refused_and_the_batch_goes_on(pipeline, alone):
+    run = pipeline.start(PROMPTS[:1], CONFIG)
+    run.step()
+    with pytest.raises(CapacityError, match="max_new_tokens"):
+        run.join([pipeline.encode("w5 " * 40)], ["too-long"])
+    while not run.done:
+        run.step()
+    assert len(run.rows) == 1 and run.rows[0].token_ids == alone[PROMPTS[0]]
