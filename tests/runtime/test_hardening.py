@@ -127,3 +127,10 @@ def test_interrupted_stream_leaves_pipeline_usable(pair_dir):
             if i == 1:
                 raise KeyboardInterrupt
     assert pipeline.generate(["w5 w6 w7"], CONFIG)[0].token_ids == reference
+
+
+def test_stream_raises_when_the_prefill_fails(pair_dir):
+    pipeline = Pipeline.load(pair_dir)
+    pipeline.target = FailingEngine(pipeline.target, poison=5)  # the prefill feeds "w5 w6", retried alone too
+    with pytest.raises(GenerationError, match="injected engine fault"):
+        list(pipeline.stream("w5 w6 w7", CONFIG))
