@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import click
@@ -73,11 +74,16 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
         if as_json:
             results = pipeline.generate(prompts, config, batch_size=batch_size)
             for result in results:
-                click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
-                                       "finish_reason": result.finish_reason, "stats": result.stats}))
+                row = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+                       "stats": result.stats}
+                click.echo(strict_json(row | ({"error": result.error} if result.error else {})))
         else:
             results = _show(pipeline, prompts, config, batch_size)
             _stats_table(results)
+        failed = [(i, r.error) for i, r in enumerate(results) if r.finish_reason == "error"]
+        if failed:
+            detail = "; ".join(f"prompt {i}: {error}" for i, error in failed)
+            raise click.ClickException(f"{len(failed)} of {len(results)} prompts failed: {detail}")
         if compare:
             plain_config = dataclasses.replace(config, drafter="none")
             plain = pipeline.generate(prompts, plain_config, batch_size=batch_size)
@@ -89,16 +95,36 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
         raise click.ClickException(str(exc)) from exc
 
 
+def strict_json(value) -> str:
+    """JSON that strict parsers accept: undefined numbers (NaN, infinities) become null."""
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(value), allow_nan=False)
+
+
 def _show(pipeline, prompts, config, batch_size):
+    from ..runtime.pipeline import GenerationError, GenerationResult
+    from ..runtime.telemetry import FinishReason, summarize
+
     out = Console(highlight=False)
     if batch_size == 1:
         results = []
         for prompt in prompts:
             out.print(f"[bold cyan]{escape(prompt)}[/]", end="")
-            for chunk in pipeline.stream(prompt, config):
-                out.print(chunk.text, end="", markup=False)
+            try:
+                for chunk in pipeline.stream(prompt, config):
+                    out.print(chunk.text, end="", markup=False)
+                results.append(chunk.result)
+            except GenerationError as exc:  # this prompt failed; the others still run
+                results.append(GenerationResult("", [], summarize([]), FinishReason.ERROR, error=str(exc)))
             out.print()
-            results.append(chunk.result)
         return results
     results = pipeline.generate(prompts, config, batch_size=batch_size)
     for prompt, result in zip(prompts, results):
@@ -127,7 +153,7 @@ def _comparison(spec, plain, config, as_json: bool, divergences: list[dict]) -> 
         "divergences": divergences,  # greedy: where each differing output leaves plain decoding, and the margin
     }
     if as_json:
-        click.echo(json.dumps({"comparison": summary}))
+        click.echo(strict_json({"comparison": summary}))
         return
     table = Table("", "tok/s", title=f"speculative ({config.drafter}, k={config.k}, {config.policy}) vs target alone")
     table.add_row("target alone", f"{summary['plain_tokens_per_s']:.2f}")

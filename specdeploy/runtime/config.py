@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
+
+INT64_MAX = 2**63 - 1
+PENALTY_RANGE = (0.01, 100.0)  # beyond it a penalised logit over- or underflows to inf / 0 and the distribution to NaN
 
 
 class ConfigError(ValueError):
@@ -11,7 +17,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Decoding options. ``temperature`` 0 means greedy; ``k`` is the (maximum) draft length."""
+    """Decoding options. ``temperature`` 0 means greedy; ``k`` is the (maximum) draft length.
+
+    Every field is checked on construction and never coerced silently: NumPy integers and floats are
+    taken as the Python numbers they hold; strings, bools where numbers belong, NaN and infinities
+    are refused with the field's name, the value and what was expected.
+    """
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -29,42 +40,50 @@ class GenerationConfig:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        def bad(name, expected):
-            return ConfigError(f"{name}: got {getattr(self, name)!r}; expected {expected}")
-
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise bad("max_new_tokens", "an integer >= 1")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise bad("temperature", "a number >= 0 (0 means greedy)")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise bad("top_k", "an integer >= 0 (0 disables it)")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise bad("top_p", "a number in (0, 1]")
-        if not _is_number(self.min_p) or not 0 <= self.min_p < 1:
-            raise bad("min_p", "a number in [0, 1)")
-        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", "a number > 0 (1 disables it)")
-        if self.seed is not None and not _is_int(self.seed):
-            raise bad("seed", "an integer or None")
-        if not _is_int(self.k) or self.k < 0:
-            raise bad("k", "an integer >= 0")
         from .drafters import DRAFTERS  # the registries import this module's type for their signatures
         from .policies import POLICIES
 
+        def bad(name, expected):
+            return ConfigError(f"{name}: got {getattr(self, name)!r}; expected {expected}")
+
+        def whole(name, low, expected):
+            value = getattr(self, name)
+            if not _is_int(value) or not low <= value <= INT64_MAX:
+                raise bad(name, expected)
+            object.__setattr__(self, name, int(value))
+
+        def number(name, ok, expected):
+            value = getattr(self, name)
+            if not _is_number(value) or not ok(float(value)):
+                raise bad(name, expected)
+            object.__setattr__(self, name, float(value))
+
+        whole("max_new_tokens", 1, "an integer >= 1")
+        number("temperature", lambda t: t >= 0, "a finite number >= 0 (0 means greedy)")
+        whole("top_k", 0, "an integer >= 0 (0 disables it)")
+        number("top_p", lambda p: 0 < p <= 1, "a number in (0, 1]")
+        number("min_p", lambda p: 0 <= p < 1, "a number in [0, 1)")
+        low, high = PENALTY_RANGE
+        number("repetition_penalty", lambda r: low <= r <= high, f"a number in [{low}, {high:g}] (1 disables it)")
+        if self.seed is not None:
+            whole("seed", 0, "an integer >= 0, or None")
+        whole("k", 0, "an integer >= 0")
         if self.policy not in POLICIES:
             raise bad("policy", f"one of {', '.join(POLICIES)}")
         if self.drafter not in DRAFTERS:
             raise bad("drafter", f"one of {', '.join(DRAFTERS)}")
-        if not 0 < self.confidence_threshold < 1:
-            raise bad("confidence_threshold", "a number in (0, 1)")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise bad("stop", "non-empty strings")
-        object.__setattr__(self, "stop", stop)
-        ids = tuple(self.stop_token_ids)
-        if any(not _is_int(t) or t < 0 for t in ids):
-            raise bad("stop_token_ids", "non-negative integers")
-        object.__setattr__(self, "stop_token_ids", ids)
+        number("confidence_threshold", lambda c: 0 < c < 1, "a number in (0, 1)")
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise bad("ignore_eos", "True or False")
+        object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
+            raise bad("stop", "a string or a list of non-empty strings")
+        object.__setattr__(self, "stop", tuple(stop))
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or any(not _is_int(t) or not 0 <= t <= INT64_MAX for t in ids):
+            raise bad("stop_token_ids", "a list of non-negative integers")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 
     @property
     def greedy(self) -> bool:
@@ -76,8 +95,9 @@ class GenerationConfig:
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+            and math.isfinite(value))

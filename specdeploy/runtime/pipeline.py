@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from ..contract import Manifest
 from .artifact import open_artifact
 from .cache import cache_bytes, plan_batch
-from .config import ConfigError, GenerationConfig
+from .config import ConfigError, GenerationConfig, _is_int
 from .decoder import Generation, RowResult
 from .divergence import first_divergence
 from .drafters import DRAFTERS, Drafter
@@ -49,6 +50,8 @@ class Pipeline:
                  max_cache_bytes: int | None = None):
         self.manifest, self.tokenizer, self.target, self.draft = manifest, tokenizer, target, draft
         self.directory = directory
+        if max_cache_bytes is not None and (not _is_int(max_cache_bytes) or max_cache_bytes < 1):
+            raise ConfigError(f"max_cache_bytes: got {_short(max_cache_bytes)}; expected an integer >= 1, or None")
         self.max_cache_bytes = max_cache_bytes
         self._ids = itertools.count()
 
@@ -79,16 +82,13 @@ class Pipeline:
         return specs
 
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
-        """Token ids of a prompt (text, or ids checked against the vocabulary)."""
+        """Token ids of a prompt: text, or a flat sequence of integer ids inside the vocabulary."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ConfigError("prompt: got an empty string; expected at least one token")
             ids = np.array(self.tokenizer.encode(prompt, add_special_tokens=False).ids, np.int64)
         else:
-            ids = np.asarray(list(prompt), dtype=np.int64)
-            vocab = self.target.spec.vocab_size
-            if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-                raise ConfigError(f"prompt ids: range [{ids.min()}, {ids.max()}] outside the vocabulary [0, {vocab})")
+            ids = _token_ids(prompt, self.target.spec.vocab_size)
         if ids.size == 0:
             raise ConfigError("prompt: encodes to no tokens; expected at least one")
         return ids
@@ -97,9 +97,13 @@ class Pipeline:
         """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work."""
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
-        if not prompts:
-            raise ConfigError("prompts: got none; expected at least one prompt")
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+            raise ConfigError(f"prompts: got {_short(prompts)}; expected a non-empty list of prompts")
         ids = [self.encode(p) for p in prompts]
+        vocab = self.target.spec.vocab_size
+        outside = [t for t in config.stop_token_ids if t >= vocab]
+        if outside:
+            raise ConfigError(f"stop_token_ids: got {outside}; expected ids inside the vocabulary [0, {vocab})")
         drafter = self.drafter_for(config)
         limit = min(s.capacity for s in self.manifest.models.values())
         capacity = plan_batch([len(i) for i in ids], config, limit, self._specs(drafter.needs_model),
@@ -115,7 +119,11 @@ class Pipeline:
         config = config or GenerationConfig()
         if isinstance(prompts, str):
             prompts = [prompts]
-        batch_size = batch_size or len(prompts)
+        if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
+            raise ConfigError(f"batch_size: got {batch_size!r}; expected an integer >= 1, or None for all prompts")
+        if isinstance(prompts, bytes) or not isinstance(prompts, Sequence) or not prompts:
+            raise ConfigError(f"prompts: got {_short(prompts)}; expected a prompt or a non-empty list of prompts")
+        batch_size = int(batch_size or len(prompts))
         results = []
         for first in range(0, len(prompts), batch_size):
             run = self.start(prompts[first : first + batch_size], config)
@@ -125,24 +133,32 @@ class Pipeline:
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StreamChunk]:
-        """Yield text and token chunks as each cycle commits them; the last chunk carries the result."""
+        """Yield text and token chunks as each cycle commits them; the last chunk carries the result.
+
+        The chunks' texts add up to the result's text: text that may still become part of a stop
+        string is held back until it is known not to, and tokens are detokenized incrementally
+        (``tokenizers``' ``DecodeStream``: an incomplete UTF-8 sequence waits for its next token).
+        Raises ``GenerationError`` if the request fails.
+        """
+        from tokenizers.decoders import DecodeStream
+
         config = config or GenerationConfig()
         run = self.start([prompt], config)
-        shown = ""
+        stops = StopStrings(config.stop, None)
+        pieces, text, shown = DecodeStream(skip_special_tokens=True), "", ""
         row = run.rows[0]
         while not run.done:
             for _, new in run.step():
-                text = self._cut_at_stop(self.decode(row.token_ids), config)
-                # hold back a trailing partial UTF-8 sequence until the next token completes it
-                visible = text[:-1] if text.endswith("\ufffd") and not run.done else text
                 if row.finish_reason == FinishReason.ERROR:
                     raise GenerationError(f"{row.request_id}: {row.error}")
-                if not run.done:
-                    yield StreamChunk(visible[len(shown):], new)
-                    shown = visible
-                else:
+                if run.done:
                     result = self._result(row, config)
                     yield StreamChunk(result.text[len(shown):], new, result)
+                    return
+                text += "".join(piece for piece in map(partial(pieces.step, self.tokenizer), new) if piece)
+                visible = stops.settled(text)
+                yield StreamChunk(visible[len(shown):], new)
+                shown = visible
         if row.finish_reason == FinishReason.ERROR:  # failed before any token (prefill)
             raise GenerationError(f"{row.request_id}: {row.error}")
 
@@ -175,3 +191,23 @@ class Pipeline:
             raise ConfigError(f"drafter: {config.drafter!r} needs a draft model, and this artifact has none; "
                               "use drafter='prompt-lookup' or 'none', or export with --draft")
         return drafter.create(self.draft)
+
+
+def _token_ids(prompt, vocab: int) -> np.ndarray:
+    """A flat sequence of Python or NumPy integers as int64 ids, each inside [0, vocab); nothing coerced."""
+    if isinstance(prompt, bytes) or not isinstance(prompt, (Sequence, np.ndarray)):
+        raise ConfigError(f"prompt: got {_short(prompt)}; expected a string or a list of token ids")
+    items = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
+    wrong = next((t for t in items if not _is_int(t)), None)
+    if wrong is not None:
+        raise ConfigError(f"prompt ids: got {_short(wrong)} among them; expected integers (a flat list of token ids)")
+    low, high = (min(items), max(items)) if items else (0, 0)
+    if low < 0 or high >= vocab:
+        raise ConfigError(f"prompt ids: range [{low}, {high}] outside the vocabulary [0, {vocab})")
+    return np.array(items, np.int64)
+
+
+def _short(value) -> str:
+    """A value for an error message, cut short: a prompt may be megabytes."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}... ({type(value).__name__})"

@@ -26,3 +26,10 @@ class StopStrings:
         """Text up to (not including) the earliest stop string."""
         cuts = [text.find(s) for s in self.stops if s in text]
         return text[: min(cuts)] if cuts else text
+
+    def settled(self, text: str) -> str:
+        """The part of a growing ``text`` that no stop string can still change: cut at a stop string, and
+        without a tail that could be the start of one."""
+        text = self.cut(text)
+        held = max((n for stop in self.stops for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0)
+        return text[: len(text) - held]

@@ -81,3 +81,50 @@ def test_prompt_with_brackets_is_printed_verbatim(pair_dir):
     result = run("generate", pair_dir, "--prompt", "w5 [int] w6", "--max-new-tokens", "3")
     assert result.exit_code == 0, result.output
     assert "w5 [int] w6" in result.output  # not swallowed as rich markup
+
+
+def _reject_nan(constant):
+    raise ValueError(f"not strict JSON: {constant}")
+
+
+def test_generate_json_is_strict(pair_dir):
+    result = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--max-new-tokens", "6", "--drafter", "none", "--json",
+                 "--compare")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x, parse_constant=_reject_nan) for x in result.output.splitlines() if x.startswith("{")]
+    assert lines[0]["stats"]["acceptance_rate"] is None  # nothing was drafted: the rate is undefined
+    assert lines[0]["finish_reason"] == "length" and "comparison" in lines[-1]
+
+
+class _Failing:
+    """Wraps an engine; every call that carries token 5 fails."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def infer(self, input_ids, *args):
+        if (input_ids == 5).any():
+            raise RuntimeError("injected engine fault")
+        return self.engine.infer(input_ids, *args)
+
+
+def test_a_failed_prompt_is_reported_and_the_exit_code_says_so(pair_dir, monkeypatch):
+    load = Pipeline.load.__func__
+
+    def failing_load(cls, *args, **kwargs):
+        pipeline = load(cls, *args, **kwargs)
+        pipeline.target = _Failing(pipeline.target)
+        return pipeline
+
+    monkeypatch.setattr(Pipeline, "load", classmethod(failing_load))
+    for extra in (["--json"], []):  # batched JSON rows, and streamed text
+        result = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--prompt", "w8 w9", "--max-new-tokens", "4", *extra)
+        assert result.exit_code == 1, result.output
+        assert "1 of 2 prompts failed: prompt 0:" in result.output and "injected engine fault" in result.output
+        if extra:
+            rows = [json.loads(x) for x in result.output.splitlines() if x.startswith("{")]
+            assert rows[0]["finish_reason"] == "error" and "injected engine fault" in rows[0]["error"]
+            assert rows[1]["finish_reason"] == "length" and len(rows[1]["token_ids"]) == 4

@@ -173,3 +173,65 @@ def test_policies_are_told_each_cycle_unless_they_learn_nothing(pipeline):
         expected = [(records[0].k, [r.accepted for r in records]) for _, records in sorted(by_cycle.items())]
         assert len(expected) > 2
         assert policy.told == ([] if isinstance(policy, _LearnsNothing) else expected)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda p: p.generate([b"w5 w6"], GOOD), r"prompt: got b'w5 w6'; expected a string or a list of token ids"),
+    (lambda p: p.generate([[5.0, 6]], GOOD), r"prompt ids: got 5.0 among them; expected integers"),
+    (lambda p: p.generate([[[5, 6]]], GOOD), r"prompt ids: got \[5, 6\] among them"),
+    (lambda p: p.generate([[5, 2**70]], GOOD), r"range \[5, 1180591620717411303424\] outside the vocabulary"),
+    (lambda p: p.generate([], GOOD), r"prompts: got \[\]; expected a prompt or a non-empty list"),
+    (lambda p: p.generate(["w5"], GOOD, batch_size=-1), r"batch_size: got -1; expected an integer >= 1"),
+    (lambda p: p.generate(["w5"], GOOD, batch_size=1.5), r"batch_size: got 1.5"),
+    (lambda p: p.start("w5", GOOD), r"prompts: got 'w5'; expected a non-empty list"),
+    (lambda p: p.generate(["w5"], GenerationConfig(stop_token_ids=(500,))), r"stop_token_ids: got \[500\]; expected ids"),
+    (lambda p: Pipeline(p.manifest, p.tokenizer, p.target, max_cache_bytes=0), r"max_cache_bytes: got 0"),
+    (lambda p: Pipeline(p.manifest, p.tokenizer, p.target, max_cache_bytes=float("nan")), r"max_cache_bytes: got nan"),
+    (lambda p: Pipeline(p.manifest, p.tokenizer, p.target, max_cache_bytes="1e9"), r"max_cache_bytes: got '1e9'"),
+])
+def test_api_arguments_are_refused_naming_the_field(pipeline, call, match):
+    with pytest.raises(ConfigError, match=match):
+        call(pipeline)
+    assert len(pipeline.generate("w5 w6", GOOD)[0].token_ids) == 12
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("confidence_threshold", "0.5", r"confidence_threshold: got '0.5'; expected a number in \(0, 1\)"),
+    ("ignore_eos", "no", r"ignore_eos: got 'no'; expected True or False"),
+    ("repetition_penalty", 1e-300, r"repetition_penalty: got 1e-300; expected a number in \[0.01, 100\]"),
+    ("seed", -1, r"seed: got -1; expected an integer >= 0"),
+    ("temperature", float("inf"), "temperature: got inf; expected a finite number"),
+    ("max_new_tokens", True, "max_new_tokens: got True"),
+    ("stop_token_ids", (2**64,), "stop_token_ids"),
+    ("stop", 5, "stop: got 5"),
+])
+def test_config_never_coerces(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        GenerationConfig(**{field: value})
+
+
+def test_numpy_numbers_are_taken_as_the_numbers_they_hold(pipeline):
+    import numpy as np
+
+    config = GenerationConfig(max_new_tokens=np.int64(12), k=np.int32(3), temperature=np.float32(0), ignore_eos=np.bool_(True))
+    assert config == GOOD and type(config.max_new_tokens) is int
+    ids = pipeline.encode("w5 w6 w7")
+    expected = pipeline.generate([ids.tolist()], GOOD)[0].token_ids
+    assert pipeline.generate([ids], GOOD)[0].token_ids == expected
+    assert pipeline.generate([[np.int32(t) for t in ids]], GOOD)[0].token_ids == expected
+
+
+def test_a_partial_stop_string_is_never_streamed(pipeline):
+    plain = pipeline.generate("w9", GOOD)[0]
+    words = plain.text.split()
+    stop = f"{words[3]} {words[4][:2]}"  # spans two tokens: the first alone may start it
+    assert plain.text.count(stop) == 1
+    config = GenerationConfig(k=3, max_new_tokens=12, ignore_eos=True, stop=(stop,))
+    chunks = list(pipeline.stream("w9", config))
+    final = chunks[-1].result.text
+    assert chunks[-1].result.finish_reason == "stop" and final == plain.text[: plain.text.index(stop)]
+    streamed = ""
+    for chunk in chunks:
+        streamed += chunk.text
+        assert final.startswith(streamed), (streamed, final)  # nothing shown that is later taken back
+    assert streamed == final and len(chunks) > 1
