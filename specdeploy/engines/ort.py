@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def shared_thread_pool(threads: int) -> None:
     """Let every session of this process share one intra-op pool of ``threads`` threads.
 
     With a pool per session, the idle session's spinning threads (the draft's while the target
-    runs, and back) fight for the same cores.
+    runs, and back) fight for the same cores. ONNX Runtime sets the pool once per process: a later
+    request for another size keeps the first one, with a warning.
     """
     global _global_pool
     import onnxruntime as ort
@@ -42,6 +44,9 @@ def shared_thread_pool(threads: int) -> None:
     if _global_pool is None:
         ort.set_global_thread_pool_sizes(threads, 1)
         _global_pool = threads
+    elif threads != _global_pool:
+        warnings.warn(f"threads={threads}: this process's ONNX Runtime thread pool already has {_global_pool} threads "
+                      "(ONNX Runtime sets it once per process); using it", stacklevel=3)
 
 
 class OrtEngine(Engine):
@@ -70,6 +75,7 @@ class OrtEngine(Engine):
         }[optimization]
         if threads is not None:
             shared_thread_pool(threads)
+        if _global_pool is not None:  # once a process has the shared pool, every session must use it
             options.use_per_session_threads = False
         chain = [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
         self.session = ort.InferenceSession(str(path), options, providers=chain)

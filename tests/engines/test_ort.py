@@ -128,3 +128,26 @@ def test_cache_rows_and_selections(engine):
     assert kept.past_len.tolist() == [7, 5] and kept.shape == (4, 2, 2, 8, 8)
     np.testing.assert_array_equal(kept.stacked[:, 1], cache.stacked[:, 1])
     assert not np.shares_memory(kept.stacked, cache.stacked)  # leaving rows frees the old buffers
+
+
+def test_pipelines_with_different_threads_share_one_process(pair_dir):
+    """ONNX Runtime's shared thread pool is set once per process; later loads, with another size or
+    none, still work (in a fresh interpreter: the pool is process-wide)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import warnings
+from specdeploy import GenerationConfig, Pipeline
+config = GenerationConfig(max_new_tokens=4, ignore_eos=True)
+outputs = []
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for threads in (2, 1, None):
+        outputs.append(Pipeline.load({str(pair_dir)!r}, threads=threads).generate("w5 w6", config)[0].token_ids)
+assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0]) == 4, outputs
+assert any("already has 2 threads" in str(w.message) for w in caught), [str(w.message) for w in caught]
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
