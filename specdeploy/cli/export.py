@@ -21,8 +21,9 @@ from .common import console
                    "weights, activations quantized per row (ONNX Runtime's dynamic quantizer, rewritten per row).")
 @click.option("--draft-weights", type=click.Choice(["full", "int4", "int8"]), default=None,
               help="Weight format of the draft (default: same as --weights).")
-@click.option("--capacity", type=click.IntRange(min=2), default=2048, show_default=True,
-              help="Maximum cache slots (prompt + new tokens + draft length + 1) a request may use.")
+@click.option("--capacity", type=click.IntRange(min=2), default=None,
+              help="Maximum cache slots (prompt + new tokens + draft length + 1) a request may use "
+                   "[default: the model's max_position_embeddings, at most 2048].")
 @click.option("--block-size", type=click.Choice(["16", "32", "64", "128", "256"]), default="32", show_default=True,
               help="int4: weights per quantization block (larger: faster decode, coarser weights).")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,

@@ -20,6 +20,8 @@ from .checkpoint import load_checkpoint, load_tokenizer_and_config
 from .registry import ExportError, lookup
 from .tokenizer import differences
 
+DEFAULT_CAPACITY = 2048  # cache slots when the model allows as many and --capacity is not given
+
 Progress = Callable[[str], None]
 
 
@@ -29,7 +31,7 @@ def export_artifact(
     draft: str | Path | None = None,
     dtype: str = "float32",
     weights: str = "full",
-    capacity: int = 2048,
+    capacity: int | None = None,
     force: bool = False,
     draft_weights: str | None = None,
     progress: Progress = lambda step: None,
@@ -41,7 +43,8 @@ def export_artifact(
 
     ``weights``: "full", "int4" or "int8" for the target; ``draft_weights`` defaults to the same.
     ``block_size`` and ``accuracy_level`` tune ONNX Runtime's MatMulNBits quantizer (int4 only).
-    ``isolate``: trace each model in a child process (default: for GGUF files and large checkpoints).
+    ``capacity``: cache slots a request may use (default: the model's max_position_embeddings, at most
+    2048). ``isolate``: trace each model in a child process (default: for GGUF files and large checkpoints).
     Returns the manifest written. Raises ExportError on bad input, before writing anything.
     """
     out = Path(out)
@@ -54,7 +57,7 @@ def export_artifact(
         raise ExportError(f"block_size {block_size} is not supported; expected 16, 32, 64, 128 or 256")
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ExportError(f"accuracy_level {accuracy_level} is not supported; expected 0 to 4")
-    if capacity < 2:
+    if capacity is not None and capacity < 2:
         raise ExportError(f"capacity must be >= 2, got {capacity}")
     if out.exists() and not force:
         raise ExportError(f"{out}: already exists; pass --force to replace it")
@@ -78,7 +81,7 @@ def export_artifact(
             facts = (_trace_in_child if isolated else _trace)(role, source, staging, capacity, progress)
             fmt = weights if role == "target" else (draft_weights or weights)
             _compress(role, staging / f"{role}.onnx", dtype, fmt, (block_size, accuracy_level), progress)
-            specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, capacity=capacity, **facts)
+            specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, **facts)
         (staging / ".pid").unlink()
         progress("hashing files")
         files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
@@ -119,7 +122,7 @@ def _check_pair(target, draft) -> None:
         )
 
 
-def _trace(role: str, source, staging: Path, capacity: int, progress: Progress) -> dict:
+def _trace(role: str, source, staging: Path, capacity: int | None, progress: Progress) -> dict:
     """Load a checkpoint and trace its verify graph to ``staging/role.onnx``; return the model's facts."""
     import torch
 
@@ -129,11 +132,14 @@ def _trace(role: str, source, staging: Path, capacity: int, progress: Progress) 
         checkpoint.tokenizer.save(str(staging / "tokenizer.json"))
     arch = lookup(checkpoint.config.model_type)
     dims = arch.dims(checkpoint.config)
-    if dims["max_positions"] and capacity > dims["max_positions"]:
+    if capacity is None:
+        capacity = min(DEFAULT_CAPACITY, dims["max_positions"] or DEFAULT_CAPACITY)
+    elif dims["max_positions"] and capacity > dims["max_positions"]:
         raise ExportError(
             f"{role}: capacity {capacity} exceeds the model's max_position_embeddings {dims['max_positions']}"
         )
     facts = {
+        "capacity": capacity,
         "architecture": checkpoint.config.model_type,
         **{k: dims[k] for k in ("num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size")},
         "tokenizer_fingerprint": tokenizer_fingerprint(checkpoint.tokenizer),
@@ -151,7 +157,7 @@ def _trace(role: str, source, staging: Path, capacity: int, progress: Progress) 
     return facts
 
 
-def _trace_in_child(role: str, source, staging: Path, capacity: int, progress: Progress) -> dict:
+def _trace_in_child(role: str, source, staging: Path, capacity: int | None, progress: Progress) -> dict:
     """``_trace`` in a fresh process, relaying its progress; its memory goes back to the OS when it ends."""
     import multiprocessing
     import queue as queues
@@ -181,7 +187,7 @@ def _trace_in_child(role: str, source, staging: Path, capacity: int, progress: P
             process.kill()
 
 
-def _trace_child(role: str, source: str, staging: str, capacity: int, messages) -> None:
+def _trace_child(role: str, source: str, staging: str, capacity: int | None, messages) -> None:
     try:
         facts = _trace(role, source, Path(staging), capacity, lambda m: messages.put(("progress", m)))
     except ExportError as exc:

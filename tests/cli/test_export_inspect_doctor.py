@@ -158,3 +158,13 @@ def test_abandoned_staging_of_a_killed_export_is_removed(ckpt, tmp_path):
     assert result.exit_code == 0, result.output
     assert not dead.exists() and alive.exists()
     assert ".pid" not in tiny.read_json(tmp_path / "out" / "manifest.json")["files"]
+
+
+def test_capacity_defaults_to_what_the_model_allows(checkpoints, tmp_path):
+    """A model with max_position_embeddings below 2048 exports without --capacity, at its own limit."""
+    from specdeploy.contract import Manifest
+
+    out = tmp_path / "art"
+    result = CliRunner().invoke(main, ["export", "--target", str(checkpoints["target"]), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert Manifest.read(out).target.capacity == 256  # the tiny model's max_position_embeddings
