@@ -6,6 +6,7 @@ interrupted export never leaves a half-written artifact behind.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import shutil
@@ -82,6 +83,9 @@ def export_artifact(
             fmt = weights if role == "target" else (draft_weights or weights)
             _compress(role, staging / f"{role}.onnx", dtype, fmt, (block_size, accuracy_level), progress)
             specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, **facts)
+        if capacity is None:  # each model's own limit; the pair serves what both allow
+            least = min(spec.capacity for spec in specs.values())
+            specs = {role: dataclasses.replace(spec, capacity=least) for role, spec in specs.items()}
         (staging / ".pid").unlink()
         progress("hashing files")
         files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}

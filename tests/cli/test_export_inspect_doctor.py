@@ -161,10 +161,17 @@ def test_abandoned_staging_of_a_killed_export_is_removed(ckpt, tmp_path):
 
 
 def test_capacity_defaults_to_what_the_model_allows(checkpoints, tmp_path):
-    """A model with max_position_embeddings below 2048 exports without --capacity, at its own limit."""
+    """A model with max_position_embeddings below 2048 exports without --capacity, at its own limit;
+    a pair at the smaller of its two limits."""
     from specdeploy.contract import Manifest
 
     out = tmp_path / "art"
     result = CliRunner().invoke(main, ["export", "--target", str(checkpoints["target"]), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert Manifest.read(out).target.capacity == 256  # the tiny model's max_position_embeddings
+    short = tiny.save_checkpoint(tiny.build_model(tiny.llama_config(max_position_embeddings=128), seed=5), tmp_path / "d")
+    pair = tmp_path / "pair"
+    result = CliRunner().invoke(main, ["export", "--target", str(checkpoints["target"]), "--draft", str(short),
+                                       "--out", str(pair)])
+    assert result.exit_code == 0, result.output
+    assert [spec.capacity for spec in Manifest.read(pair).models.values()] == [128, 128]
