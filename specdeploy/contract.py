@@ -205,6 +205,29 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[str]:
+    """Where a graph's declared tensor types and fixed dims disagree with what ``spec`` says of it.
+
+    ``declared`` maps tensor name -> (NumPy dtype name, dims: ints, or names / None where dynamic).
+    A dynamic dim agrees with anything; a fixed one must be the manifest's (kv_heads, head_dim, vocab_size).
+    """
+    kv = [None, spec.kv_heads, None, spec.head_dim]
+    expected = {"input_ids": ("int64", [None, None]), "past_len": ("int64", [None]),
+                spec.outputs[0]: ("float32", [None, None, spec.vocab_size])}
+    expected |= {name: (spec.dtype, kv) for name in spec.inputs[2:] + spec.outputs[1:]}
+    problems = []
+    for name, (dtype, dims) in expected.items():
+        if name not in declared:
+            continue  # names are checked apart
+        got_type, got_dims = declared[name]
+        fixed_differ = any(isinstance(g, int) and e is not None and g != e for g, e in zip(got_dims, dims))
+        if got_type != dtype or len(got_dims) != len(dims) or fixed_differ:
+            want = ["?" if e is None else e for e in dims]
+            problems.append(f"{name}: the graph declares {got_type} {list(got_dims)}; the manifest says {dtype} {want} "
+                            f"(dtype, kv_heads, head_dim, vocab_size of the {spec.role} model)")
+    return problems
+
+
 def verify_files(directory: Path, manifest: Manifest) -> list[str]:
     """Compare every file the manifest lists with its sha256; return one problem per line (empty: all good)."""
     problems = []

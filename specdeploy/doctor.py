@@ -25,10 +25,14 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
         from tokenizers import Tokenizer
 
         try:
-            fingerprint = tokenizer_fingerprint(Tokenizer.from_file(str(tokenizer_path)))
+            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+            fingerprint, words = tokenizer_fingerprint(tokenizer), tokenizer.get_vocab_size(with_added_tokens=True)
         except Exception as exc:
             problems.append((f"{manifest.tokenizer}: unreadable ({exc})", "re-export the artifact"))
-            fingerprint = None
+            fingerprint = words = None
+        if words and words > manifest.target.vocab_size:
+            problems.append((f"{manifest.tokenizer}: {words} tokens, more than the models' vocabulary of "
+                             f"{manifest.target.vocab_size}", "re-export with the model's own tokenizer"))
         for spec in manifest.models.values():
             if fingerprint and spec.tokenizer_fingerprint != fingerprint:
                 problems.append((f"{spec.role}: exported with another tokenizer than {manifest.tokenizer}",

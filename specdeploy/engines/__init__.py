@@ -22,11 +22,12 @@ def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = 
 
 
 def check_external_data(path: Path, manifest: Manifest) -> None:
-    """Refuse external-data locations that are absolute, climb out (``..``), go through links or are unlisted."""
+    """Refuse external-data locations that are absolute, climb out (``..``), go through links or are
+    unlisted, wherever the tensor sits: initializers, Constant nodes and any attribute, in any subgraph."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False)
-    for tensor in graph.graph.initializer:
+    for owner, tensor in _tensors(graph.graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
@@ -35,9 +36,29 @@ def check_external_data(path: Path, manifest: Manifest) -> None:
         if (where.is_absolute() or len(where.parts) != 1 or where.name in ("", ".", "..")
                 or location not in manifest.files or target.is_symlink()):
             raise ContractError(
-                f"{path.name}: initializer {tensor.name!r} points its external data at {location!r}; expected a "
-                f"plain file inside the artifact dir that the manifest lists ({sorted(manifest.files)})"
+                f"{path.name}: {owner} points its external data at {location!r}; expected a plain file inside "
+                f"the artifact dir that the manifest lists ({sorted(manifest.files)})"
             )
+
+
+def _tensors(graph, where: str = ""):
+    """(owner, tensor) for every tensor a graph holds, its subgraphs' included."""
+    for tensor in graph.initializer:
+        yield f"{where}initializer {tensor.name!r}", tensor
+    for sparse in graph.sparse_initializer:
+        yield f"{where}sparse initializer {sparse.values.name!r}", sparse.values
+        yield f"{where}sparse initializer {sparse.values.name!r}", sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            owner = f"{where}node {node.name or node.op_type!r} attribute {attr.name!r}"
+            held = [attr.t] if attr.HasField("t") else []
+            held += list(attr.tensors)
+            for sparse in ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) + list(attr.sparse_tensors):
+                held += [sparse.values, sparse.indices]
+            for tensor in held:
+                yield owner, tensor
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _tensors(sub, f"{owner} > ")
 
 
 __all__ = ["Engine", "EngineInputError", "EngineOutput", "OrtEngine", "ProviderError", "load_engine"]

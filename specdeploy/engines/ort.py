@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..contract import ModelSpec
+from ..contract import ModelSpec, io_problems
 from .base import Engine, KVCache
 
 PROVIDERS = {
@@ -88,7 +88,8 @@ class OrtEngine(Engine):
         self._local = threading.local()
 
     def _check_graph(self) -> None:
-        """The graph's inputs and outputs must be the ones the manifest declares, in order."""
+        """The graph's inputs and outputs must be the ones the manifest declares, in order, with its types
+        and sizes."""
         got_in = [i.name for i in self.session.get_inputs()]
         got_out = [o.name for o in self.session.get_outputs()]
         if got_in != self.spec.inputs or got_out != self.spec.outputs:
@@ -97,6 +98,12 @@ class OrtEngine(Engine):
                 f"({len(got_in)}), outputs {got_out[:3]}… ({len(got_out)}); expected {self.spec.inputs[:4]}… "
                 f"({len(self.spec.inputs)}), {self.spec.outputs[:3]}… ({len(self.spec.outputs)})"
             )
+        types = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
+        declared = {t.name: (types.get(t.type, t.type), t.shape)
+                    for t in self.session.get_inputs() + self.session.get_outputs()}
+        problems = io_problems(self.spec, declared)
+        if problems:
+            raise ProviderError(f"{self.spec.file}: graph disagrees with the manifest: " + "; ".join(problems[:3]))
 
     def infer_impl(self, input_ids, past_len, cache):
         call = self._call(input_ids.shape)

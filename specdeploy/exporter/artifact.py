@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
-from ..contract import DTYPES, WEIGHT_FORMATS, Manifest, ModelSpec, sha256_file, tokenizer_fingerprint
+from ..contract import DTYPES, WEIGHT_FORMATS, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
 from . import onnx_graph
 from .checkpoint import load_checkpoint, load_tokenizer_and_config
 from .registry import ExportError, lookup
@@ -158,6 +158,10 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         onnx_graph.export_graph(module, dims, staging / f"{role}.onnx")
     del module, checkpoint
     gc.collect()
+    traced = ModelSpec(role=role, file=f"{role}.onnx", dtype="float32", weights="full", **facts)
+    problems = io_problems(traced, onnx_graph.declared_io(staging / f"{role}.onnx"))
+    if problems:  # a config that disagrees with its own weights (vocab_size, heads, head_dim)
+        raise ExportError(f"{role}: the checkpoint's config.json disagrees with its weights: " + "; ".join(problems[:3]))
     return facts
 
 

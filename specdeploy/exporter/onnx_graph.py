@@ -63,6 +63,17 @@ def load(path: Path) -> onnx.ModelProto:
     return onnx.load(str(path))
 
 
+def declared_io(path: Path) -> dict[str, tuple[str, list]]:
+    """name -> (NumPy dtype name, dims: ints where fixed, names where dynamic) of a graph's inputs and outputs."""
+    model = onnx.load(str(path), load_external_data=False)
+    declared = {}
+    for value in list(model.graph.input) + list(model.graph.output):
+        tensor = value.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        declared[value.name] = (dtype, [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tensor.shape.dim])
+    return declared
+
+
 def _name_dims(model: onnx.ModelProto, layers: int) -> None:
     """Give the dynamic axes the contract's names, whatever the exporter called them."""
     wanted = {"input_ids": ["batch", "tokens"], "past_len": ["batch"], "logits": ["batch", "tokens", "vocab"]}

@@ -31,6 +31,10 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
                 f"{directory}: the {spec.role} model was exported with another tokenizer "
                 f"(fingerprint {spec.tokenizer_fingerprint[:12]}…, artifact tokenizer {fingerprint[:12]}…)"
             )
+    words = tokenizer.get_vocab_size(with_added_tokens=True)
+    if words > manifest.target.vocab_size:
+        raise ContractError(f"{manifest.tokenizer}: {words} tokens, more than the models' vocabulary of "
+                            f"{manifest.target.vocab_size}: ids it produces would be out of range")
     draft_spec = manifest.draft
     if draft_spec is not None and draft_spec.vocab_size != manifest.target.vocab_size:
         raise ContractError(f"draft vocab {draft_spec.vocab_size} differs from target vocab {manifest.target.vocab_size}")

@@ -87,3 +87,68 @@ def test_manifest_that_is_not_json(self_dir, tmp_path):
     (art / "manifest.json").write_text("{ not json")
     with pytest.raises(ContractError, match="not valid JSON"):
         Pipeline.load(art)
+
+
+def _external_tensor(location):
+    tensor = onnx.helper.make_tensor("hidden", onnx.TensorProto.FLOAT, [16], [0.0] * 16)
+    tensor.ClearField("float_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value=location)
+    tensor.external_data.add(key="length", value="64")
+    return tensor
+
+
+@pytest.mark.parametrize("where", ["constant", "subgraph"])
+def test_external_data_outside_the_initializers_is_vetted_too(self_dir, tmp_path, where):
+    """A Constant node (or any attribute tensor, in any subgraph) naming a file the manifest does not
+    hash could be swapped after export: refused by load and reported by doctor."""
+    from specdeploy.doctor import diagnose
+
+    art = _copy(self_dir, tmp_path / "art")
+    (art / "swappable.bin").write_bytes(b"\0" * 64)
+    graph = onnx.load(str(art / "target.onnx"))
+    constant = onnx.helper.make_node("Constant", [], ["hidden_out"], value=_external_tensor("swappable.bin"))
+    if where == "subgraph":
+        branch = onnx.helper.make_graph([constant], "branch", [], [onnx.helper.make_tensor_value_info(
+            "hidden_out", onnx.TensorProto.FLOAT, [16])])
+        flag = onnx.helper.make_node("Constant", [], ["flag"], value=onnx.helper.make_tensor("f", onnx.TensorProto.BOOL, [], [True]))
+        constant = onnx.helper.make_node("If", ["flag"], ["if_out"], then_branch=branch, else_branch=branch)
+        graph.graph.node.append(flag)
+    graph.graph.node.append(constant)
+    onnx.save(graph, str(art / "target.onnx"))
+    _rehash(art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    del manifest["files"]["swappable.bin"]  # the attacker keeps it out of the hashed files
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ContractError, match=r"node .* points its external data at 'swappable.bin'"):
+        Pipeline.load(art)
+    assert any("points its external data at 'swappable.bin'" in problem for problem, _ in diagnose(art))
+
+
+@pytest.mark.parametrize("field,value", [("head_dim", 16), ("kv_heads", 1), ("vocab_size", 1000), ("dtype", "float16")])
+def test_manifest_disagreeing_with_the_graph_is_refused(self_dir, tmp_path, field, value):
+    """Sizes and types the manifest claims must be the graph's: refused by load, reported by doctor."""
+    from specdeploy.doctor import diagnose
+
+    art = _copy(self_dir, tmp_path / "art")
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["models"]["target"][field] = value
+    if field == "vocab_size":
+        manifest["models"]["draft"][field] = value  # the pair still agrees with itself
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RuntimeError, match="graph disagrees with the manifest"):
+        Pipeline.load(art)
+    assert any("graph disagrees with the manifest" in problem for problem, _ in diagnose(art))
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(self_dir, tmp_path):
+    from specdeploy.doctor import diagnose
+
+    art = _copy(self_dir, tmp_path / "art")
+    manifest = json.loads((art / "manifest.json").read_text())
+    for spec in manifest["models"].values():
+        spec["vocab_size"] = 100  # the tokenizer has 120 entries
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ContractError, match="120 tokens, more than the models' vocabulary of 100"):
+        Pipeline.load(art)
+    assert any("120 tokens" in problem for problem, _ in diagnose(art))

@@ -45,3 +45,19 @@ def test_safetensors_header_larger_than_the_file(checkpoints, tmp_path):
     (src / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 62) + data[8:])
     with pytest.raises(ExportError, match=r"header of 4611686018427387904 bytes in a \d+-byte file"):
         load_checkpoint(src)
+
+
+def test_a_config_that_disagrees_with_its_weights_is_refused(checkpoints, tmp_path):
+    """config.json claiming a vocabulary of 10**12 beside 128-token weights: no artifact is written."""
+    import json
+
+    from specdeploy.exporter import export_artifact
+
+    source = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["target"], source)
+    config = json.loads((source / "config.json").read_text())
+    config["vocab_size"] = 10**12
+    (source / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match=r"config.json disagrees with its weights: logits: .* 1000000000000"):
+        export_artifact(source, tmp_path / "art", capacity=64)
+    assert not (tmp_path / "art").exists()
