@@ -111,7 +111,8 @@ def test_external_data_outside_the_initializers_is_vetted_too(self_dir, tmp_path
     if where == "subgraph":
         branch = onnx.helper.make_graph([constant], "branch", [], [onnx.helper.make_tensor_value_info(
             "hidden_out", onnx.TensorProto.FLOAT, [16])])
-        flag = onnx.helper.make_node("Constant", [], ["flag"], value=onnx.helper.make_tensor("f", onnx.TensorProto.BOOL, [], [True]))
+        true = onnx.helper.make_tensor("f", onnx.TensorProto.BOOL, [], [True])
+        flag = onnx.helper.make_node("Constant", [], ["flag"], value=true)
         constant = onnx.helper.make_node("If", ["flag"], ["if_out"], then_branch=branch, else_branch=branch)
         graph.graph.node.append(flag)
     graph.graph.node.append(constant)
