@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from ..engines.ort import PROVIDERS
+
 
 def _csv(kind):
     def parse(ctx, param, value):
@@ -27,7 +29,7 @@ def _csv(kind):
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--prompts", "prompts_path", required=True,
               help="Prompt file (.txt, .jsonl with 'prompt', or Spec-Bench .jsonl), or 'humaneval' (extra 'bench').")
-@click.option("--k", "ks", default="0,1,2,4,8", show_default=True, callback=_csv(int),
+@click.option("--k", "--num-speculative-tokens", "ks", default="0,1,2,4,8", show_default=True, callback=_csv(int),
               help="Draft lengths; 0 is plain target decoding (always run as the baseline).")
 @click.option("--policy", "policies", default="fixed", show_default=True, callback=_csv(str),
               help="Comma list of fixed, confidence, heuristic, cost.")
@@ -41,14 +43,17 @@ def _csv(kind):
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
+@click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
+              help="ONNX Runtime execution provider.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for records.jsonl and summary.json.")
 @click.option("--force", is_flag=True, help="Replace an existing --out directory.")
 def bench(directory, prompts_path, ks, policies, drafters, temperatures, max_new_tokens, repeat, batch_size, limit,
-          threads, seed, out, force):
+          threads, provider, seed, out, force):
     """Run the baseline and a grid of configurations in one process, interleaved; record and summarise."""
     from .. import Pipeline
     from ..contract import ContractError
+    from ..engines import ProviderError
     from ..reports.bench import GridError, build_grid, run_bench
     from ..runtime.cache import CapacityError
     from ..workloads import PromptFileError, humaneval, load_prompts
@@ -65,12 +70,12 @@ def bench(directory, prompts_path, ks, policies, drafters, temperatures, max_new
         shutil.rmtree(out)
     out.mkdir(parents=True)
     try:
-        pipeline = Pipeline.load(directory, threads=threads)
+        pipeline = Pipeline.load(directory, provider=provider, threads=threads)
         total = repeat * -(-len(prompts) // batch_size) * len(grid)
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"bench: {len(grid)} configurations x {len(prompts)} prompts x {repeat}", total=total)
             summary = run_bench(pipeline, grid, prompts, out, repeat, batch_size, lambda: progress.advance(task))
-    except (ContractError, CapacityError, ValueError) as exc:
+    except (ContractError, CapacityError, ProviderError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _print_summary(summary["all"])
     Console(stderr=True).print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}; `specdeploy report {out}` plots them")

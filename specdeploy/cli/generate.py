@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..engines.ort import PROVIDERS
 from ..runtime.drafters import DRAFTERS
 from ..runtime.policies import POLICIES
 
@@ -31,20 +32,27 @@ def read_prompts(path: Path) -> list[str]:
 @click.option("--prompt", "prompts", multiple=True, help="Prompt text (repeatable).")
 @click.option("--prompt-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="A .jsonl file with a 'prompt' field per line, or plain text with one prompt per line.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens to generate at most.")
+@click.option("--max-new-tokens", "--max-tokens", "max_new_tokens", type=int, default=128, show_default=True,
+              help="Tokens to generate at most.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="Keep the k most likely tokens (0: off).")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass in (0, 1].")
 @click.option("--min-p", type=float, default=0.0, show_default=True, help="Drop tokens below min_p x the top probability.")
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 means off.")
 @click.option("--seed", type=int, default=None, help="Seed for sampling (same seed, same output).")
-@click.option("--k", type=int, default=4, show_default=True, help="Draft length (the maximum, for adaptive policies).")
+@click.option("--k", "--num-speculative-tokens", "k", type=int, default=4, show_default=True,
+              help="Draft length (the maximum, for adaptive policies).")
 @click.option("--policy", type=click.Choice(list(POLICIES)), default="fixed", show_default=True, help="Draft-length policy.")
 @click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="model", show_default=True,
               help="model: the artifact's draft; prompt-lookup: n-gram; none: plain target decoding.")
+@click.option("--confidence-threshold", type=float, default=0.4, show_default=True,
+              help="--policy confidence: stop drafting once the draft's top probability falls below this.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--stop-token-id", "stop_token_ids", type=int, multiple=True,
+              help="Token id that ends a request like EOS does (repeatable).")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (up to --max-new-tokens).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
-@click.option("--provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu", show_default=True,
+@click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt: text, token_ids, stats.")
@@ -52,7 +60,8 @@ def read_prompts(path: Path) -> list[str]:
               help="Also decode the prompts with the target alone, in the same process, and print the speedup "
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-             seed, k, policy, drafter, stop, batch_size, provider, threads, as_json, compare):
+             seed, k, policy, drafter, confidence_threshold, stop, stop_token_ids, ignore_eos, batch_size, provider,
+             threads, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -66,7 +75,8 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
     try:
         config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                   min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, k=k, policy=policy,
-                                  drafter=drafter, stop=tuple(stop))
+                                  drafter=drafter, stop=tuple(stop), stop_token_ids=stop_token_ids,
+                                  confidence_threshold=confidence_threshold, ignore_eos=ignore_eos)
         pipeline = Pipeline.load(directory, provider=provider, threads=threads)
         if compare:  # one short run of each first, so neither side pays the first-call set-up
             for warm in (config, dataclasses.replace(config, drafter="none")):

@@ -128,3 +128,23 @@ def test_a_failed_prompt_is_reported_and_the_exit_code_says_so(pair_dir, monkeyp
             rows = [json.loads(x) for x in result.output.splitlines() if x.startswith("{")]
             assert rows[0]["finish_reason"] == "error" and "injected engine fault" in rows[0]["error"]
             assert rows[1]["finish_reason"] == "length" and len(rows[1]["token_ids"]) == 4
+
+
+def test_every_generation_option_has_a_flag():
+    import dataclasses
+
+    from specdeploy.cli.generate import generate
+
+    params = {p.name for p in generate.params}
+    assert {f.name for f in dataclasses.fields(GenerationConfig)} <= params
+
+
+def test_ecosystem_option_names_and_the_rest_of_the_config(pair_dir):
+    result = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--max-tokens", "10", "--num-speculative-tokens", "2",
+                 "--policy", "confidence", "--confidence-threshold", "0.3", "--ignore-eos", "--stop-token-id", "7",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    line = json.loads(next(x for x in result.output.splitlines() if x.startswith("{")))
+    config = GenerationConfig(max_new_tokens=10, k=2, policy="confidence", confidence_threshold=0.3, ignore_eos=True,
+                              stop_token_ids=(7,))
+    assert line["token_ids"] == Pipeline.load(pair_dir).generate("w5 w6 w7", config)[0].token_ids
