@@ -11,6 +11,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ..engines.ort import PROVIDERS
+from ..reports.plots import PLOTS
+
+# what bench and report write into --out: only a directory of these is replaced by --force
+BENCH_FILES = ("records.jsonl", "summary.json", "report.html", "report.md", *PLOTS)
 
 
 def _csv(kind):
@@ -67,10 +71,14 @@ def bench(directory, prompts_path, ks, policies, drafters, temperatures, max_new
     if out.exists():
         if not force:
             raise click.ClickException(f"{out}: already exists; pass --force to replace it")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+        if not out.is_dir() or any(p.name not in BENCH_FILES for p in out.iterdir()):
+            raise click.ClickException(f"{out}: not a bench output directory (expected only {', '.join(BENCH_FILES)} "
+                                       "and plots); --force replaces nothing else")
     try:
         pipeline = Pipeline.load(directory, provider=provider, threads=threads)
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
         total = repeat * -(-len(prompts) // batch_size) * len(grid)
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"bench: {len(grid)} configurations x {len(prompts)} prompts x {repeat}", total=total)

@@ -102,6 +102,7 @@ def test_prometheus_exposition_matches_records(bench_dir):
     (["--prompts", "{good}", "--policy", "fixed,magic"], "--policy: unknown ['magic']"),
     (["--prompts", "{good}", "--drafter", "eagle"], "--drafter: unknown ['eagle']"),
     (["--prompts", "{good}", "--k", "1,x"], "expected a comma-separated list of int"),
+    (["--prompts", "{good}", "--provider", "cuda"], "'cuda' (CUDAExecutionProvider) is not available"),
 ])
 def test_bench_bad_input(pair_dir, tmp_path, args, message):
     files = {"missing": tmp_path / "missing.txt", "empty": tmp_path / "empty.txt", "bad": tmp_path / "bad.jsonl",
@@ -120,6 +121,22 @@ def test_bench_refuses_existing_out(pair_dir, tmp_path):
     (tmp_path / "out").mkdir()
     result = run("bench", pair_dir, "--prompts", tmp_path / "good.txt", "--out", tmp_path / "out")
     assert result.exit_code != 0 and "already exists; pass --force" in result.output
+
+
+def test_bench_force_replaces_only_a_bench_directory(pair_dir, tmp_path):
+    (tmp_path / "good.txt").write_text("w5 w6\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    result = run("bench", pair_dir, "--prompts", tmp_path / "good.txt", "--out", mine, "--force")
+    assert result.exit_code != 0 and "not a bench output directory" in result.output
+    assert (mine / "thesis.tex").read_text() == "years of work"
+    out = tmp_path / "out"
+    for _ in range(2):  # a bench directory is replaced
+        result = run("bench", pair_dir, "--prompts", tmp_path / "good.txt", "--k", "0,1", "--max-new-tokens", "3",
+                     "--out", out, "--force")
+        assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["records.jsonl", "summary.json"]
 
 
 def test_report_on_a_non_bench_dir(tmp_path):
