@@ -119,6 +119,8 @@ class Manifest:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ContractError(f"{path}: not valid JSON ({exc})") from exc
+        except RecursionError as exc:
+            raise ContractError(f"{path}: nested too deeply to be a manifest") from exc
         return cls.from_dict(data, where=str(path))
 
     @classmethod

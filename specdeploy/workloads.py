@@ -30,7 +30,10 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     path = Path(path)
     if not path.is_file():
         raise PromptFileError(f"{path}: no such file")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(f"{path}: not UTF-8 text (byte {exc.start}); expected a .jsonl or text prompt file") from exc
     prompts = []
     if path.suffix == ".jsonl":
         for number, line in enumerate(lines, 1):
@@ -48,6 +51,8 @@ def _from_json(line: str, where: str, source: str, number: int) -> Prompt:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise PromptFileError(f"{where}: not valid JSON ({exc.msg})") from exc
+    except RecursionError as exc:
+        raise PromptFileError(f"{where}: nested too deeply to be a prompt record") from exc
     if not isinstance(record, dict):
         raise PromptFileError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "turns" in record:  # Spec-Bench

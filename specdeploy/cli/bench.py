@@ -102,9 +102,16 @@ def _print_summary(summary: dict) -> None:
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
 def report(directory):
     """Plot a bench directory: PNGs, report.html (self-contained) and report.md."""
+    from ..reports.bench import RecordsError
     from ..reports.plots import write_report
 
     if not (directory / "summary.json").is_file() or not (directory / "records.jsonl").is_file():
         raise click.ClickException(f"{directory}: no summary.json / records.jsonl; run `specdeploy bench --out {directory}`")
-    for path in write_report(directory):
+    try:
+        written = write_report(directory)
+    except (RecordsError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        # summary.json and records.jsonl are bench's own output: anything else is a damaged file
+        raise click.ClickException(f"{directory}: damaged bench output ({type(exc).__name__}: {exc}); "
+                                   "run `specdeploy bench` again") from exc
+    for path in written:
         click.echo(path)

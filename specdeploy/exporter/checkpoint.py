@@ -79,6 +79,8 @@ def _read_config(directory: Path):
         return AutoConfig.from_pretrained(directory, trust_remote_code=False)
     except (ValueError, OSError, json.JSONDecodeError) as exc:
         raise ExportError(f"{directory / 'config.json'}: cannot be read ({exc})") from exc
+    except RecursionError as exc:
+        raise ExportError(f"{directory / 'config.json'}: nested too deeply to be a model config") from exc
 
 
 def _download(repo_id: str) -> Path:
@@ -139,7 +141,13 @@ def _eos_ids(directory: Path | None, config) -> tuple[int, ...]:
     sources = [getattr(config, "eos_token_id", None)]
     gen = directory / "generation_config.json" if directory else None
     if gen and gen.is_file():
-        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+        try:
+            generation = json.loads(gen.read_text())
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ExportError(f"{gen}: cannot be read ({type(exc).__name__}); fix or remove it") from exc
+        if not isinstance(generation, dict):
+            raise ExportError(f"{gen}: expected a JSON object, got {type(generation).__name__}")
+        sources.append(generation.get("eos_token_id"))
     for value in sources:
         for token in value if isinstance(value, list) else [value]:
             if isinstance(token, int) and token not in ids:

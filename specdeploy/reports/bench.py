@@ -89,8 +89,24 @@ def run_bench(pipeline, grid: list[Setting], prompts: list[Prompt], out: Path, r
     return summary
 
 
+class RecordsError(ValueError):
+    """A records.jsonl that is not what ``bench`` writes."""
+
+
 def read_records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records ``bench`` wrote to ``path``, one JSON object a line; RecordsError names a bad line."""
+    records = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise RecordsError(f"{path}:{number}: not a bench record ({type(exc).__name__})") from exc
+        if not isinstance(record, dict) or "type" not in record:
+            raise RecordsError(f"{path}:{number}: not a bench record (expected a JSON object with a 'type')")
+        records.append(record)
+    return records
 
 
 def summarize(lines: list[dict]) -> dict:

@@ -175,3 +175,48 @@ def test_capacity_defaults_to_what_the_model_allows(checkpoints, tmp_path):
                                        "--out", str(pair)])
     assert result.exit_code == 0, result.output
     assert [spec.capacity for spec in Manifest.read(pair).models.values()] == [128, 128]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON that a recursive parser cannot hold
+
+
+def _deep_manifest(art):
+    (art / "manifest.json").write_text(DEEP)
+
+
+def _hostile_cases(tmp_path, pair_dir, ckpt):
+    """(command line, what the one line must say) for files that used to end in a traceback."""
+    art = tmp_path / "art"
+    shutil.copytree(pair_dir, art)
+    _deep_manifest(art)
+    deep_prompts = tmp_path / "deep.jsonl"
+    deep_prompts.write_text(DEEP + "\n")
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00\x81 not text")
+    deep_config = tmp_path / "deep_config"
+    shutil.copytree(ckpt, deep_config)
+    (deep_config / "config.json").write_text('{"model_type": "llama", "x": ' + DEEP + "}")
+    broken_generation = tmp_path / "broken_generation"
+    shutil.copytree(ckpt, broken_generation)
+    (broken_generation / "generation_config.json").write_text("{ eos_token_id: 2")
+    bench_out = tmp_path / "bench"
+    bench_out.mkdir()
+    (bench_out / "summary.json").write_text('{"all": {}}')
+    (bench_out / "records.jsonl").write_text('{"type": "cycle"}\n{half a record\n')
+    return [
+        (["inspect", art], "nested too deeply to be a manifest"),
+        (["doctor", art], "nested too deeply to be a manifest"),
+        (["generate", pair_dir, "--prompt-file", deep_prompts], "nested too deeply to be a prompt record"),
+        (["generate", pair_dir, "--prompt-file", binary], "not UTF-8 text"),
+        (["export", "--target", deep_config, "--out", tmp_path / "o1"], "nested too deeply to be a model config"),
+        (["export", "--target", broken_generation, "--out", tmp_path / "o2", "--capacity", "64"],
+         "generation_config.json: cannot be read"),
+        (["report", bench_out], "records.jsonl:2: not a bench record"),
+    ]
+
+
+def test_hostile_files_get_one_line_not_a_traceback(tmp_path, pair_dir, ckpt):
+    for args, message in _hostile_cases(tmp_path, pair_dir, ckpt):
+        result = run(*args)
+        assert result.exit_code != 0 and message in result.output, (args, result.output[-500:], result.exception)
+        assert isinstance(result.exception, SystemExit), (args, repr(result.exception))  # a clean exit, no traceback
