@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from pathlib import Path
@@ -127,9 +128,11 @@ def _show(pipeline, prompts, config, batch_size):
     if batch_size == 1:
         results = []
         for prompt in prompts:
-            out.print(f"[bold cyan]{escape(prompt)}[/]", end="")
             try:
-                for chunk in pipeline.stream(prompt, config):
+                stream = pipeline.stream(prompt, config)
+                first = next(stream)  # the prompt is checked (and refused) before it is echoed
+                out.print(f"[bold cyan]{escape(prompt)}[/]", end="")
+                for chunk in itertools.chain([first], stream):
                     out.print(chunk.text, end="", markup=False)
                 results.append(chunk.result)
             except GenerationError as exc:  # this prompt failed; the others still run

@@ -21,6 +21,8 @@ from .policies import make_policy
 from .stops import StopStrings
 from .telemetry import CycleRecord, FinishReason, summarize
 
+CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
+
 
 class GenerationError(RuntimeError):
     """A request that failed while decoding (an engine fault); other requests are unaffected."""
@@ -86,12 +88,24 @@ class Pipeline:
         if isinstance(prompt, str):
             if not prompt:
                 raise ConfigError("prompt: got an empty string; expected at least one token")
-            ids = np.array(self.tokenizer.encode(prompt, add_special_tokens=False).ids, np.int64)
+            ids = np.array(self._tokenize(prompt), np.int64)
         else:
             ids = _token_ids(prompt, self.target.spec.vocab_size)
         if ids.size == 0:
             raise ConfigError("prompt: encodes to no tokens; expected at least one")
         return ids
+
+    def _tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text``; a text whose start alone is already longer than any request may be is
+        refused before the rest is tokenized (a 12 MB prompt costs no more than its first part)."""
+        capacity = self.target.spec.capacity
+        head = CHARS_PER_TOKEN_BOUND * capacity
+        if len(text) > head:
+            tokens = len(self.tokenizer.encode(text[:head], add_special_tokens=False).ids)
+            if tokens >= capacity:
+                raise ConfigError(f"prompt: {len(text):,} characters, and its first {head:,} alone are {tokens:,} "
+                                  f"tokens, over the artifact's capacity of {capacity} tokens")
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig) -> Generation:
         """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work."""

@@ -148,3 +148,11 @@ def test_ecosystem_option_names_and_the_rest_of_the_config(pair_dir):
     config = GenerationConfig(max_new_tokens=10, k=2, policy="confidence", confidence_threshold=0.3, ignore_eos=True,
                               stop_token_ids=(7,))
     assert line["token_ids"] == Pipeline.load(pair_dir).generate("w5 w6 w7", config)[0].token_ids
+
+
+def test_a_huge_prompt_is_refused_before_it_is_echoed(pair_dir, tmp_path):
+    prompt_file = tmp_path / "huge.txt"
+    prompt_file.write_text("w5 " * 4_000_000 + "\n")
+    result = run("generate", pair_dir, "--prompt-file", prompt_file)
+    assert result.exit_code != 0 and "over the artifact's capacity" in result.output
+    assert len(result.output) < 2000  # one line, not the prompt

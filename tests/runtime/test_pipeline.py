@@ -235,3 +235,11 @@ def test_a_partial_stop_string_is_never_streamed(pipeline):
         streamed += chunk.text
         assert final.startswith(streamed), (streamed, final)  # nothing shown that is later taken back
     assert streamed == final and len(chunks) > 1
+
+
+def test_a_huge_prompt_is_refused_from_its_first_part(pipeline):
+    huge = "w5 " * 4_000_000  # 12 MB
+    with pytest.raises(ConfigError, match=r"prompt: 12,000,000 characters, and its first 6,144 alone are .* tokens, "
+                                          r"over the artifact's capacity of 96 tokens"):
+        pipeline.generate(huge, GOOD)
+    assert len(pipeline.generate("w5 " * 20, GOOD)[0].token_ids) == 12  # a long but fitting prompt still runs
