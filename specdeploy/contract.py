@@ -140,7 +140,7 @@ class Manifest:
             models[role] = _spec_from_dict(spec, f"{where}: models.{role}")
         files = _field(data, "files", dict, where)
         for name, digest in files.items():
-            if not isinstance(digest, str) or len(digest) != 64:
+            if len(name) > MAX_TEXT or not isinstance(digest, str) or len(digest) != 64:
                 raise ContractError(f"{where}: files.{name}: expected a sha256 hex digest, got {digest!r}")
         engines = data.get("engines", {})
         if not isinstance(engines, dict) or not all(isinstance(v, dict) for v in engines.values()):
@@ -150,8 +150,8 @@ class Manifest:
             tokenizer=_field(data, "tokenizer", str, where),
             files=files,
             contract=contract,
-            exporter_version=str(data.get("exporter_version", "")),
-            opset=int(data.get("opset", 0)),
+            exporter_version=_field(data, "exporter_version", str, where, default=""),
+            opset=_field(data, "opset", int, where, default=0),
             engines=engines,
         )
 
@@ -163,12 +163,25 @@ _SPEC_TYPES = {
 }
 
 
-def _field(data: dict, name: str, kind: type, where: str):
+MAX_TEXT = 256  # characters in a manifest string: names, versions, digests (a longer one is not ours)
+MAX_SIZE = 2**31 - 1  # layers, heads, dims, vocabulary, capacity, opset
+
+
+def _field(data: dict, name: str, kind: type, where: str, default=None):
+    """``data[name]``, checked: its type, and its size (strings of at most MAX_TEXT characters, integers
+    in [0, MAX_SIZE]; parameters may be larger). ``default``: the value of an optional field."""
     if name not in data:
+        if default is not None:
+            return default
         raise ContractError(f"{where}: missing field {name!r}")
     value = data[name]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ContractError(f"{where}: field {name!r} must be {kind.__name__}, got {type(value).__name__} {value!r}")
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ContractError(f"{where}: field {name!r} must be {kind.__name__}, got {type(value).__name__} {shown}")
+    if kind is str and len(value) > MAX_TEXT:
+        raise ContractError(f"{where}: field {name!r} is {len(value):,} characters; expected at most {MAX_TEXT}")
+    if kind is int and not 0 <= value <= (2**63 - 1 if name == "parameters" else MAX_SIZE):
+        raise ContractError(f"{where}: field {name!r} is {value}; expected an integer in [0, {MAX_SIZE}]")
     return value
 
 
@@ -187,9 +200,11 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
         raise ContractError(f"{where}: num_heads {values['num_heads']} is not a multiple of kv_heads {values['kv_heads']}")
     _check_relative(values["file"], where)
     eos = data.get("eos_token_ids", [])
-    if not isinstance(eos, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in eos):
-        raise ContractError(f"{where}: eos_token_ids must be a list of ints, got {eos!r}")
-    return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=int(data.get("parameters", 0)))
+    if (not isinstance(eos, list) or len(eos) > 64
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_SIZE for t in eos)):
+        shown = repr(eos) if len(repr(eos)) <= 60 else repr(eos)[:57] + "..."
+        raise ContractError(f"{where}: eos_token_ids must be a list of at most 64 token ids, got {shown}")
+    return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0))
 
 
 def _check_relative(name: str, where: str) -> None:

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
+
+SHOWN = 20  # problems printed in full; the rest are counted
 
 
 @click.command()
@@ -25,6 +28,8 @@ def doctor(directory, target, draft):
     if not problems:
         out.print(f"[green]ok[/] {directory or target}: no problem found")
         return
-    for what, fix in problems:
-        out.print(f"[red]problem[/] {what}\n  [bold]fix:[/] {fix}")
+    for what, fix in problems[:SHOWN]:
+        out.print(f"[red]problem[/] {escape(what)}\n  [bold]fix:[/] {escape(fix)}")
+    if len(problems) > SHOWN:
+        out.print(f"[red]… and {len(problems) - SHOWN:,} more problems[/] ({len(problems):,} in all)")
     sys.exit(1)

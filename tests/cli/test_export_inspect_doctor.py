@@ -220,3 +220,14 @@ def test_hostile_files_get_one_line_not_a_traceback(tmp_path, pair_dir, ckpt):
         result = run(*args)
         assert result.exit_code != 0 and message in result.output, (args, result.output[-500:], result.exception)
         assert isinstance(result.exception, SystemExit), (args, repr(result.exception))  # a clean exit, no traceback
+
+
+def test_doctor_summarises_many_problems(pair_dir, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(pair_dir, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"] |= {f"gone-{i}.bin": "0" * 64 for i in range(10_000)}
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    result = run("doctor", art)
+    assert result.exit_code == 1 and "… and 9,980 more problems (10,000 in all)" in result.output
+    assert result.output.count("problem ") <= 21

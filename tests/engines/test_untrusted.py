@@ -72,6 +72,12 @@ def test_symlink_out_of_the_artifact_is_refused(self_dir, tmp_path):
     (lambda m: m["models"].update(oracle=m["models"]["target"]), "unknown role"),
     (lambda m: m["files"].update({"target.onnx": "abc"}), "expected a sha256 hex digest"),
     (lambda m: m["models"]["target"].update(num_layers=3), "disagree with the manifest"),
+    (lambda m: m.update(opset="17"), "field 'opset' must be int, got str '17'"),
+    (lambda m: m.update(opset=float("inf")), "field 'opset' must be int, got float inf"),
+    (lambda m: m["models"]["target"].update(parameters=1e400), "field 'parameters' must be int, got float inf"),
+    (lambda m: m.update(exporter_version="x" * 100_000), "field 'exporter_version' is 100,000 characters"),
+    (lambda m: m["models"]["target"].update(vocab_size=10**12), r"field 'vocab_size' is 1000000000000; expected"),
+    (lambda m: m["models"]["target"].update(eos_token_ids=list(range(100_000))), "at most 64 token ids"),
 ])
 def test_malformed_manifests(self_dir, tmp_path, mutate, match):
     art = _copy(self_dir, tmp_path / "art")
