@@ -28,7 +28,7 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
             tokenizer = Tokenizer.from_file(str(tokenizer_path))
             fingerprint, words = tokenizer_fingerprint(tokenizer), tokenizer.get_vocab_size(with_added_tokens=True)
         except Exception as exc:
-            problems.append((f"{manifest.tokenizer}: unreadable ({exc})", "re-export the artifact"))
+            problems.append((f"{manifest.tokenizer}: not a readable tokenizer ({exc})", "re-export the artifact"))
             fingerprint = words = None
         if words and words > manifest.target.vocab_size:
             problems.append((f"{manifest.tokenizer}: {words} tokens, more than the models' vocabulary of "
@@ -58,7 +58,7 @@ def _check_graphs(directory: Path, manifest: Manifest) -> list[tuple[str, str]]:
     for role in manifest.models:
         try:
             load_engine(directory, manifest, role)
-        except ProviderError as exc:
+        except (ProviderError, ContractError) as exc:  # ContractError: unreadable, or ONNX Runtime refused it
             problems.append((str(exc), "re-export the artifact"))
         except Exception as exc:  # ONNX Runtime's own load errors (corrupt graph, bad opset)
             problems.append((f"{role}: ONNX Runtime cannot load {manifest.models[role].file}: {exc}",

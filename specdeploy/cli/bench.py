@@ -60,12 +60,13 @@ def bench(directory, prompts_path, ks, policies, drafters, temperatures, max_new
     from ..engines import ProviderError
     from ..reports.bench import GridError, build_grid, run_bench
     from ..runtime.cache import CapacityError
+    from ..runtime.config import ConfigError
     from ..workloads import PromptFileError, humaneval, load_prompts
 
     try:
         grid = build_grid(ks, policies, drafters, temperatures, max_new_tokens, seed)
         prompts = humaneval() if prompts_path == "humaneval" else load_prompts(prompts_path)
-    except (GridError, PromptFileError) as exc:
+    except (GridError, PromptFileError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from exc
     prompts = prompts[:limit] if limit else prompts
     if out.exists():

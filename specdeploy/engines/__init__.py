@@ -17,8 +17,18 @@ def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = 
     """
     spec = manifest.models[role]
     path = Path(directory) / spec.file
-    check_external_data(path, manifest)
-    return OrtEngine(path, spec, provider=provider, threads=threads)
+    try:
+        check_external_data(path, manifest)
+    except ContractError:
+        raise
+    except Exception as exc:  # protobuf's errors for a truncated or foreign file
+        raise ContractError(f"{spec.file}: not a readable ONNX graph ({type(exc).__name__}: {exc})") from exc
+    try:
+        return OrtEngine(path, spec, provider=provider, threads=threads)
+    except ProviderError:
+        raise
+    except Exception as exc:  # ONNX Runtime's own load errors: empty graph, unknown ops, bad opset
+        raise ContractError(f"{spec.file}: ONNX Runtime cannot load it ({type(exc).__name__}: {exc})") from exc
 
 
 def check_external_data(path: Path, manifest: Manifest) -> None:

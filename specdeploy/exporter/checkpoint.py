@@ -77,8 +77,9 @@ def _read_config(directory: Path):
         raise ExportError(f"{directory}: missing config.json; expected a Hugging Face model directory")
     try:
         return AutoConfig.from_pretrained(directory, trust_remote_code=False)
-    except (ValueError, OSError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{directory / 'config.json'}: cannot be read ({exc})") from exc
+    except (ValueError, OSError, ArithmeticError, TypeError, KeyError, AttributeError) as exc:
+        # transformers validates the config as it builds it: sizes of 0 end in a ZeroDivisionError there
+        raise ExportError(f"{directory / 'config.json'}: cannot be read ({type(exc).__name__}: {exc})") from exc
     except RecursionError as exc:
         raise ExportError(f"{directory / 'config.json'}: nested too deeply to be a model config") from exc
 

@@ -23,7 +23,10 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
         problems = verify_files(directory, manifest)
         if problems:
             raise ContractError(f"{directory}: artifact files do not match the manifest:\n  " + "\n  ".join(problems))
-    tokenizer = Tokenizer.from_file(str(directory / manifest.tokenizer))
+    try:
+        tokenizer = Tokenizer.from_file(str(directory / manifest.tokenizer))
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
+        raise ContractError(f"{directory / manifest.tokenizer}: not a readable tokenizer ({exc})") from exc
     fingerprint = tokenizer_fingerprint(tokenizer)
     for spec in manifest.models.values():
         if spec.tokenizer_fingerprint != fingerprint:

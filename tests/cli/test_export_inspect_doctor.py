@@ -231,3 +231,54 @@ def test_doctor_summarises_many_problems(pair_dir, tmp_path):
     result = run("doctor", art)
     assert result.exit_code == 1 and "… and 9,980 more problems (10,000 in all)" in result.output
     assert result.output.count("problem ") <= 21
+
+
+def _tampered(pair_dir, directory, change):
+    """A copy of the artifact, changed, with a manifest rehashed to match (as an attacker or a bad disk would)."""
+    from specdeploy.contract import sha256_file
+
+    shutil.copytree(pair_dir, directory)
+    change(directory)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"] = {p.name: sha256_file(p) for p in directory.iterdir() if p.is_file() and p.name != "manifest.json"}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
+
+
+def _foreign_op(directory):
+    import onnx
+
+    graph = onnx.load(str(directory / "target.onnx"))
+    graph.graph.node[0].domain = "evil.ops"
+    onnx.save(graph, str(directory / "target.onnx"))
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: (d / "tokenizer.json").write_text("{}"), "tokenizer.json: not a readable tokenizer"),
+    (lambda d: (d / "target.onnx").write_bytes((d / "target.onnx").read_bytes()[:1000]), "not a readable ONNX graph"),
+    (lambda d: (d / "target.onnx").write_bytes(b""), "ONNX Runtime cannot load it"),
+    (_foreign_op, "ONNX Runtime cannot load it (InvalidGraph"),
+])
+def test_unloadable_artifacts_get_one_line(pair_dir, tmp_path, change, message):
+    art = _tampered(pair_dir, tmp_path / "art", change)
+    for args in (["generate", art, "--prompt", "w5"], ["doctor", art]):
+        result = run(*args)
+        assert result.exit_code != 0 and message in result.output, (args, result.output[-500:])
+        assert isinstance(result.exception, SystemExit), repr(result.exception)
+
+
+def test_unusable_configs_and_values_get_one_line(pair_dir, ckpt, tmp_path):
+    zero_heads = tmp_path / "zero_heads"
+    shutil.copytree(ckpt, zero_heads)
+    config = json.loads((zero_heads / "config.json").read_text())
+    config["num_attention_heads"] = 0
+    (zero_heads / "config.json").write_text(json.dumps(config))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("w5 w6\n")
+    for args, message in [
+        (["export", "--target", zero_heads, "--out", tmp_path / "o", "--capacity", "64"], "config.json: cannot be read"),
+        (["bench", pair_dir, "--prompts", prompts, "--temperature", "-1", "--out", tmp_path / "b"], "temperature: got -1.0"),
+    ]:
+        result = run(*args)
+        assert result.exit_code != 0 and message in result.output, (args, result.output[-500:])
+        assert isinstance(result.exception, SystemExit), repr(result.exception)
