@@ -63,7 +63,8 @@ class OrtEngine(Engine):
         if wanted not in available:
             raise ProviderError(
                 f"provider {provider!r} ({wanted}) is not available in this onnxruntime build; available: {available}. "
-                "Install onnxruntime-gpu (extra 'gpu') for CUDA/TensorRT"
+                "CUDA and TensorRT need onnxruntime-gpu in place of onnxruntime (the two overwrite each other's "
+                "files): pip uninstall -y onnxruntime && pip install onnxruntime-gpu 'specdeploy[gpu]'"
             )
         options = ort.SessionOptions()
         options.log_severity_level = 3

@@ -78,6 +78,8 @@ def test_unavailable_provider_fails_loudly(pair_dir):
     manifest = Manifest.read(pair_dir)
     with pytest.raises(ProviderError, match="'cuda' .* not available"):
         OrtEngine(pair_dir / "target.onnx", manifest.target, provider="cuda")
+    with pytest.raises(ProviderError, match="pip uninstall -y onnxruntime && pip install onnxruntime-gpu"):
+        OrtEngine(pair_dir / "target.onnx", manifest.target, provider="cuda")
     with pytest.raises(ProviderError, match="unknown"):
         OrtEngine(pair_dir / "target.onnx", manifest.target, provider="tpu")
 
