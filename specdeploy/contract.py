@@ -204,6 +204,8 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
             or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_SIZE for t in eos)):
         shown = repr(eos) if len(repr(eos)) <= 60 else repr(eos)[:57] + "..."
         raise ContractError(f"{where}: eos_token_ids must be a list of at most 64 token ids, got {shown}")
+    if any(t >= values["vocab_size"] for t in eos):
+        raise ContractError(f"{where}: eos_token_ids {eos} reach outside the vocabulary [0, {values['vocab_size']})")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0))
 
 

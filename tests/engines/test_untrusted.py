@@ -78,6 +78,7 @@ def test_symlink_out_of_the_artifact_is_refused(self_dir, tmp_path):
     (lambda m: m.update(exporter_version="x" * 100_000), "field 'exporter_version' is 100,000 characters"),
     (lambda m: m["models"]["target"].update(vocab_size=10**12), r"field 'vocab_size' is 1000000000000; expected"),
     (lambda m: m["models"]["target"].update(eos_token_ids=list(range(100_000))), "at most 64 token ids"),
+    (lambda m: m["models"]["target"].update(eos_token_ids=[2, 500]), r"eos_token_ids \[2, 500\] reach outside the vocab"),
 ])
 def test_malformed_manifests(self_dir, tmp_path, mutate, match):
     art = _copy(self_dir, tmp_path / "art")
