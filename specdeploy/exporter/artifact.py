@@ -62,6 +62,8 @@ def export_artifact(
         raise ExportError(f"capacity must be >= 2, got {capacity}")
     if out.exists() and not force:
         raise ExportError(f"{out}: already exists; pass --force to replace it")
+    if out.exists() and not (out.is_dir() and (out / "manifest.json").is_file()):
+        raise ExportError(f"{out}: not an artifact directory (no manifest.json); --force replaces only artifacts")
 
     sources = {"target": target} if draft is None else {"target": target, "draft": draft}
     if draft is not None:
@@ -100,7 +102,9 @@ def export_artifact(
 
 
 def _remove_abandoned_staging(out: Path) -> None:
-    """Staging dirs of an export that was killed (its process is gone) would hold gigabytes forever."""
+    """Staging dirs of an export that was killed (its process is gone), and a replaced artifact it had
+    not removed yet, would hold gigabytes forever."""
+    shutil.rmtree(out.with_name(f".{out.name}.old"), ignore_errors=True)
     for staging in out.parent.glob(f".{out.name}.*"):
         pid_file = staging / ".pid"
         if not staging.is_dir() or not pid_file.is_file():
@@ -240,4 +244,4 @@ def _replace(staging: Path, out: Path) -> None:
         out.rename(old)
     staging.rename(out)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old)

@@ -93,8 +93,14 @@ def test_existing_output_dir_needs_force(ckpt, tmp_path):
     assert result.exit_code != 0 and "already exists; pass --force" in result.output
     assert (out / "keep.txt").read_text() == "mine"
     result = run("export", "--target", ckpt, "--out", out, "--force", "--capacity", "64")
-    assert result.exit_code == 0, result.output
-    assert not (out / "keep.txt").exists() and tiny.read_json(out / "manifest.json")["models"]["target"]["capacity"] == 64
+    assert result.exit_code != 0 and "not an artifact directory (no manifest.json)" in result.output
+    assert (out / "keep.txt").read_text() == "mine"  # --force replaces artifacts only, never a user's files
+    artifact = tmp_path / "art"
+    for capacity in ("32", "64"):
+        result = run("export", "--target", ckpt, "--out", artifact, "--force", "--capacity", capacity)
+        assert result.exit_code == 0, result.output
+    assert tiny.read_json(artifact / "manifest.json")["models"]["target"]["capacity"] == 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "out"]  # no .art.old, no staging left
 
 
 def test_failed_export_leaves_nothing_behind(ckpt, tmp_path):
