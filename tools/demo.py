@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,8 @@ def main() -> None:
     specdeploy = [sys.executable, "-m", "specdeploy.cli"]
     if not (artifact / "manifest.json").is_file() or subprocess.run([*specdeploy, "doctor", str(artifact)],
                                                                     capture_output=True).returncode:
+        if artifact.is_dir() and not (artifact / "manifest.json").is_file():
+            shutil.rmtree(artifact)  # the demo's own cache, without a manifest: --force replaces only artifacts
         subprocess.run([*specdeploy, "export", "--target", str(target), "--draft", str(draft), "--out", str(artifact),
                         "--weights", TARGET_WEIGHTS, "--draft-weights", DRAFT_WEIGHTS, "--block-size", BLOCK_SIZE,
                         "--capacity", "2048",
