@@ -85,8 +85,11 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
         if as_json:
             results = pipeline.generate(prompts, config, batch_size=batch_size)
             for result in results:
-                row = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-                       "stats": result.stats}
+                # finish_reason as OpenAI-style clients expect it (EOS and stop strings are both "stop");
+                # stopped_by keeps which
+                reason = "stop" if result.finish_reason in ("eos", "stop") else str(result.finish_reason)
+                row = {"text": result.text, "token_ids": result.token_ids, "finish_reason": reason,
+                       "stopped_by": str(result.finish_reason), "stats": result.stats}
                 click.echo(strict_json(row | ({"error": result.error} if result.error else {})))
         else:
             results = _show(pipeline, prompts, config, batch_size)

@@ -156,3 +156,15 @@ def test_a_huge_prompt_is_refused_before_it_is_echoed(pair_dir, tmp_path):
     result = run("generate", pair_dir, "--prompt-file", prompt_file)
     assert result.exit_code != 0 and "over the artifact's capacity" in result.output
     assert len(result.output) < 2000  # one line, not the prompt
+
+
+def test_json_finish_reasons_are_stop_length_or_error(pair_dir):
+    plain = Pipeline.load(pair_dir).generate("w5 w6 w7", GenerationConfig(max_new_tokens=8, ignore_eos=True))[0]
+    result = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--prompt", "w5 w6 w7", "--max-new-tokens", "8",
+                 "--ignore-eos", "--stop-token-id", str(plain.token_ids[3]), "--json")
+    lines = [json.loads(x) for x in result.output.splitlines() if x.startswith("{")]
+    assert result.exit_code == 0 and [line["finish_reason"] for line in lines] == ["stop", "stop"]
+    first = plain.token_ids.index(plain.token_ids[3])  # the stop token ends the row where it first appears
+    assert lines[0]["stopped_by"] == "eos" and lines[0]["token_ids"] == plain.token_ids[: first + 1]
+    result = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--max-new-tokens", "3", "--ignore-eos", "--json")
+    assert json.loads(result.output.splitlines()[-1])["finish_reason"] == "length"
