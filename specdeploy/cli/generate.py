@@ -56,13 +56,16 @@ def read_prompts(path: Path) -> list[str]:
 @click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
+@click.option("--chat", is_flag=True,
+              help="Each prompt is a user message, rendered with the tokenizer's chat template.")
+@click.option("--system", default=None, help="With --chat: a system message before each prompt.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt: text, token_ids, stats.")
 @click.option("--compare", is_flag=True,
               help="Also decode the prompts with the target alone, in the same process, and print the speedup "
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
              seed, k, policy, drafter, confidence_threshold, stop, stop_token_ids, ignore_eos, batch_size, provider,
-             threads, as_json, compare):
+             threads, chat, system, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -73,17 +76,22 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
     prompts = list(prompts) + (read_prompts(prompt_file) if prompt_file else [])
     if not prompts:
         raise click.UsageError("give --prompt or --prompt-file")
+    if system is not None and not chat:
+        raise click.UsageError("--system goes with --chat")
     try:
         config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                   min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, k=k, policy=policy,
                                   drafter=drafter, stop=tuple(stop), stop_token_ids=stop_token_ids,
                                   confidence_threshold=confidence_threshold, ignore_eos=ignore_eos)
         pipeline = Pipeline.load(directory, provider=provider, threads=threads)
+        # what is generated from: the prompt texts, or their chat renderings as token ids
+        opening = [] if system is None else [{"role": "system", "content": system}]
+        inputs = [pipeline.chat_prompt([*opening, {"role": "user", "content": p}]) for p in prompts] if chat else prompts
         if compare:  # one short run of each first, so neither side pays the first-call set-up
             for warm in (config, dataclasses.replace(config, drafter="none")):
-                pipeline.generate(prompts[:1], dataclasses.replace(warm, max_new_tokens=min(4, max_new_tokens)))
+                pipeline.generate(inputs[:1], dataclasses.replace(warm, max_new_tokens=min(4, max_new_tokens)))
         if as_json:
-            results = pipeline.generate(prompts, config, batch_size=batch_size)
+            results = pipeline.generate(inputs, config, batch_size=batch_size)
             for result in results:
                 # finish_reason as OpenAI-style clients expect it (EOS and stop strings are both "stop");
                 # stopped_by keeps which
@@ -92,7 +100,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                        "stopped_by": str(result.finish_reason), "stats": result.stats}
                 click.echo(strict_json(row | ({"error": result.error} if result.error else {})))
         else:
-            results = _show(pipeline, prompts, config, batch_size)
+            results = _show(pipeline, prompts, inputs, config, batch_size)
             _stats_table(results)
         failed = [(i, r.error) for i, r in enumerate(results) if r.finish_reason == "error"]
         if failed:
@@ -100,9 +108,9 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
             raise click.ClickException(f"{len(failed)} of {len(results)} prompts failed: {detail}")
         if compare:
             plain_config = dataclasses.replace(config, drafter="none")
-            plain = pipeline.generate(prompts, plain_config, batch_size=batch_size)
+            plain = pipeline.generate(inputs, plain_config, batch_size=batch_size)
             divergences = [] if not config.greedy else [
-                {"prompt": i, **d} for i, (prompt, a, b) in enumerate(zip(prompts, plain, results))
+                {"prompt": i, **d} for i, (prompt, a, b) in enumerate(zip(inputs, plain, results))
                 if (d := pipeline.first_divergence(prompt, a.token_ids, b.token_ids, plain_config)) is not None]
             _comparison(results, plain, config, as_json, divergences)
     except (ConfigError, CapacityError, ContractError, ProviderError, EngineInputError) as exc:
@@ -123,16 +131,17 @@ def strict_json(value) -> str:
     return json.dumps(clean(value), allow_nan=False)
 
 
-def _show(pipeline, prompts, config, batch_size):
+def _show(pipeline, prompts, inputs, config, batch_size):
+    """Stream (or, in batches, print) each completion after its prompt's text; generate from ``inputs``."""
     from ..runtime.pipeline import GenerationError, GenerationResult
     from ..runtime.telemetry import FinishReason, summarize
 
     out = Console(highlight=False)
     if batch_size == 1:
         results = []
-        for prompt in prompts:
+        for prompt, source in zip(prompts, inputs):
             try:
-                stream = pipeline.stream(prompt, config)
+                stream = pipeline.stream(source, config)
                 first = next(stream)  # the prompt is checked (and refused) before it is echoed
                 out.print(f"[bold cyan]{escape(prompt)}[/]", end="")
                 for chunk in itertools.chain([first], stream):
@@ -142,7 +151,7 @@ def _show(pipeline, prompts, config, batch_size):
                 results.append(GenerationResult("", [], summarize([]), FinishReason.ERROR, error=str(exc)))
             out.print()
         return results
-    results = pipeline.generate(prompts, config, batch_size=batch_size)
+    results = pipeline.generate(inputs, config, batch_size=batch_size)
     for prompt, result in zip(prompts, results):
         out.print(f"[bold cyan]{escape(prompt)}[/]", end="")
         out.print(result.text, markup=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import os
 import shutil
 import tempfile
@@ -138,6 +139,8 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
     checkpoint = load_checkpoint(source)
     if role == "target":
         checkpoint.tokenizer.save(str(staging / "tokenizer.json"))
+        if checkpoint.tokenizer_config is not None:  # chat template, BOS/EOS, add_bos_token: hashed like the rest
+            (staging / "tokenizer_config.json").write_text(json.dumps(checkpoint.tokenizer_config, indent=2))
     arch = lookup(checkpoint.config.model_type)
     dims = arch.dims(checkpoint.config)
     if capacity is None:

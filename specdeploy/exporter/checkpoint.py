@@ -25,6 +25,9 @@ class Checkpoint:
     weights: dict[str, torch.Tensor]
     tokenizer: Tokenizer
     eos_token_ids: tuple[int, ...]
+    # what the artifact keeps of the tokenizer's tokenizer_config.json (chat template, BOS/EOS, add_bos_token);
+    # None when the checkpoint has none
+    tokenizer_config: dict | None = None
 
     @property
     def parameters(self) -> int:
@@ -109,7 +112,8 @@ def _load_dir(directory: Path) -> Checkpoint:
     weights = {}
     for shard in shards:
         weights.update(_read_safetensors(shard))
-    return Checkpoint(str(directory), config, weights, _read_tokenizer(directory), _eos_ids(directory, config))
+    return Checkpoint(str(directory), config, weights, _read_tokenizer(directory), _eos_ids(directory, config),
+                      _read_tokenizer_config(directory))
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -135,6 +139,39 @@ def _read_tokenizer(directory: Path) -> Tokenizer:
         return Tokenizer.from_file(str(path))
     except Exception as exc:
         raise ExportError(f"{path}: cannot be read as a tokenizer ({exc})") from exc
+
+
+TOKENIZER_CONFIG_KEYS = ("chat_template", "bos_token", "eos_token", "add_bos_token")
+
+
+def _read_tokenizer_config(directory: Path) -> dict | None:
+    """The chat template, BOS/EOS tokens and ``add_bos_token`` of a HF dir's tokenizer_config.json."""
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise ExportError(f"{path}: cannot be read ({type(exc).__name__}); fix or remove it") from exc
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return tokenizer_config(data.get("chat_template"), data.get("bos_token"), data.get("eos_token"),
+                            data.get("add_bos_token", False), path)
+
+
+def tokenizer_config(template, bos, eos, add_bos, where) -> dict:
+    """The artifact's tokenizer_config.json: what transformers' ``apply_chat_template`` and BOS handling read."""
+    if isinstance(template, list):  # several named templates: the default one
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+    tokens = {}
+    for name, token in (("bos_token", bos), ("eos_token", eos)):
+        token = token.get("content") if isinstance(token, dict) else token  # AddedToken, serialised
+        if token is not None and not isinstance(token, str):
+            raise ExportError(f"{where}: {name} must be a string, got {type(token).__name__}")
+        tokens[name] = token
+    if template is not None and not isinstance(template, str):
+        raise ExportError(f"{where}: chat_template must be a string, got {type(template).__name__}")
+    return {"chat_template": template, **tokens, "add_bos_token": bool(add_bos)}
 
 
 def _eos_ids(directory: Path | None, config) -> tuple[int, ...]:
@@ -189,4 +226,6 @@ def _load_gguf(path: Path) -> Checkpoint:
     eos = _eos_ids(None, model.config) or tuple(
         t for t in [getattr(tokenizer, "eos_token_id", None)] if isinstance(t, int)
     )
-    return Checkpoint(str(path), model.config, weights, tokenizer.backend_tokenizer, eos)
+    config = tokenizer_config(getattr(tokenizer, "chat_template", None), tokenizer.bos_token, tokenizer.eos_token,
+                              getattr(tokenizer, "add_bos_token", False), path)
+    return Checkpoint(str(path), model.config, weights, tokenizer.backend_tokenizer, eos, config)

@@ -13,6 +13,7 @@ import numpy as np
 from ..contract import Manifest
 from .artifact import open_artifact
 from .cache import cache_bytes, plan_batch
+from .chat import ChatTemplate
 from .config import ConfigError, GenerationConfig, _is_int
 from .decoder import Generation, RowResult
 from .divergence import first_divergence
@@ -49,8 +50,12 @@ class Pipeline:
     """A loaded artifact: tokenizer, target engine and (optionally) draft engine."""
 
     def __init__(self, manifest: Manifest, tokenizer, target, draft=None, directory: Path | None = None,
-                 max_cache_bytes: int | None = None):
+                 max_cache_bytes: int | None = None, chat_template: ChatTemplate | None = None):
         self.manifest, self.tokenizer, self.target, self.draft = manifest, tokenizer, target, draft
+        self.chat_template = chat_template or ChatTemplate({})
+        bos = self.chat_template.bos_token
+        # plain prompts start with BOS exactly when the tokenizer config says so (transformers' add_bos_token)
+        self._bos = tokenizer.token_to_id(bos) if self.chat_template.add_bos_token and bos else None
         self.directory = directory
         if max_cache_bytes is not None and (not _is_int(max_cache_bytes) or max_cache_bytes < 1):
             raise ConfigError(f"max_cache_bytes: got {_short(max_cache_bytes)}; expected an integer >= 1, or None")
@@ -67,8 +72,8 @@ class Pipeline:
         memory one batch may allocate (target and draft together); a batch over it is refused.
         """
         directory = Path(directory)
-        manifest, tokenizer, target, draft = open_artifact(directory, provider, threads, verify_hashes)
-        return cls(manifest, tokenizer, target, draft, directory, max_cache_bytes)
+        manifest, tokenizer, chat, target, draft = open_artifact(directory, provider, threads, verify_hashes)
+        return cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat)
 
     def cache_bytes(self, batch: int, capacity: int, speculative: bool = True) -> dict[str, int]:
         """KV-cache bytes a batch of ``batch`` rows of ``capacity`` slots allocates, per model and in total.
@@ -88,12 +93,24 @@ class Pipeline:
         if isinstance(prompt, str):
             if not prompt:
                 raise ConfigError("prompt: got an empty string; expected at least one token")
-            ids = np.array(self._tokenize(prompt), np.int64)
+            ids = self._tokenize(prompt)
+            if self._bos is not None and ids[:1] != [self._bos]:
+                ids = [self._bos, *ids]
+            ids = np.array(ids, np.int64)
         else:
             ids = _token_ids(prompt, self.target.spec.vocab_size)
         if ids.size == 0:
             raise ConfigError("prompt: encodes to no tokens; expected at least one")
         return ids
+
+    def chat_prompt(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of ``messages`` rendered with the tokenizer's chat template, as transformers'
+        ``apply_chat_template(messages, tokenize=True)`` gives them (the template places BOS itself)."""
+        return self._tokenize(self.chat_template.render(messages, add_generation_prompt))
+
+    def chat(self, messages: Sequence[dict], config: GenerationConfig | None = None) -> GenerationResult:
+        """The assistant's reply to ``messages`` ([{"role": "system" | "user" | "assistant", "content": ...}])."""
+        return self.generate([self.chat_prompt(messages)], config)[0]
 
     def _tokenize(self, text: str) -> list[int]:
         """Token ids of ``text``; a text whose start alone is already longer than any request may be is
