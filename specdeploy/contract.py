@@ -176,13 +176,18 @@ def _field(data: dict, name: str, kind: type, where: str, default=None):
         raise ContractError(f"{where}: missing field {name!r}")
     value = data[name]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise ContractError(f"{where}: field {name!r} must be {kind.__name__}, got {type(value).__name__} {shown}")
+        raise ContractError(f"{where}: field {name!r} must be {kind.__name__}, got {type(value).__name__} {_shown(value)}")
     if kind is str and len(value) > MAX_TEXT:
         raise ContractError(f"{where}: field {name!r} is {len(value):,} characters; expected at most {MAX_TEXT}")
     if kind is int and not 0 <= value <= (2**63 - 1 if name == "parameters" else MAX_SIZE):
         raise ContractError(f"{where}: field {name!r} is {value}; expected an integer in [0, {MAX_SIZE}]")
     return value
+
+
+def _shown(value, limit: int = 60) -> str:
+    """repr(value), cut short: a hostile manifest's values may be megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _spec_from_dict(data: object, where: str) -> ModelSpec:
@@ -202,8 +207,7 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
     eos = data.get("eos_token_ids", [])
     if (not isinstance(eos, list) or len(eos) > 64
             or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_SIZE for t in eos)):
-        shown = repr(eos) if len(repr(eos)) <= 60 else repr(eos)[:57] + "..."
-        raise ContractError(f"{where}: eos_token_ids must be a list of at most 64 token ids, got {shown}")
+        raise ContractError(f"{where}: eos_token_ids must be a list of at most 64 token ids, got {_shown(eos)}")
     if any(t >= values["vocab_size"] for t in eos):
         raise ContractError(f"{where}: eos_token_ids {eos} reach outside the vocabulary [0, {values['vocab_size']})")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0))
@@ -222,6 +226,22 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def tokenizer_problems(tokenizer, manifest: Manifest) -> list[str]:
+    """Where an artifact's tokenizer does not fit its models: another tokenizer at export, or more tokens
+    than the vocabulary (ids it produces would be out of range)."""
+    problems = []
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    for spec in manifest.models.values():
+        if spec.tokenizer_fingerprint != fingerprint:
+            problems.append(f"the {spec.role} model was exported with another tokenizer than {manifest.tokenizer} "
+                            f"(fingerprint {spec.tokenizer_fingerprint[:12]}…, artifact tokenizer {fingerprint[:12]}…)")
+    words = tokenizer.get_vocab_size(with_added_tokens=True)
+    if words > manifest.target.vocab_size:
+        problems.append(f"{manifest.tokenizer}: {words} tokens, more than the models' vocabulary of "
+                        f"{manifest.target.vocab_size}")
+    return problems
 
 
 def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
+from .contract import ContractError, Manifest, tokenizer_problems, verify_files
 
 MIN_OPSET = 17
 
@@ -26,17 +26,11 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
 
         try:
             tokenizer = Tokenizer.from_file(str(tokenizer_path))
-            fingerprint, words = tokenizer_fingerprint(tokenizer), tokenizer.get_vocab_size(with_added_tokens=True)
         except Exception as exc:
             problems.append((f"{manifest.tokenizer}: not a readable tokenizer ({exc})", "re-export the artifact"))
-            fingerprint = words = None
-        if words and words > manifest.target.vocab_size:
-            problems.append((f"{manifest.tokenizer}: {words} tokens, more than the models' vocabulary of "
-                             f"{manifest.target.vocab_size}", "re-export with the model's own tokenizer"))
-        for spec in manifest.models.values():
-            if fingerprint and spec.tokenizer_fingerprint != fingerprint:
-                problems.append((f"{spec.role}: exported with another tokenizer than {manifest.tokenizer}",
-                                 "export draft and target together from checkpoints that share a tokenizer"))
+        else:
+            problems += [(problem, "export draft and target together, with the target's own tokenizer")
+                         for problem in tokenizer_problems(tokenizer, manifest)]
     draft, target = manifest.draft, manifest.target
     if draft is not None:
         if draft.vocab_size != target.vocab_size:

@@ -70,6 +70,12 @@ class KVCache:
         """Move each row's valid prefix to ``lengths`` [batch] (a new array: an earlier one is left as it was)."""
         self.past_len = np.array(lengths, dtype=np.int64)
 
+    def commit_row(self, row: int, length: int) -> None:
+        """Move one row's valid prefix to ``length``."""
+        past = self.past_len.tolist()
+        past[row] = length
+        self.commit(past)
+
     def stage(self, new_kv, start: np.ndarray) -> None:
         """Write new K/V (2 * layers of [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
         if not isinstance(new_kv, np.ndarray):  # engines may return a list; ONNX Runtime returns one stacked array
@@ -222,8 +228,11 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
 
 def prefill(engine: Engine, cache: KVCache, tokens: np.ndarray, goal: list[int]) -> None:
     """Bring each row's cache up to ``goal[b]`` tokens of ``tokens``, in calls of at most PREFILL_CHUNK tokens."""
-    while any(past < end for past, end in zip(cache.past_len.tolist(), goal)):
-        feed(engine, cache, tokens, [min(end, past + PREFILL_CHUNK) for past, end in zip(cache.past_len.tolist(), goal)])
+    while True:
+        seen = cache.past_len.tolist()
+        if all(past >= end for past, end in zip(seen, goal)):
+            return
+        feed(engine, cache, tokens, [min(end, past + PREFILL_CHUNK) for past, end in zip(seen, goal)])
 
 
 def _describe(value) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..contract import ContractError, Manifest, tokenizer_fingerprint, verify_files
+from ..contract import ContractError, Manifest, tokenizer_problems, verify_files
 from ..engines import Engine, load_engine
 from .chat import ChatTemplate
 
@@ -32,23 +32,15 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
         tokenizer = Tokenizer.from_file(str(directory / manifest.tokenizer))
     except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
         raise ContractError(f"{directory / manifest.tokenizer}: not a readable tokenizer ({exc})") from exc
-    fingerprint = tokenizer_fingerprint(tokenizer)
-    for spec in manifest.models.values():
-        if spec.tokenizer_fingerprint != fingerprint:
-            raise ContractError(
-                f"{directory}: the {spec.role} model was exported with another tokenizer "
-                f"(fingerprint {spec.tokenizer_fingerprint[:12]}…, artifact tokenizer {fingerprint[:12]}…)"
-            )
+    problems = tokenizer_problems(tokenizer, manifest)
+    if problems:
+        raise ContractError(f"{directory}: " + "; ".join(problems))
     chat = ChatTemplate({})
     if TOKENIZER_CONFIG in manifest.files:
         try:
             chat = ChatTemplate.read(directory / TOKENIZER_CONFIG)
         except (OSError, ValueError, RecursionError, AttributeError) as exc:
             raise ContractError(f"{directory / TOKENIZER_CONFIG}: not a readable tokenizer config ({exc})") from exc
-    words = tokenizer.get_vocab_size(with_added_tokens=True)
-    if words > manifest.target.vocab_size:
-        raise ContractError(f"{manifest.tokenizer}: {words} tokens, more than the models' vocabulary of "
-                            f"{manifest.target.vocab_size}: ids it produces would be out of range")
     draft_spec = manifest.draft
     if draft_spec is not None and draft_spec.vocab_size != manifest.target.vocab_size:
         raise ContractError(f"draft vocab {draft_spec.vocab_size} differs from target vocab {manifest.target.vocab_size}")

@@ -48,7 +48,7 @@ class GenerationConfig:
 
         def whole(name, low, expected):
             value = getattr(self, name)
-            if not _is_int(value) or not low <= value <= INT64_MAX:
+            if not is_integer(value) or not low <= value <= INT64_MAX:
                 raise bad(name, expected)
             object.__setattr__(self, name, int(value))
 
@@ -81,7 +81,7 @@ class GenerationConfig:
             raise bad("stop", "a string or a list of non-empty strings")
         object.__setattr__(self, "stop", tuple(stop))
         ids = self.stop_token_ids
-        if not isinstance(ids, (list, tuple)) or any(not _is_int(t) or not 0 <= t <= INT64_MAX for t in ids):
+        if not isinstance(ids, (list, tuple)) or any(not is_integer(t) or not 0 <= t <= INT64_MAX for t in ids):
             raise bad("stop_token_ids", "a list of non-negative integers")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 
@@ -94,7 +94,8 @@ class GenerationConfig:
         return self.drafter != "none" and self.k > 0
 
 
-def _is_int(value) -> bool:
+def is_integer(value) -> bool:
+    """A Python or NumPy integer, not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 

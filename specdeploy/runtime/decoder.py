@@ -384,9 +384,7 @@ class Generation:
                 finished.append(b)
                 continue
             state.adopt(b, single)
-            past = self.cache.past_len.tolist()
-            past[b] = cache.past_len.item(0)
-            self.cache.commit(past)
+            self.cache.commit_row(b, cache.past_len.item(0))
             self.drafter.adopt(b, drafter)
             committed += new
             finished += [b] if done else []

@@ -163,9 +163,7 @@ class ModelDrafter(Drafter):
         self._buffers(self.cache.shape[1], self.columns.shape[0])
 
     def adopt(self, b: int, single: ModelDrafter) -> None:
-        past = self.cache.past_len.tolist()
-        past[b] = single.cache.past_len.item(0)
-        self.cache.commit(past)
+        self.cache.commit_row(b, single.cache.past_len.item(0))
 
     def cost_ratio(self, target_spec) -> float:
         """Parameters of the draft over the target's: what a token costs each, to a first estimate."""

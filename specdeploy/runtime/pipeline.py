@@ -14,7 +14,7 @@ from ..contract import Manifest
 from .artifact import open_artifact
 from .cache import cache_bytes, plan_batch
 from .chat import ChatTemplate
-from .config import ConfigError, GenerationConfig, _is_int
+from .config import ConfigError, GenerationConfig, is_integer
 from .decoder import Generation, RowResult
 from .divergence import first_divergence
 from .drafters import DRAFTERS, Drafter
@@ -57,7 +57,7 @@ class Pipeline:
         # plain prompts start with BOS exactly when the tokenizer config says so (transformers' add_bos_token)
         self._bos = tokenizer.token_to_id(bos) if self.chat_template.add_bos_token and bos else None
         self.directory = directory
-        if max_cache_bytes is not None and (not _is_int(max_cache_bytes) or max_cache_bytes < 1):
+        if max_cache_bytes is not None and (not is_integer(max_cache_bytes) or max_cache_bytes < 1):
             raise ConfigError(f"max_cache_bytes: got {_short(max_cache_bytes)}; expected an integer >= 1, or None")
         self.max_cache_bytes = max_cache_bytes
         self._ids = itertools.count()
@@ -128,8 +128,7 @@ class Pipeline:
         """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work."""
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
-            raise ConfigError(f"prompts: got {_short(prompts)}; expected a non-empty list of prompts")
+        _check_prompt_list(prompts, "expected a non-empty list of prompts")
         ids = [self.encode(p) for p in prompts]
         vocab = self.target.spec.vocab_size
         outside = [t for t in config.stop_token_ids if t >= vocab]
@@ -150,10 +149,9 @@ class Pipeline:
         config = config or GenerationConfig()
         if isinstance(prompts, str):
             prompts = [prompts]
-        if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
+        if batch_size is not None and (not is_integer(batch_size) or batch_size < 1):
             raise ConfigError(f"batch_size: got {batch_size!r}; expected an integer >= 1, or None for all prompts")
-        if isinstance(prompts, bytes) or not isinstance(prompts, Sequence) or not prompts:
-            raise ConfigError(f"prompts: got {_short(prompts)}; expected a prompt or a non-empty list of prompts")
+        _check_prompt_list(prompts, "expected a prompt or a non-empty list of prompts")
         batch_size = int(batch_size or len(prompts))
         results = []
         for first in range(0, len(prompts), batch_size):
@@ -229,13 +227,19 @@ def _token_ids(prompt, vocab: int) -> np.ndarray:
     if isinstance(prompt, bytes) or not isinstance(prompt, (Sequence, np.ndarray)):
         raise ConfigError(f"prompt: got {_short(prompt)}; expected a string or a list of token ids")
     items = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
-    wrong = next((t for t in items if not _is_int(t)), None)
+    wrong = next((t for t in items if not is_integer(t)), None)
     if wrong is not None:
         raise ConfigError(f"prompt ids: got {_short(wrong)} among them; expected integers (a flat list of token ids)")
     low, high = (min(items), max(items)) if items else (0, 0)
     if low < 0 or high >= vocab:
         raise ConfigError(f"prompt ids: range [{low}, {high}] outside the vocabulary [0, {vocab})")
     return np.array(items, np.int64)
+
+
+def _check_prompt_list(prompts, expected: str) -> None:
+    """A list (or tuple) of at least one prompt; a bare string or bytes is not one."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        raise ConfigError(f"prompts: got {_short(prompts)}; {expected}")
 
 
 def _short(value) -> str:
