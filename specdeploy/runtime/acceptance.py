@@ -52,6 +52,7 @@ def speculative_accept(
     q: np.ndarray | None,
     drafts: np.ndarray,
     rngs: list[np.random.Generator],
+    limits: list[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Distribution-preserving speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
@@ -61,6 +62,8 @@ def speculative_accept(
     Draft d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection the
     recovered token is drawn from normalise(max(0, p_i - q_i)); after K accepts the bonus token is
     drawn from p_{K+1}. The emitted tokens are then distributed exactly as p.
+    ``limits`` [batch] caps the drafts row b may keep: after limits[b] accepts its next token is drawn
+    from p there, exactly as if it had been offered only limits[b] drafts (still exactly p).
     Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
     """
     drafts = np.asarray(drafts, dtype=np.int64)
@@ -70,14 +73,19 @@ def speculative_accept(
     p_draft = p[rows, cols, drafts]  # [batch, K]
     q_draft = np.ones_like(p_draft) if q is None else q[rows, cols, drafts]  # [batch, K]
     ratio = np.divide(p_draft, q_draft, out=np.zeros_like(p_draft), where=q_draft > 0)  # [batch, K]
-    uniforms = np.stack([rng.random(k) for rng in rngs]) if k else np.zeros((batch, 0))  # [batch, K]
+    if limits is None:
+        uniforms = np.stack([rng.random(k) for rng in rngs]) if k else np.zeros((batch, 0))  # [batch, K]
+    else:  # a row draws for its own drafts only: its randomness does not depend on its batch mates' k
+        uniforms = np.full((batch, k), np.inf)
+        for b, (rng, limit) in enumerate(zip(rngs, limits)):
+            uniforms[b, :limit] = rng.random(limit)
     accepted = np.cumprod(uniforms < ratio, axis=1).sum(axis=1)  # [batch]
     emitted = np.full((batch, k + 1), PAD, dtype=np.int64)
     for b in range(batch):
         n = int(accepted[b])
         emitted[b, :n] = drafts[b, :n]
         target = p[b, n]  # [vocab]
-        if n < k:
+        if n < k and (limits is None or n < limits[b]):
             proposal = q[b, n] if q is not None else _one_hot(drafts[b, n], target.shape[-1])
             residual = np.maximum(target - proposal, 0.0)
             # p == q exactly leaves no residual mass; rejection then has probability 0 in exact

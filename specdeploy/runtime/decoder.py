@@ -16,9 +16,11 @@ touches a handful of numbers per row (``tools/bench_overhead.py`` measures it).
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from .cache import plan_capacity
 from .config import GenerationConfig
 from .drafters import Drafter, Proposal
 from .policies import CycleOutcome, adopt
-from .sampling import penalize_positions, probabilities
+from .sampling import penalize_positions, row_probabilities
 from .telemetry import CycleRecord, FinalToken, FinishReason
 
 
@@ -49,6 +51,14 @@ class RowResult:
 StopCheck = Callable[[list[int], list[int]], "int | None"]
 
 
+class RowSpec(NamedTuple):
+    """What one request decodes with, whatever shares its batch."""
+
+    config: GenerationConfig  # sampling, length, stop tokens, seed; ``k`` caps its drafts below the batch's
+    stop_check: StopCheck | None = None
+    stream: int = 0  # its generator is seeded with [seed, stream]: prompt i of one call draws from stream i
+
+
 class BatchState:
     """Token buffer [batch, capacity], committed lengths, active rows and their generators.
 
@@ -57,28 +67,44 @@ class BatchState:
     """
 
     def __init__(self, config: GenerationConfig, capacity: int, eos: set[int], stop_check: StopCheck | None = None):
+        # config: the batch's speculation (k, drafter, policy) and the settings of rows joined without their own;
+        # eos: the model's EOS ids (each row adds its stop_token_ids, or drops them with ignore_eos)
         self.config, self.capacity, self.eos, self.stop_check = config, capacity, eos, stop_check
-        self.sampling = not config.greedy  # greedy decoding draws nothing: no generator states to keep
+        self.greedy = True  # every row joined so far decodes greedily: acceptance and drafting need no distribution
+        self.penalized = False  # some row has a repetition penalty
+        self.capped = False  # some row drafts fewer than the batch's k (its own num_speculative_tokens)
+        self.sampling = False  # some row samples: its generator state is part of a snapshot
         self.tokens = np.zeros((0, capacity), np.int64)  # [batch, capacity]
         self.lengths: list[int] = []  # [batch] committed tokens
         self.active: list[int] = []  # [batch] request index of each row
         self.rows: list[RowResult] = []  # by request index, finished ones included
+        self.specs: list[RowSpec] = []  # by request index
+        self.stops: list[set[int]] = []  # by request index: the token ids that end it
         self.generators: list[np.random.Generator] = []  # by request index
 
     @property
     def batch(self) -> int:
         return len(self.active)
 
-    def join(self, prompts: Sequence[np.ndarray], request_ids: Sequence[str]) -> None:
-        """Add requests as new rows at the end of the batch."""
+    def join(self, prompts: Sequence[np.ndarray], request_ids: Sequence[str], specs: Sequence[RowSpec] | None = None) -> None:
+        """Add requests as new rows at the end of the batch, each with its own settings (``specs``; default:
+        the batch's config and stop check, prompt i drawing from seed stream i of the batch)."""
+        if specs is None:
+            specs = [RowSpec(self.config, self.stop_check, len(self.rows) + i) for i in range(len(prompts))]
         added = np.zeros((len(prompts), self.capacity), np.int64)
         for b, prompt in enumerate(prompts):
             added[b, : len(prompt)] = prompt
-        seed = self.config.seed
-        for prompt, request_id in zip(prompts, request_ids):
-            index = len(self.rows)
+        for prompt, request_id, spec in zip(prompts, request_ids, specs):
+            config, index = spec.config, len(self.rows)
             self.rows.append(RowResult(request_id, prompt))
-            self.generators.append(np.random.default_rng(None if seed is None else [seed, index]))
+            self.specs.append(spec)
+            self.stops.append(set(config.stop_token_ids) | (set() if config.ignore_eos else self.eos))
+            seed = config.seed
+            self.generators.append(np.random.default_rng(None if seed is None else [seed, spec.stream]))
+            self.greedy &= config.greedy
+            self.sampling |= not config.greedy
+            self.penalized |= config.repetition_penalty != 1.0
+            self.capped |= config.k < self.config.k
             self.active.append(index)
             self.lengths.append(len(prompt))
         self.tokens = np.concatenate([self.tokens, added])
@@ -93,11 +119,10 @@ class BatchState:
         return keep
 
     def subset(self, b: int) -> BatchState:
-        """Row ``b`` alone, on a view of this token buffer and the same results and generators."""
-        single = BatchState(self.config, self.capacity, self.eos, self.stop_check)
+        """Row ``b`` alone, on a view of this token buffer and the same results, settings and generators."""
+        single = copy.copy(self)
         single.tokens = self.tokens[b : b + 1]
         single.lengths, single.active = [self.lengths[b]], [self.active[b]]
-        single.rows, single.generators = self.rows, self.generators
         return single
 
     def adopt(self, b: int, single: BatchState) -> None:
@@ -118,6 +143,14 @@ class BatchState:
     def rngs(self) -> list[np.random.Generator]:
         """The active rows' generators, in batch order."""
         return [self.generators[i] for i in self.active]
+
+    def configs(self) -> list[GenerationConfig]:
+        """The active rows' settings, in batch order."""
+        return [self.specs[i].config for i in self.active]
+
+    def remaining(self) -> list[int]:
+        """New tokens each active row may still commit, in batch order."""
+        return [self.specs[i].config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active]
 
     def verify_inputs(self, drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Place ``drafts`` [batch, k] after each row's committed tokens; return the target's input.
@@ -148,23 +181,25 @@ class BatchState:
             self.tokens[b, at] = emitted[b][n]
             self.lengths[b] = at + 1
             row = self.rows[index]
-            new = self._truncate(row, emitted[b][: n + 1], remaining[b])
+            new = self._truncate(index, emitted[b][: n + 1], remaining[b])
             row.token_ids += new
             committed.append((index, new))
             if row.finish_reason:
                 finished.append(b)
         return committed, finished
 
-    def _truncate(self, row: RowResult, new: list[int], remaining: int) -> list[int]:
-        """Cut a row's new tokens at EOS, max_new_tokens or a stop string, and say why it finished."""
-        if not self.eos.isdisjoint(new):
-            end = next(i for i, token in enumerate(new) if token in self.eos)
+    def _truncate(self, index: int, new: list[int], remaining: int) -> list[int]:
+        """Cut request ``index``'s new tokens at EOS, max_new_tokens or a stop string, and say why it finished."""
+        row, stops = self.rows[index], self.stops[index]
+        if not stops.isdisjoint(new):
+            end = next(i for i, token in enumerate(new) if token in stops)
             new, row.finish_reason = new[: end + 1], FinishReason.EOS
         if len(new) >= remaining:
             del new[remaining:]
             row.finish_reason = row.finish_reason or FinishReason.LENGTH
-        if self.stop_check is not None:
-            keep = self.stop_check(row.token_ids, new)
+        stop_check = self.specs[index].stop_check
+        if stop_check is not None:
+            keep = stop_check(row.token_ids, new)
             if keep is not None:
                 new, row.finish_reason = new[:keep], FinishReason.STOP
         return new
@@ -198,20 +233,27 @@ class Generation:
     """
 
     def __init__(self, target: Engine, drafter: Drafter, policy, config: GenerationConfig, prompts: list[np.ndarray],
-                 request_ids: list[str], stop_check: StopCheck | None = None, capacity: int | None = None):
+                 request_ids: list[str], stop_check: StopCheck | None = None, capacity: int | None = None,
+                 specs: Sequence[RowSpec] | None = None):
+        """``config`` sets the batch's speculation (k, drafter, policy) and, unless ``specs`` gives each
+        prompt its own, every row's sampling, length and stop settings."""
         self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
         self.k_cap = config.k if config.speculative else 0
         if capacity is None:
-            capacity = plan_capacity([len(p) for p in prompts], config.max_new_tokens, self.k_cap, target.spec.capacity)
-        eos = set(config.stop_token_ids) | (set() if config.ignore_eos else set(target.spec.eos_token_ids))
-        self.state = BatchState(config, capacity, eos, stop_check)
-        self.state.join(prompts, request_ids)
+            capacity = _plan(prompts, config, specs, self.k_cap, target.spec.capacity)
+        self.state = BatchState(config, capacity, set(target.spec.eos_token_ids), stop_check)
+        self.state.join(prompts, request_ids, specs)
         self.cache = target.allocate_cache(len(prompts), capacity)
         drafter.start(len(prompts), capacity, config, self._policy.confidence_threshold)
-        self.accept = self._accept_greedy if config.greedy else self._accept_sampled
         self.accept_timer, self.cache_timer = Timer(), Timer()
         self.cycle = 0
         self.prefill_seconds: float | None = None  # of the batch it started with; None until prefilled
+
+    def accept(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
+        """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy."""
+        if state.greedy:
+            return self._accept_greedy(logits, proposal, state)
+        return self._accept_sampled(logits, proposal, state)
 
     @property
     def policy(self):
@@ -268,14 +310,14 @@ class Generation:
         self.prefill_seconds = self._prefill_rows(0)
         if self.k_cap and self._policy.plans:  # weighs the draft's catch-up on the prompt before paying it
             ratio = self.drafter.cost_ratio(self.target.spec)
-            self._policy.plan(self.prefill_seconds * ratio, self.config.max_new_tokens, ratio)
+            self._policy.plan(self.prefill_seconds * ratio, max(self.state.remaining()), ratio)
 
-    def join(self, prompts: list[np.ndarray], request_ids: list[str]) -> None:
+    def join(self, prompts: list[np.ndarray], request_ids: list[str], specs: Sequence[RowSpec] | None = None) -> None:
         """Requests join the batch between cycles, as new rows at its end; once the batch is prefilled,
         theirs is done here. Each must fit the batch's capacity (prompt + max_new_tokens + k + 1)."""
-        plan_capacity([len(p) for p in prompts], self.config.max_new_tokens, self.k_cap, self.state.capacity)
+        _plan(prompts, self.config, specs, self.k_cap, self.state.capacity)
         first = self.state.batch
-        self.state.join(prompts, request_ids)
+        self.state.join(prompts, request_ids, specs)
         self.cache = self.cache.extend(self.target.allocate_cache(len(prompts), self.state.capacity))
         self.drafter.extend(len(prompts))
         if self.prefill_seconds is not None:
@@ -319,9 +361,12 @@ class Generation:
         return ended - began
 
     def _cycle(self, state: BatchState, cache: KVCache, drafter: Drafter):
-        remaining = [self.config.max_new_tokens - len(state.rows[i].token_ids) for i in state.active]
+        remaining = state.remaining()
         k = min(self._policy.next_k(), self.k_cap, max(remaining) - 1)
-        proposal = drafter.propose(state, k) if k > 0 else Proposal.none(len(state.active))
+        budgets = None  # each row's own cap: its k and the tokens it has left (a sampled row's draws depend on it)
+        if k > 0 and (state.capped or (state.sampling and min(remaining) <= k)):
+            budgets = [max(0, min(k, config.k, left - 1)) for config, left in zip(state.configs(), remaining)]
+        proposal = drafter.propose(state, k, budgets) if k > 0 else Proposal.none(len(state.active))
         k = proposal.drafts.shape[1]
         verified = self.target.infer(*state.verify_inputs(proposal.drafts), cache)  # logits [batch, k + 1, vocab]
         with self.accept_timer:
@@ -335,34 +380,40 @@ class Generation:
             self._policy.observe(CycleOutcome(
                 proposed=k, accepted=accepted, draft_seconds=proposal.seconds, draft_steps=proposal.steps,
                 verify_seconds=verified.seconds, verify_tokens=k + 1, catchup_tokens=proposal.catchup_tokens))
-        self._record(state, k, accepted, committed, proposal.seconds, verified.seconds,
+        self._record(state, k, proposal.limits, accepted, committed, proposal.seconds, verified.seconds,
                      self.cache_timer.seconds + verified.stage_seconds)  # staging the target's K/V is cache work
         return committed, finished
 
     def _accept_greedy(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
         """Each row keeps the drafts that equal the target's argmax, then emits the target's own token."""
-        if self.config.repetition_penalty != 1.0:
+        if state.penalized:
             logits = self._penalized(logits, proposal, state)
         target = logits.argmax(-1).tolist()  # [batch][k + 1]
-        return [greedy_accept_row(t, d) for t, d in zip(target, proposal.drafts.tolist())], target
+        accepted = [greedy_accept_row(t, d) for t, d in zip(target, proposal.drafts.tolist())]
+        if proposal.limits is not None:  # a row keeps no more drafts than it has; the target's token follows them
+            accepted = [min(n, limit) for n, limit in zip(accepted, proposal.limits)]
+        return accepted, target
 
     def _accept_sampled(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
-        p = probabilities(self._penalized(logits, proposal, state), self.config)  # [batch, k + 1, vocab]
-        accepted, emitted = speculative_accept(p, proposal.q, proposal.drafts, state.rngs())
+        configs = state.configs()
+        if state.penalized:
+            logits = self._penalized(logits, proposal, state)
+        p = row_probabilities(logits, configs)  # [batch, k + 1, vocab]
+        accepted, emitted = speculative_accept(p, proposal.q, proposal.drafts, state.rngs(), proposal.limits)
         return accepted.tolist(), emitted.tolist()
 
     def _penalized(self, logits: np.ndarray, proposal: Proposal, state: BatchState) -> np.ndarray:
-        penalty = self.config.repetition_penalty
-        if penalty == 1.0:
-            return logits
-        return np.stack([penalize_positions(logits[b], state.tokens[b, :at], proposal.drafts[b], penalty)
-                         for b, at in enumerate(state.lengths)])
+        return np.stack([penalize_positions(logits[b], state.tokens[b, :at], proposal.drafts[b], config.repetition_penalty)
+                         for b, (at, config) in enumerate(zip(state.lengths, state.configs()))])
 
-    def _record(self, state: BatchState, k: int, accepted: list[int], committed: list, draft_s: float,
-                verify_s: float, cache_s: float) -> None:
-        """One record per row; the batched calls' seconds are shared out equally among the rows."""
+    def _record(self, state: BatchState, k: int, limits: list[int] | None, accepted: list[int], committed: list,
+                draft_s: float, verify_s: float, cache_s: float) -> None:
+        """One record per row, with the drafts it had (``limits``, else k); the batched calls' seconds are
+        shared out equally among the rows."""
         batch, now = len(state.active), time.perf_counter()
-        for n, (index, new) in zip(accepted, committed):
+        for b, (n, (index, new)) in enumerate(zip(accepted, committed)):
+            if limits is not None:
+                k = limits[b]
             row = state.rows[index]
             row.decode_seconds = now - row.decode_started
             final = FinalToken.PLAIN if k == 0 else (FinalToken.BONUS if n == k else FinalToken.RECOVERED)
@@ -394,3 +445,9 @@ class Generation:
         keep = self.state.leave(finished)
         self.cache = self.cache.select(keep)
         self.drafter.select(keep)
+
+
+def _plan(prompts: list[np.ndarray], config: GenerationConfig, specs: Sequence[RowSpec] | None, k: int, limit: int) -> int:
+    """Cache slots the rows need (``plan_capacity``): each prompt with its own max_new_tokens."""
+    news = [spec.config.max_new_tokens for spec in specs] if specs else [config.max_new_tokens] * len(prompts)
+    return max(plan_capacity([len(prompt)], new, k, limit) for prompt, new in zip(prompts, news))

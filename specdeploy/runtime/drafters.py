@@ -16,7 +16,7 @@ import numpy as np
 
 from ..engines.base import Engine, KVCache, feed
 from .config import GenerationConfig
-from .sampling import penalize, probabilities, sample
+from .sampling import penalize, row_probabilities, sample
 
 if TYPE_CHECKING:  # the decoder imports the drafters
     from .decoder import BatchState
@@ -29,6 +29,7 @@ class Proposal:
     seconds: float  # drafting time, engine calls and their bookkeeping
     steps: int  # draft engine calls
     catchup_tokens: int = 1  # tokens the first call fed (more than 2 after cycles that did not draft)
+    limits: list[int] | None = None  # [batch] drafts row b really has (the rest fill its row); None: all k
 
     @classmethod
     def none(cls, batch: int) -> Proposal:
@@ -57,11 +58,12 @@ class Drafter(ABC):
 
     def start(self, batch: int, capacity: int, config: GenerationConfig, threshold: float | None) -> None:
         """A new batch: ``threshold`` is the policy's confidence threshold (None: always draft k)."""
-        self.config, self.threshold, self.greedy = config, threshold, config.greedy
+        self.config, self.threshold = config, threshold
 
     @abstractmethod
-    def propose(self, state: BatchState, k: int) -> Proposal:
-        """Up to k drafts per row (every row gets as many)."""
+    def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
+        """Up to k drafts per row (every row gets as many); row b uses at most ``budgets[b]`` of them (its own
+        k and tokens left), and a row's random draws depend on its own budget alone, never on its batch mates'."""
 
     def rollback(self, lengths: list[int]) -> None:  # noqa: B027 (a default: nothing to do)
         """Tokens x[0:lengths[b]] stand (the verified prefix); anything seen beyond them is discarded."""
@@ -109,27 +111,34 @@ class ModelDrafter(Drafter):
         self.columns = np.zeros((max(k, 1), batch), np.int64)  # [k, batch]
         self.inputs = [column[:, None] for column in self.columns]  # k views [batch, 1]
 
-    def propose(self, state: BatchState, k: int) -> Proposal:
+    def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
         began = time.perf_counter()
-        config, cache, engine = self.config, self.cache, self.engine
+        cache, engine = self.cache, self.engine
         lengths = state.lengths
+        configs = None if state.greedy and not state.penalized else state.configs()
         # catch up on the committed tokens it has not seen: as many as the row furthest behind needed
         logits, catchup_tokens = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]
         pasts = [np.array([at + i for at in lengths]) for i in range(k - 1)]  # each draft call's past_len
+        # sampled rows stop on their own (budget, confidence), so that their draws are theirs alone
+        limits = None if state.greedy else list(budgets or [k] * len(lengths))
         qs, made = [], 0
         while made < k:
-            if config.repetition_penalty != 1.0:
-                logits = self._penalized(logits, state, made)
-            if self.greedy:
+            if state.penalized:
+                logits = self._penalized(logits, state, configs, made)
+            if state.greedy:
                 # greedy needs no distribution, only its top probability when a threshold asks for it
                 if self.threshold is not None and _top_probability(logits).max() < self.threshold:
                     break
                 logits.argmax(-1, out=self.columns[made])
             else:
-                q = probabilities(logits, config)  # [batch, vocab]
-                if self.threshold is not None and q.max(-1).max() < self.threshold:
-                    break  # no row is confident enough to make another draft worth verifying
-                self.columns[made] = [sample(q[b], rng) for b, rng in enumerate(state.rngs())]
+                q = row_probabilities(logits, configs)  # [batch, vocab]; one-hot for greedy rows
+                if self.threshold is not None:
+                    limits = [made if limit > made and top < self.threshold else limit
+                              for limit, top in zip(limits, q.max(-1).tolist())]
+                if max(limits) <= made:
+                    break  # no row wants another draft
+                self.columns[made] = [sample(q[b], rng) if made < limit else 0  # 0: a filler no row keeps
+                                      for b, (rng, limit) in enumerate(zip(state.rngs(), limits))]
                 qs.append(q)
             made += 1
             if made < k:
@@ -137,12 +146,13 @@ class ModelDrafter(Drafter):
         steps = 1 + min(made, k - 1)  # the catch-up call, then one call per draft but the last
         cache.commit([at + steps - 1 for at in lengths])
         q_all = np.stack(qs, axis=1) if qs else None
-        return Proposal(self.columns[:made].T, q_all, time.perf_counter() - began, steps, catchup_tokens)
+        limits = _limits(limits if limits is not None else budgets, made)
+        return Proposal(self.columns[:made].T, q_all, time.perf_counter() - began, steps, catchup_tokens, limits)
 
-    def _penalized(self, logits: np.ndarray, state: BatchState, made: int) -> np.ndarray:
+    def _penalized(self, logits: np.ndarray, state: BatchState, configs: list[GenerationConfig], made: int) -> np.ndarray:
         so_far = self.columns[:made].T  # [batch, made]
-        return np.stack([penalize(logits[b], np.concatenate([state.tokens[b, :at], so_far[b]]),
-                                  self.config.repetition_penalty) for b, at in enumerate(state.lengths)])
+        return np.stack([penalize(logits[b], np.concatenate([state.tokens[b, :at], so_far[b]]), config.repetition_penalty)
+                         for b, (at, config) in enumerate(zip(state.lengths, configs))])
 
     def rollback(self, lengths: list[int]) -> None:
         self.cache.commit([min(seen, v) for seen, v in zip(self.cache.past_len.tolist(), lengths)])
@@ -153,7 +163,7 @@ class ModelDrafter(Drafter):
 
     def row(self, b: int) -> ModelDrafter:
         single = ModelDrafter(self.engine)
-        single.config, single.threshold, single.greedy = self.config, self.threshold, self.greedy
+        single.config, single.threshold = self.config, self.threshold
         single.cache = self.cache.rows(b, b + 1)
         single._buffers(1, self.columns.shape[0])
         return single
@@ -169,6 +179,13 @@ class ModelDrafter(Drafter):
         """Parameters of the draft over the target's: what a token costs each, to a first estimate."""
         draft, target = self.engine.spec.parameters, target_spec.parameters
         return draft / target if draft > 0 and target > 0 else 0.0
+
+
+def _limits(limits: list[int] | None, made: int) -> list[int] | None:
+    """Per-row draft counts, at most ``made``; None when every row has all ``made``."""
+    if limits is None or min(limits) >= made:
+        return None
+    return [min(limit, made) for limit in limits]
 
 
 def _top_probability(logits: np.ndarray) -> np.ndarray:
@@ -188,16 +205,19 @@ class PromptLookup(Drafter):
     def __init__(self, max_ngram: int = 3):
         self.max_ngram = max_ngram
 
-    def propose(self, state: BatchState, k: int) -> Proposal:
+    def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
         began = time.perf_counter()
-        found = [self._lookup(state.tokens[b, :length], k) for b, length in enumerate(state.lengths)]
+        budgets = budgets or [k] * state.batch
+        found = [self._lookup(state.tokens[b, :length], budget) for b, (length, budget) in enumerate(zip(state.lengths, budgets))]
         made = max(len(f) for f in found)
         drafts = np.empty((state.batch, made), np.int64)
         for b, (length, cont) in enumerate(zip(state.lengths, found)):
             drafts[b, : len(cont)] = cont
             if len(cont) < made:  # rows without a (long enough) match repeat their last token: any proposal is lossless
                 drafts[b, len(cont) :] = cont[-1] if len(cont) else state.tokens[b, length - 1]
-        return Proposal(drafts, None, time.perf_counter() - began, 0)
+        # greedy rows may keep a repeated token that happens to match; a sampled row's draws count its own drafts only
+        limits = _limits(budgets if state.greedy else [len(f) for f in found], made)
+        return Proposal(drafts, None, time.perf_counter() - began, 0, limits=limits)
 
     def _lookup(self, seq: np.ndarray, k: int) -> np.ndarray:
         length = len(seq)
@@ -218,5 +238,5 @@ class NoDrafter(Drafter):
 
     name = "none"
 
-    def propose(self, state: BatchState, k: int) -> Proposal:
+    def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
         return Proposal.none(state.batch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from .artifact import open_artifact
 from .cache import cache_bytes, plan_batch
 from .chat import ChatTemplate
 from .config import ConfigError, GenerationConfig, is_integer
-from .decoder import Generation, RowResult
+from .decoder import Generation, RowResult, RowSpec
 from .divergence import first_divergence
 from .drafters import DRAFTERS, Drafter
 from .policies import make_policy
@@ -124,24 +124,47 @@ class Pipeline:
                                   f"tokens, over the artifact's capacity of {capacity} tokens")
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig) -> Generation:
-        """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work."""
+    def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig,
+              row_configs: Sequence[GenerationConfig] | None = None) -> Generation:
+        """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work.
+
+        ``config`` sets the batch's speculation (k, drafter, policy); ``row_configs`` gives each prompt its
+        own sampling, length, stop and seed settings (default: ``config``'s), and its ``k`` caps that row's
+        drafts below the batch's. A seeded row's tokens do not depend on what shares its batch: prompt i of
+        one config draws from stream i of the seed, a prompt with its own config from stream 0 (as alone).
+        """
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
         _check_prompt_list(prompts, "expected a non-empty list of prompts")
+        mine = row_configs is not None
+        row_configs = [config] * len(prompts) if row_configs is None else list(row_configs)
+        if len(row_configs) != len(prompts) or not all(isinstance(c, GenerationConfig) for c in row_configs):
+            raise ConfigError(f"row_configs: got {_short(row_configs)}; expected one GenerationConfig per prompt "
+                              f"({len(prompts)})")
         ids = [self.encode(p) for p in prompts]
+        for row in {config, *row_configs}:
+            self.check_stop_tokens(row)
+        drafter = self.drafter_for(config)
+        limit = min(s.capacity for s in self.manifest.models.values())
+        longest = max(row_configs, key=lambda c: c.max_new_tokens)
+        capacity = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens), limit,
+                              self._specs(drafter.needs_model), self.max_cache_bytes)
+        request_ids = [f"req-{next(self._ids)}" for _ in ids]
+        # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
+        specs = [self.row_spec(row, 0 if mine else i) for i, row in enumerate(row_configs)]
+        return Generation(self.target, drafter, make_policy(config.policy, config.k, config.confidence_threshold),
+                          config, ids, request_ids, capacity=capacity, specs=specs)
+
+    def row_spec(self, config: GenerationConfig, stream: int = 0) -> RowSpec:
+        """How one request decodes in any batch: ``config``'s settings, its stop strings on this tokenizer,
+        and its seed's stream (prompt i of one ``generate`` call draws from stream i)."""
+        return RowSpec(config, StopStrings(config.stop, self.decode).check if config.stop else None, stream)
+
+    def check_stop_tokens(self, config: GenerationConfig) -> None:
         vocab = self.target.spec.vocab_size
         outside = [t for t in config.stop_token_ids if t >= vocab]
         if outside:
             raise ConfigError(f"stop_token_ids: got {outside}; expected ids inside the vocabulary [0, {vocab})")
-        drafter = self.drafter_for(config)
-        limit = min(s.capacity for s in self.manifest.models.values())
-        capacity = plan_batch([len(i) for i in ids], config, limit, self._specs(drafter.needs_model),
-                              self.max_cache_bytes)
-        request_ids = [f"req-{next(self._ids)}" for _ in ids]
-        stop_check = StopStrings(config.stop, self.decode).check if config.stop else None
-        return Generation(self.target, drafter, make_policy(config.policy, config.k, config.confidence_threshold),
-                          config, ids, request_ids, stop_check, capacity=capacity)
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
                  batch_size: int | None = None) -> list[GenerationResult]:
@@ -158,7 +181,7 @@ class Pipeline:
             run = self.start(prompts[first : first + batch_size], config)
             while not run.done:
                 run.step()
-            results += [self._result(row, config) for row in run.rows]
+            results += [self._result(row, spec.config) for row, spec in zip(run.rows, run.state.specs)]
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StreamChunk]:

@@ -63,6 +63,19 @@ def probabilities(logits: np.ndarray, config: GenerationConfig) -> np.ndarray:
     return probs
 
 
+def row_probabilities(logits: np.ndarray, configs: list[GenerationConfig]) -> np.ndarray:
+    """``probabilities`` with each row of ``logits`` [batch, ..., vocab] under its own config; one pass
+    when the rows share their sampling settings (the common case)."""
+    key = _sampling_key(configs[0])
+    if all(_sampling_key(c) == key for c in configs[1:]):
+        return probabilities(logits, configs[0])
+    return np.stack([probabilities(logits[b], config) for b, config in enumerate(configs)])
+
+
+def _sampling_key(config: GenerationConfig) -> tuple:
+    return (config.temperature, config.top_k, config.top_p, config.min_p) if not config.greedy else ()
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     shifted = np.exp(x - x.max(-1, keepdims=True))
     return shifted / shifted.sum(-1, keepdims=True)

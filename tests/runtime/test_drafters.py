@@ -17,7 +17,8 @@ from specdeploy.runtime.drafters import ModelDrafter, PromptLookup
 def _state(tokens, lengths, config=None):
     """A batch state over ``tokens`` [batch, width] with ``lengths`` committed tokens per row."""
     state = BatchState(config or GenerationConfig(), tokens.shape[1], eos=set())
-    state.tokens, state.lengths, state.active = tokens, list(lengths), list(range(len(lengths)))
+    state.join([row[:length] for row, length in zip(tokens, lengths)], [f"r{b}" for b in range(len(lengths))])
+    state.tokens = tokens  # the test's own buffer, whatever lies past each row's length
     return state
 
 

@@ -23,7 +23,7 @@ def _random_dists(rng, shape):
     return x / x.sum(-1, keepdims=True)
 
 
-def _wrong_rule(p, q, drafts, rngs):
+def _wrong_rule(p, q, drafts, rngs, limits=None):
     """Accept like the right rule, but at a rejection resample from p: biased towards the drafts."""
     batch, k = drafts.shape
     if k == 0 or q is None:
