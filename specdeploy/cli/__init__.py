@@ -11,6 +11,7 @@ from .doctor import doctor
 from .export import export
 from .generate import generate
 from .inspect import inspect
+from .serve import serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,5 +20,5 @@ def main():
     """Deploy speculative decoding: export draft/target pairs to ONNX and run them."""
 
 
-for command in (export, inspect, doctor, generate, bench, report, build):
+for command in (export, inspect, doctor, generate, bench, report, build, serve):
     main.add_command(command)

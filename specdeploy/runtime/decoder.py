@@ -109,6 +109,27 @@ class BatchState:
             self.lengths.append(len(prompt))
         self.tokens = np.concatenate([self.tokens, added])
 
+    def merge(self, other: BatchState) -> None:
+        """Append ``other``'s active rows (same capacity), with their results, settings and generators."""
+        offset = len(self.rows)
+        self.rows += [other.rows[i] for i in other.active]
+        self.specs += [other.specs[i] for i in other.active]
+        self.stops += [other.stops[i] for i in other.active]
+        self.generators += [other.generators[i] for i in other.active]
+        self.active += range(offset, offset + other.batch)
+        self.lengths += other.lengths
+        self.tokens = np.concatenate([self.tokens, other.tokens])
+        self.greedy &= other.greedy
+        self.sampling |= other.sampling
+        self.penalized |= other.penalized
+        self.capped |= other.capped
+
+    def release(self, index: int) -> None:
+        """Forget finished request ``index`` (its result has been handed on): a long-running batch that
+        requests keep joining does not grow with the ones that left."""
+        if index not in self.active:
+            self.rows[index] = self.specs[index] = self.stops[index] = self.generators[index] = None
+
     def leave(self, rows: Sequence[int]) -> list[int]:
         """Drop batch rows ``rows``; returns the rows that stay, in order (caches keep the same ones)."""
         drop = set(rows)
@@ -248,6 +269,7 @@ class Generation:
         self.accept_timer, self.cache_timer = Timer(), Timer()
         self.cycle = 0
         self.prefill_seconds: float | None = None  # of the batch it started with; None until prefilled
+        self._prefill_spent = 0.0  # by ``prefill_chunk`` calls so far
 
     def accept(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
         """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy."""
@@ -312,6 +334,32 @@ class Generation:
             ratio = self.drafter.cost_ratio(self.target.spec)
             self._policy.plan(self.prefill_seconds * ratio, max(self.state.remaining()), ratio)
 
+    def prefill_chunk(self, tokens: int) -> bool:
+        """Prefill at most ``tokens`` more of each prompt in the target (the draft sees the prompts at the
+        end); True once done. A server prefills requests that join a running batch this way, a chunk
+        between two of its cycles, then ``merge``s them: running rows never wait for a whole long prompt.
+        """
+        state = self.state
+        goal = [min(past + tokens, length - 1) for past, length in zip(self.cache.past_len.tolist(), state.lengths)]
+        self._prefill_spent += self._prefill_rows(0, goal)
+        if self.done or self.cache.past_len.tolist() != [length - 1 for length in state.lengths]:
+            return self.done
+        began = time.perf_counter()
+        self.drafter.warm(state)
+        self.prefill_seconds = self._prefill_spent + time.perf_counter() - began
+        ended = time.perf_counter()
+        for index in state.active:
+            state.rows[index].prefill_seconds, state.rows[index].decode_started = self.prefill_seconds, ended
+        return True
+
+    def merge(self, other: Generation) -> None:
+        """Take ``other``'s rows (prefilled, with the same capacity and speculation) into this batch."""
+        if other.state.capacity != self.state.capacity:
+            raise ValueError(f"merge: capacity {other.state.capacity} != {self.state.capacity}")
+        self.state.merge(other.state)
+        self.cache = self.cache.extend(other.cache)
+        self.drafter.merge(other.drafter)
+
     def join(self, prompts: list[np.ndarray], request_ids: list[str], specs: Sequence[RowSpec] | None = None) -> None:
         """Requests join the batch between cycles, as new rows at its end; once the batch is prefilled,
         theirs is done here. Each must fit the batch's capacity (prompt + max_new_tokens + k + 1)."""
@@ -329,14 +377,15 @@ class Generation:
             self.state.rows[index].finish_reason = FinishReason.CANCELLED
             self._leave([self.state.active.index(index)])
 
-    def _prefill_rows(self, first: int) -> float:
-        """Prefill rows ``first ..`` of the batch; returns the seconds it took.
+    def _prefill_rows(self, first: int, goal: list[int] | None = None) -> float:
+        """Prefill rows ``first ..`` of the batch (up to ``goal``: default, all but each prompt's last
+        token); returns the seconds it took.
 
         If the batched prefill fails, each row is prefilled alone and only rows that fail alone
         leave (with finish_reason "error").
         """
         began, state = time.perf_counter(), self.state
-        goal = [length - 1 for length in state.lengths[first:]]
+        goal = goal or [length - 1 for length in state.lengths[first:]]
         rows = self.cache.rows(first, state.batch)
         failed = []
         try:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..engines.base import Engine, KVCache, feed
+from ..engines.base import Engine, KVCache, feed, prefill
 from .config import GenerationConfig
 from .sampling import penalize, row_probabilities, sample
 
@@ -80,6 +80,12 @@ class Drafter(ABC):
 
     def adopt(self, b: int, single: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
         """Take back what a ``row(b)`` drafter committed."""
+
+    def warm(self, state: BatchState) -> None:  # noqa: B027 (a default: nothing to do)
+        """See the committed tokens now (all but each row's last), rather than on the next ``propose``."""
+
+    def merge(self, other: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
+        """``other``'s rows (a drafter of the same kind, as far as it has seen them) join at the end of the batch."""
 
     def cost_ratio(self, target_spec) -> float:
         """A draft step's cost relative to the target's (0: drafting needs no model)."""
@@ -174,6 +180,13 @@ class ModelDrafter(Drafter):
 
     def adopt(self, b: int, single: ModelDrafter) -> None:
         self.cache.commit_row(b, single.cache.past_len.item(0))
+
+    def warm(self, state: BatchState) -> None:
+        prefill(self.engine, self.cache, state.tokens, [length - 1 for length in state.lengths])
+
+    def merge(self, other: ModelDrafter) -> None:
+        self.cache = self.cache.extend(other.cache)
+        self._buffers(self.cache.shape[1], self.columns.shape[0])
 
     def cost_ratio(self, target_spec) -> float:
         """Parameters of the draft over the target's: what a token costs each, to a first estimate."""

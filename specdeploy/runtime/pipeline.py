@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from .divergence import first_divergence
 from .drafters import DRAFTERS, Drafter
 from .policies import make_policy
 from .stops import StopStrings
+from .streaming import TextStream
 from .telemetry import CycleRecord, FinishReason, summarize
 
 CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
@@ -125,13 +125,15 @@ class Pipeline:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig,
-              row_configs: Sequence[GenerationConfig] | None = None) -> Generation:
+              row_configs: Sequence[GenerationConfig] | None = None, capacity: int | None = None) -> Generation:
         """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work.
 
         ``config`` sets the batch's speculation (k, drafter, policy); ``row_configs`` gives each prompt its
         own sampling, length, stop and seed settings (default: ``config``'s), and its ``k`` caps that row's
         drafts below the batch's. A seeded row's tokens do not depend on what shares its batch: prompt i of
         one config draws from stream i of the seed, a prompt with its own config from stream 0 (as alone).
+        ``capacity`` fixes the cache slots per row (at least what the rows need), so that batches started
+        apart can be merged.
         """
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
@@ -146,14 +148,16 @@ class Pipeline:
             self.check_stop_tokens(row)
         drafter = self.drafter_for(config)
         limit = min(s.capacity for s in self.manifest.models.values())
+        if capacity is not None and (not is_integer(capacity) or not 1 <= capacity <= limit):
+            raise ConfigError(f"capacity: got {_short(capacity)}; expected an integer in [1, {limit}] (the artifact's)")
         longest = max(row_configs, key=lambda c: c.max_new_tokens)
-        capacity = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens), limit,
-                              self._specs(drafter.needs_model), self.max_cache_bytes)
+        needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens),
+                            capacity or limit, self._specs(drafter.needs_model), self.max_cache_bytes)
         request_ids = [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
         specs = [self.row_spec(row, 0 if mine else i) for i, row in enumerate(row_configs)]
         return Generation(self.target, drafter, make_policy(config.policy, config.k, config.confidence_threshold),
-                          config, ids, request_ids, capacity=capacity, specs=specs)
+                          config, ids, request_ids, capacity=capacity or needed, specs=specs)
 
     def row_spec(self, config: GenerationConfig, stream: int = 0) -> RowSpec:
         """How one request decodes in any batch: ``config``'s settings, its stop strings on this tokenizer,
@@ -181,7 +185,7 @@ class Pipeline:
             run = self.start(prompts[first : first + batch_size], config)
             while not run.done:
                 run.step()
-            results += [self._result(row, spec.config) for row, spec in zip(run.rows, run.state.specs)]
+            results += [self.result(row, spec.config) for row, spec in zip(run.rows, run.state.specs)]
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StreamChunk]:
@@ -192,25 +196,19 @@ class Pipeline:
         (``tokenizers``' ``DecodeStream``: an incomplete UTF-8 sequence waits for its next token).
         Raises ``GenerationError`` if the request fails.
         """
-        from tokenizers.decoders import DecodeStream
-
         config = config or GenerationConfig()
         run = self.start([prompt], config)
-        stops = StopStrings(config.stop, None)
-        pieces, text, shown = DecodeStream(skip_special_tokens=True), "", ""
+        text = TextStream(self.tokenizer, config.stop)
         row = run.rows[0]
         while not run.done:
             for _, new in run.step():
                 if row.finish_reason == FinishReason.ERROR:
                     raise GenerationError(f"{row.request_id}: {row.error}")
                 if run.done:
-                    result = self._result(row, config)
-                    yield StreamChunk(result.text[len(shown):], new, result)
+                    result = self.result(row, config)
+                    yield StreamChunk(text.finish(result.text), new, result)
                     return
-                text += "".join(piece for piece in map(partial(pieces.step, self.tokenizer), new) if piece)
-                visible = stops.settled(text)
-                yield StreamChunk(visible[len(shown):], new)
-                shown = visible
+                yield StreamChunk(text.push(new), new)
         if row.finish_reason == FinishReason.ERROR:  # failed before any token (prefill)
             raise GenerationError(f"{row.request_id}: {row.error}")
 
@@ -223,7 +221,8 @@ class Pipeline:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def _result(self, row: RowResult, config: GenerationConfig) -> GenerationResult:
+    def result(self, row: RowResult, config: GenerationConfig) -> GenerationResult:
+        """A finished row as a result: its text (cut at a stop string under ``config``), tokens and stats."""
         stats = summarize(row.records, seconds=row.decode_seconds)
         stats["prefill_s"] = row.prefill_seconds
         stats["prompt_tokens"] = int(len(row.prompt_ids))

@@ -37,7 +37,7 @@ def test_rows_with_their_own_settings_decode_as_alone(pipeline):
     run = pipeline.start(prompts, BATCH, configs)
     while not run.done:
         run.step()
-    results = [pipeline._result(row, config) for row, config in zip(run.rows, configs)]
+    results = [pipeline.result(row, config) for row, config in zip(run.rows, configs)]
     for prompt, config, result in zip(prompts, configs, results):
         alone = _alone(pipeline, prompt, config)
         assert (result.token_ids, result.text, result.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)

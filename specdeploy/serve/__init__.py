@@ -1,0 +1,1 @@
+"""``specdeploy serve``: an OpenAI-compatible server with continuous batching (the ``serve`` extra)."""

@@ -1,0 +1,70 @@
+"""A server on 127.0.0.1, started by the test, over a tiny artifact; the official openai client talks to it."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.runtime.chat import ChatTemplate
+
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}w3 {% endif %}")
+
+
+@contextlib.contextmanager
+def serving(pipeline, start_scheduler: bool = True, model: str = "tiny", **options):
+    """Yield the base URL of a running server; ``options`` go to the Scheduler (max_batch, max_queue, ...)."""
+    import uvicorn
+
+    from specdeploy.serve.app import create_app
+    from specdeploy.serve.scheduler import Scheduler
+
+    config = options.pop("config", GenerationConfig(k=3))
+    capacity = options.pop("capacity", 96)
+    body = options.pop("max_body_bytes", 2**20)
+    scheduler = Scheduler(pipeline, config, capacity, **options)
+    app = create_app(pipeline, scheduler, model, default_max_tokens=16, max_body_bytes=body)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    if start_scheduler:
+        scheduler.start()
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", scheduler
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        if start_scheduler:
+            scheduler.stop()
+
+
+@pytest.fixture(scope="module")
+def pipeline(pair_dir):
+    loaded = Pipeline.load(pair_dir)
+    loaded.chat_template = ChatTemplate({"chat_template": CHAT_TEMPLATE})
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def server(pipeline):
+    with serving(pipeline, max_batch=8, max_queue=32) as (url, scheduler):
+        yield url, scheduler
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server[0]}/v1", api_key="none", max_retries=0, timeout=60)

@@ -1,0 +1,54 @@
+"""`specdeploy serve` as a user starts it: a process that answers, and clear refusals before it listens."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+
+from specdeploy.cli import main
+
+
+def test_serve_answers_from_its_own_process(pair_dir):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "specdeploy.cli", "serve", str(pair_dir), "--port", str(port),
+                                "--max-batch", "2", "--model-name", "pair"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+                    assert json.load(response)["status"] == "ok"
+                break
+            except OSError:
+                assert process.poll() is None, process.stderr.read()
+                assert time.monotonic() < deadline, "serve did not start listening"
+                time.sleep(0.2)
+        body = json.dumps({"model": "pair", "prompt": "w5 w6", "max_tokens": 5, "temperature": 0}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.load(response)
+        assert answer["usage"]["completion_tokens"] <= 5 and answer["choices"][0]["finish_reason"] in ("stop", "length")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert "serving" in process.stderr.read()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--context", "5000"], "--context: got 5000; the artifact was exported with capacity 96"),
+    (["--max-cache-bytes", "1000"], "over --max-cache-bytes"),
+    (["--k", "-1"], "-1 is not in the range x>=0"),
+])
+def test_serve_refuses_bad_settings_before_listening(pair_dir, args, message):
+    result = CliRunner().invoke(main, ["serve", str(pair_dir), *args])
+    assert result.exit_code != 0 and message in result.output, result.output
