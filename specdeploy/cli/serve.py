@@ -40,8 +40,10 @@ from ..runtime.policies import POLICIES
               help="--policy confidence: stop drafting once the draft's top probability falls below this.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 * 2**20, show_default=True,
               help="Larger request bodies are refused with 413.")
+@click.option("--ray-replicas", type=click.IntRange(min=1), default=None,
+              help="Run this many replicas under Ray Serve (a local Ray instance; needs ray[serve]), same API.")
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
-          prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, max_body_bytes):
+          prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, max_body_bytes, ray_replicas):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
     not), /v1/models, /health and /metrics."""
     try:
@@ -71,14 +73,37 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
                               f"({max_cache_bytes / 2**20:.1f} MiB); lower one of them")
     except (ConfigError, ContractError, ProviderError) as exc:
         raise click.ClickException(str(exc)) from exc
+    name = model_name or directory.resolve().name
+    if ray_replicas:
+        del pipeline  # each replica loads its own
+        _serve_on_ray(directory, name, host, port, threads, ray_replicas, config,
+                      dict(max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk, context=context,
+                           default_max_tokens=default_max_tokens, max_body_bytes=max_body_bytes))
+        return
     scheduler = Scheduler(pipeline, config, context, max_batch=max_batch, max_queue=max_queue,
                           prefill_chunk=prefill_chunk)
-    app = create_app(pipeline, scheduler, model_name or directory.resolve().name, default_max_tokens, max_body_bytes)
+    app = create_app(pipeline, scheduler, name, default_max_tokens, max_body_bytes)
     scheduler.start()
-    click.echo(f"serving {directory} as {model_name or directory.resolve().name!r} on http://{host}:{port}/v1 "
+    click.echo(f"serving {directory} as {name!r} on http://{host}:{port}/v1 "
                f"(batch {max_batch}, queue {max_queue}, context {context}, KV cache up to "
                f"{sizes['total'] / 2**20:.0f} MiB)", err=True)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         scheduler.stop()
+
+
+def _serve_on_ray(directory, name, host, port, threads, replicas, config, options) -> None:
+    try:
+        import ray
+        from ray import serve as ray_serve
+    except ImportError as exc:
+        raise click.ClickException(f"--ray-replicas needs Ray Serve: pip install 'ray[serve]' ({exc})") from exc
+    from ..serve.ray_app import application
+
+    ray.init(include_dashboard=False)
+    ray_serve.start(http_options={"host": host, "port": port})
+    settings = dict(k=config.k, policy=config.policy, drafter=config.drafter,
+                    confidence_threshold=config.confidence_threshold)
+    click.echo(f"serving {directory} as {name!r} on http://{host}:{port}/v1 with {replicas} Ray Serve replicas", err=True)
+    ray_serve.run(application(directory, replicas, name, threads, options=options, config=settings), blocking=True)

@@ -167,6 +167,10 @@ class CostModel(Policy):
         self.plain_streak = 0
         self.pending_catchup: tuple[float, int, float] | None = None  # (seconds, tokens to come, draft/target cost)
         self.plain_only = False
+        # A cycle's costs depend on how many rows share it (a server's batch grows and shrinks): draft_step
+        # and verify are the running batch size's; the other sizes' are kept here.
+        self.batch = 1
+        self.by_batch: dict[int, tuple[float | None, dict[int, float]]] = {}
 
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
         """Before the first cycle: the draft's estimated catch-up time, the tokens to generate, and a
@@ -239,8 +243,18 @@ class CostModel(Policy):
             self.plain_streak = 0
         return best
 
+    def _use_batch(self, batch: int) -> None:
+        """Switch the cost estimates to ``batch`` rows; a size never measured starts from the nearest one's."""
+        if batch == self.batch:
+            return
+        self.by_batch[self.batch] = (self.draft_step, self.verify)
+        nearest = min(self.by_batch, key=lambda b: abs(b - batch))
+        step, verify = self.by_batch.get(batch, self.by_batch[nearest])
+        self.draft_step, self.verify, self.batch = step, dict(verify), batch
+
     def observe(self, outcome: CycleOutcome) -> None:
         k = outcome.proposed
+        self._use_batch(len(outcome.accepted))
         blend = 0.1  # costs drift slowly (cache growth, machine load); acceptance decays apart
         if k > 0:
             self.tried *= self.decay

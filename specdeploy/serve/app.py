@@ -79,9 +79,11 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
                             None).response()
         return await call_next(request)
 
+    server_id = uuid.uuid4().hex[:12]  # tells replicas apart behind a load balancer
+
     @app.get("/health")
     async def health():
-        return {"status": "ok", "rows": scheduler.rows, "queued": len(scheduler.queue)}
+        return {"status": "ok", "rows": scheduler.rows, "queued": len(scheduler.queue), "server": server_id}
 
     @app.get("/v1/models")
     async def models():

@@ -21,6 +21,7 @@ import numpy as np
 from ..runtime.cache import CapacityError
 from ..runtime.config import GenerationConfig
 from ..runtime.decoder import Generation, RowResult
+from ..runtime.policies import make_policy
 from ..runtime.telemetry import FinishReason
 
 
@@ -56,6 +57,8 @@ class Scheduler:
         self.pipeline, self.config, self.capacity = pipeline, config, capacity
         self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
         self.on_finish = on_finish  # called on the scheduler's thread with (ticket, row) when a request ends
+        # one policy for the server's life: what it learned (acceptance, costs per batch size) outlives a batch
+        self.policy = make_policy(config.policy, config.k, config.confidence_threshold)
         self.queue: deque[Ticket] = deque()
         self.tickets: dict[str, Ticket] = {}  # request id -> ticket, for every request admitted and not finished
         self.running: Generation | None = None
@@ -169,6 +172,7 @@ class Scheduler:
                     self._finish(row)
             if self.running is None or self.running.done:
                 self.running = staged
+                self.running.policy = self.policy
             else:
                 self.running.merge(staged)
         if self.running is not None and not self.running.done:

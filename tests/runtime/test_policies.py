@@ -142,3 +142,21 @@ def test_policies_are_registered_by_name_with_declared_capabilities():
     assert adopted.next_k() == 2 and adopted.policy.seen.accepted == [1]
     fixed = FixedK(3)
     assert adopt(fixed) is fixed
+
+
+def test_cost_model_keeps_costs_per_batch_size():
+    """In a server the batch grows and shrinks: a cycle of 8 rows must not teach the costs of a cycle of 1."""
+    policy = make_policy("cost", 4)
+    for _ in range(30):  # alone: verifying is cheap beside drafting, so drafts pay
+        policy.observe(CycleOutcome(4, [4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+    alone = policy.next_k()
+    for _ in range(30):  # 8 rows, every draft accepted: verifying 5 tokens a row costs 5x one, so it does not pay
+        policy.observe(CycleOutcome(4, [4] * 8, draft_seconds=0.004, draft_steps=4, verify_seconds=0.050,
+                                    verify_tokens=5))
+        policy.observe(CycleOutcome(0, [0] * 8, draft_seconds=0.0, draft_steps=0, verify_seconds=0.010,
+                                    verify_tokens=1))
+    assert alone == 4 and policy.next_k() == 0
+    assert policy.by_batch[1][1][5] == pytest.approx(0.010)  # the batch-1 costs were kept apart
+    policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+    assert policy.verify[5] == pytest.approx(0.010) and policy.batch == 1

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 
 import pytest
 
@@ -18,10 +15,9 @@ CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }} {% endfo
 
 @contextlib.contextmanager
 def serving(pipeline, start_scheduler: bool = True, model: str = "tiny", **options):
-    """Yield the base URL of a running server; ``options`` go to the Scheduler (max_batch, max_queue, ...)."""
-    import uvicorn
-
+    """Yield (base URL, scheduler) of a running server; ``options`` go to the Scheduler (max_batch, ...)."""
     from specdeploy.serve.app import create_app
+    from specdeploy.serve.background import serve_in_thread
     from specdeploy.serve.scheduler import Scheduler
 
     config = options.pop("config", GenerationConfig(k=3))
@@ -29,23 +25,12 @@ def serving(pipeline, start_scheduler: bool = True, model: str = "tiny", **optio
     body = options.pop("max_body_bytes", 2**20)
     scheduler = Scheduler(pipeline, config, capacity, **options)
     app = create_app(pipeline, scheduler, model, default_max_tokens=16, max_body_bytes=body)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
     if start_scheduler:
         scheduler.start()
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}", scheduler
+        with serve_in_thread(app) as url:
+            yield url, scheduler
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         if start_scheduler:
             scheduler.stop()
 

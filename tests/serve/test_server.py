@@ -9,13 +9,12 @@ import time
 import urllib.error
 import urllib.request
 
+import openai  # the official client, from the dev extra
 import pytest
 
 from specdeploy import GenerationConfig
 
 from .conftest import serving
-
-openai = pytest.importorskip("openai")  # the dev extra installs it; without it these tests cannot talk to the server
 
 GREEDY = dict(temperature=0, max_tokens=24, extra_body={"ignore_eos": True})
 

@@ -1,0 +1,26 @@
+"""tools/load_test.py on a tiny artifact: every mode and concurrency reported, every request accounted for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "load_test.py"
+
+
+def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w5 w6 w7\nw10 w11\nw30 w31 w30\n")
+    out = tmp_path / "load"
+    done = subprocess.run([sys.executable, str(TOOL), "--artifact", str(pair_dir), "--concurrency", "1,3", "--requests",
+                           "2", "--max-tokens", "12", "--context", "96", "--prompt-file", str(prompts), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, n) for m in ("plain", "fixed", "cost") for n in (1, 3)]
+    for row in rows:
+        assert row["requests"] == 2 * row["concurrency"] == row["completed"] and not row["errors"]
+        assert row["tokens"] > 0 and row["throughput"] > 0 and 0 < row["ttft_p50"] <= row["ttft_p99"]
+    assert "| cost | 3 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0

@@ -1,0 +1,176 @@
+"""Load test of `specdeploy serve`: N concurrent streaming clients on loopback, per speculation mode.
+
+For each mode (plain target decoding, the draft at fixed K, the cost policy) a server runs in this
+process on 127.0.0.1 with continuous batching; for each concurrency N, N client threads (the official
+openai client) each send --requests streamed completions one after another, HumanEval prompts in turn.
+Reported per mode and N: throughput (completion tokens / wall time of the stage), time to first token
+and inter-token latency (a request's decode time / its tokens - 1) at p50 and p99, and every request
+accounted for (completed, or failed with its error). Bounded: --timeout per request, --max-tokens.
+
+    python tools/load_test.py --artifact DIR [--concurrency 1,2,4,8] [--requests 2] [--max-tokens 64]
+                              [--modes plain,fixed,cost] [--prompt-file FILE] [--out docs/load_test]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODES = {"plain": dict(drafter="none"), "fixed": dict(policy="fixed"), "cost": dict(policy="cost")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifact", type=Path, required=True)
+    parser.add_argument("--concurrency", default="1,2,4,8")
+    parser.add_argument("--requests", type=int, default=2, help="Requests each client sends, one after another.")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--modes", default="plain,fixed,cost")
+    parser.add_argument("--context", type=int, default=1024, help="Cache slots per request.")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=600.0, help="Seconds a request may take at most.")
+    parser.add_argument("--prompt-file", type=Path, default=None, help="Prompts to send instead of HumanEval's.")
+    parser.add_argument("--out", type=Path, default=None, help="Write OUT.json, OUT.md and OUT.png.")
+    args = parser.parse_args()
+
+    from specdeploy import GenerationConfig, Pipeline
+    from specdeploy.workloads import humaneval, load_prompts
+
+    prompts = [p.text for p in (load_prompts(args.prompt_file) if args.prompt_file else humaneval())]
+    pipeline = Pipeline.load(args.artifact, threads=args.threads)
+    levels = [int(n) for n in args.concurrency.split(",")]
+    rows = []
+    for mode in args.modes.split(","):
+        config = GenerationConfig(k=args.k, **MODES[mode])
+        with _server(pipeline, config, args.context, max(levels)) as url:
+            _client(url, args.timeout).completions.create(model="m", prompt=prompts[-1], max_tokens=8, temperature=0)
+            for n in levels:
+                row = {"mode": mode, "concurrency": n, **_stage(url, prompts, n, args)}
+                rows.append(row)
+                print(_line(row), flush=True)
+    table = _table(rows, args)
+    print(table)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        args.out.with_suffix(".md").write_text(table + "\n")
+        _plot(rows, args.out.with_suffix(".png"))
+
+
+def _server(pipeline, config, context: int, max_batch: int):
+    import contextlib
+
+    from specdeploy.serve.app import create_app
+    from specdeploy.serve.background import serve_in_thread
+    from specdeploy.serve.scheduler import Scheduler
+
+    @contextlib.contextmanager
+    def running():
+        scheduler = Scheduler(pipeline, config, context, max_batch=max_batch, max_queue=4 * max_batch)
+        scheduler.start()
+        try:
+            with serve_in_thread(create_app(pipeline, scheduler, "m")) as url:
+                yield url
+        finally:
+            scheduler.stop()
+
+    return running()
+
+
+def _client(url: str, timeout: float):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout)
+
+
+def _stage(url: str, prompts: list[str], clients: int, args) -> dict:
+    """``clients`` threads, each sending ``args.requests`` streamed requests in turn."""
+    done, lock = [], threading.Lock()
+
+    def client(c: int):
+        api = _client(url, args.timeout)
+        for r in range(args.requests):
+            prompt = prompts[(c * args.requests + r) % len(prompts)]
+            began, first, tokens, error = time.perf_counter(), None, 0, ""
+            try:
+                stream = api.completions.create(model="m", prompt=prompt, max_tokens=args.max_tokens, temperature=0,
+                                                stream=True, stream_options={"include_usage": True})
+                for chunk in stream:
+                    if chunk.choices and chunk.choices[0].text and first is None:
+                        first = time.perf_counter()
+                    if chunk.usage is not None:
+                        tokens = chunk.usage.completion_tokens
+            except Exception as exc:  # counted, with its message: every request is accounted for
+                error = f"{type(exc).__name__}: {exc}"
+            ended = time.perf_counter()
+            with lock:
+                done.append({"began": began, "first": first, "ended": ended, "tokens": tokens, "error": error})
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    ok = [d for d in done if not d["error"] and d["first"] is not None]
+    ttft = [d["first"] - d["began"] for d in ok]
+    itl = [(d["ended"] - d["first"]) / (d["tokens"] - 1) for d in ok if d["tokens"] > 1]
+    return {"requests": len(done), "completed": len(ok), "errors": sorted({d["error"] for d in done if d["error"]}),
+            "tokens": sum(d["tokens"] for d in ok), "seconds": wall,
+            "throughput": sum(d["tokens"] for d in ok) / wall,
+            "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "itl_p50": _pct(itl, 50), "itl_p99": _pct(itl, 99)}
+
+
+def _pct(values, q):
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def _line(row: dict) -> str:
+    return (f"{row['mode']:>5} N={row['concurrency']}: {row['throughput']:6.1f} tok/s, TTFT p50 {row['ttft_p50']:.2f} s "
+            f"p99 {row['ttft_p99']:.2f} s, ITL p50 {1e3 * row['itl_p50']:.0f} ms p99 {1e3 * row['itl_p99']:.0f} ms, "
+            f"{row['completed']}/{row['requests']} completed" + (f", errors: {row['errors']}" if row["errors"] else ""))
+
+
+def _table(rows: list[dict], args) -> str:
+    lines = [f"{args.requests} streamed requests per client, {args.max_tokens} new tokens at most, greedy, K = {args.k}, "
+             f"{args.prompt_file or 'HumanEval'} prompts, server and clients on one machine (loopback)", "",
+             "| mode | clients | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | completed |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['concurrency']} | {r['throughput']:.1f} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
+                     f"| {1e3 * r['itl_p50']:.0f} / {1e3 * r['itl_p99']:.0f} | {r['completed']}/{r['requests']} |")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        n = [r["concurrency"] for r in mine]
+        left.plot(n, [r["throughput"] for r in mine], marker="o", label=mode)
+        right.plot(n, [1e3 * r["itl_p99"] for r in mine], marker="o", label=mode)
+    left.set(xlabel="concurrent clients", ylabel="tokens/s (all clients)", title="Throughput")
+    right.set(xlabel="concurrent clients", ylabel="ms", title="Inter-token latency, p99")
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
