@@ -14,14 +14,20 @@ class CapacityError(ValueError):
     """A request that cannot fit in the cache capacity."""
 
 
-def plan_capacity(prompt_lengths: list[int], max_new_tokens: int, k: int, limit: int, role: str = "target") -> int:
-    """Slots a batch needs: longest prompt + max_new_tokens + k + 1; refused above ``limit``."""
+EXPORTED = "the artifact was exported with capacity {limit}"
+ADVICE = "shorten the prompt, lower max_new_tokens or k, or re-export with a larger --capacity"
+
+
+def plan_capacity(prompt_lengths: list[int], max_new_tokens: int, k: int, limit: int, role: str = "target",
+                  why: str = EXPORTED) -> int:
+    """Slots a batch needs: longest prompt + max_new_tokens + k + 1; refused above ``limit`` (``why`` says
+    where the limit comes from)."""
     needed = max(prompt_lengths) + max_new_tokens + k + 1
     if needed > limit:
+        advice = ADVICE if why == EXPORTED else ADVICE.split(", or")[0]
         raise CapacityError(
             f"{role}: prompt ({max(prompt_lengths)} tokens) + max_new_tokens ({max_new_tokens}) + k ({k}) + 1 = "
-            f"{needed} cache slots, but the artifact was exported with capacity {limit}; shorten the prompt, lower "
-            "max_new_tokens or k, or re-export with a larger --capacity"
+            f"{needed} cache slots, but {why.format(limit=limit)}; {advice}"
         )
     return needed
 
@@ -34,10 +40,11 @@ def cache_bytes(specs: dict[str, ModelSpec], batch: int, capacity: int) -> dict[
 
 
 def plan_batch(prompt_lengths: list[int], config: GenerationConfig, limit: int, specs: dict[str, ModelSpec],
-               max_cache_bytes: int | None = None) -> int:
+               max_cache_bytes: int | None = None, why: str = EXPORTED) -> int:
     """Cache slots for a batch (``plan_capacity``), refused if the caches of the models in ``specs``
     would need more than ``max_cache_bytes`` together."""
-    capacity = plan_capacity(prompt_lengths, config.max_new_tokens, config.k if config.speculative else 0, limit)
+    capacity = plan_capacity(prompt_lengths, config.max_new_tokens, config.k if config.speculative else 0, limit,
+                             why=why)
     if max_cache_bytes is not None:
         sizes = cache_bytes(specs, len(prompt_lengths), capacity)
         if sizes["total"] > max_cache_bytes:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..contract import Manifest
 from .artifact import open_artifact
-from .cache import cache_bytes, plan_batch
+from .cache import EXPORTED, cache_bytes, plan_batch
 from .chat import ChatTemplate
 from .config import ConfigError, GenerationConfig, is_integer
 from .decoder import Generation, RowResult, RowSpec
@@ -152,7 +152,8 @@ class Pipeline:
             raise ConfigError(f"capacity: got {_short(capacity)}; expected an integer in [1, {limit}] (the artifact's)")
         longest = max(row_configs, key=lambda c: c.max_new_tokens)
         needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens),
-                            capacity or limit, self._specs(drafter.needs_model), self.max_cache_bytes)
+                            capacity or limit, self._specs(drafter.needs_model), self.max_cache_bytes,
+                            why="capacity is {limit} slots a row (as asked)" if capacity else EXPORTED)
         request_ids = [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
         specs = [self.row_spec(row, 0 if mine else i) for i, row in enumerate(row_configs)]

@@ -61,3 +61,31 @@ def test_a_request_that_cannot_fit_is_refused_and_the_batch_goes_on(pipeline, al
     while not run.done:
         run.step()
     assert len(run.rows) == 1 and run.rows[0].token_ids == alone[PROMPTS[0]]
+
+
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "none"])
+def test_requests_prefilled_a_chunk_at_a_time_between_cycles_then_merged_decode_as_alone(pipeline, drafter):
+    """What a server does: the running batch keeps cycling while newcomers prefill in chunks beside it."""
+    config = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, drafter=drafter)
+    expected = {p: pipeline.generate(p, config)[0].token_ids for p in PROMPTS}
+    run = pipeline.start(PROMPTS[:2], config, capacity=64)
+    run.step()
+    staging = pipeline.start(PROMPTS[2:], config, capacity=64)
+    chunks, cycles = 0, 0
+    while not staging.prefill_chunk(1):
+        chunks += 1
+        cycles += len(run.step()) > 0  # the running rows go on between chunks
+    assert chunks >= 2 and cycles == chunks and staging.prefill_seconds > 0
+    if drafter == "model":  # the draft has seen the newcomers' prompts too: no long catch-up in the batch
+        assert staging.drafter.cache.past_len.tolist() == [len(pipeline.encode(p)) - 1 for p in PROMPTS[2:]]
+    run.merge(staging)
+    assert len(run.active) == 4 and run.cache.shape[1] == 4
+    while not run.done:
+        run.step()
+    assert [row.token_ids for row in run.rows] == [expected[p] for p in PROMPTS]
+
+
+def test_merging_batches_of_different_capacity_is_refused(pipeline):
+    run = pipeline.start(PROMPTS[:1], CONFIG, capacity=64)
+    with pytest.raises(ValueError, match="capacity 60 != 64"):
+        run.merge(pipeline.start(PROMPTS[1:2], CONFIG, capacity=60))

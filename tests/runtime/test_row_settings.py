@@ -117,3 +117,18 @@ def test_mixed_rows_sample_the_target_distribution_end_to_end(pipeline):
         table = table[:, table.sum(0) >= 5]
         assert table.shape[1] >= 2
         assert chi2_contingency(table).pvalue >= ALPHA, f"position {position}: {table}"
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda p: p.start(["w5", "w6"], BATCH, [GREEDY]), r"row_configs: got .*; expected one GenerationConfig per prompt \(2\)"),
+    (lambda p: p.start(["w5"], BATCH, [{"temperature": 1}]), r"row_configs: got .*; expected one GenerationConfig"),
+    (lambda p: p.start(["w5"], BATCH, capacity=10_000), r"capacity: got 10000; expected an integer in \[1, 96\]"),
+    (lambda p: p.start(["w5 " * 60], BATCH, capacity=70),
+     r"cache slots, but capacity is 70 slots a row \(as asked\); shorten the prompt, lower max_new_tokens or k$"),
+])
+def test_bad_row_settings_are_refused_naming_the_argument(pipeline, call, match):
+    from specdeploy.runtime.cache import CapacityError
+    from specdeploy.runtime.config import ConfigError
+
+    with pytest.raises((ConfigError, CapacityError), match=match):
+        call(pipeline)

@@ -44,7 +44,7 @@ def pipeline(pair_dir):
 
 @pytest.fixture(scope="module")
 def server(pipeline):
-    with serving(pipeline, max_batch=8, max_queue=32) as (url, scheduler):
+    with serving(pipeline, max_batch=8, max_queue=32, prefill_chunk=3) as (url, scheduler):  # chunks: 2 cycles or more
         yield url, scheduler
 
 
