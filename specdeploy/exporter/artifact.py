@@ -19,6 +19,7 @@ from .. import __version__
 from ..contract import DTYPES, WEIGHT_FORMATS, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
 from . import onnx_graph
 from .checkpoint import load_checkpoint, load_tokenizer_and_config
+from .int8 import Int8Error, to_int8_per_row
 from .registry import ExportError, lookup
 from .tokenizer import differences
 
@@ -224,8 +225,11 @@ def _is_large(source) -> bool:
 def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int], progress: Progress) -> None:
     """int8 / int4 weights and fp16, rewriting the traced graph at ``path`` in place."""
     if fmt == "int8":
-        progress(f"{role}: quantizing MatMul weights to int8 (dynamic activations)")
-        onnx_graph.to_int8_dynamic(path)
+        progress(f"{role}: quantizing MatMul weights to int8 (per column; activations per row)")
+        try:
+            to_int8_per_row(path, onnx_graph.EXTERNAL_DATA_BYTES, lambda message: progress(f"{role}: {message}"))
+        except Int8Error as exc:
+            raise ExportError(f"{role}: {exc}") from None
     if fmt == "int4" or dtype == "float16":
         model = onnx_graph.load(path)
         if fmt == "int4":

@@ -91,11 +91,12 @@ def test_int8_per_row_scale_never_reaches_a_fused_kernel(checkpoint, tmp_path):
 
 
 def _one_matmul(tmp_path, per_row: bool):
-    """A [batch, tokens, 48] x [48, 40] MatMul through ONNX Runtime's dynamic quantizer (and the per-row rewrite)."""
+    """A [batch, tokens, 48] x [48, 40] MatMul through the exporter's int8 writer, or (the negative control)
+    ONNX Runtime's dynamic quantizer as it is."""
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from specdeploy.exporter import onnx_graph
+    from specdeploy.exporter.int8 import to_int8_per_row
 
     weight = np.random.default_rng(3).standard_normal((48, 40)).astype(np.float32)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one",
@@ -103,9 +104,11 @@ def _one_matmul(tmp_path, per_row: bool):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "tokens", 40])],
                               [numpy_helper.from_array(weight, "w")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "f.onnx")
+    if per_row:
+        to_int8_per_row(tmp_path / "f.onnx", external_data_bytes=1 << 30)
+        return onnx.load(tmp_path / "f.onnx")
     quantize_dynamic(tmp_path / "f.onnx", tmp_path / "q.onnx", weight_type=QuantType.QInt8, per_channel=True)
-    model = onnx.load(tmp_path / "q.onnx")
-    return onnx_graph.per_row_activations(model) if per_row else model
+    return onnx.load(tmp_path / "q.onnx")
 
 
 @pytest.mark.parametrize("per_row", [True, False])
