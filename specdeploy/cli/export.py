@@ -18,7 +18,7 @@ from .common import console
               help="Weight and KV-cache dtype.")
 @click.option("--weights", type=click.Choice(["full", "int4", "int8"]), default="full", show_default=True,
               help="int4: 4-bit block-wise MatMul weights (ONNX Runtime's MatMulNBits); int8: per-channel int8 "
-                   "weights, activations quantized per row (ONNX Runtime's dynamic quantizer, rewritten per row).")
+                   "weights, activations quantized per row (ONNX Runtime's dynamic quantizer's graph, one scale per row).")
 @click.option("--draft-weights", type=click.Choice(["full", "int4", "int8"]), default=None,
               help="Weight format of the draft (default: same as --weights).")
 @click.option("--capacity", type=click.IntRange(min=2), default=None,

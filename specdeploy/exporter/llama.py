@@ -40,10 +40,9 @@ class LlamaVerify(nn.Module):
         inv_freq, self.rope_scaling = _rope(config, self.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.embed = frozen(take(weights, "model.embed_tokens.weight"))
-        head = weights.get("lm_head.weight", self.embed.data)
-        self.lm_head = transposed(head)
+        self.lm_head = transposed(weights.pop("lm_head.weight", self.embed.data))
         self.norm = frozen(take(weights, "model.norm.weight"))
-        self.layers = nn.ModuleList(_Layer(weights, f"model.layers.{i}.") for i in range(dims["num_layers"]))
+        self.layers = nn.ModuleList(_consumed(weights, f"model.layers.{i}.") for i in range(dims["num_layers"]))
 
     def forward(self, input_ids, past_len, *cache):
         batch, tokens = input_ids.shape
@@ -70,6 +69,15 @@ class LlamaVerify(nn.Module):
             new_kv += [k, v]
         logits = rms_norm(x, self.norm, self.eps) @ self.lm_head
         return (logits.to(torch.float32), *new_kv)
+
+
+def _consumed(weights: dict[str, torch.Tensor], prefix: str) -> _Layer:
+    """A layer built from its checkpoint tensors, which then leave ``weights``: the module holds its own
+    (transposed, fused) copies, so building layer by layer never holds two copies of the whole model."""
+    layer = _Layer(weights, prefix)
+    for name in [name for name in weights if name.startswith(prefix)]:
+        del weights[name]
+    return layer
 
 
 class _Layer(nn.Module):
