@@ -12,6 +12,29 @@ from ..contract import ContractError, Manifest
 console = Console(stderr=True)
 
 
+def speculation_options(k_help: str):
+    """--k, --policy, --drafter and --confidence-threshold, as ``generate`` and ``serve`` take them."""
+    from ..runtime.drafters import DRAFTERS
+    from ..runtime.policies import POLICIES
+
+    options = [
+        click.option("--k", "--num-speculative-tokens", "k", type=int, default=4, show_default=True, help=k_help),
+        click.option("--policy", type=click.Choice(list(POLICIES)), default="fixed", show_default=True,
+                     help="Draft-length policy."),
+        click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="model", show_default=True,
+                     help="model: the artifact's draft; prompt-lookup: n-gram; none: plain target decoding."),
+        click.option("--confidence-threshold", type=float, default=0.4, show_default=True,
+                     help="--policy confidence: stop drafting once the draft's top probability falls below this."),
+    ]
+
+    def apply(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
 def read_manifest(directory: Path) -> Manifest:
     try:
         return Manifest.read(directory)

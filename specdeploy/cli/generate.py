@@ -14,8 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..engines.ort import PROVIDERS
-from ..runtime.drafters import DRAFTERS
-from ..runtime.policies import POLICIES
+from .common import speculation_options
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -41,13 +40,7 @@ def read_prompts(path: Path) -> list[str]:
 @click.option("--min-p", type=float, default=0.0, show_default=True, help="Drop tokens below min_p x the top probability.")
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 means off.")
 @click.option("--seed", type=int, default=None, help="Seed for sampling (same seed, same output).")
-@click.option("--k", "--num-speculative-tokens", "k", type=int, default=4, show_default=True,
-              help="Draft length (the maximum, for adaptive policies).")
-@click.option("--policy", type=click.Choice(list(POLICIES)), default="fixed", show_default=True, help="Draft-length policy.")
-@click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="model", show_default=True,
-              help="model: the artifact's draft; prompt-lookup: n-gram; none: plain target decoding.")
-@click.option("--confidence-threshold", type=float, default=0.4, show_default=True,
-              help="--policy confidence: stop drafting once the draft's top probability falls below this.")
+@speculation_options("Draft length (the maximum, for adaptive policies).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--stop-token-id", "stop_token_ids", type=int, multiple=True,
               help="Token id that ends a request like EOS does (repeatable).")

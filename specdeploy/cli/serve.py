@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from ..engines.ort import PROVIDERS
-from ..runtime.drafters import DRAFTERS
-from ..runtime.policies import POLICIES
+from .common import speculation_options
 
 
 @click.command()
@@ -31,13 +30,7 @@ from ..runtime.policies import POLICIES
               help="Prompt tokens a joining request prefills between two cycles of the running batch.")
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
               help="max_tokens of a request that gives none.")
-@click.option("--k", "--num-speculative-tokens", "k", type=click.IntRange(min=0), default=4, show_default=True,
-              help="Draft length (the maximum, for adaptive policies); a request may ask for fewer.")
-@click.option("--policy", type=click.Choice(list(POLICIES)), default="fixed", show_default=True, help="Draft-length policy.")
-@click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="model", show_default=True,
-              help="model: the artifact's draft; prompt-lookup: n-gram; none: plain target decoding.")
-@click.option("--confidence-threshold", type=float, default=0.4, show_default=True,
-              help="--policy confidence: stop drafting once the draft's top probability falls below this.")
+@speculation_options("Draft length (the maximum, for adaptive policies); a request may ask for fewer.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 * 2**20, show_default=True,
               help="Larger request bodies are refused with 413.")
 @click.option("--ray-replicas", type=click.IntRange(min=1), default=None,

@@ -47,7 +47,7 @@ def test_serve_answers_from_its_own_process(pair_dir):
 @pytest.mark.parametrize("args,message", [
     (["--context", "5000"], "--context: got 5000; the artifact was exported with capacity 96"),
     (["--max-cache-bytes", "1000"], "over --max-cache-bytes"),
-    (["--k", "-1"], "-1 is not in the range x>=0"),
+    (["--k", "-1"], "k: got -1; expected an integer >= 0"),
 ])
 def test_serve_refuses_bad_settings_before_listening(pair_dir, args, message):
     result = CliRunner().invoke(main, ["serve", str(pair_dir), *args])
