@@ -170,7 +170,8 @@ class CostModel(Policy):
         # A cycle's costs depend on how many rows share it (a server's batch grows and shrinks): draft_step
         # and verify are the running batch size's; the other sizes' are kept here.
         self.batch = 1
-        self.by_batch: dict[int, tuple[float | None, dict[int, float]]] = {}
+        self.measured: set = set()  # what has been measured at this batch size: "draft", verify sizes
+        self.by_batch: dict[int, tuple[float | None, dict[int, float], set]] = {}
 
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
         """Before the first cycle: the draft's estimated catch-up time, the tokens to generate, and a
@@ -244,13 +245,17 @@ class CostModel(Policy):
         return best
 
     def _use_batch(self, batch: int) -> None:
-        """Switch the cost estimates to ``batch`` rows; a size never measured starts from the nearest one's."""
+        """Switch the cost estimates to ``batch`` rows. A size never seen starts from the nearest one's
+        estimates, each replaced by its first measurement at this size (then blended as usual)."""
         if batch == self.batch:
             return
-        self.by_batch[self.batch] = (self.draft_step, self.verify)
-        nearest = min(self.by_batch, key=lambda b: abs(b - batch))
-        step, verify = self.by_batch.get(batch, self.by_batch[nearest])
-        self.draft_step, self.verify, self.batch = step, dict(verify), batch
+        self.by_batch[self.batch] = (self.draft_step, self.verify, self.measured)
+        if batch in self.by_batch:
+            self.draft_step, self.verify, self.measured = self.by_batch[batch]
+        else:
+            step, verify, _ = self.by_batch[min(self.by_batch, key=lambda b: abs(b - batch))]
+            self.draft_step, self.verify, self.measured = step, dict(verify), set()
+        self.batch = batch
 
     def observe(self, outcome: CycleOutcome) -> None:
         k = outcome.proposed
@@ -267,10 +272,13 @@ class CostModel(Policy):
         # would make drafting look dear and keep the policy from ever speculating again.
         if outcome.draft_steps and outcome.catchup_tokens <= 2:
             step = outcome.draft_seconds / outcome.draft_steps
-            self.draft_step = step if self.draft_step is None else (1 - blend) * self.draft_step + blend * step
+            known = "draft" in self.measured
+            self.draft_step = (1 - blend) * self.draft_step + blend * step if known else step
+            self.measured.add("draft")
         if outcome.verify_tokens:
             t, v = outcome.verify_tokens, outcome.verify_seconds
-            self.verify[t] = v if t not in self.verify else (1 - blend) * self.verify[t] + blend * v
+            self.verify[t] = (1 - blend) * self.verify[t] + blend * v if t in self.measured else v
+            self.measured.add(t)
 
 
 def make_policy(name: str, k: int, confidence_threshold: float = 0.4) -> Policy:

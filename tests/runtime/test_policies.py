@@ -160,3 +160,15 @@ def test_cost_model_keeps_costs_per_batch_size():
     assert policy.by_batch[1][1][5] == pytest.approx(0.010)  # the batch-1 costs were kept apart
     policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
     assert policy.verify[5] == pytest.approx(0.010) and policy.batch == 1
+
+
+def test_cost_model_takes_a_new_batch_sizes_first_measurements_as_they_are():
+    """A batch size never seen starts from the nearest size's costs, each replaced at its first measurement:
+    a server whose batch keeps changing must not spend tens of cycles unlearning another size's costs."""
+    policy = make_policy("cost", 4)
+    for _ in range(30):
+        policy.observe(CycleOutcome(4, [4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
+    policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.040, draft_steps=4, verify_seconds=0.030, verify_tokens=5))
+    assert policy.draft_step == pytest.approx(0.010) and policy.verify[5] == pytest.approx(0.030)
+    policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.080, draft_steps=4, verify_seconds=0.030, verify_tokens=5))
+    assert policy.draft_step == pytest.approx(0.9 * 0.010 + 0.1 * 0.020)  # then blended
