@@ -233,6 +233,8 @@ class CostModel(Policy):
             return 0 if self.plain_only else self.start
         if self.draft_step is None or not self.verify:
             return self.start  # nothing measured yet: speculate to learn the costs
+        if 1 not in self.measured and "draft" in self.measured:
+            return 0  # one plain step measures v(1) at this batch size: extrapolated, it comes out too dear
         rates = self.expected_rate()
         best = int(np.argmax(rates))
         if best == 0 and self.k_max > 0:

@@ -172,3 +172,15 @@ def test_cost_model_takes_a_new_batch_sizes_first_measurements_as_they_are():
     assert policy.draft_step == pytest.approx(0.010) and policy.verify[5] == pytest.approx(0.030)
     policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.080, draft_steps=4, verify_seconds=0.030, verify_tokens=5))
     assert policy.draft_step == pytest.approx(0.9 * 0.010 + 0.1 * 0.020)  # then blended
+
+
+def test_cost_model_measures_a_plain_step_once_per_batch_size():
+    """v(1) extrapolated from verify sizes alone comes out too dear; one plain cycle per batch size measures it."""
+    policy = make_policy("cost", 4)
+    assert policy.next_k() == 4  # nothing measured: speculate
+    policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
+    assert policy.next_k() == 0  # the plain step
+    policy.observe(CycleOutcome(0, [0, 0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+    assert policy.verify[1] == pytest.approx(0.009) and policy.next_k() == 4
+    policy.observe(CycleOutcome(4, [4, 4, 4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.012, verify_tokens=5))
+    assert policy.batch == 3 and policy.next_k() == 0  # a new batch size: its own plain step
