@@ -132,3 +132,21 @@ def test_bad_row_settings_are_refused_naming_the_argument(pipeline, call, match)
 
     with pytest.raises((ConfigError, CapacityError), match=match):
         call(pipeline)
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_one_seeded_config_for_a_batch_gives_a_and_c_the_same_tokens_beside_a_faulty_b(pipeline, role):
+    """The issue's case as reported: generate([A, B, C], one config with a seed) against [A, faulty, C]."""
+    config = GenerationConfig(k=4, max_new_tokens=24, temperature=1.0, seed=7, ignore_eos=True)
+    prompts = ["w5 w6 w7", "w10 w11 w12", "w30 w31 w30"]
+    clean = [r.token_ids for r in pipeline.generate(prompts, config)]
+    used = {t for ids in clean for t in ids} | {int(t) for p in prompts for t in pipeline.encode(p)}
+    poison = next(t for t in range(4, 120) if t not in used)
+    original = getattr(pipeline, role)
+    setattr(pipeline, role, FailingEngine(original, poison=poison))
+    try:
+        faulty = pipeline.generate([prompts[0], f"w10 w{poison}", prompts[2]], config)
+    finally:
+        setattr(pipeline, role, original)
+    assert faulty[1].finish_reason == "error"
+    assert [faulty[0].token_ids, faulty[2].token_ids] == [clean[0], clean[2]]
