@@ -335,18 +335,22 @@ class Generation:
             self._policy.plan(self.prefill_seconds * ratio, max(self.state.remaining()), ratio)
 
     def prefill_chunk(self, tokens: int) -> bool:
-        """Prefill at most ``tokens`` more of each prompt in the target (the draft sees the prompts at the
-        end); True once done. A server prefills requests that join a running batch this way, a chunk
-        between two of its cycles, then ``merge``s them: running rows never wait for a whole long prompt.
+        """Prefill at most ``tokens`` more of each prompt, in the target and the draft; True once done.
+
+        A server prefills requests that join a running batch this way, a chunk between two of its
+        cycles, then ``merge``s them: running rows never wait for a whole long prompt, in either model.
         """
         state = self.state
         goal = [min(past + tokens, length - 1) for past, length in zip(self.cache.past_len.tolist(), state.lengths)]
         self._prefill_spent += self._prefill_rows(0, goal)
-        if self.done or self.cache.past_len.tolist() != [length - 1 for length in state.lengths]:
-            return self.done
+        if self.done:
+            return True
         began = time.perf_counter()
-        self.drafter.warm(state)
-        self.prefill_seconds = self._prefill_spent + time.perf_counter() - began
+        self.drafter.warm(state, self.cache.past_len.tolist())  # the draft follows the target, chunk for chunk
+        self._prefill_spent += time.perf_counter() - began
+        if self.cache.past_len.tolist() != [length - 1 for length in state.lengths]:
+            return False
+        self.prefill_seconds = self._prefill_spent
         ended = time.perf_counter()
         for index in state.active:
             state.rows[index].prefill_seconds, state.rows[index].decode_started = self.prefill_seconds, ended

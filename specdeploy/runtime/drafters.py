@@ -81,8 +81,8 @@ class Drafter(ABC):
     def adopt(self, b: int, single: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
         """Take back what a ``row(b)`` drafter committed."""
 
-    def warm(self, state: BatchState) -> None:  # noqa: B027 (a default: nothing to do)
-        """See the committed tokens now (all but each row's last), rather than on the next ``propose``."""
+    def warm(self, state: BatchState, goal: list[int]) -> None:  # noqa: B027 (a default: nothing to do)
+        """See row b's first ``goal[b]`` tokens now (a prefill chunk), rather than on the next ``propose``."""
 
     def merge(self, other: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
         """``other``'s rows (a drafter of the same kind, as far as it has seen them) join at the end of the batch."""
@@ -181,8 +181,8 @@ class ModelDrafter(Drafter):
     def adopt(self, b: int, single: ModelDrafter) -> None:
         self.cache.commit_row(b, single.cache.past_len.item(0))
 
-    def warm(self, state: BatchState) -> None:
-        prefill(self.engine, self.cache, state.tokens, [length - 1 for length in state.lengths])
+    def warm(self, state: BatchState, goal: list[int]) -> None:
+        prefill(self.engine, self.cache, state.tokens, goal)
 
     def merge(self, other: ModelDrafter) -> None:
         self.cache = self.cache.extend(other.cache)

@@ -75,6 +75,9 @@ def test_requests_prefilled_a_chunk_at_a_time_between_cycles_then_merged_decode_
     while not staging.prefill_chunk(1):
         chunks += 1
         cycles += len(run.step()) > 0  # the running rows go on between chunks
+        if drafter == "model":  # the draft prefills beside the target, a chunk at a time
+            assert staging.drafter.cache.past_len.tolist() == staging.cache.past_len.tolist() == [
+                min(chunks, len(pipeline.encode(p)) - 1) for p in PROMPTS[2:]]
     assert chunks >= 2 and cycles == chunks and staging.prefill_seconds > 0
     if drafter == "model":  # the draft has seen the newcomers' prompts too: no long catch-up in the batch
         assert staging.drafter.cache.past_len.tolist() == [len(pipeline.encode(p)) - 1 for p in PROMPTS[2:]]
