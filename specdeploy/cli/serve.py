@@ -49,16 +49,13 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     from ..contract import ContractError
     from ..engines import ProviderError
     from ..runtime.config import ConfigError
-    from ..serve.scheduler import Scheduler
+    from ..serve.scheduler import Scheduler, context_slots
 
     try:
         config = GenerationConfig(k=k, policy=policy, drafter=drafter, confidence_threshold=confidence_threshold)
         pipeline = Pipeline.load(directory, provider=provider, threads=threads)
         pipeline.drafter_for(config)  # a drafter that needs a draft model the artifact lacks: refused now
-        limit = min(spec.capacity for spec in pipeline.manifest.models.values())
-        context = context or min(limit, 2048)
-        if context > limit:
-            raise ConfigError(f"--context: got {context}; the artifact was exported with capacity {limit}")
+        context = context_slots(pipeline, context)
         sizes = pipeline.cache_bytes(max_batch, context, speculative=config.speculative)
         if max_cache_bytes is not None and sizes["total"] > max_cache_bytes:
             raise ConfigError(f"--max-batch {max_batch} rows x --context {context} slots need "

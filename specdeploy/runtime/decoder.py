@@ -66,10 +66,10 @@ class BatchState:
     buffers (what a row commits lands here); ``snapshot``/``restore`` undo a failed cycle.
     """
 
-    def __init__(self, config: GenerationConfig, capacity: int, eos: set[int], stop_check: StopCheck | None = None):
+    def __init__(self, config: GenerationConfig, capacity: int, eos: set[int]):
         # config: the batch's speculation (k, drafter, policy) and the settings of rows joined without their own;
         # eos: the model's EOS ids (each row adds its stop_token_ids, or drops them with ignore_eos)
-        self.config, self.capacity, self.eos, self.stop_check = config, capacity, eos, stop_check
+        self.config, self.capacity, self.eos = config, capacity, eos
         self.greedy = True  # every row joined so far decodes greedily: acceptance and drafting need no distribution
         self.penalized = False  # some row has a repetition penalty
         self.capped = False  # some row drafts fewer than the batch's k (its own num_speculative_tokens)
@@ -88,9 +88,9 @@ class BatchState:
 
     def join(self, prompts: Sequence[np.ndarray], request_ids: Sequence[str], specs: Sequence[RowSpec] | None = None) -> None:
         """Add requests as new rows at the end of the batch, each with its own settings (``specs``; default:
-        the batch's config and stop check, prompt i drawing from seed stream i of the batch)."""
+        the batch's config without stop strings, prompt i drawing from seed stream i of the batch)."""
         if specs is None:
-            specs = [RowSpec(self.config, self.stop_check, len(self.rows) + i) for i in range(len(prompts))]
+            specs = [RowSpec(self.config, None, len(self.rows) + i) for i in range(len(prompts))]
         added = np.zeros((len(prompts), self.capacity), np.int64)
         for b, prompt in enumerate(prompts):
             added[b, : len(prompt)] = prompt
@@ -254,15 +254,14 @@ class Generation:
     """
 
     def __init__(self, target: Engine, drafter: Drafter, policy, config: GenerationConfig, prompts: list[np.ndarray],
-                 request_ids: list[str], stop_check: StopCheck | None = None, capacity: int | None = None,
-                 specs: Sequence[RowSpec] | None = None):
+                 request_ids: list[str], capacity: int | None = None, specs: Sequence[RowSpec] | None = None):
         """``config`` sets the batch's speculation (k, drafter, policy) and, unless ``specs`` gives each
         prompt its own, every row's sampling, length and stop settings."""
         self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
         self.k_cap = config.k if config.speculative else 0
         if capacity is None:
             capacity = _plan(prompts, config, specs, self.k_cap, target.spec.capacity)
-        self.state = BatchState(config, capacity, set(target.spec.eos_token_ids), stop_check)
+        self.state = BatchState(config, capacity, set(target.spec.eos_token_ids))
         self.state.join(prompts, request_ids, specs)
         self.cache = target.allocate_cache(len(prompts), capacity)
         drafter.start(len(prompts), capacity, config, self._policy.confidence_threshold)

@@ -58,7 +58,7 @@ class Drafter(ABC):
 
     def start(self, batch: int, capacity: int, config: GenerationConfig, threshold: float | None) -> None:
         """A new batch: ``threshold`` is the policy's confidence threshold (None: always draft k)."""
-        self.config, self.threshold = config, threshold
+        self.threshold = threshold
 
     @abstractmethod
     def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
@@ -169,7 +169,7 @@ class ModelDrafter(Drafter):
 
     def row(self, b: int) -> ModelDrafter:
         single = ModelDrafter(self.engine)
-        single.config, single.threshold = self.config, self.threshold
+        single.threshold = self.threshold
         single.cache = self.cache.rows(b, b + 1)
         single._buffers(1, self.columns.shape[0])
         return single

@@ -176,30 +176,26 @@ class _Response:
         text, finished = TextStream(self.pipeline.tokenizer, self.ticket.config.stop), False
         try:
             if self.chat:
-                yield self._chunk({"role": "assistant", "content": ""}, None)
+                yield _event(self._chunk({"role": "assistant", "content": ""}, None))
             while True:
                 kind, payload = await self.ticket.events.get()
                 if kind == "tokens":
                     self.first_token = self.first_token or time.perf_counter()
                     delta = text.push(payload)
                     if delta:
-                        yield self._chunk(delta, None)
+                        yield _event(self._chunk(delta, None))
                     continue
                 finished = True
                 if kind == "done" and payload.finish_reason == FinishReason.ERROR:
                     kind, payload = "error", f"the request failed while decoding: {payload.error}"
                 if kind == "error":
-                    yield {"data": json.dumps({"error": {"message": payload, "type": "server_error"}})}
+                    yield _event({"error": {"message": payload, "type": "server_error"}})
                     return
                 result = self._result(payload)
                 final = self._chunk(text.finish(result.text), FINISH.get(result.finish_reason, "stop"))
-                final_data = json.loads(final["data"])
-                final_data["speculative"] = self._speculative(result)
-                yield {"data": json.dumps(final_data)}
+                yield _event({**final, "speculative": self._speculative(result)})
                 if self.body.stream_options is not None and self.body.stream_options.include_usage:
-                    usage = json.loads(self._chunk("", None)["data"])
-                    usage["choices"], usage["usage"] = [], self._usage(result)
-                    yield {"data": json.dumps(usage)}
+                    yield _event({**self._chunk("", None), "choices": [], "usage": self._usage(result)})
                 yield {"data": "[DONE]"}
                 return
         finally:
@@ -214,8 +210,7 @@ class _Response:
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
             kind = "text_completion"
-        return {"data": json.dumps({"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                                   "choices": [choice]})}
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
 
     def _result(self, row):
         if row.finish_reason == FinishReason.ERROR:
@@ -240,6 +235,11 @@ class _Response:
                 "mean_accepted_length": _finite(stats["mean_accepted_length"]),
                 "decode_tokens_per_s": _finite(stats["tokens_per_s"]), "prefill_s": _finite(stats["prefill_s"]),
                 "first_token_s": _finite(queued)}
+
+
+def _event(payload: dict) -> dict:
+    """One Server-Sent Event carrying ``payload`` as JSON."""
+    return {"data": json.dumps(payload)}
 
 
 def _finite(value):

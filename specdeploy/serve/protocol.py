@@ -61,9 +61,8 @@ class Sampling(BaseModel):
         if self.num_speculative_tokens is not None and self.num_speculative_tokens > server.k:
             return "num_speculative_tokens", (f"got {self.num_speculative_tokens}; this server drafts at most "
                                               f"{server.k} (its --k)")
-        if self.stop is not None and (any(not s for s in ([self.stop] if isinstance(self.stop, str) else self.stop))
-                                      or (isinstance(self.stop, list) and len(self.stop) > 4)):
-            return "stop", "expected up to 4 non-empty strings"
+        if isinstance(self.stop, list) and len(self.stop) > 4:  # empty strings: GenerationConfig refuses them
+            return "stop", f"got {len(self.stop)} strings; expected up to 4"
         return None
 
 

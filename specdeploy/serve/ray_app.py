@@ -29,12 +29,11 @@ def application(artifact: str | Path, replicas: int = 2, model: str | None = Non
     def build():  # runs in each replica: its own engines, scheduler and thread
         from .. import GenerationConfig, Pipeline
         from .app import create_app
-        from .scheduler import Scheduler
+        from .scheduler import Scheduler, context_slots
 
         pipeline = Pipeline.load(artifact, threads=threads)
-        limit = min(spec.capacity for spec in pipeline.manifest.models.values())
         settings = dict(options)
-        context = settings.pop("context", None) or min(limit, 2048)
+        context = context_slots(pipeline, settings.pop("context", None))
         app_settings = {name: settings.pop(name) for name in ("default_max_tokens", "max_body_bytes") if name in settings}
         scheduler = Scheduler(pipeline, GenerationConfig(**config), context, **settings)
         scheduler.start()

@@ -19,10 +19,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..runtime.cache import CapacityError
-from ..runtime.config import GenerationConfig
+from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.decoder import Generation, RowResult
 from ..runtime.policies import make_policy
 from ..runtime.telemetry import FinishReason
+
+DEFAULT_CONTEXT = 2048
+
+
+def context_slots(pipeline, asked: int | None) -> int:
+    """Cache slots per request: ``asked``, else the artifact's capacity up to DEFAULT_CONTEXT."""
+    limit = min(spec.capacity for spec in pipeline.manifest.models.values())
+    if asked is not None and asked > limit:
+        raise ConfigError(f"--context: got {asked}; the artifact was exported with capacity {limit}")
+    return asked or min(limit, DEFAULT_CONTEXT)
 
 
 class Overloaded(RuntimeError):
