@@ -267,8 +267,13 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
     return problems
 
 
-def verify_files(directory: Path, manifest: Manifest) -> list[str]:
-    """Compare every file the manifest lists with its sha256; return one problem per line (empty: all good)."""
+def verify_files(directory: Path, manifest: Manifest, remembered: bool = False) -> list[str]:
+    """Compare every file the manifest lists with its sha256; return one problem per line (empty: all good).
+    ``remembered``: a file unchanged since it was last hashed (``digests``) is not hashed again."""
+    if remembered:
+        from .digests import remembered_sha256 as digest_of
+    else:
+        digest_of = sha256_file
     problems = []
     directory = Path(directory)
     for name, expected in sorted(manifest.files.items()):
@@ -281,7 +286,7 @@ def verify_files(directory: Path, manifest: Manifest) -> list[str]:
         if path.is_symlink() or not path.is_file():
             problems.append(f"{name}: missing or not a regular file")
             continue
-        got = sha256_file(path)
+        got = digest_of(path)
         if got != expected:
             problems.append(f"{name}: sha256 {got[:16]}… does not match the manifest's {expected[:16]}…")
     for spec in manifest.models.values():

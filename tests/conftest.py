@@ -7,6 +7,20 @@ import pytest
 from tests import tiny
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_cache(tmp_path_factory):
+    """The tests' own SPECDEPLOY_CACHE (remembered digests): never the user's, and inherited by the CLI runs."""
+    import os
+
+    path = tmp_path_factory.mktemp("user-cache")
+    previous, os.environ["SPECDEPLOY_CACHE"] = os.environ.get("SPECDEPLOY_CACHE"), str(path)
+    yield path
+    if previous is None:
+        del os.environ["SPECDEPLOY_CACHE"]
+    else:
+        os.environ["SPECDEPLOY_CACHE"] = previous
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     """Tiny llama-family checkpoints: a target, a perturbed target (a draft that agrees often) and

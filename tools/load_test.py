@@ -1,14 +1,15 @@
 """Load test of `specdeploy serve`: N concurrent streaming clients on loopback, per speculation mode.
 
 For each mode (plain target decoding, the draft at fixed K, the cost policy) a server runs in this
-process on 127.0.0.1 with continuous batching; for each concurrency N, N client threads (the official
-openai client) each send --requests streamed completions one after another, HumanEval prompts in turn.
+process on 127.0.0.1 with continuous batching and first answers --warmup requests, unmeasured; for
+each concurrency N, N client threads (the official openai client) each send --requests streamed
+completions one after another, HumanEval prompts in turn.
 Reported per mode and N: throughput (completion tokens / wall time of the stage), time to first token
 and inter-token latency (a request's decode time / its tokens - 1) at p50 and p99, and every request
 accounted for (completed, or failed with its error). Bounded: --timeout per request, --max-tokens.
 
     python tools/load_test.py --artifact DIR [--concurrency 1,2,4,8] [--requests 2] [--max-tokens 64]
-                              [--modes plain,fixed,cost] [--prompt-file FILE] [--out docs/load_test]
+                              [--modes plain,fixed,cost] [--warmup 2] [--prompt-file FILE] [--out docs/load_test]
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def main() -> None:
     parser.add_argument("--modes", default="plain,fixed,cost")
     parser.add_argument("--context", type=int, default=1024, help="Cache slots per request.")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="Requests each server answers before it is measured (ONNX Runtime's first calls, the "
+                             "policy's first estimates), from the end of the prompt set; 0: one 8-token request.")
     parser.add_argument("--timeout", type=float, default=600.0, help="Seconds a request may take at most.")
     parser.add_argument("--prompt-file", type=Path, default=None, help="Prompts to send instead of HumanEval's.")
     parser.add_argument("--out", type=Path, default=None, help="Write OUT.json, OUT.md and OUT.png.")
@@ -50,7 +54,10 @@ def main() -> None:
     for mode in args.modes.split(","):
         config = GenerationConfig(k=args.k, **MODES[mode])
         with _server(pipeline, config, args.context, max(levels)) as url:
-            _client(url, args.timeout).completions.create(model="m", prompt=prompts[-1], max_tokens=8, temperature=0)
+            warm = _client(url, args.timeout)
+            for prompt in prompts[-max(args.warmup, 1):]:  # not measured: a long-running server's state, not its start
+                warm.completions.create(model="m", prompt=prompt, max_tokens=args.max_tokens if args.warmup else 8,
+                                        temperature=0)
             for n in levels:
                 row = {"mode": mode, "concurrency": n, **_stage(url, prompts, n, args)}
                 rows.append(row)
@@ -140,7 +147,8 @@ def _line(row: dict) -> str:
 
 
 def _table(rows: list[dict], args) -> str:
-    lines = [f"{args.requests} streamed requests per client, {args.max_tokens} new tokens at most, greedy, K = {args.k}, "
+    lines = [f"{args.requests} streamed requests per client after {args.warmup} unmeasured, {args.max_tokens} new tokens "
+             f"at most, greedy, K = {args.k}, "
              f"{args.prompt_file or 'HumanEval'} prompts, server and clients on one machine (loopback)", "",
              "| mode | clients | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | completed |",
              "|---|---|---|---|---|---|"]

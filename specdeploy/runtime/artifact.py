@@ -18,14 +18,15 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
     lists it; otherwise there is none, and prompts get no BOS.
 
     Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
-    unless ``verify_hashes=False``; both models must have been exported with the artifact's tokenizer
-    and share a vocabulary.
+    unless ``verify_hashes=False``; a file unchanged since this user last hashed it (same device,
+    inode, size, mtime and ctime: ``specdeploy.digests``) is not hashed again. Both models must have
+    been exported with the artifact's tokenizer and share a vocabulary.
     """
     from tokenizers import Tokenizer
 
     manifest = Manifest.read(directory)
     if verify_hashes:
-        problems = verify_files(directory, manifest)
+        problems = verify_files(directory, manifest, remembered=True)
         if problems:
             raise ContractError(f"{directory}: artifact files do not match the manifest:\n  " + "\n  ".join(problems))
     try:

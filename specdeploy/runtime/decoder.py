@@ -333,20 +333,26 @@ class Generation:
             ratio = self.drafter.cost_ratio(self.target.spec)
             self._policy.plan(self.prefill_seconds * ratio, max(self.state.remaining()), ratio)
 
-    def prefill_chunk(self, tokens: int) -> bool:
-        """Prefill at most ``tokens`` more of each prompt, in the target and the draft; True once done.
+    def prefill_chunk(self, tokens: int, draft: bool = True) -> bool:
+        """Prefill at most ``tokens`` more of each prompt, in the target and (``draft``) the draft; True once done.
 
         A server prefills requests that join a running batch this way, a chunk between two of its
         cycles, then ``merge``s them: running rows never wait for a whole long prompt, in either model.
+        Without ``draft`` the draft has seen nothing of these rows: the policy decides whether a
+        cycle pays for that catch-up (``weighs_catchup``) or stays plain.
         """
         state = self.state
         goal = [min(past + tokens, length - 1) for past, length in zip(self.cache.past_len.tolist(), state.lengths)]
         self._prefill_spent += self._prefill_rows(0, goal)
         if self.done:
             return True
-        began = time.perf_counter()
-        self.drafter.warm(state, self.cache.past_len.tolist())  # the draft follows the target, chunk for chunk
-        self._prefill_spent += time.perf_counter() - began
+        if draft and self.k_cap:
+            began = time.perf_counter()
+            fed = self.drafter.warm(state, self.cache.past_len.tolist())  # the draft follows the target, chunk for chunk
+            spent = time.perf_counter() - began
+            self._prefill_spent += spent
+            if self._policy.weighs_catchup:
+                self._policy.observe_catchup(spent, fed)
         if self.cache.past_len.tolist() != [length - 1 for length in state.lengths]:
             return False
         self.prefill_seconds = self._prefill_spent
@@ -415,6 +421,10 @@ class Generation:
     def _cycle(self, state: BatchState, cache: KVCache, drafter: Drafter):
         remaining = state.remaining()
         k = min(self._policy.next_k(), self.k_cap, max(remaining) - 1)
+        if k > 0 and self._policy.weighs_catchup:
+            behind = drafter.behind(state)
+            if behind and not self._policy.catchup_pays(len(state.active), behind, sum(remaining)):
+                k = 0
         budgets = None  # each row's own cap: its k and the tokens it has left (a sampled row's draws depend on it)
         if k > 0 and (state.capped or (state.sampling and min(remaining) <= k)):
             budgets = [max(0, min(k, config.k, left - 1)) for config, left in zip(state.configs(), remaining)]

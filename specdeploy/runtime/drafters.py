@@ -81,8 +81,15 @@ class Drafter(ABC):
     def adopt(self, b: int, single: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
         """Take back what a ``row(b)`` drafter committed."""
 
-    def warm(self, state: BatchState, goal: list[int]) -> None:  # noqa: B027 (a default: nothing to do)
-        """See row b's first ``goal[b]`` tokens now (a prefill chunk), rather than on the next ``propose``."""
+    def warm(self, state: BatchState, goal: list[int]) -> int:
+        """See row b's first ``goal[b]`` tokens now (a prefill chunk), rather than on the next ``propose``;
+        returns the tokens fed (all rows together)."""
+        return 0
+
+    def behind(self, state: BatchState) -> int:
+        """Tokens (all rows together) the next ``propose`` must catch up on beyond the one or two a
+        drafting cycle leaves: prompts never seen, plain cycles since the last draft."""
+        return 0
 
     def merge(self, other: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
         """``other``'s rows (a drafter of the same kind, as far as it has seen them) join at the end of the batch."""
@@ -181,8 +188,13 @@ class ModelDrafter(Drafter):
     def adopt(self, b: int, single: ModelDrafter) -> None:
         self.cache.commit_row(b, single.cache.past_len.item(0))
 
-    def warm(self, state: BatchState, goal: list[int]) -> None:
+    def warm(self, state: BatchState, goal: list[int]) -> int:
+        seen = sum(self.cache.past_len.tolist())
         prefill(self.engine, self.cache, state.tokens, goal)
+        return sum(self.cache.past_len.tolist()) - seen
+
+    def behind(self, state: BatchState) -> int:
+        return sum(max(0, length - 2 - past) for length, past in zip(state.lengths, self.cache.past_len.tolist()))
 
     def merge(self, other: ModelDrafter) -> None:
         self.cache = self.cache.extend(other.cache)

@@ -4,7 +4,9 @@ Each policy is a two-method object (``next_k``, ``observe``), testable without a
 by name. Capabilities are declared attributes, read once per request:
 - ``confidence_threshold`` (None: draft all k) tells the drafter when to stop early;
 - ``learns`` (False: ``observe`` does nothing) spares the decoder building outcomes;
-- ``plans`` (True: ``plan`` wants the draft's catch-up estimate before the first cycle).
+- ``plans`` (True: ``plan`` wants the draft's catch-up estimate before the first cycle);
+- ``weighs_catchup`` (True: ``catchup_pays`` judges a long catch-up of the draft before it is paid:
+  rows that joined a running batch without the draft seeing their prompts, or a long plain streak).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Policy(ABC):
     confidence_threshold: float | None = None
     learns = True
     plans = False
+    weighs_catchup = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -61,6 +64,14 @@ class Policy(ABC):
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:  # noqa: B027 (a default: nothing to do)
         """Before the first cycle (only called when ``plans``)."""
 
+    def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
+        """Would drafting for a batch of ``batch`` rows, which still make ``to_come`` tokens, repay the draft
+        catching up on ``behind`` tokens first? (only asked when ``weighs_catchup``)"""
+        return True
+
+    def observe_catchup(self, seconds: float, tokens: int) -> None:  # noqa: B027 (a default: nothing to do)
+        """The draft caught up on ``tokens`` (all rows together) in ``seconds`` (only told when ``weighs_catchup``)."""
+
 
 class Adopted(Policy):
     """A policy object from outside the package (anything with ``next_k()`` and ``observe(outcome)``),
@@ -68,7 +79,7 @@ class Adopted(Policy):
 
     def __init__(self, policy):
         self.policy = policy
-        for capability in ("confidence_threshold", "learns", "plans"):
+        for capability in ("confidence_threshold", "learns", "plans", "weighs_catchup"):
             setattr(self, capability, getattr(policy, capability, getattr(Policy, capability)))
 
     def next_k(self) -> int:
@@ -79,6 +90,12 @@ class Adopted(Policy):
 
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
         self.policy.plan(catchup_seconds, new_tokens, draft_cost_ratio)
+
+    def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
+        return self.policy.catchup_pays(batch, behind, to_come)
+
+    def observe_catchup(self, seconds: float, tokens: int) -> None:
+        self.policy.observe_catchup(seconds, tokens)
 
 
 def adopt(policy) -> Policy:
@@ -149,11 +166,19 @@ class CostModel(Policy):
     Given a ``plan``, the first cycle decodes plainly to measure v(1), and speculation starts only
     if an optimistic saving over the tokens to come (every draft accepted at ``optimism``) repays
     the estimated catch-up twice; otherwise the request stays plain, without probes (each would pay it).
+
+    In a server, rows join a running batch: the draft's prefill of their prompts is a catch-up like
+    any other, and under load it can cost more than speculation saves (a 0.5B int4 draft prefills at
+    nearly the 1.5B int8 target's cost per token on a CPU). ``catchup_pays`` weighs it with the costs
+    measured at that batch size and the catch-up's measured seconds per token: the scheduler skips
+    the draft's prefill of joining rows when it does not pay, and a cycle stays plain rather than pay it.
     """
 
     name = "cost"
     plans = True
+    weighs_catchup = True
     optimism = 0.8  # acceptance assumed per position when judging a catch-up before any was measured
+    close = 0.8  # plain within this fraction of the best rate: re-measured every 2 * probe_every drafting cycles
 
     def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float = 0.5,
                  probe_every: int = 16):
@@ -164,7 +189,7 @@ class CostModel(Policy):
         self.kept = np.zeros(k_max + 1)
         self.draft_step: float | None = None
         self.verify: dict[int, float] = {}
-        self.plain_streak = 0
+        self.plain_streak = self.draft_streak = 0
         self.pending_catchup: tuple[float, int, float] | None = None  # (seconds, tokens to come, draft/target cost)
         self.plain_only = False
         # A cycle's costs depend on how many rows share it (a server's batch grows and shrinks): draft_step
@@ -172,6 +197,7 @@ class CostModel(Policy):
         self.batch = 1
         self.measured: set = set()  # what has been measured at this batch size: "draft", verify sizes
         self.by_batch: dict[int, tuple[float | None, dict[int, float], set]] = {}
+        self.catchup_rate: float | None = None  # seconds per token the draft catches up on (all rows together)
 
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
         """Before the first cycle: the draft's estimated catch-up time, the tokens to generate, and a
@@ -203,16 +229,18 @@ class CostModel(Policy):
         return rates
 
     def verify_cost(self, tokens: int) -> float:
-        """v(T): measured where known, else a least-squares line through the measured points."""
+        """v(T): measured where known, else a least-squares line through the measured points; never more
+        than a longer call was measured to cost (a cold first call at a new shape can come out dearer)."""
+        cap = min((v for t, v in self.verify.items() if t > tokens), default=np.inf)
         if tokens in self.verify:
-            return self.verify[tokens]
+            return min(self.verify[tokens], cap)
         if len(self.verify) == 1:
             (t0, v0), = self.verify.items()
-            return v0 * (1 + 0.1 * (tokens - t0))  # until a second size is measured, 10 % a token
+            return min(v0 * (1 + 0.1 * (tokens - t0)), cap)  # until a second size is measured, 10 % a token
         t = np.array(list(self.verify))
         v = np.array(list(self.verify.values()))
         slope, base = np.polyfit(t, v, 1)
-        return max(base + slope * tokens, min(v))
+        return min(max(base + slope * tokens, min(v)), cap)
 
     def expected_rate(self, acceptance: np.ndarray | None = None, draft_step: float | None = None) -> np.ndarray:
         """Expected tokens per second for K = 0..k_max (from the estimates, or the ones given).  # [k_max + 1]"""
@@ -244,7 +272,38 @@ class CostModel(Policy):
                 return int(np.argmax(rates[1:])) + 1
         else:
             self.plain_streak = 0
+            self.draft_streak += 1
+            # v(1) is measured only by plain steps: while drafting wins narrowly, one now and then keeps it
+            # current, so that one dear measurement does not keep the policy drafting for good
+            if self.draft_streak >= 2 * self.probe_every and rates[0] >= self.close * rates[best]:
+                self.draft_streak = 0
+                return 0
         return best
+
+    def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
+        if behind <= 0 or self.catchup_rate is None:
+            return True  # nothing to pay, or its price unknown: drafting is how it gets measured
+        current = self.batch
+        sizes = {current, *self.by_batch}
+        # a size not measured yet is judged by the nearest measured one's saving per token (its cycle costs
+        # taken to grow with the rows), not by that size's costs for fewer rows
+        size = batch if batch in sizes else min(sizes, key=lambda b: abs(b - batch))
+        self._use_batch(size)
+        try:
+            if self.draft_step is None or not self.verify:
+                return True
+            rates = self.expected_rate()  # tokens per row per second, K = 0..k_max
+        finally:
+            self._use_batch(current)
+        saving = to_come * (1 / rates[0] - 1 / rates[1:].max()) / size  # a batch-token takes 1 / (rate * rows) s
+        # the estimate leaves out what a drafting cycle costs beside its engine calls: the saving must repay
+        # the catch-up twice over, as in ``plan``
+        return saving > 2 * behind * self.catchup_rate
+
+    def observe_catchup(self, seconds: float, tokens: int) -> None:
+        if tokens > 0:
+            rate = seconds / tokens
+            self.catchup_rate = rate if self.catchup_rate is None else 0.9 * self.catchup_rate + 0.1 * rate
 
     def _use_batch(self, batch: int) -> None:
         """Switch the cost estimates to ``batch`` rows. A size never seen starts from the nearest one's

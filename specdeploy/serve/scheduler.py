@@ -73,6 +73,7 @@ class Scheduler:
         self.tickets: dict[str, Ticket] = {}  # request id -> ticket, for every request admitted and not finished
         self.running: Generation | None = None
         self.staging: Generation | None = None
+        self.staging_drafts = True  # whether the draft prefills the staging rows
         self._ids = itertools.count()
         self._wake = threading.Condition()
         self._stopping = False
@@ -175,7 +176,9 @@ class Scheduler:
                 return
             for ticket, row in zip(admitted, self.staging.state.rows):
                 row.request_id = ticket.request_id
-        if self.staging is not None and self.staging.prefill_chunk(self.prefill_chunk):
+            self.staging.policy = self.policy  # it hears what the draft's prefill costs
+            self.staging_drafts = self._drafting_pays(self.staging)
+        if self.staging is not None and self.staging.prefill_chunk(self.prefill_chunk, draft=self.staging_drafts):
             staged, self.staging = self.staging, None
             for row in staged.state.rows:  # rows whose prefill failed have left already
                 if row.finish_reason:
@@ -199,6 +202,16 @@ class Scheduler:
                     self.running.state.release(index)
             if self.running.done:
                 self.running = None  # a fresh batch next time: finished rows' results go with it
+
+    def _drafting_pays(self, staged: Generation) -> bool:
+        """Should the draft prefill the joining rows? Not when the policy finds that, in the batch they
+        make with the running rows, speculation would not repay it (the batch then decodes plainly)."""
+        if not self.policy.weighs_catchup:
+            return True
+        generations = [g for g in (self.running, staged) if g is not None and not g.done]
+        behind = sum(staged.state.lengths) + sum(g.drafter.behind(g.state) for g in generations if g is not staged)
+        to_come = sum(sum(g.state.remaining()) for g in generations)
+        return self.policy.catchup_pays(sum(g.state.batch for g in generations), behind, to_come)
 
     def _finish(self, row: RowResult) -> None:
         ticket = self.tickets.pop(row.request_id, None)

@@ -8,6 +8,8 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.cache import CapacityError
 from specdeploy.runtime.telemetry import FinishReason
 
+from .stubs import Judge
+
 CONFIG = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True)
 PROMPTS = ["w5 w6 w7", "w10 w11 w12 w13 w14", "w20", "w30 w31 w30 w31"]
 
@@ -92,3 +94,43 @@ def test_merging_batches_of_different_capacity_is_refused(pipeline):
     run = pipeline.start(PROMPTS[:1], CONFIG, capacity=64)
     with pytest.raises(ValueError, match="capacity 60 != 64"):
         run.merge(pipeline.start(PROMPTS[1:2], CONFIG, capacity=60))
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_rows_prefilled_without_the_draft_decode_plainly_or_catch_up_as_the_policy_judges(pipeline, alone, pays):
+    """A server under load skips the draft's prefill of joining rows; a cycle then pays the catch-up only when
+    the policy finds it pays, and stays plain otherwise. Either way every row decodes as alone."""
+    judge = Judge(pays)
+    run = pipeline.start(PROMPTS[:2], CONFIG, capacity=64)
+    run.policy = judge
+    while not run.prefill_chunk(64):  # as a server starts a batch: the draft prefills beside the target
+        pass
+    run.step()
+    fed = list(judge.fed)
+    staging = pipeline.start(PROMPTS[2:], CONFIG, capacity=64)
+    staging.policy = judge
+    while not staging.prefill_chunk(2, draft=False):
+        pass
+    assert staging.drafter.cache.past_len.tolist() == [0, 0] and judge.fed == fed and judge.asked == []
+    run.merge(staging)
+    merged_at, lengths, to_come = run.cycle, run.state.lengths, sum(run.state.remaining())
+    behind = sum(max(0, n - 2 - past) for n, past in zip(lengths, run.drafter.cache.past_len.tolist()))
+    while not run.done:
+        run.step()
+    assert [row.token_ids for row in run.rows] == [alone[p] for p in PROMPTS]
+    assert judge.asked[0] == (4, behind, to_come) and behind >= sum(len(pipeline.encode(p)) - 2 for p in PROMPTS[2:])
+    first = [r.k for row in run.rows for r in row.records if r.cycle == merged_at]
+    drafted = {r.k for row in run.rows for r in row.records if r.cycle >= merged_at}
+    if pays:  # caught up at once, then drafting as usual: asked no more
+        assert first == [3] * 4 and len(judge.asked) == 1
+    else:
+        assert drafted == {0}
+
+
+def test_a_draft_prefill_tells_the_policy_what_it_fed(pipeline):
+    judge = Judge(True)
+    staging = pipeline.start(PROMPTS[2:], CONFIG, capacity=64)
+    staging.policy = judge
+    while not staging.prefill_chunk(2):
+        pass
+    assert sum(judge.fed) == sum(len(pipeline.encode(p)) - 1 for p in PROMPTS[2:])

@@ -184,3 +184,53 @@ def test_cost_model_measures_a_plain_step_once_per_batch_size():
     assert policy.verify[1] == pytest.approx(0.009) and policy.next_k() == 4
     policy.observe(CycleOutcome(4, [4, 4, 4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.012, verify_tokens=5))
     assert policy.batch == 3 and policy.next_k() == 0  # a new batch size: its own plain step
+
+
+def test_cost_model_weighs_a_catch_up_with_the_costs_of_the_batch_it_joins():
+    """A server's joining rows: the draft's prefill of their prompts pays alone, where speculation saves much a
+    token, and not at 8 rows, where it saves little; a look at another batch size changes nothing."""
+    policy = make_policy("cost", 4)
+    assert policy.weighs_catchup and policy.catchup_pays(8, 960, 512)  # nothing measured: drafting is how it learns
+    for _ in range(30):  # alone: verifying 5 tokens costs little more than 1, and the drafts are accepted
+        policy.observe(CycleOutcome(4, [4], draft_seconds=0.092, draft_steps=4, verify_seconds=0.155, verify_tokens=5))
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.089, verify_tokens=1))
+    for _ in range(30):  # 8 rows: verifying 5 tokens a row costs 4x one
+        policy.observe(CycleOutcome(4, [4] * 8, draft_seconds=0.2, draft_steps=4, verify_seconds=0.96, verify_tokens=5))
+        policy.observe(CycleOutcome(0, [0] * 8, draft_seconds=0.0, draft_steps=0, verify_seconds=0.24, verify_tokens=1))
+    assert policy.catchup_pays(8, 960, 512)  # the catch-up's price is not known yet
+    policy.observe_catchup(0.72, 120)  # 6 ms a token
+    assert policy.catchup_pays(1, 118, 64)  # ~40 ms saved a token over 64 tokens (2.5 s) against 0.7 s, twice over
+    assert not policy.catchup_pays(1, 118, 16)  # 0.6 s saved
+    assert not policy.catchup_pays(8, 960, 512)  # ~1 ms saved a token at 8 rows: 0.5 s against 5.8 s
+    assert policy.catchup_pays(8, 0, 512)  # nothing to catch up
+    before = (policy.batch, policy.draft_step, dict(policy.verify), sorted(policy.by_batch))
+    # 3 rows, never measured: judged by the nearest size's saving a token (1 row: 40 ms), not 1 row's costs for 3
+    assert policy.catchup_pays(3, 118, 64) and not policy.catchup_pays(3, 118 * 3, 64)
+    assert (policy.batch, policy.draft_step, policy.verify, sorted(policy.by_batch)) == before
+    policy.observe_catchup(1.2, 120)
+    assert policy.catchup_rate == pytest.approx(0.9 * 0.006 + 0.1 * 0.01)
+
+
+def test_cost_model_never_prices_a_call_above_a_longer_one():
+    """A cold first call at a new shape can come out dear: a plain step measured at 0.24 s beside 2-token
+    verifications at 0.17 s must not make plain decoding look slower than it is."""
+    policy = make_policy("cost", 4)
+    policy.observe(CycleOutcome(0, [0] * 8, draft_seconds=0.0, draft_steps=0, verify_seconds=0.24, verify_tokens=1))
+    policy.observe(CycleOutcome(1, [1] * 8, draft_seconds=0.11, draft_steps=1, verify_seconds=0.17, verify_tokens=2))
+    assert policy.verify[1] == pytest.approx(0.24) and policy.verify_cost(1) == pytest.approx(0.17)
+    assert policy.verify_cost(2) == pytest.approx(0.17)
+
+
+def test_cost_model_re_measures_plain_decoding_while_drafting_wins_narrowly():
+    policy = make_policy("cost", 2)
+    for _ in range(5):
+        policy.observe(CycleOutcome(2, [2], draft_seconds=0.04, draft_steps=2, verify_seconds=0.2, verify_tokens=3))
+    policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.09, verify_tokens=1))
+    rates = policy.expected_rate()
+    assert rates.argmax() > 0 and rates[0] >= policy.close * rates.max()  # drafting wins, narrowly
+    picks = [policy.next_k() for _ in range(4 * policy.probe_every)]
+    assert picks.count(0) == 2 and picks[2 * policy.probe_every - 1] == 0
+    for _ in range(40):  # drafting wins by far: no plain steps
+        policy.observe(CycleOutcome(2, [2], draft_seconds=0.002, draft_steps=2, verify_seconds=0.095, verify_tokens=3))
+    assert policy.expected_rate()[0] < policy.close * policy.expected_rate().max()
+    assert 0 not in [policy.next_k() for _ in range(4 * policy.probe_every)]

@@ -14,6 +14,7 @@ import pytest
 
 from specdeploy import GenerationConfig
 
+from ..runtime.stubs import Judge
 from .conftest import serving
 
 GREEDY = dict(temperature=0, max_tokens=24, extra_body={"ignore_eos": True})
@@ -205,3 +206,28 @@ def _metrics(url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{url}/metrics") as response:
         text = response.read().decode()
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and line[0] != "#"}
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_joining_requests_prefill_the_draft_only_when_the_policy_finds_it_pays(pipeline, pays):
+    """Under load the draft's prefill of joining requests can cost more than speculation saves: the scheduler
+    asks the policy, skips it when it does not pay (those requests decode plainly), and the text is the same."""
+    prompts = ["w5 w6 w7", "w10 w11 w12", "w20 w21"]
+    with serving(pipeline, max_batch=4, prefill_chunk=2) as (url, scheduler):
+        scheduler.policy = judge = Judge(pays)
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        results = {}
+        threads = [threading.Thread(target=lambda p=p: results.update({p: client.completions.create(
+            model="tiny", prompt=p, **GREEDY)})) for p in prompts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert {p: r.choices[0].text for p, r in results.items()} == {
+        p: _alone(pipeline, p, max_new_tokens=24, ignore_eos=True).text for p in prompts}
+    drafted = [r.model_extra["speculative"]["drafted_tokens"] for r in results.values()]
+    assert judge.asked and all(batch >= 1 and behind > 0 for batch, behind, _ in judge.asked)
+    assert all(n > 0 for n in drafted) if pays else drafted == [0, 0, 0]
+    assert (sum(judge.fed) > 0) == pays  # the draft prefilled the prompts only when it paid

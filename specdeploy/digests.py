@@ -1,0 +1,63 @@
+"""File digests remembered per file identity: an artifact is hashed once, not at every load.
+
+Hashing a 1.5B/0.5B artifact (3.3 GB) takes ~2 s, most of a CLI run's start. A file's identity is
+(device, inode, size, mtime_ns, ctime_ns): any write or replacement changes it, and ctime cannot be
+set back by the file's owner, so a file whose identity matches the record still has the bytes that
+were hashed. The record is a JSON file in the user's cache (``$SPECDEPLOY_CACHE``, default
+``~/.cache/specdeploy``); an unreadable or unwritable record only means hashing again.
+``specdeploy doctor`` always hashes every byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .contract import sha256_file
+
+RECORD = "digests.json"
+KEPT = 256  # files remembered; the oldest are forgotten
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEPLOY_CACHE") or Path.home() / ".cache" / "specdeploy")
+
+
+def _identity(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+
+
+def _read(record: Path) -> dict:
+    try:
+        entries = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def remembered_sha256(path: Path) -> str:
+    """sha256 of ``path``: the recorded one while the file's identity is unchanged, else hashed (and recorded)."""
+    path = Path(path).resolve()
+    record = cache_dir() / RECORD
+    entries = _read(record)
+    identity = _identity(path)
+    entry = entries.get(str(path))
+    if isinstance(entry, dict) and entry.get("identity") == identity and isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    digest = sha256_file(path)
+    if _identity(path) != identity:  # written while being hashed: nothing to remember
+        return digest
+    entries.pop(str(path), None)
+    entries[str(path)] = {"identity": identity, "sha256": digest}
+    for old in list(entries)[: max(0, len(entries) - KEPT)]:
+        del entries[old]
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        partial = record.with_name(f"{RECORD}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(entries))
+        partial.replace(record)  # atomic: a concurrent reader sees the old record or the new one
+    except OSError:
+        pass  # a read-only home: hash again next time
+    return digest
