@@ -1,11 +1,11 @@
 """File digests remembered per file identity: an artifact is hashed once, not at every load.
 
-Hashing a 1.5B/0.5B artifact (3.3 GB) takes ~2 s, most of a CLI run's start. A file's identity is
-(device, inode, size, mtime_ns, ctime_ns): any write or replacement changes it, and ctime cannot be
-set back by the file's owner, so a file whose identity matches the record still has the bytes that
-were hashed. The record is a JSON file in the user's cache (``$SPECDEPLOY_CACHE``, default
-``~/.cache/specdeploy``); an unreadable or unwritable record only means hashing again.
-``specdeploy doctor`` always hashes every byte.
+Hashing a 1.5B/0.5B artifact (3.3 GB) takes 2-5 s, a third or more of a CLI run's start. A file's
+identity is (device, inode, size, mtime_ns, ctime_ns): any write or replacement changes it, and
+ctime cannot be set back by the file's owner, so a file whose identity matches the record still
+has the bytes that were hashed. The record is a JSON file in the user's cache
+(``$SPECDEPLOY_CACHE``, default ``~/.cache/specdeploy``); an unreadable or unwritable record only
+means hashing again. ``specdeploy doctor`` always hashes every byte.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class Drafter(ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.name:
+        if cls.__dict__.get("name"):  # its own name: a subclass of a registered class does not take its place
             DRAFTERS[cls.name] = cls
 
     @classmethod

@@ -143,6 +143,11 @@ def test_policies_are_registered_by_name_with_declared_capabilities():
     fixed = FixedK(3)
     assert adopt(fixed) is fixed
 
+    class Variant(FixedK):  # a subclass without a name of its own does not take FixedK's place
+        pass
+
+    assert POLICIES["fixed"] is FixedK and type(make_policy("fixed", 2)) is FixedK
+
 
 def test_cost_model_keeps_costs_per_batch_size():
     """In a server the batch grows and shrinks: a cycle of 8 rows must not teach the costs of a cycle of 1."""
