@@ -1,4 +1,4 @@
-"""File digests remembered per file identity: an artifact is hashed once, not at every load.
+"""File digests, and facts read from files, remembered per file identity: an artifact is hashed once.
 
 Hashing a 1.5B/0.5B artifact (3.3 GB) takes 2-5 s, a third or more of a CLI run's start. A file's
 identity is (device, inode, size, mtime_ns, ctime_ns): any write or replacement changes it, and
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 from .contract import sha256_file
@@ -39,25 +40,43 @@ def _read(record: Path) -> dict:
 
 def remembered_sha256(path: Path) -> str:
     """sha256 of ``path``: the recorded one while the file's identity is unchanged, else hashed (and recorded)."""
+    digest = _remember(path, "sha256", sha256_file)
+    return digest if isinstance(digest, str) else sha256_file(path)
+
+
+def remembered_fact(path: Path, name: str, compute):
+    """``compute(path)``, a JSON-able function of the file's bytes alone (the external-data locations a graph
+    names, say), computed once per file identity."""
+    return _remember(path, f"fact:{name}", compute)
+
+
+_lock = threading.Lock()  # one read-modify-write of the record at a time in this process (engines load in parallel)
+
+
+def _remember(path: Path, field: str, compute):
     path = Path(path).resolve()
     record = cache_dir() / RECORD
-    entries = _read(record)
     identity = _identity(path)
-    entry = entries.get(str(path))
-    if isinstance(entry, dict) and entry.get("identity") == identity and isinstance(entry.get("sha256"), str):
-        return entry["sha256"]
-    digest = sha256_file(path)
-    if _identity(path) != identity:  # written while being hashed: nothing to remember
-        return digest
-    entries.pop(str(path), None)
-    entries[str(path)] = {"identity": identity, "sha256": digest}
-    for old in list(entries)[: max(0, len(entries) - KEPT)]:
-        del entries[old]
-    try:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        partial = record.with_name(f"{RECORD}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(entries))
-        partial.replace(record)  # atomic: a concurrent reader sees the old record or the new one
-    except OSError:
-        pass  # a read-only home: hash again next time
-    return digest
+    entry = _read(record).get(str(path))
+    if isinstance(entry, dict) and entry.get("identity") == identity and field in entry:
+        return entry[field]
+    value = compute(path)
+    if _identity(path) != identity:  # written while being read: nothing to remember
+        return value
+    with _lock:
+        entries = _read(record)
+        entry = entries.pop(str(path), None)
+        if not isinstance(entry, dict) or entry.get("identity") != identity:
+            entry = {"identity": identity}  # another file now, or never seen: what was known of it is void
+        entry[field] = value
+        entries[str(path)] = entry  # last in the record: the most recently used
+        for old in list(entries)[: max(0, len(entries) - KEPT)]:
+            del entries[old]
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            partial = record.with_name(f"{RECORD}.{os.getpid()}.{threading.get_ident()}.tmp")
+            partial.write_text(json.dumps(entries))
+            partial.replace(record)  # atomic: a concurrent reader sees the old record or the new one
+        except OSError:
+            pass  # a read-only home: read the file again next time
+    return value

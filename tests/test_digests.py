@@ -88,3 +88,30 @@ def test_loading_trusts_the_record_and_doctor_hashes_every_byte(pair_dir, tmp_pa
     with pytest.raises(ContractError, match="draft.onnx: sha256"):
         Pipeline.load(art)
     assert verify_files(art, Manifest.read(art)) == []
+
+
+def test_a_graphs_external_data_locations_are_read_once_per_identity(pair_dir, tmp_path, cache, monkeypatch):
+    """Parsing a graph with its weights inline takes seconds for a real draft: its locations are remembered."""
+    import onnx
+
+    art = tmp_path / "art"
+    shutil.copytree(pair_dir, art)
+    Pipeline.load(art)
+    real_load = onnx.load
+
+    def refuse(path, *args, **kwargs):
+        raise AssertionError(f"{path} was parsed again")
+
+    monkeypatch.setattr(onnx, "load", refuse)
+    Pipeline.load(art)  # neither graph parsed again
+    monkeypatch.setattr(onnx, "load", real_load)
+    graph = onnx.load(str(art / "draft.onnx"))
+    tensor = graph.graph.initializer[0]  # now it points outside the manifest
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="../elsewhere.bin")
+    tensor.ClearField("raw_data")
+    onnx.save(graph, str(art / "draft.onnx"))
+    from specdeploy.engines import check_external_data
+
+    with pytest.raises(ContractError, match="elsewhere.bin"):
+        check_external_data(art / "draft.onnx", Manifest.read(art))

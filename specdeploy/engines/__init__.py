@@ -33,14 +33,12 @@ def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = 
 
 def check_external_data(path: Path, manifest: Manifest) -> None:
     """Refuse external-data locations that are absolute, climb out (``..``), go through links or are
-    unlisted, wherever the tensor sits: initializers, Constant nodes and any attribute, in any subgraph."""
-    import onnx
+    unlisted, wherever the tensor sits: initializers, Constant nodes and any attribute, in any subgraph.
+    The locations a graph names are read once per file identity (``digests``): parsing an 800 MB graph
+    with its weights inline takes over a second."""
+    from ..digests import remembered_fact
 
-    graph = onnx.load(str(path), load_external_data=False)
-    for owner, tensor in _tensors(graph.graph):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+    for location, owner in remembered_fact(path, "external_data", _external_locations).items():
         where = Path(location)
         target = path.parent / where
         if (where.is_absolute() or len(where.parts) != 1 or where.name in ("", ".", "..")
@@ -49,6 +47,19 @@ def check_external_data(path: Path, manifest: Manifest) -> None:
                 f"{path.name}: {owner} points its external data at {location!r}; expected a plain file inside "
                 f"the artifact dir that the manifest lists ({sorted(manifest.files)})"
             )
+
+
+def _external_locations(path: Path) -> dict[str, str]:
+    """Each external-data location a graph names -> the first tensor that names it."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False)
+    locations: dict[str, str] = {}
+    for owner, tensor in _tensors(graph.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            locations.setdefault(location, owner)
+    return locations
 
 
 def _tensors(graph, where: str = ""):

@@ -24,6 +24,7 @@ class ProviderError(RuntimeError):
 
 
 _global_pool: int | None = None
+_pool_lock = threading.Lock()  # sessions may be created on several threads at once (``open_artifact``)
 # Calls of up to this many tokens (decode, draft and verify steps) get outputs preallocated once per
 # shape and reused; longer calls (prefill chunks) get fresh ones, as holding a [batch, 512, vocab]
 # logits buffer per shape would cost hundreds of MB.
@@ -41,10 +42,12 @@ def shared_thread_pool(threads: int) -> None:
     global _global_pool
     import onnxruntime as ort
 
-    if _global_pool is None:
-        ort.set_global_thread_pool_sizes(threads, 1)
-        _global_pool = threads
-    elif threads != _global_pool:
+    with _pool_lock:
+        if _global_pool is None:
+            ort.set_global_thread_pool_sizes(threads, 1)
+            _global_pool = threads
+            return
+    if threads != _global_pool:
         warnings.warn(f"threads={threads}: this process's ONNX Runtime thread pool already has {_global_pool} threads "
                       "(ONNX Runtime sets it once per process); using it", stacklevel=3)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..contract import ContractError, Manifest, tokenizer_problems, verify_files
@@ -45,6 +46,10 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
     draft_spec = manifest.draft
     if draft_spec is not None and draft_spec.vocab_size != manifest.target.vocab_size:
         raise ContractError(f"draft vocab {draft_spec.vocab_size} differs from target vocab {manifest.target.vocab_size}")
-    target = load_engine(directory, manifest, "target", provider, threads)
-    draft = load_engine(directory, manifest, "draft", provider, threads) if draft_spec else None
-    return manifest, tokenizer, chat, target, draft
+    if draft_spec is None:
+        return manifest, tokenizer, chat, load_engine(directory, manifest, "target", provider, threads), None
+    # ONNX Runtime builds a session (reading, optimising and pre-packing the weights) without holding the
+    # GIL: both at once take ~1 s less on 2 cores than one after the other
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdeploy-load") as pool:
+        target, draft = (pool.submit(load_engine, directory, manifest, role, provider, threads) for role in ("target", "draft"))
+        return manifest, tokenizer, chat, target.result(), draft.result()
