@@ -209,7 +209,7 @@ class Scheduler:
         if not self.policy.weighs_catchup:
             return True
         generations = [g for g in (self.running, staged) if g is not None and not g.done]
-        behind = sum(staged.state.lengths) + sum(g.drafter.behind(g.state) for g in generations if g is not staged)
+        behind = sum(g.drafter.behind(g.state) for g in generations)  # the staged rows: their whole prompts
         to_come = sum(sum(g.state.remaining()) for g in generations)
         return self.policy.catchup_pays(sum(g.state.batch for g in generations), behind, to_come)
 
