@@ -210,6 +210,8 @@ class Scheduler:
             return True
         generations = [g for g in (self.running, staged) if g is not None and not g.done]
         behind = sum(g.drafter.behind(g.state) for g in generations)  # the staged rows: their whole prompts
+        if not behind:
+            return True
         to_come = sum(sum(g.state.remaining()) for g in generations)
         return self.policy.catchup_pays(sum(g.state.batch for g in generations), behind, to_come)
 

@@ -212,7 +212,7 @@ def _metrics(url: str) -> dict[str, float]:
 def test_joining_requests_prefill_the_draft_only_when_the_policy_finds_it_pays(pipeline, pays):
     """Under load the draft's prefill of joining requests can cost more than speculation saves: the scheduler
     asks the policy, skips it when it does not pay (those requests decode plainly), and the text is the same."""
-    prompts = ["w5 w6 w7", "w10 w11 w12", "w20 w21"]
+    prompts = ["w5 w6 w7 w8", "w10 w11 w12 w13", "w20 w21 w22 w23"]  # each behind by more than a cycle leaves
     with serving(pipeline, max_batch=4, prefill_chunk=2) as (url, scheduler):
         scheduler.policy = judge = Judge(pays)
         from openai import OpenAI
