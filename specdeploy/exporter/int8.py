@@ -140,6 +140,8 @@ def _save(model, path: Path, external_data_bytes: int) -> None:
     fresh.mkdir()
     size = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
     external = size >= external_data_bytes
+    if not external:  # tensors the rewrite left as they are still point at the data file deleted below
+        ir.external_data.load_to_model(model)
     ir.save(model, fresh / path.name, external_data=data.name if external else None)
     del model
     gc.collect()

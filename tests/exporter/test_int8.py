@@ -47,6 +47,25 @@ def test_the_lean_writer_equals_ort_quantizer_and_the_per_row_rewrite(traced, tm
         np.testing.assert_array_equal(x, y)
 
 
+def test_a_graph_traced_with_external_data_and_written_inline_keeps_every_tensor(traced, tmp_path):
+    """A model between the tiny ones and the external-data line (Qwen2.5-Coder 0.5B) is traced with external
+    data and written inline: the tensors the rewrite leaves as they are (the embedding) must come along, not
+    point at the data file the writer then deletes."""
+    ours, theirs = tmp_path / "ours" / "target.onnx", tmp_path / "theirs" / "target.onnx"
+    for path in (ours, theirs):
+        path.parent.mkdir()
+        onnx.save(onnx.load(str(traced)), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location="target.onnx.data", size_threshold=0)
+    to_int8_per_row(ours, external_data_bytes=1 << 30)
+    to_int8_dynamic(theirs)
+    assert not (ours.parent / "target.onnx.data").exists()
+    graph = onnx.load(str(ours), load_external_data=False)
+    assert not [t.name for t in graph.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    feeds = _feeds(onnx.load(str(theirs)))
+    for x, y in zip(_run(ours, feeds), _run(theirs, feeds)):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_a_graph_without_constant_matmuls_is_refused(tmp_path):
     from onnx import TensorProto, helper
 
