@@ -87,6 +87,10 @@ class OrtEngine(Engine):
         if active[0] != wanted:
             raise ProviderError(f"provider {wanted} was requested but the session fell back to {active}")
         self.spec = spec
+        # On a device EP, ONNX Runtime copies a bound host input to the device when it is bound: the
+        # runtime's in-place cache updates made afterwards would never reach the graph, so the caches
+        # are rebound on every call there (a copy per call until the caches live on the device).
+        self.binds_by_copy = wanted != "CPUExecutionProvider"
         self._check_graph()
         self._outputs = spec.outputs
         self._local = threading.local()
@@ -111,11 +115,12 @@ class OrtEngine(Engine):
 
     def infer_impl(self, input_ids, past_len, cache):
         call = self._call(input_ids.shape)
-        # The caches are preallocated and updated in place, so they stay bound across calls and are
-        # rebound only when the runtime hands over another cache (a new request, rows leaving).
-        if call.bound is not cache or not isinstance(cache, KVCache):  # a list's contents may change
-            buffers = cache.buffers if isinstance(cache, KVCache) else list(cache)
-            if len(call.buffers) != len(buffers) or not all(map(_same_memory, call.buffers, buffers)):
+        # The caches are preallocated and updated in place, so on the CPU they stay bound across calls
+        # and are rebound only when the runtime hands over another cache (a new request, rows leaving).
+        if call.bound is not cache or not isinstance(cache, KVCache) or self.binds_by_copy:
+            buffers = cache.buffers if isinstance(cache, KVCache) else list(cache)  # a list's contents may change
+            if (self.binds_by_copy or len(call.buffers) != len(buffers)
+                    or not all(map(_same_memory, call.buffers, buffers))):
                 self._forget_other_caches(buffers)
                 for name, buf in zip(self.spec.inputs[2:], buffers):
                     call.binding.bind_cpu_input(name, buf)

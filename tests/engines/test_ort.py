@@ -153,3 +153,71 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+class _CopyOnBind:
+    """An IOBinding that behaves as ONNX Runtime's does on a device EP: a host input is copied when it is
+    bound, so writes made to the host array afterwards never reach the graph."""
+
+    def __init__(self, binding):
+        self.binding, self.copies = binding, {}
+
+    def bind_cpu_input(self, name, array):
+        self.copies[name] = copy = np.array(array)  # the "device" copy, kept alive as ONNX Runtime keeps its own
+        self.binding.bind_cpu_input(name, copy)
+
+    def __getattr__(self, name):
+        return getattr(self.binding, name)
+
+
+class _DeviceLikeSession:
+    def __init__(self, session):
+        self.session = session
+
+    def io_binding(self):
+        return _CopyOnBind(self.session.io_binding())
+
+    def run_with_iobinding(self, binding, *args):
+        return self.session.run_with_iobinding(binding.binding, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def _device_like(engine, binds_by_copy=True):
+    engine.session, engine.binds_by_copy = _DeviceLikeSession(engine.session), binds_by_copy
+    return engine
+
+
+def _decode_logits(engine, ids):
+    """Each step's logits when ``ids`` are fed one token a call through one cache."""
+    cache, out = engine.allocate_cache(1, len(ids)), []
+    for i, token in enumerate(ids):
+        out.append(engine.infer(np.array([[token]]), np.array([i]), cache).logits[0, -1].copy())
+        cache.commit([i + 1])
+    return np.array(out)
+
+
+def test_an_engine_that_copies_at_bind_time_still_sees_every_cache_update(pair_dir):
+    """The stale-cache bug of device EPs, on the CPU: caches bound once and updated in place afterwards
+    are invisible to a binding that copied them; such an engine must rebind them on every call."""
+    manifest, ids = Manifest.read(pair_dir), [3, 17, 42, 8, 99, 5]
+    reference = _decode_logits(load_engine(pair_dir, manifest, "target"), ids)
+    stale = _decode_logits(_device_like(load_engine(pair_dir, manifest, "target"), binds_by_copy=False), ids)
+    assert np.abs(stale[1:] - reference[1:]).max() > 1e-2  # the simulation reproduces the bug
+    rebound = _decode_logits(_device_like(load_engine(pair_dir, manifest, "target")), ids)
+    np.testing.assert_allclose(rebound, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_greedy_decoding_on_engines_that_copy_at_bind_time_equals_the_cpus(pair_dir, k):
+    """Plain and speculative greedy output through copy-on-bind engines (target and draft) equals the
+    CPU engines' token for token."""
+    from specdeploy import GenerationConfig, Pipeline
+
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True, k=k, policy="fixed")
+    prompts = ["w5 w6", "w9 w1 w3", "w2"]
+    expected = [r.token_ids for r in Pipeline.load(pair_dir).generate(prompts, config)]
+    pipeline = Pipeline.load(pair_dir)
+    _device_like(pipeline.target), _device_like(pipeline.draft)
+    assert [r.token_ids for r in pipeline.generate(prompts, config)] == expected
