@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from .config import ConfigError, GenerationConfig, is_integer
 from .decoder import Generation, RowResult, RowSpec
 from .divergence import first_divergence
 from .drafters import DRAFTERS, Drafter
-from .policies import make_policy
+from .policies import Policy, make_policy
 from .stops import StopStrings
 from .streaming import TextStream
 from .telemetry import CycleRecord, FinishReason, summarize
@@ -61,6 +62,8 @@ class Pipeline:
             raise ConfigError(f"max_cache_bytes: got {_short(max_cache_bytes)}; expected an integer >= 1, or None")
         self.max_cache_bytes = max_cache_bytes
         self._ids = itertools.count()
+        self._policies: dict[tuple, Policy] = {}  # (policy, k, drafter) -> the latest request's policy
+        self._policies_lock = threading.Lock()
 
     @classmethod
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
@@ -157,8 +160,20 @@ class Pipeline:
         request_ids = [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
         specs = [self.row_spec(row, 0 if mine else i) for i, row in enumerate(row_configs)]
-        return Generation(self.target, drafter, make_policy(config.policy, config.k, config.confidence_threshold),
-                          config, ids, request_ids, capacity=capacity or needed, specs=specs)
+        return Generation(self.target, drafter, self.policy_for(config), config, ids, request_ids,
+                          capacity=capacity or needed, specs=specs)
+
+    def policy_for(self, config: GenerationConfig) -> Policy:
+        """A new request's policy, started from what the last request with the same policy and k learnt
+        (``Policy.inherit``): the engines' costs are this pipeline's, not the request's."""
+        policy = make_policy(config.policy, config.k, config.confidence_threshold)
+        key = (config.policy, config.k, config.drafter)
+        with self._policies_lock:
+            previous = self._policies.get(key)
+            if previous is not None:
+                policy.inherit(previous)
+            self._policies[key] = policy
+        return policy
 
     def row_spec(self, config: GenerationConfig, stream: int = 0) -> RowSpec:
         """How one request decodes in any batch: ``config``'s settings, its stop strings on this tokenizer,

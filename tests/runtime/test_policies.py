@@ -239,3 +239,50 @@ def test_cost_model_re_measures_plain_decoding_while_drafting_wins_narrowly():
         policy.observe(CycleOutcome(2, [2], draft_seconds=0.002, draft_steps=2, verify_seconds=0.095, verify_tokens=3))
     assert policy.expected_rate()[0] < policy.close * policy.expected_rate().max()
     assert 0 not in [policy.next_k() for _ in range(4 * policy.probe_every)]
+
+
+def test_cost_model_inherits_an_earlier_requests_costs_whole_and_its_acceptance_as_a_light_prior():
+    """A pipeline's next request starts from the engines' measured costs: no plain step to measure v(1),
+    no cold start at k_max. The earlier text's acceptance only leans the start and is soon outweighed."""
+    earlier = _train(CostModel(k_max=8), accept_prob=0.95, cycles=300)
+    earlier.observe_catchup(0.3, 100)
+    later = CostModel(k_max=8)
+    later.inherit(earlier)
+    assert later.draft_step == earlier.draft_step and later.verify == earlier.verify
+    assert later.verify is not earlier.verify and later.catchup_rate == earlier.catchup_rate
+    assert later.tried[1] == pytest.approx(CostModel.carried_cycles)
+    np.testing.assert_allclose(later.acceptance(), earlier.acceptance(), atol=0.1)
+    later.plan(catchup_seconds=0.05, new_tokens=128, draft_cost_ratio=0.3)
+    first = later.next_k()
+    assert first == earlier.expected_rate().argmax() > 0  # decided at once: v(1) is known
+    fresh = CostModel(k_max=8)
+    fresh.plan(catchup_seconds=0.05, new_tokens=128, draft_cost_ratio=0.3)
+    assert fresh.next_k() == 0  # without an earlier request: a plain step first, to measure v(1)
+    _train(later, accept_prob=0.0, cycles=40)  # this text's drafts are all rejected
+    assert later.expected_rate().argmax() == 0
+    costs = earlier.draft_step, dict(earlier.verify)
+    later.observe(_outcome(3, [3], draft_step=0.05, verify=0.5))  # the later request's measurements stay its own
+    assert (earlier.draft_step, earlier.verify) == costs and later.verify[4] > earlier.verify.get(4, 0.0)
+
+
+def test_cost_model_inherits_nothing_from_another_kind_or_k():
+    earlier = _train(CostModel(k_max=8), accept_prob=0.9)
+    for other in (CostModel(k_max=4), FixedK(4)):
+        later = CostModel(k_max=4)
+        later.inherit(other if isinstance(other, FixedK) else earlier)
+        assert later.draft_step is None and not later.verify and not later.tried.any()
+
+
+def test_a_pipelines_cost_requests_inherit_the_last_ones_policy(pair_dir):
+    """Pipeline.policy_for: one chain per (policy, k, drafter); output is unchanged (greedy, lossless)."""
+    from specdeploy import GenerationConfig, Pipeline
+
+    pipeline = Pipeline.load(pair_dir)
+    config = GenerationConfig(max_new_tokens=24, ignore_eos=True, k=4, policy="cost")
+    plain = pipeline.generate(["w5 w6"], GenerationConfig(max_new_tokens=24, ignore_eos=True, drafter="none"))[0]
+    first = pipeline.generate(["w5 w6"], config)[0]
+    learnt = pipeline.policy_for(config)
+    assert 1 in learnt.verify  # started from the first request's measurements (its plain step's, at least)
+    assert not pipeline.policy_for(GenerationConfig(k=3, policy="cost")).verify  # another k: its own chain
+    second = pipeline.generate(["w5 w6"], config)[0]
+    assert first.token_ids == second.token_ids == plain.token_ids

@@ -1,0 +1,72 @@
+"""tools/bench_peer.py without the peer: its worker protocol, the peer's composite config and the report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+
+import bench_peer  # noqa: E402
+
+from specdeploy import GenerationConfig, Pipeline  # noqa: E402
+
+
+def test_specdeploy_worker_answers_over_its_protocol_as_the_pipeline_does(self_dir):
+    ids = [5, 6, 7, 9]
+    worker = bench_peer.Worker("specdeploy", str(self_dir), threads=1, k=3)
+    try:
+        assert worker.ready["load_s"]["artifact"] > 0 and worker.ready["rss_mb"] > 0
+        plain = worker.run("plain", ids, 10)
+        drafted = worker.run("fixed k=3", ids, 10)
+    finally:
+        worker.close()
+    expected = Pipeline.load(self_dir).generate([ids], GenerationConfig(max_new_tokens=10, drafter="none"))[0].token_ids
+    assert plain["tokens"] == drafted["tokens"] == expected and len(expected) > 1
+    assert "divergence" not in drafted  # identical output: nothing to locate
+    assert 0 < plain["first_s"] <= plain["seconds"] and plain["target_calls"] >= len(expected)
+    assert drafted["target_calls"] < plain["target_calls"]  # the target drafting for itself: fewer target calls
+
+
+def test_the_peers_pair_links_both_models_under_one_config_without_climbing_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_peer, "CACHE", tmp_path / "cache")
+    models = {}
+    for role in ("target", "draft"):
+        folder = models[role] = tmp_path / role
+        folder.mkdir()
+        (folder / "model.onnx").write_bytes(role.encode())
+        (folder / "model.onnx.data").write_bytes(role.encode() * 3)
+        (folder / "tokenizer.json").write_text("{}")
+        decoder = {"filename": "model.onnx", "num_hidden_layers": 2 if role == "target" else 1}
+        (folder / "genai_config.json").write_text(json.dumps({"model": {"decoder": decoder}, "search": {}}))
+    pair = bench_peer.peer_pair(models["target"], models["draft"], k=3)
+    pair = bench_peer.peer_pair(models["target"], models["draft"], k=3)  # again: the links are replaced
+    config = json.loads((pair / "genai_config.json").read_text())
+    assert config["speculative"] == {"max_draft_tokens": 3}
+    assert config["model"]["decoder"] == {"filename": "target/model.onnx", "num_hidden_layers": 2}
+    assert config["model"]["draft"] == {"filename": "draft/model.onnx", "num_hidden_layers": 1}
+    for role in ("target", "draft"):
+        for name in ("model.onnx", "model.onnx.data"):
+            assert (pair / role / name).stat().st_ino == (models[role] / name).stat().st_ino  # no copy
+    assert (pair / "tokenizer.json").is_file()
+
+
+def test_the_summary_counts_what_the_table_shows():
+    reference = [[1, 2, 3], [4, 5]]
+    runs = [
+        {"tokens": [1, 2, 3], "seconds": 1.0, "first_s": 0.5, "target_calls": 3, "rss_mb": 100.0},
+        {"tokens": [4, 6], "seconds": 0.5, "first_s": 0.25, "target_calls": 1, "rss_mb": 300.0,
+         "divergence": {"position": 1, "margin": 0.1234}},
+    ]
+    summary = bench_peer.summarize(runs, own_plain=reference, reference=[[1, 2, 3], [4, 6]])
+    assert summary["tok_s_e2e"] == 3.5 and summary["tok_s_e2e_total"] == 5 / 1.5
+    assert summary["tok_s_decode"] == 4.0  # medians of 2 / 0.5 and 1 / 0.25
+    assert summary["tokens_per_target_call"] == 5 / 4 and summary["peak_rss_mb"] == 300.0
+    assert (summary["identical_to_own_plain"], summary["identical_to_specdeploy_plain"]) == (1, 2)
+    assert summary["divergence_margins"] == [0.123]
+    setup = {"date": "d", "command": "c", "machine": "m", "onnxruntime": "o", "peer": "p", "specdeploy": "s",
+             "prompts": 2, "max_tokens": 3, "threads": 2, "peer_models": "pm", "artifacts": "a", "reference": "r"}
+    text = bench_peer.markdown({"setup": setup, "results": {"specdeploy: fixed k=4": summary},
+                                "workers": {"specdeploy": {"process_s": 1.0, "load_s": {"artifact": 0.5}}}})
+    assert "| specdeploy | fixed k=4 | 3.5 | 4.0 | 375 ms | 1.25 | 1/2 (differing: margins 0.123) | 2/2 | 0.29 GB |" in text

@@ -1,0 +1,366 @@
+"""specdeploy against onnxruntime-genai on this machine: same weights, prompts and ONNX Runtime.
+
+Both systems run the official Qwen2.5-Coder Q4_K_M GGUF pair (1.5B target, 0.5B draft). specdeploy
+runs its artifact (``make demo``'s); the peer runs int4 models its own builder makes from the same
+weights, converted to an fp16 Hugging Face folder by transformers. The peer's wheel is installed
+into ``build/peer/site`` (``--no-deps``: it runs on this environment's onnxruntime, so both use the
+same kernels). Greedy, batch 1, each prompt until EOS or ``--max-tokens`` new tokens, ``--threads``
+intra-op threads each. Each system runs in a worker process of its own (its memory is its own and
+the two thread pools never spin against each other); configurations alternate per prompt, in
+rotating order, so drift hits all alike; loading is timed apart.
+
+Reported per configuration: end-to-end tok/s (new tokens over the time from the request to the last
+token) and decode tok/s (after the first token), time to first token, tokens per target call,
+outputs identical to specdeploy's plain decoding (a speculative output that differs is located with
+``Pipeline.first_divergence``: the plain target's margin between the two tokens there), and each
+worker's peak resident memory.
+
+    python tools/bench_peer.py --artifact DIR [--humaneval 8] [--max-tokens 128] [--k 4] [--out docs/bench_peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER = "onnxruntime-genai==0.18.0"
+SITE = ROOT / "build" / "peer" / "site"
+CACHE = Path(os.environ.get("SPECDEPLOY_CACHE", Path.home() / ".cache" / "specdeploy"))
+GGUF = {"target": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "draft": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the peer: install and build
+
+def peer_env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))}
+
+
+def ensure_peer() -> str:
+    """Install the peer's wheel into SITE unless it is there; return its version."""
+    probe = [sys.executable, "-c", "import onnxruntime_genai as og; print(og.__version__)"]
+    done = subprocess.run(probe, env=peer_env(), capture_output=True, text=True)
+    if done.returncode != 0 or done.stdout.strip() != PEER.split("==")[1]:
+        log(f"installing {PEER} into {SITE} (no dependencies: it uses this environment's onnxruntime)")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade",
+                        "--target", str(SITE), PEER], check=True)
+        done = subprocess.run(probe, env=peer_env(), capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+CONVERT = """
+import sys, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM, AutoTokenizer
+gguf, out = Path(sys.argv[1]), sys.argv[2]
+model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float16)
+model.hf_quantizer = None  # the builder refuses a model that still says it is GGUF-quantized
+if hasattr(model.config, "quantization_config"):
+    del model.config.quantization_config
+model.save_pretrained(out)
+AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+"""
+
+
+def peer_model(gguf: Path, block: int, accuracy: int, threads: int) -> Path:
+    """The peer's int4 model of ``gguf`` (built once, cached beside the GGUF files)."""
+    out = CACHE / "peer" / f"{gguf.stem}-int4-b{block}-a{accuracy}"
+    if not (out / "genai_config.json").is_file():
+        hf = CACHE / "peer" / f"{gguf.stem}-hf"
+        began = time.perf_counter()
+        log(f"{gguf.name}: converting to an fp16 Hugging Face folder")
+        subprocess.run([sys.executable, "-c", CONVERT, str(gguf), str(hf)], check=True)
+        log(f"{gguf.name}: building the peer's int4 model (block {block}, accuracy level {accuracy})")
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
+                        "-p", "int4", "-e", "cpu", "-c", str(CACHE / "peer" / "hf-cache"), "--extra_options",
+                        f"accuracy_level={accuracy}", f"block_size={block}"], env=peer_env(), check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run(["rm", "-rf", str(hf)], check=True)  # gigabytes of intermediate fp16 weights
+        log(f"{gguf.name}: built in {time.perf_counter() - began:.0f} s")
+    config_path = out / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
+    config_path.write_text(json.dumps(config, indent=4))
+    return out
+
+
+def peer_pair(target: Path, draft: Path, k: int) -> Path:
+    """A composite model directory: the target's decoder verifies, the draft's proposes ``k`` tokens."""
+    out = CACHE / "peer" / f"{target.name}+{draft.name}-k{k}"
+    out.mkdir(parents=True, exist_ok=True)
+    for role, source in (("target", target), ("draft", draft)):  # hard links: the peer refuses ".." in paths
+        (out / role).mkdir(exist_ok=True)
+        for name in ("model.onnx", "model.onnx.data"):
+            (out / role / name).unlink(missing_ok=True)
+            os.link(source / name, out / role / name)
+    config = json.loads((target / "genai_config.json").read_text())
+    config["model"]["decoder"]["filename"] = "target/model.onnx"
+    config["model"]["draft"] = json.loads((draft / "genai_config.json").read_text())["model"]["decoder"]
+    config["model"]["draft"]["filename"] = "draft/model.onnx"
+    config["speculative"] = {"max_draft_tokens": k}
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (target / name).is_file():
+            (out / name).write_bytes((target / name).read_bytes())
+    (out / "genai_config.json").write_text(json.dumps(config, indent=4))
+    return out
+
+
+# ---------------------------------------------------------------- workers: one process per system
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class PeerWorker:
+    def __init__(self, models: dict[str, str], threads: int):
+        import onnxruntime_genai as og
+
+        self.og, self.models, self.load_s = og, {}, {}
+        for name, path in models.items():
+            began = time.perf_counter()
+            self.models[name] = og.Model(path)
+            self.load_s[name] = time.perf_counter() - began
+
+    def run(self, config: str, ids: list[int], max_tokens: int) -> dict:
+        og, model = self.og, self.models[config]
+        began = time.perf_counter()
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(ids) + max_tokens, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(ids)
+        first = None
+        while not generator.is_done():
+            generator.generate_next_token()
+            first = first or time.perf_counter()
+        ended = time.perf_counter()
+        tokens = [int(t) for t in generator.get_sequence(0)[len(ids):]]
+        out = {"tokens": tokens, "seconds": ended - began, "first_s": (first or ended) - began}
+        out["target_calls"] = len(tokens)  # the prompt's call gives the first token, each later call one
+        if config != "target":
+            stats = generator.get_speculative_stats()  # its passes leave out the prompt's call
+            out["target_calls"] = stats["target_forward_passes"] + 1
+            out["acceptance_rate"] = stats["draft_tokens_accepted"] / max(1, stats["draft_tokens_evaluated"])
+        return out
+
+
+class SpecdeployWorker:
+    def __init__(self, artifact: str, threads: int, k: int):
+        from specdeploy import GenerationConfig, Pipeline
+
+        began = time.perf_counter()
+        self.pipeline = Pipeline.load(artifact, threads=threads)
+        self.load_s = {"artifact": time.perf_counter() - began}
+        self.configs = {
+            "plain": GenerationConfig(drafter="none", temperature=0.0),
+            f"fixed k={k}": GenerationConfig(k=k, temperature=0.0),
+            "cost k<=8": GenerationConfig(k=8, policy="cost", temperature=0.0),
+        }
+        self.plain = {}
+
+    def run(self, config: str, ids: list[int], max_tokens: int) -> dict:
+        settings = self.configs[config]
+        settings = type(settings)(**{**settings.__dict__, "max_new_tokens": max_tokens})
+        began = time.perf_counter()
+        first, result = None, None
+        for chunk in self.pipeline.stream(ids, settings):
+            first = first or (time.perf_counter() if chunk.token_ids else None)
+            result = chunk.result or result
+        ended = time.perf_counter()
+        tokens = result.token_ids
+        out = {"tokens": tokens, "seconds": ended - began, "first_s": (first or ended) - began,
+               "target_calls": result.stats["cycles"]}
+        key = tuple(ids)
+        if config == "plain":
+            self.plain[key] = tokens
+        elif key in self.plain and tokens != self.plain[key]:
+            out["divergence"] = self.pipeline.first_divergence(ids, self.plain[key], tokens, settings)
+        return out
+
+
+def worker_main(system: str, spec: str, threads: int, k: int) -> None:
+    """Serve requests, one JSON line each on stdin, one JSON line each on stdout."""
+    out = sys.stdout
+    sys.stdout = sys.stderr  # library chatter must never reach the protocol
+    if system == "peer":
+        worker = PeerWorker(json.loads(spec), threads)
+    else:
+        worker = SpecdeployWorker(spec, threads, k)
+    out.write(json.dumps({"load_s": worker.load_s, "rss_mb": peak_rss_mb()}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        result = worker.run(request["config"], request["ids"], request["max_tokens"])
+        result["rss_mb"] = peak_rss_mb()
+        out.write(json.dumps(result) + "\n")
+        out.flush()
+
+
+class Worker:
+    def __init__(self, system: str, spec: str, threads: int, k: int):
+        command = [sys.executable, __file__, "--worker", system, "--spec", spec, "--threads", str(threads), "--k", str(k)]
+        began = time.perf_counter()
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env=peer_env() if system == "peer" else None)
+        self.ready = self._read()
+        self.ready["process_s"] = time.perf_counter() - began
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.process.args[3]} exited with {self.process.wait()}")
+        return json.loads(line)
+
+    def run(self, config: str, ids: list[int], max_tokens: int) -> dict:
+        self.process.stdin.write(json.dumps({"config": config, "ids": ids, "max_tokens": max_tokens}) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+# ---------------------------------------------------------------- the run and its report
+
+def summarize(runs: list[dict], own_plain: list[list[int]], reference: list[list[int]]) -> dict:
+    tokens = [len(r["tokens"]) for r in runs]
+    e2e = [n / r["seconds"] for n, r in zip(tokens, runs)]
+    decode = [(n - 1) / (r["seconds"] - r["first_s"]) for n, r in zip(tokens, runs) if n > 1]
+    divergences = [r["divergence"] for r in runs if r.get("divergence")]
+    return {
+        "tok_s_e2e": statistics.median(e2e), "tok_s_e2e_total": sum(tokens) / sum(r["seconds"] for r in runs),
+        "tok_s_decode": statistics.median(decode) if decode else 0.0,
+        "first_token_s": statistics.median(r["first_s"] for r in runs),
+        "tokens_per_target_call": sum(tokens) / sum(r["target_calls"] for r in runs),
+        "identical_to_own_plain": sum(r["tokens"] == ref for r, ref in zip(runs, own_plain)),
+        "identical_to_specdeploy_plain": sum(r["tokens"] == ref for r, ref in zip(runs, reference)),
+        "prompts": len(runs), "tokens": sum(tokens),
+        "divergence_margins": [round(d["margin"], 3) for d in divergences],
+        "peak_rss_mb": max(r["rss_mb"] for r in runs),
+    }
+
+
+def markdown(report: dict) -> str:
+    setup = report["setup"]
+    lines = [
+        f"# specdeploy vs onnxruntime-genai ({setup['date']})", "",
+        f"`{setup['command']}`", "",
+        f"{setup['machine']}; onnxruntime {setup['onnxruntime']}, onnxruntime-genai {setup['peer']}, "
+        f"specdeploy {setup['specdeploy']}. {setup['prompts']} HumanEval prompts, greedy, batch 1, until EOS or "
+        f"{setup['max_tokens']} new tokens, {setup['threads']} threads per system; configurations interleaved per prompt.",
+        "", f"- peer: {setup['peer_models']}", f"- specdeploy: {setup['artifacts']}",
+        f"- reference for identical outputs: {setup['reference']}", "",
+        "| system | configuration | tok/s end to end (median) | tok/s decode (median) | first token | "
+        "tokens per target call | identical to its own plain | identical to the reference | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in report["results"].items():
+        system, config = name.split(": ", 1)
+        margins = f" (differing: margins {', '.join(map(str, s['divergence_margins']))})" if s["divergence_margins"] else ""
+        lines.append(f"| {system} | {config} | {s['tok_s_e2e']:.1f} | {s['tok_s_decode']:.1f} | "
+                     f"{s['first_token_s'] * 1000:.0f} ms | {s['tokens_per_target_call']:.2f} | "
+                     f"{s['identical_to_own_plain']}/{s['prompts']}{margins} | "
+                     f"{s['identical_to_specdeploy_plain']}/{s['prompts']} | {s['peak_rss_mb'] / 1024:.2f} GB |")
+    lines += ["", "Loading (not in the figures above): " + "; ".join(
+        f"{system} {w['process_s']:.1f} s to ready ({', '.join(f'{k} {v:.1f} s' for k, v in w['load_s'].items())})"
+        for system, w in report["workers"].items()), ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifact", type=Path, action="append", help="a specdeploy artifact of the pair (make "
+                        "demo's); repeat to compare several (the first is the reference)")
+    parser.add_argument("--gguf-dir", type=Path, default=CACHE, help="where the two GGUF files are (make demo puts them here)")
+    parser.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts (the first N)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per cycle, both systems' fixed-K runs")
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads of each system")
+    parser.add_argument("--block-size", type=int, default=128, help="the peer's int4 block size")
+    parser.add_argument("--accuracy-level", type=int, default=4, help="the peer's MatMulNBits accuracy level")
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")
+    parser.add_argument("--worker", choices=("peer", "specdeploy"), help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker_main(args.worker, args.spec, args.threads, args.k)
+    if not args.artifact:
+        parser.error("--artifact is required")
+
+    import onnxruntime
+
+    import specdeploy
+    from specdeploy.contract import Manifest
+    from specdeploy.workloads import humaneval
+
+    version = ensure_peer()
+    models = {role: peer_model(args.gguf_dir / name, args.block_size, args.accuracy_level, args.threads)
+              for role, name in GGUF.items()}
+    pair = peer_pair(models["target"], models["draft"], args.k)
+    log("starting the workers")
+    workers = {"onnxruntime-genai": Worker("peer", json.dumps({"target": str(models["target"]),
+                                                               f"draft k={args.k}": str(pair)}), args.threads, args.k)}
+    grid = [("onnxruntime-genai", "target"), ("onnxruntime-genai", f"draft k={args.k}")]
+    for artifact in args.artifact:
+        specs = Manifest.read(artifact).models
+        name = f"specdeploy ({specs['target'].weights} target, {specs['draft'].weights} draft)"
+        workers[name] = Worker("specdeploy", str(artifact), args.threads, args.k)
+        grid += [(name, "plain"), (name, f"fixed k={args.k}"), (name, "cost k<=8")]
+    reference_name = f"{grid[2][0]}: plain"
+    from tokenizers import Tokenizer
+
+    artifact_tokenizer = Tokenizer.from_file(str(args.artifact[0] / "tokenizer.json"))  # both systems get the same ids
+    encode = lambda text: artifact_tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731 (Qwen: no BOS)
+    prompts = humaneval()[: args.humaneval]
+    for system, config in grid:  # warm-up, unmeasured: first calls allocate
+        workers[system].run(config, encode("def add(a, b):"), 8)
+    runs = {f"{s}: {c}": [] for s, c in grid}
+    for index, prompt in enumerate(prompts):
+        ids = encode(prompt.text)
+        order = grid[index % len(grid):] + grid[: index % len(grid)]
+        order.sort(key=lambda sc: sc[1] != "plain")  # plain first: the others are compared with it
+        for system, config in order:
+            runs[f"{system}: {config}"].append(workers[system].run(config, ids, args.max_tokens))
+        line = ", ".join(f"{name} {len(r[-1]['tokens']) / r[-1]['seconds']:.1f}" for name, r in runs.items())
+        log(f"[{index + 1}/{len(prompts)}] {prompt.id}: tok/s {line}")
+    for worker in workers.values():
+        worker.close()
+    reference = [r["tokens"] for r in runs[reference_name]]
+    own_plain = {system: [r["tokens"] for r in runs[f"{system}: {config}"]] for system, config in grid
+                 if config in ("plain", "target")}
+    report = {
+        "setup": {
+            "date": time.strftime("%Y-%m-%d"), "command": "python tools/bench_peer.py " + " ".join(sys.argv[1:]),
+            "machine": f"{os.cpu_count()} cores, no GPU", "onnxruntime": onnxruntime.__version__, "peer": version,
+            "specdeploy": specdeploy.__version__, "prompts": len(prompts), "max_tokens": args.max_tokens,
+            "threads": args.threads, "artifacts": ", ".join(a.name for a in args.artifact), "reference": reference_name,
+            "peer_models": f"its builder on the same GGUF weights: int4, block {args.block_size}, accuracy level "
+                           f"{args.accuracy_level}, CPU; draft K = {args.k} through genai_config's model.draft",
+        },
+        "workers": {name: w.ready for name, w in workers.items()},
+        "results": {name: summarize(r, own_plain[name.split(": ")[0]], reference) for name, r in runs.items()},
+        "runs": {name: [{k: v for k, v in run.items() if k != "tokens"} | {"tokens": len(run["tokens"])} for run in r]
+                 for name, r in runs.items()},
+    }
+    text = markdown(report)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
