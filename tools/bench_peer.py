@@ -342,7 +342,7 @@ def main() -> None:
                  if config in ("plain", "target")}
     report = {
         "setup": {
-            "date": time.strftime("%Y-%m-%d"), "command": "python tools/bench_peer.py " + " ".join(sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d"), "command": ("python tools/bench_peer.py " + " ".join(sys.argv[1:])).replace(str(Path.home()), "~"),
             "machine": f"{os.cpu_count()} cores, no GPU", "onnxruntime": onnxruntime.__version__, "peer": version,
             "specdeploy": specdeploy.__version__, "prompts": len(prompts), "max_tokens": args.max_tokens,
             "threads": args.threads, "artifacts": ", ".join(a.name for a in args.artifact), "reference": reference_name,
