@@ -307,10 +307,9 @@ class CostModel(Policy):
 
     def inherit(self, previous: Policy) -> None:
         """The engines' costs carry over whole: they belong to the models and this machine, and measuring them
-        again costs every request a plain step, probes and a cold start at K = k_max (on 128-token HumanEval
-        completions that left the policy 12-26 % behind fixed K = 4). Acceptance belongs to the text: it
-        carries over as a prior worth at most ``carried_cycles`` verified cycles, which the request's own
-        outcomes soon outweigh."""
+        again costs every request a plain step, probes and a cold start at K = k_max, a large share of a
+        128-token completion. Acceptance belongs to the text: it carries over as a prior worth at most
+        ``carried_cycles`` verified cycles, which the request's own outcomes soon outweigh."""
         if not isinstance(previous, CostModel) or previous.k_max != self.k_max:
             return
         self.draft_step, self.verify, self.measured = previous.draft_step, dict(previous.verify), set(previous.measured)
