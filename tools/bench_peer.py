@@ -340,9 +340,10 @@ def main() -> None:
     reference = [r["tokens"] for r in runs[reference_name]]
     own_plain = {system: [r["tokens"] for r in runs[f"{system}: {config}"]] for system, config in grid
                  if config in ("plain", "target")}
+    command = ("python tools/bench_peer.py " + " ".join(sys.argv[1:])).replace(str(Path.home()), "~")
     report = {
         "setup": {
-            "date": time.strftime("%Y-%m-%d"), "command": ("python tools/bench_peer.py " + " ".join(sys.argv[1:])).replace(str(Path.home()), "~"),
+            "date": time.strftime("%Y-%m-%d"), "command": command,
             "machine": f"{os.cpu_count()} cores, no GPU", "onnxruntime": onnxruntime.__version__, "peer": version,
             "specdeploy": specdeploy.__version__, "prompts": len(prompts), "max_tokens": args.max_tokens,
             "threads": args.threads, "artifacts": ", ".join(a.name for a in args.artifact), "reference": reference_name,

@@ -9,20 +9,24 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..reports.graph import graph_summary
 from .common import human, read_manifest
 
 
 @click.command()
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest and file sizes as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest, file sizes and graph summaries as JSON.")
 def inspect(directory, as_json):
-    """Show an artifact's contract, tensors, sizes and files."""
+    """Show an artifact's contract, tensors, graphs (nodes, nodes per layer, op counts), sizes and files."""
     manifest = read_manifest(directory)
     sizes = {name: (directory / name).stat().st_size if (directory / name).exists() else None
              for name in manifest.files}
+    graphs = {role: graph_summary(directory / spec.file) for role, spec in manifest.models.items()
+              if sizes.get(spec.file) is not None}
     if as_json:
         data = json.loads(manifest.to_json())
         data["file_sizes"] = sizes
+        data["graphs"] = graphs
         for role, spec in manifest.models.items():
             data["models"][role]["inputs"] = spec.inputs
             data["models"][role]["outputs"] = spec.outputs
@@ -45,6 +49,13 @@ def inspect(directory, as_json):
     tensors.add_row("logits", "float32", "[batch, tokens, vocab]")
     tensors.add_row("new_key.{i} / new_value.{i}", spec.dtype, "[batch, kv_heads, tokens, head_dim]")
     out.print(tensors)
+    table = Table("role", "nodes", "per layer", "most frequent ops",
+                  title="graphs, as stored (ONNX Runtime fuses some at load; each node is a dispatch)")
+    for role, summary in graphs.items():
+        per_layer = summary["nodes_per_layer"]
+        ops = ", ".join(f"{op} {count}" for op, count in list(summary["ops"].items())[:6])
+        table.add_row(role, str(summary["nodes"]), "-" if per_layer is None else f"{per_layer:g}", ops)
+    out.print(table)
     files = Table("file", "size", "sha256", title="files")
     for name, digest in sorted(manifest.files.items()):
         size = sizes[name]

@@ -119,6 +119,23 @@ def test_inspect_table_and_json(pair_dir):
     assert data["file_sizes"]["target.onnx"] == (pair_dir / "target.onnx").stat().st_size
 
 
+def test_inspect_counts_nodes_per_layer_as_a_layer_more_adds_them(tmp_path):
+    """The per-layer count is what one more layer adds to the graph, op counts add up to the nodes, and the
+    table shows them."""
+    summaries = {}
+    for layers in (3, 4):
+        model = tiny.build_model(tiny.llama_config(num_hidden_layers=layers), seed=0)
+        art = tiny.export_cli(tmp_path / f"art{layers}", tiny.save_checkpoint(model, tmp_path / f"ckpt{layers}"))
+        summaries[layers] = json.loads(run("inspect", art, "--json").output)["graphs"]["target"]
+        assert summaries[layers]["layers_found"] == layers
+        assert sum(summaries[layers]["ops"].values()) == summaries[layers]["nodes"]
+    per_layer = summaries[4]["nodes_per_layer"]
+    assert per_layer == summaries[3]["nodes_per_layer"] and per_layer > 10
+    assert summaries[4]["nodes"] - summaries[3]["nodes"] == per_layer
+    table = run("inspect", art).output
+    assert f"│ {summaries[4]['nodes']} " in table and "MatMul" in table
+
+
 def test_inspect_not_an_artifact(tmp_path):
     result = run("inspect", tmp_path)
     assert result.exit_code != 0 and "no manifest" in result.output
