@@ -15,7 +15,8 @@ outputs identical to specdeploy's plain decoding (a speculative output that diff
 ``Pipeline.first_divergence``: the plain target's margin between the two tokens there), and each
 worker's peak resident memory.
 
-    python tools/bench_peer.py --artifact DIR [--humaneval 8] [--max-tokens 128] [--k 4] [--out docs/bench_peer]
+    python tools/bench_peer.py --artifact DIR [--artifact DIR2] [--humaneval 8] [--specbench 0] [--max-tokens 128]
+        [--k 4] [--out docs/bench_peer]
 """
 
 from __future__ import annotations
@@ -258,10 +259,12 @@ def markdown(report: dict) -> str:
         f"# specdeploy vs onnxruntime-genai ({setup['date']})", "",
         f"`{setup['command']}`", "",
         f"{setup['machine']}; onnxruntime {setup['onnxruntime']}, onnxruntime-genai {setup['peer']}, "
-        f"specdeploy {setup['specdeploy']}. {setup['prompts']} HumanEval prompts, greedy, batch 1, until EOS or "
+        f"specdeploy {setup['specdeploy']}. Prompts: {', '.join(f'{g} {n}' for g, n in setup['prompts'].items())}; "
+        f"greedy, batch 1, until EOS or "
         f"{setup['max_tokens']} new tokens, {setup['threads']} threads per system; configurations interleaved per prompt.",
         "", f"- peer: {setup['peer_models']}", f"- specdeploy: {setup['artifacts']}",
         f"- reference for identical outputs: {setup['reference']}", "",
+        f"The table: {next(iter(setup['prompts']))}; by prompt set below.", "",
         "| system | configuration | tok/s end to end (median) | tok/s decode (median) | first token | "
         "tokens per target call | identical to its own plain | identical to the reference | peak RSS |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -273,6 +276,14 @@ def markdown(report: dict) -> str:
                      f"{s['first_token_s'] * 1000:.0f} ms | {s['tokens_per_target_call']:.2f} | "
                      f"{s['identical_to_own_plain']}/{s['prompts']}{margins} | "
                      f"{s['identical_to_specdeploy_plain']}/{s['prompts']} | {s['peak_rss_mb'] / 1024:.2f} GB |")
+    by_group = report.get("by_group", {})
+    if len(by_group) > 1:
+        names = list(report["results"])
+        lines += ["", "By prompt set, tok/s end to end (median):", "",
+                  "| prompt set | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for group, summaries in by_group.items():
+            lines.append(f"| {group} ({summaries[names[0]]['prompts']}) | "
+                         + " | ".join(f"{summaries[n]['tok_s_e2e']:.1f}" for n in names) + " |")
     lines += ["", "Loading (not in the figures above): " + "; ".join(
         f"{system} {w['process_s']:.1f} s to ready ({', '.join(f'{k} {v:.1f} s' for k, v in w['load_s'].items())})"
         for system, w in report["workers"].items()), ""]
@@ -285,6 +296,8 @@ def main() -> None:
                         "demo's); repeat to compare several (the first is the reference)")
     parser.add_argument("--gguf-dir", type=Path, default=CACHE, help="where the two GGUF files are (make demo puts them here)")
     parser.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts (the first N)")
+    parser.add_argument("--specbench", type=int, default=0, help="Spec-Bench first turns per category group (as "
+                        "tools/bench_real_pair.py picks them), reported per group")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per cycle, both systems' fixed-K runs")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of each system")
@@ -303,7 +316,6 @@ def main() -> None:
 
     import specdeploy
     from specdeploy.contract import Manifest
-    from specdeploy.workloads import humaneval
 
     version = ensure_peer()
     models = {role: peer_model(args.gguf_dir / name, args.block_size, args.accuracy_level, args.threads)
@@ -323,35 +335,45 @@ def main() -> None:
 
     artifact_tokenizer = Tokenizer.from_file(str(args.artifact[0] / "tokenizer.json"))  # both systems get the same ids
     encode = lambda text: artifact_tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731 (Qwen: no BOS)
-    prompts = humaneval()[: args.humaneval]
+    from bench_real_pair import workload  # its prompt sets: HumanEval, then Spec-Bench per category group
+
+    prompts = workload(args.humaneval, args.specbench)
     for system, config in grid:  # warm-up, unmeasured: first calls allocate
         workers[system].run(config, encode("def add(a, b):"), 8)
     runs = {f"{s}: {c}": [] for s, c in grid}
-    for index, prompt in enumerate(prompts):
+    for index, (group, prompt) in enumerate(prompts):
         ids = encode(prompt.text)
         order = grid[index % len(grid):] + grid[: index % len(grid)]
         order.sort(key=lambda sc: sc[1] != "plain")  # plain first: the others are compared with it
         for system, config in order:
-            runs[f"{system}: {config}"].append(workers[system].run(config, ids, args.max_tokens))
+            runs[f"{system}: {config}"].append(workers[system].run(config, ids, args.max_tokens) | {"group": group})
         line = ", ".join(f"{name} {len(r[-1]['tokens']) / r[-1]['seconds']:.1f}" for name, r in runs.items())
-        log(f"[{index + 1}/{len(prompts)}] {prompt.id}: tok/s {line}")
+        log(f"[{index + 1}/{len(prompts)}] {group} {prompt.id}: tok/s {line}")
     for worker in workers.values():
         worker.close()
     reference = [r["tokens"] for r in runs[reference_name]]
     own_plain = {system: [r["tokens"] for r in runs[f"{system}: {config}"]] for system, config in grid
                  if config in ("plain", "target")}
+    groups = list(dict.fromkeys(group for group, _ in prompts))
+
+    def results(group: str) -> dict:
+        keep = [i for i, (g, _) in enumerate(prompts) if g == group]
+        return {name: summarize([r[i] for i in keep], [own_plain[name.split(": ")[0]][i] for i in keep],
+                                [reference[i] for i in keep]) for name, r in runs.items()}
     command = ("python tools/bench_peer.py " + " ".join(sys.argv[1:])).replace(str(Path.home()), "~")
     report = {
         "setup": {
             "date": time.strftime("%Y-%m-%d"), "command": command,
             "machine": f"{os.cpu_count()} cores, no GPU", "onnxruntime": onnxruntime.__version__, "peer": version,
-            "specdeploy": specdeploy.__version__, "prompts": len(prompts), "max_tokens": args.max_tokens,
+            "specdeploy": specdeploy.__version__, "max_tokens": args.max_tokens,
+            "prompts": {group: sum(g == group for g, _ in prompts) for group in groups},
             "threads": args.threads, "artifacts": ", ".join(a.name for a in args.artifact), "reference": reference_name,
             "peer_models": f"its builder on the same GGUF weights: int4, block {args.block_size}, accuracy level "
                            f"{args.accuracy_level}, CPU; draft K = {args.k} through genai_config's model.draft",
         },
         "workers": {name: w.ready for name, w in workers.items()},
-        "results": {name: summarize(r, own_plain[name.split(": ")[0]], reference) for name, r in runs.items()},
+        "results": results(groups[0]),
+        "by_group": {group: results(group) for group in groups},
         "runs": {name: [{k: v for k, v in run.items() if k != "tokens"} | {"tokens": len(run["tokens"])} for run in r]
                  for name, r in runs.items()},
     }

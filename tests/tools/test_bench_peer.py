@@ -66,7 +66,13 @@ def test_the_summary_counts_what_the_table_shows():
     assert (summary["identical_to_own_plain"], summary["identical_to_specdeploy_plain"]) == (1, 2)
     assert summary["divergence_margins"] == [0.123]
     setup = {"date": "d", "command": "c", "machine": "m", "onnxruntime": "o", "peer": "p", "specdeploy": "s",
-             "prompts": 2, "max_tokens": 3, "threads": 2, "peer_models": "pm", "artifacts": "a", "reference": "r"}
+             "prompts": {"humaneval": 2, "spec_bench/qa": 1}, "max_tokens": 3, "threads": 2, "peer_models": "pm",
+             "artifacts": "a", "reference": "r"}
+    other = dict(summary, tok_s_e2e=7.25, prompts=1)
     text = bench_peer.markdown({"setup": setup, "results": {"specdeploy: fixed k=4": summary},
+                                "by_group": {"humaneval": {"specdeploy: fixed k=4": summary},
+                                             "spec_bench/qa": {"specdeploy: fixed k=4": other}},
                                 "workers": {"specdeploy": {"process_s": 1.0, "load_s": {"artifact": 0.5}}}})
     assert "| specdeploy | fixed k=4 | 3.5 | 4.0 | 375 ms | 1.25 | 1/2 (differing: margins 0.123) | 2/2 | 0.29 GB |" in text
+    assert "Prompts: humaneval 2, spec_bench/qa 1;" in text and "The table: humaneval;" in text
+    assert "| humaneval (2) | 3.5 |" in text and "| spec_bench/qa (1) | 7.2 |" in text
