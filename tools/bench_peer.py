@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,7 +87,7 @@ def peer_model(gguf: Path, block: int, accuracy: int, threads: int) -> Path:
                         "-p", "int4", "-e", "cpu", "-c", str(CACHE / "peer" / "hf-cache"), "--extra_options",
                         f"accuracy_level={accuracy}", f"block_size={block}"], env=peer_env(), check=True,
                        stdout=subprocess.DEVNULL)
-        subprocess.run(["rm", "-rf", str(hf)], check=True)  # gigabytes of intermediate fp16 weights
+        shutil.rmtree(hf)  # gigabytes of intermediate fp16 weights
         log(f"{gguf.name}: built in {time.perf_counter() - began:.0f} s")
     config_path = out / "genai_config.json"
     config = json.loads(config_path.read_text())
@@ -125,7 +126,8 @@ def peak_rss_mb() -> float:
 
 
 class PeerWorker:
-    def __init__(self, models: dict[str, str], threads: int):
+    def __init__(self, models: dict[str, str]):
+        """``models``: name -> model folder (their genai_config.json sets the threads)."""
         import onnxruntime_genai as og
 
         self.og, self.models, self.load_s = og, {}, {}
@@ -195,7 +197,7 @@ def worker_main(system: str, spec: str, threads: int, k: int) -> None:
     out = sys.stdout
     sys.stdout = sys.stderr  # library chatter must never reach the protocol
     if system == "peer":
-        worker = PeerWorker(json.loads(spec), threads)
+        worker = PeerWorker(json.loads(spec))
     else:
         worker = SpecdeployWorker(spec, threads, k)
     out.write(json.dumps({"load_s": worker.load_s, "rss_mb": peak_rss_mb()}) + "\n")
