@@ -263,7 +263,11 @@ class CostModel(Policy):
                 return 0  # one plain step measures v(1) before the catch-up is paid
             self.plain_only = not self._catchup_pays()
             self.pending_catchup = None
-            return 0 if self.plain_only else self.start
+            if self.plain_only:
+                return 0
+            if self.draft_step is None:
+                return self.start
+            # costs known from an earlier request (``inherit``): the best K, not a cold start at k_max
         if self.draft_step is None or not self.verify:
             return self.start  # nothing measured yet: speculate to learn the costs
         if 1 not in self.measured and "draft" in self.measured:

@@ -244,7 +244,7 @@ def test_cost_model_re_measures_plain_decoding_while_drafting_wins_narrowly():
 def test_cost_model_inherits_an_earlier_requests_costs_whole_and_its_acceptance_as_a_light_prior():
     """A pipeline's next request starts from the engines' measured costs: no plain step to measure v(1),
     no cold start at k_max. The earlier text's acceptance only leans the start and is soon outweighed."""
-    earlier = _train(CostModel(k_max=8), accept_prob=0.95, cycles=300)
+    earlier = _train(CostModel(k_max=8), accept_prob=0.5, cycles=300)
     earlier.observe_catchup(0.3, 100)
     later = CostModel(k_max=8)
     later.inherit(earlier)
@@ -253,8 +253,8 @@ def test_cost_model_inherits_an_earlier_requests_costs_whole_and_its_acceptance_
     assert later.tried[1] == pytest.approx(CostModel.carried_cycles)
     np.testing.assert_allclose(later.acceptance(), earlier.acceptance(), atol=0.1)
     later.plan(catchup_seconds=0.05, new_tokens=128, draft_cost_ratio=0.3)
-    first = later.next_k()
-    assert first == earlier.expected_rate().argmax() > 0  # decided at once: v(1) is known
+    best = int(later.expected_rate().argmax())
+    assert later.next_k() == best and 0 < best < 8  # decided at once from the known costs: no cold start at k_max
     fresh = CostModel(k_max=8)
     fresh.plan(catchup_seconds=0.05, new_tokens=128, draft_cost_ratio=0.3)
     assert fresh.next_k() == 0  # without an earlier request: a plain step first, to measure v(1)
