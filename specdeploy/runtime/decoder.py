@@ -429,6 +429,8 @@ class Generation:
         if k > 0 and (state.capped or (state.sampling and min(remaining) <= k)):
             budgets = [max(0, min(k, config.k, left - 1)) for config, left in zip(state.configs(), remaining)]
         proposal = drafter.propose(state, k, budgets) if k > 0 else Proposal.none(len(state.active))
+        if proposal.catchup_tokens > 2 and self._policy.weighs_catchup:  # the draft caught up after plain cycles
+            self._policy.observe_catchup(proposal.catchup_seconds, proposal.catchup_tokens * len(state.active))
         k = proposal.drafts.shape[1]
         verified = self.target.infer(*state.verify_inputs(proposal.drafts), cache)  # logits [batch, k + 1, vocab]
         with self.accept_timer:

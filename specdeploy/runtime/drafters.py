@@ -30,6 +30,7 @@ class Proposal:
     steps: int  # draft engine calls
     catchup_tokens: int = 1  # tokens the first call fed (more than 2 after cycles that did not draft)
     limits: list[int] | None = None  # [batch] drafts row b really has (the rest fill its row); None: all k
+    catchup_seconds: float = 0.0  # the first call's time: with many tokens fed, what the draft's catch-up cost
 
     @classmethod
     def none(cls, batch: int) -> Proposal:
@@ -131,6 +132,7 @@ class ModelDrafter(Drafter):
         configs = None if state.greedy and not state.penalized else state.configs()
         # catch up on the committed tokens it has not seen: as many as the row furthest behind needed
         logits, catchup_tokens = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]
+        caught_up = time.perf_counter()
         pasts = [np.array([at + i for at in lengths]) for i in range(k - 1)]  # each draft call's past_len
         # sampled rows stop on their own (budget, confidence), so that their draws are theirs alone
         limits = None if state.greedy else list(budgets or [k] * len(lengths))
@@ -160,7 +162,8 @@ class ModelDrafter(Drafter):
         cache.commit([at + steps - 1 for at in lengths])
         q_all = np.stack(qs, axis=1) if qs else None
         limits = _limits(limits if limits is not None else budgets, made)
-        return Proposal(self.columns[:made].T, q_all, time.perf_counter() - began, steps, catchup_tokens, limits)
+        return Proposal(self.columns[:made].T, q_all, time.perf_counter() - began, steps, catchup_tokens, limits,
+                        caught_up - began)
 
     def _penalized(self, logits: np.ndarray, state: BatchState, configs: list[GenerationConfig], made: int) -> np.ndarray:
         so_far = self.columns[:made].T  # [batch, made]

@@ -134,3 +134,32 @@ def test_a_draft_prefill_tells_the_policy_what_it_fed(pipeline):
     while not staging.prefill_chunk(2):
         pass
     assert sum(judge.fed) == sum(len(pipeline.encode(p)) - 1 for p in PROMPTS[2:])
+
+
+class _PlainThenDraft(Judge):
+    """Plain steps first (the draft falls behind), then drafts: the first drafting cycle catches up."""
+
+    def __init__(self, plain_steps: int):
+        super().__init__(True)
+        self.plain_steps, self.caught_up = plain_steps, []
+
+    def next_k(self):
+        self.plain_steps -= 1
+        return 0 if self.plain_steps >= 0 else 3
+
+    def observe_catchup(self, seconds, tokens):
+        self.caught_up.append((seconds, tokens))
+
+
+def test_a_catch_up_inside_a_cycle_tells_the_policy_its_time_and_tokens(pipeline, alone):
+    """A request decoded by ``generate`` (no staged prefill) still prices the draft's catch-up: the
+    first drafting cycle after 5 plain ones feeds the draft the prompt and those tokens, once, timed."""
+    judge = _PlainThenDraft(plain_steps=5)
+    run = pipeline.start(PROMPTS[:2], CONFIG)
+    run.policy = judge
+    while not run.done:
+        run.step()
+    assert [row.token_ids for row in run.rows] == [alone[p] for p in PROMPTS[:2]]
+    longest = max(len(pipeline.encode(p)) for p in PROMPTS[:2])
+    (seconds, tokens), = judge.caught_up  # later cycles feed 1-2 tokens a row: not a catch-up
+    assert seconds > 0 and tokens == 2 * (longest + 5)  # both rows, as wide as the row furthest behind: prompt + 5
