@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,8 +174,7 @@ class SpecdeployWorker:
         self.plain = {}
 
     def run(self, config: str, ids: list[int], max_tokens: int) -> dict:
-        settings = self.configs[config]
-        settings = type(settings)(**{**settings.__dict__, "max_new_tokens": max_tokens})
+        settings = replace(self.configs[config], max_new_tokens=max_tokens)
         began = time.perf_counter()
         first, result = None, None
         for chunk in self.pipeline.stream(ids, settings):

@@ -265,9 +265,7 @@ class CostModel(Policy):
             self.pending_catchup = None
             if self.plain_only:
                 return 0
-            if self.draft_step is None:
-                return self.start
-            # costs known from an earlier request (``inherit``): the best K, not a cold start at k_max
+            # then as any cycle: with costs known from an earlier request (``inherit``), the best K
         if self.draft_step is None or not self.verify:
             return self.start  # nothing measured yet: speculate to learn the costs
         if 1 not in self.measured and "draft" in self.measured:
