@@ -17,6 +17,9 @@ MANIFEST = "manifest.json"
 ROLES = ("target", "draft")
 DTYPES = ("float32", "float16")
 WEIGHT_FORMATS = ("full", "int4", "int8")
+# explicit: standard ops, new K/V as outputs staged by the runtime (the reference; what TensorRT parses).
+# fused: ONNX Runtime's fused LLM ops, the new K/V written into the cache in place.
+GRAPH_FORMS = ("explicit", "fused")
 # The runtime prefills prompts in calls of at most this many tokens; TensorRT profiles cover it.
 PREFILL_CHUNK = 512
 
@@ -33,11 +36,13 @@ def input_names(num_layers: int) -> list[str]:
     return names
 
 
-def output_names(num_layers: int) -> list[str]:
-    """Graph outputs in order: logits, then new_key.i / new_value.i per layer."""
+def output_names(num_layers: int, graph: str = "explicit") -> list[str]:
+    """Graph outputs in order: logits, then per layer new_key.i / new_value.i (explicit form: the new tokens'
+    K/V) or present_key.i / present_value.i (fused form: the cache itself, bound to the input buffers)."""
+    kind = "new" if graph == "explicit" else "present"
     names = ["logits"]
     for i in range(num_layers):
-        names += [f"new_key.{i}", f"new_value.{i}"]
+        names += [f"{kind}_key.{i}", f"{kind}_value.{i}"]
     return names
 
 
@@ -59,6 +64,7 @@ class ModelSpec:
     tokenizer_fingerprint: str
     eos_token_ids: tuple[int, ...] = ()
     parameters: int = 0
+    graph: str = "explicit"
 
     @property
     def inputs(self) -> list[str]:
@@ -66,7 +72,12 @@ class ModelSpec:
 
     @property
     def outputs(self) -> list[str]:
-        return output_names(self.num_layers)
+        return output_names(self.num_layers, self.graph)
+
+    @property
+    def writes_cache(self) -> bool:
+        """The graph writes the new tokens' K/V into the bound cache itself (fused form): nothing to stage."""
+        return self.graph == "fused"
 
     def cache_shape(self, batch: int, capacity: int) -> tuple[int, int, int, int]:
         """Shape of one layer's key (or value) cache: [batch, kv_heads, capacity, head_dim]."""
@@ -210,7 +221,11 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
         raise ContractError(f"{where}: eos_token_ids must be a list of at most 64 token ids, got {_shown(eos)}")
     if any(t >= values["vocab_size"] for t in eos):
         raise ContractError(f"{where}: eos_token_ids {eos} reach outside the vocabulary [0, {values['vocab_size']})")
-    return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0))
+    graph = _field(data, "graph", str, where, default="explicit")
+    if graph not in GRAPH_FORMS:
+        raise ContractError(f"{where}: graph {graph!r} not in {GRAPH_FORMS}")
+    return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
+                     graph=graph)
 
 
 def _check_relative(name: str, where: str) -> None:

@@ -58,17 +58,36 @@ def noise_dir(checkpoints, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fused_dirs(tmp_path_factory):
+    """The close, self and noise pairs as fused graphs ("close", "self", "noise" -> artifact dir): the same
+    tiny models as ``checkpoints`` but with head_dim 16, the least ONNX Runtime's GroupQueryAttention rotates."""
+    root = tmp_path_factory.mktemp("fused")
+    config = tiny.llama_config(head_dim=16)
+    target = tiny.build_model(config, seed=0)
+    close = tiny.build_model(config, seed=1, perturb_from=target, noise=0.05)
+    noise = tiny.build_model(tiny.llama_config(num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
+                                               num_key_value_heads=1, intermediate_size=24, head_dim=16), seed=2)
+    saved = {name: tiny.save_checkpoint(model, root / name) for name, model in
+             (("target", target), ("close", close), ("noise", noise))}
+    return {name: tiny.export_cli(root / f"{name}-art", saved["target"], saved[draft], "--graph", "fused")
+            for name, draft in (("close", "close"), ("self", "target"), ("noise", "noise"))}
+
+
+@pytest.fixture(scope="session")
 def exported_architecture(tmp_path_factory):
-    """name -> (transformers model, artifact dir) for the parity cases, each exported once per session."""
+    """(name, graph form) -> (transformers model, artifact dir) for the parity cases, each exported once per session."""
     from tests.exporter.cases import PARITY_CASES
 
-    cache = {}
+    models, artifacts = {}, {}
 
-    def get(name):
-        if name not in cache:
+    def get(name, graph="explicit"):
+        if name not in models:
             model = tiny.build_model(PARITY_CASES[name](), seed=3)
             root = tmp_path_factory.mktemp(name)
-            cache[name] = (model, tiny.export_cli(root / "art", tiny.save_checkpoint(model, root / "ckpt")))
-        return cache[name]
+            models[name] = (model, tiny.save_checkpoint(model, root / "ckpt"), root)
+        model, checkpoint, root = models[name]
+        if (name, graph) not in artifacts:
+            artifacts[name, graph] = tiny.export_cli(root / f"art-{graph}", checkpoint, None, "--graph", graph)
+        return model, artifacts[name, graph]
 
     return get

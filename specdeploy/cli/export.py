@@ -28,8 +28,12 @@ from .common import console
               help="int4: weights per quantization block (larger: faster decode, coarser weights).")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
               help="int4: MatMulNBits compute type (4: int8 activations, fastest on CPU; 0: fp32).")
+@click.option("--graph", type=click.Choice(["explicit", "fused"]), default="explicit", show_default=True,
+              help="explicit: standard ONNX ops, new K/V as outputs (the reference; what TensorRT parses); fused: "
+                   "ONNX Runtime's fused LLM ops (GroupQueryAttention writing the cache in place, fused norms, "
+                   "MatMulNBits), a dozen nodes a layer, written straight from the weights.")
 @click.option("--force", is_flag=True, help="Replace an existing output dir.")
-def export(target, draft, out, dtype, weights, draft_weights, capacity, block_size, accuracy_level, force):
+def export(target, draft, out, dtype, weights, draft_weights, capacity, block_size, accuracy_level, graph, force):
     """Export Hugging Face causal LMs to verify-v1 ONNX graphs plus a manifest."""
     from ..exporter import ExportError, export_artifact
 
@@ -41,7 +45,7 @@ def export(target, draft, out, dtype, weights, draft_weights, capacity, block_si
 
             manifest = export_artifact(target, out, draft=draft, dtype=dtype, weights=weights, capacity=capacity,
                                        force=force, draft_weights=draft_weights, progress=progress,
-                                       block_size=int(block_size), accuracy_level=accuracy_level)
+                                       block_size=int(block_size), accuracy_level=accuracy_level, graph=graph)
     except (ExportError, ContractError) as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(f"[green]exported[/] {', '.join(manifest.models)} to {out}")

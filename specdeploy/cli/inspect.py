@@ -35,11 +35,11 @@ def inspect(directory, as_json):
     out = Console()
     out.print(f"[bold]{directory}[/]  contract {manifest.contract}, exporter {manifest.exporter_version}, opset {manifest.opset}")
     models = Table("role", "architecture", "params", "layers", "heads / kv", "head dim", "vocab", "dtype", "weights",
-                   "capacity", title="models")
+                   "capacity", "graph", title="models")
     for spec in manifest.models.values():
         models.add_row(spec.role, spec.architecture, f"{spec.parameters / 1e6:.1f}M", str(spec.num_layers),
                        f"{spec.num_heads} / {spec.kv_heads}", str(spec.head_dim), str(spec.vocab_size), spec.dtype,
-                       spec.weights, str(spec.capacity))
+                       spec.weights, str(spec.capacity), spec.graph)
     out.print(models)
     tensors = Table("tensor", "dtype", "shape", title="verify-v1 tensors (per model; i = layer)")
     spec = manifest.target
@@ -47,7 +47,12 @@ def inspect(directory, as_json):
     tensors.add_row("past_len", "int64", "[batch]")
     tensors.add_row("cache_key.{i} / cache_value.{i}", spec.dtype, "[batch, kv_heads, capacity, head_dim]")
     tensors.add_row("logits", "float32", "[batch, tokens, vocab]")
-    tensors.add_row("new_key.{i} / new_value.{i}", spec.dtype, "[batch, kv_heads, tokens, head_dim]")
+    for graph in sorted({spec.graph for spec in manifest.models.values()}):
+        if graph == "fused":  # the cache itself: bound to the input buffers, the new K/V written at past_len ..
+            tensors.add_row("present_key.{i} / present_value.{i}", spec.dtype,
+                            "[batch, kv_heads, capacity, head_dim] (= the cache, written in place)")
+        else:
+            tensors.add_row("new_key.{i} / new_value.{i}", spec.dtype, "[batch, kv_heads, tokens, head_dim]")
     out.print(tensors)
     table = Table("role", "nodes", "per layer", "most frequent ops",
                   title="graphs, as stored (ONNX Runtime fuses some at load; each node is a dispatch)")

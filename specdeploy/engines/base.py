@@ -29,7 +29,8 @@ class EngineOutput:
 
     logits: np.ndarray  # [batch, tokens, vocab] float32
     # The new tokens' K/V as the graph returned them, already written into the cache by ``infer``:
-    # [2 * layers, batch, kv_heads, tokens, head_dim] (explicit graphs; None where the graph writes in place)
+    # [2 * layers, batch, kv_heads, tokens, head_dim] (explicit graphs; None where the graph writes in place:
+    # the fused form, whose new K/V are in the cache at past_len ..)
     new_kv: np.ndarray | list[np.ndarray] | None
     seconds: float  # the backend's call, without input checks and K/V staging
     stage_seconds: float = 0.0  # writing the new K/V into the cache
@@ -132,6 +133,8 @@ class Engine(ABC):
         """
         self._check(input_ids, past_len, cache)
         start = time.perf_counter()
+        if self.spec.graph == "fused":  # spec.writes_cache, read as a field: no call on the hot path
+            return EngineOutput(self._infer_in_place(input_ids, past_len, cache), None, time.perf_counter() - start)
         logits, new_kv = self.infer_impl(input_ids, past_len, cache)
         ran = time.perf_counter()
         if isinstance(cache, KVCache):
@@ -142,9 +145,23 @@ class Engine(ABC):
                     buf[b, :, s : s + new.shape[2]] = new[b]
         return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran)
 
+    def _infer_in_place(self, input_ids, past_len, cache) -> np.ndarray:
+        """A graph that writes its cache itself (fused form). GroupQueryAttention takes several new tokens
+        after a past only at batch 1, so such calls at a larger batch run row by row, on views of the rows'
+        buffers (each row of a layer's cache is one contiguous block)."""
+        batch, tokens = input_ids.shape
+        if batch == 1 or tokens == 1:
+            return self.infer_impl(input_ids, past_len, cache)[0]
+        logits = np.empty((batch, tokens, self.spec.vocab_size), np.float32)
+        for b in range(batch):
+            rows = cache.rows(b, b + 1) if isinstance(cache, KVCache) else [buf[b : b + 1] for buf in cache]
+            logits[b] = self.infer_impl(input_ids[b : b + 1], past_len[b : b + 1], rows)[0][0]
+        return logits
+
     @abstractmethod
     def infer_impl(self, input_ids, past_len, cache) -> tuple[np.ndarray, np.ndarray | list[np.ndarray]]:
-        """Run the backend on checked inputs; return logits and the new K/V per layer."""
+        """Run the backend on checked inputs; return logits and the new K/V per layer (None where the graph
+        writes them into the cache itself)."""
 
     def _check(self, input_ids, past_len, cache) -> None:
         role = self.spec.role

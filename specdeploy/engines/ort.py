@@ -124,6 +124,9 @@ class OrtEngine(Engine):
                 self._forget_other_caches(buffers)
                 for name, buf in zip(self.spec.inputs[2:], buffers):
                     call.binding.bind_cpu_input(name, buf)
+                if self.spec.writes_cache:  # present_* is the cache itself: the graph writes the new K/V in place
+                    for name, buf in zip(self.spec.outputs[1:], buffers):
+                        call.binding.bind_output(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
             call.bound, call.buffers = cache, buffers
         call.binding.bind_cpu_input("input_ids", input_ids)
         call.binding.bind_cpu_input("past_len", past_len)
@@ -171,7 +174,10 @@ class _BoundCall:
         batch, tokens = shape
         self.binding, self.bound, self.buffers = binding, None, []
         self.logits = np.empty((batch, tokens, spec.vocab_size), np.float32)
-        self.new_kv = np.empty((2 * spec.num_layers, *spec.cache_shape(batch, tokens)), cache_dtype)
         binding.bind_output(spec.outputs[0], "cpu", 0, np.float32, list(self.logits.shape), self.logits.ctypes.data)
+        if spec.writes_cache:  # the cache outputs are bound with the cache inputs
+            self.new_kv = None
+            return
+        self.new_kv = np.empty((2 * spec.num_layers, *spec.cache_shape(batch, tokens)), cache_dtype)
         for name, buf in zip(spec.outputs[1:], self.new_kv):
             binding.bind_output(name, "cpu", 0, cache_dtype, list(buf.shape), buf.ctypes.data)

@@ -92,9 +92,13 @@ def check_shapes(profiles: list[Profile], spec: ModelSpec, shapes: dict[str, tup
 def build_engines(directory: Path, max_batch: int = 1, max_draft: int = 8, capacity: int | None = None,
                   opt_capacity: int | None = None, precision: str = "auto", log=print) -> Manifest:
     """Build a TensorRT plan next to each ONNX graph of an artifact and record the build in its manifest."""
-    trt = tensorrt()
     directory = Path(directory)
     manifest = Manifest.read(directory)
+    fused = [spec.role for spec in manifest.models.values() if spec.graph != "explicit"]
+    if fused:  # GroupQueryAttention and its kin are ONNX Runtime's own ops: TensorRT's parser has none of them
+        raise BuildError(f"{', '.join(fused)}: a fused graph (ONNX Runtime's contrib ops) cannot be built with "
+                         "TensorRT; export with --graph explicit for TensorRT")
+    trt = tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
     device = device_facts()
     cache_path = directory / "timing.cache"

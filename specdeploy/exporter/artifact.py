@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
-from ..contract import DTYPES, WEIGHT_FORMATS, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
+from ..contract import DTYPES, GRAPH_FORMS, WEIGHT_FORMATS, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
 from . import onnx_graph
 from .checkpoint import load_checkpoint, load_tokenizer_and_config
+from .fused import FusedGraph
 from .int8 import Int8Error, to_int8_per_row
 from .registry import ExportError, lookup
 from .tokenizer import differences
@@ -41,6 +42,7 @@ def export_artifact(
     block_size: int = 32,
     accuracy_level: int = 4,
     isolate: bool | None = None,
+    graph: str = "explicit",
 ) -> Manifest:
     """Export a target (and optionally a draft) checkpoint to a verify-v1 artifact dir at ``out``.
 
@@ -48,9 +50,13 @@ def export_artifact(
     ``block_size`` and ``accuracy_level`` tune ONNX Runtime's MatMulNBits quantizer (int4 only).
     ``capacity``: cache slots a request may use (default: the model's max_position_embeddings, at most
     2048). ``isolate``: trace each model in a child process (default: for GGUF files and large checkpoints).
+    ``graph``: "explicit" (standard ops, traced by torch.onnx) or "fused" (ONNX Runtime's fused LLM ops with
+    the cache written in place, written directly from the weights; int4 weights quantized as they are written).
     Returns the manifest written. Raises ExportError on bad input, before writing anything.
     """
     out = Path(out)
+    if graph not in GRAPH_FORMS:
+        raise ExportError(f"graph {graph!r} is not supported; expected one of {', '.join(GRAPH_FORMS)}")
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
     for name, value in (("weights", weights), ("draft weights", draft_weights or weights)):
@@ -83,10 +89,14 @@ def export_artifact(
             # ones traced in a child process: torch keeps the heap of a traced export, which the
             # quantizer that comes next needs.
             isolated = _is_large(source) if isolate is None else isolate
-            facts = (_trace_in_child if isolated else _trace)(role, source, staging, capacity, progress)
             fmt = weights if role == "target" else (draft_weights or weights)
-            _compress(role, staging / f"{role}.onnx", dtype, fmt, (block_size, accuracy_level), progress)
-            specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, **facts)
+            form = Form(graph, (block_size, accuracy_level) if graph == "fused" and fmt == "int4" else None)
+            facts = (_trace_in_child if isolated else _trace)(role, source, staging, capacity, progress, form)
+            if form.int4 is None:
+                _compress(role, staging / f"{role}.onnx", dtype, fmt, (block_size, accuracy_level), progress)
+            elif dtype == "float16":
+                _compress(role, staging / f"{role}.onnx", dtype, "full", (block_size, accuracy_level), progress)
+            specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, graph=graph, **facts)
         if capacity is None:  # each model's own limit; the pair serves what both allow
             least = min(spec.capacity for spec in specs.values())
             specs = {role: dataclasses.replace(spec, capacity=least) for role, spec in specs.items()}
@@ -132,8 +142,17 @@ def _check_pair(target, draft) -> None:
         )
 
 
-def _trace(role: str, source, staging: Path, capacity: int | None, progress: Progress) -> dict:
-    """Load a checkpoint and trace its verify graph to ``staging/role.onnx``; return the model's facts."""
+@dataclasses.dataclass(frozen=True)
+class Form:
+    """Which graph a model is written as: "explicit" or "fused", and for a fused int4 graph the quantizer's
+    (block_size, accuracy_level), applied as the weights are written."""
+
+    graph: str = "explicit"
+    int4: tuple[int, int] | None = None
+
+
+def _trace(role: str, source, staging: Path, capacity: int | None, progress: Progress, form: Form = Form()) -> dict:
+    """Load a checkpoint and write its verify graph to ``staging/role.onnx``; return the model's facts."""
     import torch
 
     progress(f"loading {role} {source}")
@@ -162,25 +181,30 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
     with torch.no_grad():
         module = arch.build(checkpoint.config, checkpoint.weights, capacity)
         checkpoint.weights.clear()  # the module holds its own (transposed) copies
-        progress(f"{role}: exporting to ONNX")
-        onnx_graph.export_graph(module, dims, staging / f"{role}.onnx")
+        if form.graph == "fused":
+            progress(f"{role}: writing the fused graph" + (" (int4 weights)" if form.int4 else ""))
+            graph = FusedGraph(staging / f"{role}.onnx", dims, int4=form.int4)
+            graph.save(module.write_fused(graph, capacity))
+        else:
+            progress(f"{role}: exporting to ONNX")
+            onnx_graph.export_graph(module, dims, staging / f"{role}.onnx")
     del module, checkpoint
     gc.collect()
-    traced = ModelSpec(role=role, file=f"{role}.onnx", dtype="float32", weights="full", **facts)
+    traced = ModelSpec(role=role, file=f"{role}.onnx", dtype="float32", weights="full", graph=form.graph, **facts)
     problems = io_problems(traced, onnx_graph.declared_io(staging / f"{role}.onnx"))
     if problems:  # a config that disagrees with its own weights (vocab_size, heads, head_dim)
         raise ExportError(f"{role}: the checkpoint's config.json disagrees with its weights: " + "; ".join(problems[:3]))
     return facts
 
 
-def _trace_in_child(role: str, source, staging: Path, capacity: int | None, progress: Progress) -> dict:
+def _trace_in_child(role: str, source, staging: Path, capacity: int | None, progress: Progress, form: Form) -> dict:
     """``_trace`` in a fresh process, relaying its progress; its memory goes back to the OS when it ends."""
     import multiprocessing
     import queue as queues
 
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
-    process = context.Process(target=_trace_child, args=(role, str(source), str(staging), capacity, messages))
+    process = context.Process(target=_trace_child, args=(role, str(source), str(staging), capacity, form, messages))
     process.start()
     try:
         while True:
@@ -203,9 +227,9 @@ def _trace_in_child(role: str, source, staging: Path, capacity: int | None, prog
             process.kill()
 
 
-def _trace_child(role: str, source: str, staging: str, capacity: int | None, messages) -> None:
+def _trace_child(role: str, source: str, staging: str, capacity: int | None, form: Form, messages) -> None:
     try:
-        facts = _trace(role, source, Path(staging), capacity, lambda m: messages.put(("progress", m)))
+        facts = _trace(role, source, Path(staging), capacity, lambda m: messages.put(("progress", m)), form)
     except ExportError as exc:
         messages.put(("error", str(exc)))
     except Exception as exc:  # any failure reaches the parent as one clear message

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
+from .fused import MS, FusedGraph, skip_outputs
 from .layers import cached_attention, frozen, layer_norm, positions
 from .registry import ExportError, register, take
 
@@ -39,6 +41,40 @@ class Gpt2Verify(nn.Module):
             new_kv += [k, v]
         logits = layer_norm(x, self.ln_f[0], self.ln_f[1], self.eps) @ self.lm_head
         return (logits.to(torch.float32), *new_kv)
+
+    def write_fused(self, graph: FusedGraph, capacity: int) -> str:
+        """The same forward as fused ONNX Runtime ops (nine nodes a layer); returns the logits' name."""
+        lengths = graph.lengths()
+        start = graph.node("Unsqueeze", ["past_len", graph.constant("axis1", np.array([1], np.int64))])[0]
+        tokens = graph.node("Squeeze", [graph.node("Shape", ["input_ids"], start=1, end=2)[0]])[0]
+        steps = graph.node("Range", [graph.constant("zero", np.array(0, np.int64)), tokens,
+                                     graph.constant("step", np.array(1, np.int64))])[0]
+        positions = graph.node("Add", [start, steps])[0]  # [batch, tokens]
+        residual = graph.node("Add", [graph.node("Gather", [graph.constant("wte", self.wte), "input_ids"])[0],
+                                      graph.node("Gather", [graph.constant("wpe", self.wpe), positions])[0]])[0]
+        added = bias = None
+        for i, block in enumerate(self.layers):
+            h, residual = self._norm(graph, residual, added, bias, block.ln1_w, block.ln1_b, f"layers.{i}.ln1")
+            qkv = graph.node("Add", [graph.matmul(h, block.attn_w, f"layers.{i}.attn"),
+                                     graph.constant(f"layers.{i}.attn_b", block.attn_b)])[0]
+            attn = graph.attention(qkv, i, lengths, None)
+            h, residual = self._norm(graph, residual, graph.matmul(attn, block.proj_w, f"layers.{i}.proj"), block.proj_b,
+                                     block.ln2_w, block.ln2_b, f"layers.{i}.ln2")
+            fc = graph.node("FastGelu", [graph.matmul(h, block.fc_w, f"layers.{i}.fc"),
+                                         graph.constant(f"layers.{i}.fc_b", block.fc_b)], domain=MS)[0]
+            added, bias = graph.matmul(fc, block.mlp_proj_w, f"layers.{i}.mlp_proj"), block.mlp_proj_b
+        h, _ = self._norm(graph, residual, added, bias, self.ln_f[0], self.ln_f[1], "ln_f")
+        return graph.matmul(h, self.lm_head, "lm_head")
+
+    def _norm(self, graph: FusedGraph, residual: str, added: str | None, bias, weight, shift, name: str):
+        """LayerNorm of residual + added + bias; returns (normed, the new residual stream)."""
+        gamma, beta = graph.constant(f"{name}.weight", weight), graph.constant(f"{name}.bias", shift)
+        if added is None:
+            return graph.node("LayerNormalization", [residual, gamma, beta], epsilon=float(self.eps), axis=-1)[0], residual
+        inputs = [residual, added, gamma, beta, graph.constant(f"{name}.skip_bias", bias)]
+        normed, _, _, summed = graph.node("SkipLayerNormalization", inputs, skip_outputs(graph), domain=MS,
+                                          epsilon=float(self.eps))
+        return normed, summed
 
 
 class _Block(nn.Module):

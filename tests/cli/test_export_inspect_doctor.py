@@ -136,6 +136,27 @@ def test_inspect_counts_nodes_per_layer_as_a_layer_more_adds_them(tmp_path):
     assert f"│ {summaries[4]['nodes']} " in table and "MatMul" in table
 
 
+def test_inspect_shows_the_fused_form_at_a_dozen_nodes_a_layer(tmp_path):
+    """The fused form's layers are a handful of ONNX Runtime's fused ops (issue #13: at most 15 nodes), against
+    the explicit form's dozens, and inspect says which form each graph is."""
+    ckpt = tiny.save_checkpoint(tiny.build_model(tiny.llama_config(num_hidden_layers=3, head_dim=16), seed=0),
+                                tmp_path / "ckpt")
+    summaries = {}
+    for form in ("explicit", "fused"):
+        art = tiny.export_cli(tmp_path / form, ckpt, None, "--graph", form)
+        data = json.loads(run("inspect", art, "--json").output)
+        assert data["models"]["target"]["graph"] == form
+        summaries[form] = data["graphs"]["target"]
+        assert summaries[form]["layers_found"] == 3
+    fused, explicit = summaries["fused"], summaries["explicit"]
+    assert fused["nodes_per_layer"] <= 15 < explicit["nodes_per_layer"]
+    assert fused["ops"]["GroupQueryAttention"] == 3
+    assert fused["ops"]["SkipSimplifiedLayerNormalization"] == 2 * 3  # every norm but the first, plus the final one
+    assert data["models"]["target"]["outputs"][1:3] == ["present_key.0", "present_value.0"]
+    table = run("inspect", tmp_path / "fused").output
+    assert "present_key.{i}" in table and "fused" in table and "GroupQueryAttention" in table
+
+
 def test_inspect_not_an_artifact(tmp_path):
     result = run("inspect", tmp_path)
     assert result.exit_code != 0 and "no manifest" in result.output

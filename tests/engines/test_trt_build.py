@@ -111,3 +111,11 @@ def test_fp16_flag_needs_an_fp16_graph_under_rtx(pair_dir, tmp_path):
         assert result.exit_code != 0 and "needs an artifact exported with --dtype float16" in result.output
     else:
         assert result.exit_code == 0, result.output
+
+
+def test_a_fused_graph_is_refused_with_how_to_export_for_tensorrt(exported_architecture, tmp_path):
+    _, directory = exported_architecture("llama", "fused")
+    art = shutil.copytree(directory, tmp_path / "art")
+    result = CliRunner().invoke(main, ["build", str(art), "--trt"])
+    assert result.exit_code != 0 and "export with --graph explicit for TensorRT" in result.output
+    assert not (art / "target.plan").exists()

@@ -25,10 +25,17 @@ def test_every_registered_architecture_has_a_parity_case():
     assert not missing, f"registered without a parity test: {missing}"
 
 
-@pytest.fixture(scope="module", params=sorted(PARITY_CASES))
+FORMS = ("explicit", "fused")
+
+
+@pytest.fixture(scope="module", params=[(name, form) for name in sorted(PARITY_CASES) for form in FORMS],
+                ids=lambda param: "-".join(param))
 def exported(request, exported_architecture):
-    model, directory = exported_architecture(request.param)
-    return request.param, model, load_engine(directory, Manifest.read(directory), "target")
+    name, form = request.param
+    model, directory = exported_architecture(name, form)
+    manifest = Manifest.read(directory)
+    assert manifest.target.graph == form
+    return f"{name} ({form})", model, load_engine(directory, manifest, "target")
 
 
 def _reference(model, sequence: np.ndarray):
@@ -47,18 +54,29 @@ def _tolerance(reference):
     return 1e-4 * max(1.0, float(np.abs(reference).max()))
 
 
+def _check_cache(name, cache, before, kv, row, start, tokens):
+    """The call's K/V sit in the row's slots start .. start + tokens (both forms: the explicit form's are staged
+    there by the engine, the fused graph writes them itself), and every other slot is as it was."""
+    for i, (k, v) in enumerate(kv):
+        for buf, old, reference in ((cache[2 * i], before[2 * i], k), (cache[2 * i + 1], before[2 * i + 1], v)):
+            np.testing.assert_allclose(buf[row][:, start : start + tokens], reference[:, start : start + tokens],
+                                       atol=1e-4, rtol=1e-4, err_msg=name)
+            assert np.array_equal(buf[row][:, : start], old[row][:, : start]), f"{name}: layer {i} slots before {start}"
+            assert np.array_equal(buf[row][:, start + tokens :], old[row][:, start + tokens :]), (
+                f"{name}: layer {i} slots after {start + tokens}")
+
+
 def test_prefill_matches_transformers(exported):
     name, model, engine = exported
     rng = np.random.default_rng(0)
     ids = rng.integers(0, tiny.VOCAB, (3, 7))
     cache = _garbage_cache(engine, 3, 20, rng)
+    before = [buf.copy() for buf in cache]
     out = engine.infer(ids, np.zeros(3, np.int64), cache)
     for b in range(3):
         logits, kv = _reference(model, ids[b])
         assert np.abs(out.logits[b] - logits).max() <= _tolerance(logits), name
-        for i, (k, v) in enumerate(kv):
-            np.testing.assert_allclose(out.new_kv[2 * i][b], k, atol=1e-4, rtol=1e-4)
-            np.testing.assert_allclose(out.new_kv[2 * i + 1][b], v, atol=1e-4, rtol=1e-4)
+        _check_cache(name, cache, before, kv, b, 0, 7)
 
 
 @pytest.mark.parametrize("tokens", [1, 5])
@@ -70,10 +88,8 @@ def test_decode_and_verify_after_ragged_past(exported, tokens):
     cache = _garbage_cache(engine, 3, capacity, rng)
     # the past comes from the engine's own prefill of each row, written into the garbage-filled buffers
     for b in range(3):
-        row_cache = [buf[b : b + 1] for buf in cache]
-        prefill = engine.infer(sequences[b][None, : PAST[b]], np.zeros(1, np.int64), row_cache)
-        for buf, new in zip(cache, prefill.new_kv):
-            buf[b, :, : PAST[b]] = new[0]
+        engine.infer(sequences[b][None, : PAST[b]], np.zeros(1, np.int64), [buf[b : b + 1] for buf in cache])
+    before = [buf.copy() for buf in cache]
     new_ids = np.stack([s[PAST[b] :] for b, s in enumerate(sequences)])
     out = engine.infer(new_ids, PAST.astype(np.int64), cache)
     assert np.isfinite(out.logits).all()
@@ -82,6 +98,4 @@ def test_decode_and_verify_after_ragged_past(exported, tokens):
         reference = logits[PAST[b] :]
         gap = np.abs(out.logits[b] - reference).max()
         assert gap <= _tolerance(reference), f"{name}: tokens={tokens} row {b}: max |logits gap| {gap}"
-        for i, (k, v) in enumerate(kv):
-            np.testing.assert_allclose(out.new_kv[2 * i][b], k[:, PAST[b] :], atol=1e-4, rtol=1e-4)
-            np.testing.assert_allclose(out.new_kv[2 * i + 1][b], v[:, PAST[b] :], atol=1e-4, rtol=1e-4)
+        _check_cache(name, cache, before, kv, b, PAST[b], tokens)

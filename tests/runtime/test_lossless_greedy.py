@@ -10,9 +10,17 @@ PROMPTS = ["w5 w6 w7", "w10 w11 w12 w13 w14 w15 w16 w17 w18", "w20", "w30 w31 w3
 NEW = 24
 
 
-@pytest.fixture(scope="module")
-def pipelines(pair_dir, self_dir, noise_dir):
-    return {name: Pipeline.load(d) for name, d in (("close", pair_dir), ("self", self_dir), ("noise", noise_dir))}
+@pytest.fixture(scope="module", params=["explicit", "fused"])
+def pipelines(request):
+    """The close, self and noise pairs in each graph form (the fused one writes its cache in place)."""
+    if request.param == "fused":
+        dirs = request.getfixturevalue("fused_dirs")
+    else:
+        dirs = {name: request.getfixturevalue(f"{name}_dir") for name in ("self", "noise")}
+        dirs["close"] = request.getfixturevalue("pair_dir")
+    pipelines = {name: Pipeline.load(d) for name, d in dirs.items()}
+    assert {p.target.spec.graph for p in pipelines.values()} == {request.param}
+    return pipelines
 
 
 @pytest.fixture(scope="module")

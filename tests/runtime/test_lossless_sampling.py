@@ -100,14 +100,22 @@ def _end_to_end_counts(pipeline, config, prompt):
     return [tuple(r.token_ids[:2]) for r in results]
 
 
-@pytest.fixture(scope="module")
-def pair_pipeline(pair_dir):
-    return Pipeline.load(pair_dir)
+@pytest.fixture(scope="module", params=["explicit", "fused"])
+def form(request):
+    """Each graph form: the fused one writes its cache in place, so rejected drafts' slots hold stale K/V."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def noise_pipeline(noise_dir):
-    return Pipeline.load(noise_dir)
+def pair_pipeline(request, form):
+    return Pipeline.load(request.getfixturevalue("fused_dirs")["close"] if form == "fused"
+                         else request.getfixturevalue("pair_dir"))
+
+
+@pytest.fixture(scope="module")
+def noise_pipeline(request, form):
+    return Pipeline.load(request.getfixturevalue("fused_dirs")["noise"] if form == "fused"
+                         else request.getfixturevalue("noise_dir"))
 
 
 @pytest.mark.parametrize("draft,drafter,policy", [

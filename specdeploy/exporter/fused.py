@@ -1,0 +1,155 @@
+"""The fused graph form, written node by node from the weights (no tracing), as ONNX Runtime's model builder does.
+
+Attention is ``GroupQueryAttention`` with the cache as a shared past/present buffer: the new tokens' K/V
+are written in place at slots ``past_len .. past_len + T - 1`` (rotary inside the op), so the graph has no
+K/V outputs to stage and rollback stays "move a length". Norms are ``(Skip)SimplifiedLayerNormalization``
+or ``(Skip)LayerNormalization``; int4 weights become ``MatMulNBits`` as they are written, quantized by ONNX
+Runtime's own block quantizer (the values its ``MatMulNBitsQuantizer`` would write). Weights stream to
+the external-data file one tensor at a time, so a model is never held twice.
+
+GroupQueryAttention takes several new tokens after a past only at batch 1 ("batch_size must be 1 when
+sequence_length > 1 and past context is given"): engines run such calls row by row.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..contract import input_names, output_names
+from .onnx_graph import EXTERNAL_DATA_BYTES, OPSET
+
+MS = "com.microsoft"
+ALIGN = 4096  # external tensors start on page boundaries: ONNX Runtime may memory-map them
+
+
+class FusedGraph:
+    """Collects nodes and streams initializers to ``path``'s external-data file; ``save`` writes the graph."""
+
+    def __init__(self, path: Path, dims: dict, dtype=np.float32, int4: tuple[int, int] | None = None):
+        self.path, self.dims, self.dtype, self.int4 = Path(path), dims, np.dtype(dtype), int4
+        self.data_path = self.path.with_name(self.path.name + ".data")
+        self.data = open(self.data_path, "wb")
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.bytes = 0
+        self._names: dict[str, int] = {}
+        layers, kv_heads, head_dim = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
+        elem = helper.np_dtype_to_tensor_dtype(self.dtype)
+        cache = ["batch", kv_heads, "capacity", head_dim]
+        self.inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
+                       helper.make_tensor_value_info("past_len", TensorProto.INT64, ["batch"])]
+        self.inputs += [helper.make_tensor_value_info(name, elem, cache) for name in input_names(layers)[2:]]
+        self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "tokens", dims["vocab_size"]])]
+        self.outputs += [helper.make_tensor_value_info(name, elem, cache) for name in output_names(layers, "fused")[1:]]
+
+    def name(self, stem: str) -> str:
+        """A fresh value name starting with ``stem``."""
+        count = self._names.get(stem, 0)
+        self._names[stem] = count + 1
+        return stem if count == 0 else f"{stem}_{count}"
+
+    def node(self, op: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attributes) -> list[str]:
+        """Append a node; return its output names (fresh ones when ``outputs`` is a count)."""
+        if isinstance(outputs, int):
+            outputs = [self.name(f"/{op}") for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=self.name(f"{op}_node"), domain=domain or None,
+                                           **attributes))
+        return outputs
+
+    def constant(self, name: str, array) -> str:
+        """An initializer holding ``array`` (floats in the model's dtype); written to the data file now."""
+        array = np.asarray(array)
+        if array.dtype.kind == "f" and array.dtype != self.dtype:
+            array = array.astype(self.dtype)
+        array = np.ascontiguousarray(array)
+        name = self.name(name)
+        tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+        if array.nbytes < 1024:  # shapes, axes, eps: inline
+            tensor.raw_data = array.tobytes()
+        else:
+            offset = -self.data.tell() % ALIGN
+            self.data.write(b"\0" * offset)
+            start = self.data.tell()
+            self.data.write(array.tobytes())
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", self.data_path.name), ("offset", start), ("length", array.nbytes)):
+                tensor.external_data.add(key=key, value=str(value))
+            self.bytes += array.nbytes
+        self.initializers.append(tensor)
+        return name
+
+    def matmul(self, x: str, weight, name: str) -> str:
+        """x @ weight ([in, out]); with int4 weights a MatMulNBits over the block-quantized weight."""
+        weight = _numpy(weight)
+        if self.int4 is None:
+            return self.node("MatMul", [x, self.constant(name, weight)])[0]
+        from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
+
+        block_size, accuracy_level = self.int4
+        config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level)
+        packed, scales, _ = DefaultWeightOnlyQuantizer(config).qbits_block_quant(weight.astype(np.float32))
+        rows, cols = weight.shape
+        attributes = {"K": rows, "N": cols, "bits": 4, "block_size": block_size}
+        if accuracy_level:
+            attributes["accuracy_level"] = accuracy_level
+        inputs = [x, self.constant(f"{name}_Q4", packed), self.constant(f"{name}_scales", scales)]
+        return self.node("MatMulNBits", inputs, domain=MS, **attributes)[0]
+
+    def lengths(self) -> tuple[str, str]:
+        """GroupQueryAttention's ``seqlens_k`` (past_len + T - 1 per row, int32) and ``total_sequence_length``
+        (the longest row's past_len + T, an int32 scalar), from ``past_len`` and the token count."""
+        tokens = self.node("Shape", ["input_ids"], start=1, end=2)[0]
+        total = self.node("Add", ["past_len", tokens])[0]
+        last = self.node("Sub", [total, self.constant("one", np.array([1], np.int64))])[0]
+        seqlens = self.node("Cast", [last], to=TensorProto.INT32)[0]
+        longest = self.node("ReduceMax", [total], keepdims=0)[0]
+        return seqlens, self.node("Cast", [longest], to=TensorProto.INT32)[0]
+
+    def attention(self, qkv: str, layer: int, lengths: tuple[str, str], rotary: tuple[str, str] | None) -> str:
+        """GroupQueryAttention over packed q/k/v [batch, T, (heads + 2 kv_heads) * head_dim], cache in place."""
+        dims = self.dims
+        inputs = [qkv, "", "", f"cache_key.{layer}", f"cache_value.{layer}", *lengths]
+        attributes = {"num_heads": dims["num_heads"], "kv_num_heads": dims["kv_heads"]}
+        if rotary is not None:
+            inputs += list(rotary)
+            attributes.update(do_rotary=1, rotary_interleaved=0)
+        outputs = [self.name(f"/attn.{layer}"), f"present_key.{layer}", f"present_value.{layer}"]
+        return self.node("GroupQueryAttention", inputs, outputs, domain=MS, **attributes)[0]
+
+    def save(self, logits: str) -> list[Path]:
+        """Write the graph (weights inline when small, as ``onnx_graph.save`` does); return the files written."""
+        self.node("Cast", [logits], ["logits"], to=TensorProto.FLOAT)
+        self.data.close()
+        graph = helper.make_graph(self.nodes, "verify", self.inputs, self.outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
+                                  producer_name="specdeploy")
+        if self.bytes >= EXTERNAL_DATA_BYTES:
+            onnx.save_model(model, str(self.path))
+            return [self.path, self.data_path]
+        onnx.external_data_helper.load_external_data_for_model(model, str(self.path.parent))
+        os.unlink(self.data_path)
+        onnx.save_model(model, str(self.path))
+        return [self.path]
+
+
+def skip_outputs(graph: FusedGraph) -> list[str]:
+    """Outputs of a Skip(Simplified)LayerNormalization: the normed value and the residual sum, not the statistics."""
+    return [graph.name("/normed"), "", "", graph.name("/residual")]
+
+
+def rotary_tables(graph: FusedGraph, inv_freq, scaling: float, capacity: int) -> tuple[str, str]:
+    """cos/sin caches [capacity, head_dim / 2] for GroupQueryAttention's rotary (scaling folded in)."""
+    angles = np.arange(capacity, dtype=np.float64)[:, None] * _numpy(inv_freq).astype(np.float64)[None, :]
+    return (graph.constant("cos_cache", (np.cos(angles) * scaling).astype(np.float32)),
+            graph.constant("sin_cache", (np.sin(angles) * scaling).astype(np.float32)))
+
+
+def _numpy(tensor) -> np.ndarray:
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    return tensor.detach().to("cpu").numpy()
