@@ -16,7 +16,14 @@ largest change verification made to the difference of two leading logits (each r
 tokens). A flip needs a margin below that change; a margin above the measured gap would be a bug.
 Optionally the peer: transformers' assisted generation with the same pair on this CPU.
 
-    python tools/bench_real_pair.py --artifact DIR [--humaneval 8] [--specbench 1] [--peer 2] [--out FILE]
+Several artifacts (e.g. the explicit and the fused graph form, int8 and int4 targets) run side by side:
+every configuration of every artifact round-robin per prompt, and first one call of each model at
+T = 1 / 5 / 9 new tokens after a past of 256 (interleaved), the per-call cost the tok/s come from.
+Each artifact's runs are checked against its own plain decoding; plain decoding of each against the
+first artifact's is reported too (a different graph or weight format computes other roundings).
+
+    python tools/bench_real_pair.py --artifact DIR [--artifact DIR2 ...] [--humaneval 8] [--specbench 1]
+        [--ks 1,2,3,4,6,8] [--peer 2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -139,6 +146,28 @@ def peer(target_gguf: Path, draft_gguf: Path, prompts, max_new_tokens: int) -> d
             ((n, result[n]) for n in ("plain", "assisted"))} | {"identical": result["identical"], "prompts": len(prompts)}
 
 
+def per_call(engines: dict, token_counts=(1, 5, 9), rounds: int = 10, capacity: int = 512) -> dict:
+    """Median seconds of one call of each engine at each token count, after a past of capacity / 2 (the cache a
+    HumanEval request plans), every engine and count interleaved round by round."""
+    rng = np.random.default_rng(0)
+    caches, inputs, times = {}, {}, {}
+    for label, engine in engines.items():
+        caches[label] = engine.allocate_cache(1, capacity)
+        for buf in caches[label]:
+            buf[:] = rng.normal(0, 1, buf.shape)
+        inputs[label] = {t: rng.integers(0, engine.spec.vocab_size, (1, t)) for t in token_counts}
+        times[label] = {t: [] for t in token_counts}
+    past = np.array([capacity // 2], np.int64)
+    for warm in (True,) + (False,) * rounds:
+        for label, engine in engines.items():
+            for t in token_counts:
+                began = time.perf_counter()
+                engine.infer(inputs[label][t], past, caches[label])
+                if not warm:
+                    times[label][t].append(time.perf_counter() - began)
+    return {label: {t: float(np.median(v)) for t, v in counts.items()} for label, counts in times.items()}
+
+
 def main() -> None:
     from rich.console import Console
     from rich.table import Table
@@ -147,7 +176,8 @@ def main() -> None:
     from specdeploy.runtime.telemetry import acceptance_by_position, mean_accepted_length, time_split
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifact", type=Path, required=True)
+    parser.add_argument("--artifact", type=Path, action="append", required=True,
+                        help="an artifact of the pair; repeat to run several side by side")
     parser.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts (first N)")
     parser.add_argument("--specbench", type=int, default=1, help="Spec-Bench prompts per category group")
     parser.add_argument("--ks", default="1,2,3,4,6,8")
@@ -159,45 +189,85 @@ def main() -> None:
     args = parser.parse_args()
     console = Console()
 
-    pipeline = Pipeline.load(args.artifact, threads=2)
-    recorder = pipeline.target = LogitsRecorder(pipeline.target)
-    grid = configs([int(k) for k in args.ks.split(",")])
+    labels = [a.name if [b.name for b in args.artifact].count(a.name) == 1 else f"{i}:{a.name}"
+              for i, a in enumerate(args.artifact)]
+    pipelines, recorders = {}, {}
+    for label, artifact in zip(labels, args.artifact):
+        pipelines[label] = Pipeline.load(artifact, threads=2)
+        recorders[label] = pipelines[label].target = LogitsRecorder(pipelines[label].target)
+    several = len(labels) > 1
+    grid = {}  # name -> (artifact label, config)
+    for label in labels:
+        for name, config in configs([int(k) for k in args.ks.split(",")]).items():
+            grid[f"{label} | {name}" if several else name] = (label, config)
+    plain_of = {label: f"{label} | plain" if several else "plain" for label in labels}
+    weights = {label: (p.manifest.target.weights, p.manifest.target.dtype) for label, p in pipelines.items()}
+    # an artifact with the same target weights as an earlier one (the other graph form): plain decoding of
+    # the two differs only in arithmetic, so each divergence must be a near-tie as well
+    twins = {label: next(o for o in labels if weights[o] == weights[label]) for label in labels}
+    twins = {label: twin for label, twin in twins.items() if twin != label}
     prompts = workload(args.humaneval, args.specbench)
     if args.groups:
         prompts = [(g, p) for g, p in prompts if g in args.groups.split(",")]
-    for config in grid.values():  # warm-up: the first calls of a session allocate
-        pipeline.generate(["def f(x):"], type(config)(**{**config.__dict__, "max_new_tokens": 8}))
+    for label, config in grid.values():  # warm-up: the first calls of a session allocate
+        pipelines[label].generate(["def f(x):"], type(config)(**{**config.__dict__, "max_new_tokens": 8}))
+    engines = {f"{label} {role} {p.manifest.models[role].weights}/{p.manifest.models[role].graph}": engine
+               for label, p in pipelines.items() for role, engine in (("target", recorders[label].engine),
+                                                                     ("draft", p.draft)) if engine is not None}
+    calls = per_call(engines)
+    table = Table("model", *(f"T = {t} ms" for t in (1, 5, 9)), "T = 5 / T = 1", "T = 9 / T = 1",
+                  title="one call, batch 1, past 256 of 512 slots (median of 10, interleaved)")
+    for label, medians in calls.items():
+        table.add_row(label, *(f"{medians[t] * 1e3:.1f}" for t in (1, 5, 9)),
+                      f"{medians[5] / medians[1]:.2f}", f"{medians[9] / medians[1]:.2f}")
+    console.print(table)
     runs = {name: [] for name in grid}
     exactness = {}  # (configuration, prompt id) -> compare()
     for index, (group, prompt) in enumerate(prompts):
         order = list(grid)[index % len(grid):] + list(grid)[: index % len(grid)]  # rotate who goes first
-        first = len(pipeline.encode(prompt.text))
+        first = len(pipelines[labels[0]].encode(prompt.text))
         logits = {}
         for name in order:
-            logits[name] = recorder.start(first)
-            result = pipeline.generate([prompt.text], grid[name])[0]
+            label, config = grid[name]
+            logits[name] = recorders[label].start(first)
+            result = pipelines[label].generate([prompt.text], config)[0]
             runs[name].append((group, prompt, result))
-        plain = runs["plain"][-1][2]
-        for name in grid:  # compare now: the recorded logits of this prompt are dropped after it
+        for name, (label, _) in grid.items():  # compare now: the recorded logits of this prompt are dropped after it
+            plain = runs[plain_of[label]][-1][2]
             result = runs[name][-1][2]
-            exactness[name, prompt.id] = compare(first, (plain.token_ids, logits["plain"]), (result.token_ids, logits[name]))
-        console.print(f"[{index + 1}/{len(prompts)}] {group} {prompt.id}: "
-                      f"plain {plain.stats['tokens_per_s']:.1f} tok/s", highlight=False)
+            exactness[name, prompt.id] = compare(first, (plain.token_ids, logits[plain_of[label]]),
+                                                 (result.token_ids, logits[name]))
+        for label, twin in twins.items():
+            ours, theirs = runs[plain_of[label]][-1][2], runs[plain_of[twin]][-1][2]
+            exactness[f"{plain_of[label]} vs {twin}", prompt.id] = compare(
+                first, (theirs.token_ids, logits[plain_of[twin]]), (ours.token_ids, logits[plain_of[label]]))
+        rates = ", ".join(f"{label} {runs[plain_of[label]][-1][2].stats['tokens_per_s']:.1f}" for label in labels)
+        console.print(f"[{index + 1}/{len(prompts)}] {group} {prompt.id}: plain tok/s {rates}", highlight=False)
 
     gap = max(c["gap_before"] for c in exactness.values())
     compared = sum(c["positions_compared"] for c in exactness.values())
     groups = sorted({g for g, _ in prompts}, key=lambda g: (g != "humaneval", g))
-    report = {"measured_gap": gap, "positions_compared": compared, "groups": {}}
+    report = {"measured_gap": gap, "positions_compared": compared, "per_call_s": calls, "groups": {}, "forms": {}}
+    for label, twin in twins.items():
+        checked = [(p, exactness[f"{plain_of[label]} vs {twin}", p.id]) for _, p in prompts]
+        report["forms"][f"{label} vs {twin}"] = {
+            "identical": sum("position" not in c for _, c in checked), "prompts": len(checked),
+            "differing": [{"prompt": p.id, **c, "within_gap": c["margin"] <= gap} for p, c in checked if "position" in c]}
+
+    def rate_of(name: str, group: str) -> float:
+        results = [r for g, _, r in runs[name] if g == group]
+        return sum(r.stats["tokens"] for r in results) / sum(r.stats["seconds"] for r in results)
+
     for group in groups:
-        table = Table("configuration", "tok/s", "speedup", "mean acc. len", "acceptance by position",
+        versus = [f"vs {labels[0]} plain"] if several else []
+        table = Table("configuration", "tok/s", "speedup", *versus, "mean acc. len", "acceptance by position",
                       "draft/verify/accept/cache s", "identical", "near-ties", title=f"{group} (greedy, 128 tokens)")
-        plain = [r for g, _, r in runs["plain"] if g == group]
-        plain_rate = sum(r.stats["tokens"] for r in plain) / sum(r.stats["seconds"] for r in plain)
         report["groups"][group] = {}
-        for name in grid:
+        for name, (label, _) in grid.items():
+            plain_rate, first_rate = rate_of(plain_of[label], group), rate_of(plain_of[labels[0]], group)
             rows = [(p, r) for g, p, r in runs[name] if g == group]
             results = [r for _, r in rows]
-            rate = sum(r.stats["tokens"] for r in results) / sum(r.stats["seconds"] for r in results)
+            rate = rate_of(name, group)
             records = [rec for r in results for rec in r.records]
             split = time_split(records)
             checked = [(p, exactness[name, p.id]) for p, _ in rows]
@@ -209,13 +279,15 @@ def main() -> None:
                 "acceptance_by_position": by_pos, "time_split": split, "identical": identical, "prompts": len(rows),
                 "differing": differing,
             }
-            table.add_row(name, f"{rate:.2f}", f"{rate / plain_rate:.2f}x", f"{mean_accepted_length(records):.2f}",
-                          " ".join(f"{a:.2f}" for a in by_pos) or "-",
+            table.add_row(name, f"{rate:.2f}", f"{rate / plain_rate:.2f}x", *([f"{rate / first_rate:.2f}x"] if several else []),
+                          f"{mean_accepted_length(records):.2f}",
+                          " ".join("-" if np.isnan(a) else f"{a:.2f}" for a in by_pos) or "-",
                           "/".join(f"{split[k]:.0f}" for k in ("draft", "verify", "accept", "cache")),
                           f"{identical}/{len(rows)}",
                           f"{sum(d['within_gap'] and d['own_argmax'] for d in differing)}/{len(differing)}")
         console.print(table)
     differing = [d for g in report["groups"].values() for c in g.values() for d in c["differing"]]
+    differing += [d for c in report["forms"].values() for d in c["differing"]]
     bugs = [d for d in differing if not d["own_argmax"] or not d["within_gap"]]
     console.print(f"measured gap (largest change verification made to a difference of two leading logits, over {compared} "
                   f"positions with the same tokens in both runs): {gap:.3f}")
@@ -223,6 +295,10 @@ def main() -> None:
                   f"emitting its own argmax: {len(differing) - len(bugs)}; otherwise: {len(bugs)}")
     for d in bugs:
         console.print(f"  not explained: {d}", highlight=False)
+    for pair, c in report["forms"].items():
+        console.print(f"plain decoding, {pair} (same weights, another graph form): identical {c['identical']}/{c['prompts']}; "
+                      f"divergences near-ties, own argmax: {sum(d['within_gap'] and d['own_argmax'] for d in c['differing'])}/"
+                      f"{len(c['differing'])}")
     if args.peer:
         peer_result = peer(args.gguf_dir / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                            args.gguf_dir / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
