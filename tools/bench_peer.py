@@ -329,7 +329,9 @@ def main() -> None:
     grid = [("onnxruntime-genai", "target"), ("onnxruntime-genai", f"draft k={args.k}")]
     for artifact in args.artifact:
         specs = Manifest.read(artifact).models
-        name = f"specdeploy ({specs['target'].weights} target, {specs['draft'].weights} draft)"
+        name = f"specdeploy ({specs['target'].weights} target, {specs['draft'].weights} draft, {specs['target'].graph} graphs)"
+        if name in workers:  # two artifacts of the same formats: their folder names tell them apart
+            name = f"specdeploy ({artifact.name})"
         workers[name] = Worker("specdeploy", str(artifact), args.threads, args.k)
         grid += [(name, "plain"), (name, f"fixed k={args.k}"), (name, "cost k<=8")]
     reference_name = f"{grid[2][0]}: plain"
