@@ -1,0 +1,126 @@
+"""GGUF checkpoints: read as written, exported in both graph forms with transformers' logits, lossless."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.exporter.checkpoint import load_checkpoint
+from tests import tiny
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 64, 2, 4, 2, 128, 300
+
+
+def write_tiny_gguf(path) -> dict[str, np.ndarray]:
+    """A random Llama-architecture GGUF (fp32 tensors) with a byte-level BPE tokenizer that merges "abc";
+    returns the tensors written, by GGUF name."""
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(LAYERS)
+    writer.add_feed_forward_length(INTERMEDIATE)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    tokens = list(bytes_to_unicode().values()) + ["ab", "abc"]
+    tokens += [f"<extra{i}>" for i in range(VOCAB - 8 - len(tokens))]
+    writer.add_vocab_size(VOCAB)  # room for the tokens transformers' converter adds (as real models pad theirs)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.add_token_merges(["a b", "ab c"])
+    writer.add_bos_token_id(len(tokens) - 2)
+    writer.add_eos_token_id(len(tokens) - 1)
+    rng = np.random.default_rng(0)
+    kv = KV_HEADS * HIDDEN // HEADS
+    shapes = {"token_embd.weight": (VOCAB, HIDDEN), "output_norm.weight": (HIDDEN,), "output.weight": (VOCAB, HIDDEN)}
+    for i in range(LAYERS):
+        shapes |= {f"blk.{i}.attn_norm.weight": (HIDDEN,), f"blk.{i}.ffn_norm.weight": (HIDDEN,),
+                   f"blk.{i}.attn_q.weight": (HIDDEN, HIDDEN), f"blk.{i}.attn_k.weight": (kv, HIDDEN),
+                   f"blk.{i}.attn_v.weight": (kv, HIDDEN), f"blk.{i}.attn_output.weight": (HIDDEN, HIDDEN),
+                   f"blk.{i}.ffn_gate.weight": (INTERMEDIATE, HIDDEN), f"blk.{i}.ffn_up.weight": (INTERMEDIATE, HIDDEN),
+                   f"blk.{i}.ffn_down.weight": (HIDDEN, INTERMEDIATE)}
+    written = {}
+    for name, shape in shapes.items():  # norms near 1, the rest small: logits that are not all ties
+        centre, spread = (1.0, 0.1) if name.endswith("norm.weight") else (0.0, 0.05)
+        written[name] = rng.normal(centre, spread, shape).astype(np.float32)
+        writer.add_tensor(name, written[name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return written
+
+
+def unpermuted(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp stores q/k rows interleaved per head for its rotary; Hugging Face's rotate-half order undoes it."""
+    rows, cols = weight.shape
+    return weight.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+HF_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+            "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+            "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+            "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return path, write_tiny_gguf(path)
+
+
+@pytest.fixture(scope="module")
+def gguf_file(written):
+    return written[0]
+
+
+def reference(gguf_file):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32).eval()
+
+
+def test_gguf_weights_tokenizer_and_eos_are_read_as_written(written):
+    path, tensors = written
+    checkpoint = load_checkpoint(path)
+    expected = {}
+    for name, array in tensors.items():
+        parts = name.split(".")
+        if parts[0] == "blk":
+            layer, kind = parts[1], parts[2]
+            if kind in ("attn_q", "attn_k"):
+                array = unpermuted(array, HEADS if kind == "attn_q" else KV_HEADS)
+            expected[f"model.layers.{layer}.{HF_NAMES[kind]}.weight"] = array
+        else:
+            expected[f"{HF_NAMES[parts[0]]}.weight"] = array
+    assert set(checkpoint.weights) == set(expected)
+    for name, array in expected.items():
+        assert checkpoint.weights[name].dtype == torch.float32
+        np.testing.assert_array_equal(checkpoint.weights[name].numpy(), array, err_msg=name)
+    assert checkpoint.tokenizer.encode("abc").ids == [257]  # the merges came through
+    assert checkpoint.eos_token_ids == (VOCAB - 9,)
+    assert checkpoint.config.num_key_value_heads == KV_HEADS and checkpoint.config.vocab_size == VOCAB
+
+
+@pytest.mark.parametrize("graph", ["explicit", "fused"])
+def test_a_gguf_exports_with_transformers_logits_and_speculates_losslessly(tmp_path, gguf_file, graph):
+    art = tiny.export_cli(tmp_path / "art", gguf_file, gguf_file, "--graph", graph)
+    pipeline = Pipeline.load(art, threads=1)
+    ids = [5, 97, 98, 99, 257, 40, 41]
+    engine = pipeline.target
+    cache = engine.allocate_cache(1, 96)
+    logits = engine.infer(np.array([ids], np.int64), np.array([0], np.int64), cache).logits[0]
+    with torch.no_grad():
+        expected = reference(gguf_file)(torch.tensor([ids])).logits[0].numpy()
+    np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=1e-4)
+    base = dict(max_new_tokens=16, ignore_eos=True)
+    plain = pipeline.generate(["abc ab"], GenerationConfig(drafter="none", **base))[0].token_ids
+    speculative = pipeline.generate(["abc ab"], GenerationConfig(k=4, **base))[0].token_ids
+    assert speculative == plain and len(plain) == 16
