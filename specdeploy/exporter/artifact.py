@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import __version__
 from ..contract import DTYPES, GRAPH_FORMS, WEIGHT_FORMATS, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
 from . import onnx_graph
-from .checkpoint import load_checkpoint, load_tokenizer_and_config
+from .checkpoint import gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
 from .fused import FusedGraph
 from .int8 import Int8Error, to_int8_per_row
 from .registry import ExportError, lookup
@@ -131,6 +131,9 @@ def _remove_abandoned_staging(out: Path) -> None:
 
 def _check_pair(target, draft) -> None:
     """Refuse a pair whose tokenizers or vocab sizes differ, before any weight is loaded."""
+    digest = gguf_vocabulary_digest(target)
+    if digest is not None and digest == gguf_vocabulary_digest(draft):
+        return  # the same tokenizer metadata, byte for byte: building both tokenizers would only confirm it
     (t_tok, t_config), (d_tok, d_config) = load_tokenizer_and_config(target), load_tokenizer_and_config(draft)
     problems = differences(t_tok, d_tok)
     if problems:

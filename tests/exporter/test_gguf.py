@@ -7,13 +7,15 @@ import pytest
 import torch
 
 from specdeploy import GenerationConfig, Pipeline
-from specdeploy.exporter.checkpoint import load_checkpoint
+from specdeploy.exporter import artifact
+from specdeploy.exporter.checkpoint import gguf_vocabulary_digest, load_checkpoint
+from specdeploy.exporter.registry import ExportError
 from tests import tiny
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 64, 2, 4, 2, 128, 300
 
 
-def write_tiny_gguf(path) -> dict[str, np.ndarray]:
+def write_tiny_gguf(path, seed: int = 0, extra: str = "extra") -> dict[str, np.ndarray]:
     """A random Llama-architecture GGUF (fp32 tensors) with a byte-level BPE tokenizer that merges "abc";
     returns the tensors written, by GGUF name."""
     import gguf
@@ -29,7 +31,7 @@ def write_tiny_gguf(path) -> dict[str, np.ndarray]:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     tokens = list(bytes_to_unicode().values()) + ["ab", "abc"]
-    tokens += [f"<extra{i}>" for i in range(VOCAB - 8 - len(tokens))]
+    tokens += [f"<{extra}{i}>" for i in range(VOCAB - 8 - len(tokens))]
     writer.add_vocab_size(VOCAB)  # room for the tokens transformers' converter adds (as real models pad theirs)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
@@ -37,7 +39,7 @@ def write_tiny_gguf(path) -> dict[str, np.ndarray]:
     writer.add_token_merges(["a b", "ab c"])
     writer.add_bos_token_id(len(tokens) - 2)
     writer.add_eos_token_id(len(tokens) - 1)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     kv = KV_HEADS * HIDDEN // HEADS
     shapes = {"token_embd.weight": (VOCAB, HIDDEN), "output_norm.weight": (HIDDEN,), "output.weight": (VOCAB, HIDDEN)}
     for i in range(LAYERS):
@@ -112,7 +114,7 @@ def test_gguf_weights_tokenizer_and_eos_are_read_as_written(written):
 @pytest.mark.parametrize("graph", ["explicit", "fused"])
 def test_a_gguf_exports_with_transformers_logits_and_speculates_losslessly(tmp_path, gguf_file, graph):
     art = tiny.export_cli(tmp_path / "art", gguf_file, gguf_file, "--graph", graph)
-    pipeline = Pipeline.load(art, threads=1)
+    pipeline = Pipeline.load(art)  # threads= would set the process-wide pool that later plain sessions refuse
     ids = [5, 97, 98, 99, 257, 40, 41]
     engine = pipeline.target
     cache = engine.allocate_cache(1, 96)
@@ -124,3 +126,27 @@ def test_a_gguf_exports_with_transformers_logits_and_speculates_losslessly(tmp_p
     plain = pipeline.generate(["abc ab"], GenerationConfig(drafter="none", **base))[0].token_ids
     speculative = pipeline.generate(["abc ab"], GenerationConfig(k=4, **base))[0].token_ids
     assert speculative == plain and len(plain) == 16
+
+
+def test_a_gguf_pair_with_one_tokenizer_is_checked_from_its_metadata(tmp_path, monkeypatch):
+    """Byte-identical tokenizer metadata (other weights): the pair passes without building either tokenizer."""
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    write_tiny_gguf(target, seed=0)
+    write_tiny_gguf(draft, seed=1)
+    assert gguf_vocabulary_digest(target) == gguf_vocabulary_digest(draft) is not None
+
+    def slow_path(_):
+        raise AssertionError("the tokenizers were built although their metadata is identical")
+
+    monkeypatch.setattr(artifact, "load_tokenizer_and_config", slow_path)
+    artifact._check_pair(target, draft)
+
+
+def test_a_gguf_pair_whose_vocabularies_differ_is_refused_with_the_full_report(tmp_path):
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    write_tiny_gguf(target)
+    write_tiny_gguf(draft, extra="other")  # ids 258.. name other tokens
+    assert gguf_vocabulary_digest(target) != gguf_vocabulary_digest(draft)
+    assert gguf_vocabulary_digest(tmp_path) is None and gguf_vocabulary_digest(tmp_path / "none.gguf") is None
+    with pytest.raises(ExportError, match="ids map to different tokens; first: 258: '<extra0>' vs '<other0>'"):
+        artifact._check_pair(target, draft)
