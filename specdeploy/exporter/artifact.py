@@ -92,10 +92,8 @@ def export_artifact(
             fmt = weights if role == "target" else (draft_weights or weights)
             form = Form(graph, (block_size, accuracy_level) if graph == "fused" and fmt == "int4" else None)
             facts = (_trace_in_child if isolated else _trace)(role, source, staging, capacity, progress, form)
-            if form.int4 is None:
-                _compress(role, staging / f"{role}.onnx", dtype, fmt, (block_size, accuracy_level), progress)
-            elif dtype == "float16":
-                _compress(role, staging / f"{role}.onnx", dtype, "full", (block_size, accuracy_level), progress)
+            written = "full" if form.int4 else fmt  # a fused int4 graph is quantized as it is written
+            _compress(role, staging / f"{role}.onnx", dtype, written, (block_size, accuracy_level), progress)
             specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, graph=graph, **facts)
         if capacity is None:  # each model's own limit; the pair serves what both allow
             least = min(spec.capacity for spec in specs.values())
