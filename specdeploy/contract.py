@@ -243,11 +243,11 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def tokenizer_problems(tokenizer, manifest: Manifest) -> list[str]:
+def tokenizer_problems(tokenizer, manifest: Manifest, fingerprint: str | None = None) -> list[str]:
     """Where an artifact's tokenizer does not fit its models: another tokenizer at export, or more tokens
-    than the vocabulary (ids it produces would be out of range)."""
+    than the vocabulary (ids it produces would be out of range). ``fingerprint``: the tokenizer's, when known."""
     problems = []
-    fingerprint = tokenizer_fingerprint(tokenizer)
+    fingerprint = fingerprint or tokenizer_fingerprint(tokenizer)
     for spec in manifest.models.values():
         if spec.tokenizer_fingerprint != fingerprint:
             problems.append(f"the {spec.role} model was exported with another tokenizer than {manifest.tokenizer} "

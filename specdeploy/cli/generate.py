@@ -49,6 +49,9 @@ def read_prompts(path: Path) -> list[str]:
 @click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
+@click.option("--remember-costs/--no-remember-costs", default=True, show_default=True,
+              help="Start the policy from the engine costs the last run measured on this artifact, provider and "
+                   "thread count, and keep this run's (in $SPECDEPLOY_CACHE): a fresh process would learn them cold.")
 @click.option("--chat", is_flag=True,
               help="Each prompt is a user message, rendered with the tokenizer's chat template.")
 @click.option("--system", default=None, help="With --chat: a system message before each prompt.")
@@ -58,7 +61,7 @@ def read_prompts(path: Path) -> list[str]:
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
              seed, k, policy, drafter, confidence_threshold, stop, stop_token_ids, ignore_eos, batch_size, provider,
-             threads, chat, system, as_json, compare):
+             threads, remember_costs, chat, system, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -76,7 +79,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                                   min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, k=k, policy=policy,
                                   drafter=drafter, stop=tuple(stop), stop_token_ids=stop_token_ids,
                                   confidence_threshold=confidence_threshold, ignore_eos=ignore_eos)
-        pipeline = Pipeline.load(directory, provider=provider, threads=threads)
+        pipeline = Pipeline.load(directory, provider=provider, threads=threads, remember_costs=remember_costs)
         # what is generated from: the prompt texts, or their chat renderings as token ids
         opening = [] if system is None else [{"role": "system", "content": system}]
         inputs = [pipeline.chat_prompt([*opening, {"role": "user", "content": p}]) for p in prompts] if chat else prompts

@@ -13,6 +13,7 @@ import numpy as np
 from ..contract import Manifest
 from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch
+from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
 from .config import ConfigError, GenerationConfig, is_integer
 from .decoder import Generation, RowResult, RowSpec
@@ -51,7 +52,8 @@ class Pipeline:
     """A loaded artifact: tokenizer, target engine and (optionally) draft engine."""
 
     def __init__(self, manifest: Manifest, tokenizer, target, draft=None, directory: Path | None = None,
-                 max_cache_bytes: int | None = None, chat_template: ChatTemplate | None = None):
+                 max_cache_bytes: int | None = None, chat_template: ChatTemplate | None = None,
+                 remembered_costs: RememberedCosts | None = None):
         self.manifest, self.tokenizer, self.target, self.draft = manifest, tokenizer, target, draft
         self.chat_template = chat_template or ChatTemplate({})
         bos = self.chat_template.bos_token
@@ -64,19 +66,24 @@ class Pipeline:
         self._ids = itertools.count()
         self._policies: dict[tuple, Policy] = {}  # (policy, k, drafter) -> the latest request's policy
         self._policies_lock = threading.Lock()
+        self._remembered = remembered_costs
 
     @classmethod
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
-             verify_hashes: bool = True, max_cache_bytes: int | None = None) -> Pipeline:
+             verify_hashes: bool = True, max_cache_bytes: int | None = None, remember_costs: bool = False) -> Pipeline:
         """Load an artifact dir written by ``specdeploy export``.
 
         Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
         unless ``verify_hashes=False`` is passed explicitly. ``max_cache_bytes`` caps the KV-cache
         memory one batch may allocate (target and draft together); a batch over it is refused.
+        ``remember_costs`` starts the first request's policy from what the last process measured on this
+        artifact, provider and thread count, and keeps what this one measures (``calibration``): for
+        short-lived processes such as ``specdeploy generate``; a long-lived one learns them in its first request.
         """
         directory = Path(directory)
         manifest, tokenizer, chat, target, draft = open_artifact(directory, provider, threads, verify_hashes)
-        return cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat)
+        remembered = RememberedCosts(machine_key(directory, provider, threads)) if remember_costs else None
+        return cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered)
 
     def cache_bytes(self, batch: int, capacity: int, speculative: bool = True) -> dict[str, int]:
         """KV-cache bytes a batch of ``batch`` rows of ``capacity`` slots allocates, per model and in total.
@@ -172,8 +179,16 @@ class Pipeline:
             previous = self._policies.get(key)
             if previous is not None:
                 policy.inherit(previous)
+            elif self._remembered is not None:
+                self._remembered.recall(policy, key)
             self._policies[key] = policy
         return policy
+
+    def _keep_costs(self, config: GenerationConfig) -> None:
+        """Remember what the latest request under ``config``'s policy measured, for the next process."""
+        key = (config.policy, config.k, config.drafter)
+        if self._remembered is not None and key in self._policies:
+            self._remembered.remember(self._policies[key], key)
 
     def row_spec(self, config: GenerationConfig, stream: int = 0) -> RowSpec:
         """How one request decodes in any batch: ``config``'s settings, its stop strings on this tokenizer,
@@ -202,6 +217,7 @@ class Pipeline:
             while not run.done:
                 run.step()
             results += [self.result(row, spec.config) for row, spec in zip(run.rows, run.state.specs)]
+        self._keep_costs(config)
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StreamChunk]:
@@ -222,6 +238,7 @@ class Pipeline:
                     raise GenerationError(f"{row.request_id}: {row.error}")
                 if run.done:
                     result = self.result(row, config)
+                    self._keep_costs(config)
                     yield StreamChunk(text.finish(result.text), new, result)
                     return
                 yield StreamChunk(text.push(new), new)

@@ -76,6 +76,15 @@ class Policy(ABC):
         """Start from what ``previous``, the same kind of policy on the same engines, has learnt (a pipeline's
         earlier request)."""
 
+    def remembered(self) -> dict | None:
+        """What a later process may start from (``recall``), as JSON-able data; None: nothing worth keeping."""
+        return None
+
+    def recall(self, state: dict) -> bool:
+        """Start from ``state``, what ``remembered`` returned in an earlier process with the same engines;
+        False (and nothing changed) where this policy cannot use it."""
+        return False
+
 
 class Adopted(Policy):
     """A policy object from outside the package (anything with ``next_k()`` and ``observe(outcome)``),
@@ -320,6 +329,32 @@ class CostModel(Policy):
         weight = min(1.0, self.carried_cycles / previous.tried[1]) if previous.tried[1] > 0 else 0.0
         self.tried, self.kept = previous.tried * weight, previous.kept * weight
 
+    def remembered(self) -> dict:
+        def costs(step, verify, measured):
+            return {"draft_step": step, "verify": {str(t): v for t, v in verify.items()},
+                    "measured": sorted(map(str, measured))}
+
+        return {"k_max": self.k_max, "tried": self.tried.tolist(), "kept": self.kept.tolist(), "batch": self.batch,
+                "catchup_rate": self.catchup_rate, **costs(self.draft_step, self.verify, self.measured),
+                "by_batch": {str(b): costs(*entry) for b, entry in self.by_batch.items()}}
+
+    def recall(self, state: dict) -> bool:
+        """As ``inherit`` from the policy ``state`` describes; a state that does not fit this policy (another
+        k, a malformed or hand-edited record) is refused whole."""
+        try:
+            previous = CostModel(self.k_max)
+            if state["k_max"] != self.k_max:
+                return False
+            previous.tried, previous.kept = _counts(state["tried"], self.k_max), _counts(state["kept"], self.k_max)
+            previous.batch = _positive_int(state["batch"])
+            previous.catchup_rate = _seconds(state["catchup_rate"], optional=True)
+            previous.draft_step, previous.verify, previous.measured = _costs(state)
+            previous.by_batch = {_positive_int(b): _costs(entry) for b, entry in state["by_batch"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return False
+        self.inherit(previous)
+        return True
+
     def observe_catchup(self, seconds: float, tokens: int) -> None:
         if tokens > 0:
             rate = seconds / tokens
@@ -360,6 +395,35 @@ class CostModel(Policy):
             t, v = outcome.verify_tokens, outcome.verify_seconds
             self.verify[t] = (1 - blend) * self.verify[t] + blend * v if t in self.measured else v
             self.measured.add(t)
+
+
+def _counts(values, k_max: int) -> np.ndarray:
+    counts = np.array(values, dtype=np.float64)
+    if counts.shape != (k_max + 1,) or not np.isfinite(counts).all() or (counts < 0).any():
+        raise ValueError(f"expected {k_max + 1} finite counts >= 0")
+    return counts
+
+
+def _positive_int(value) -> int:
+    number = int(value)
+    if number < 1 or str(number) != str(value).strip():
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _seconds(value, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"expected a positive finite time, got {value!r}")
+    return float(value)
+
+
+def _costs(entry: dict) -> tuple[float | None, dict[int, float], set]:
+    """(draft step, verify costs by tokens, what was measured) out of a remembered record."""
+    verify = {_positive_int(t): _seconds(v) for t, v in entry["verify"].items()}
+    measured = {m if m == "draft" else _positive_int(m) for m in entry["measured"]}
+    return _seconds(entry["draft_step"], optional=True), verify, measured
 
 
 def make_policy(name: str, k: int, confidence_threshold: float = 0.4) -> Policy:

@@ -286,3 +286,46 @@ def test_a_pipelines_cost_requests_inherit_the_last_ones_policy(pair_dir):
     assert not pipeline.policy_for(GenerationConfig(k=3, policy="cost")).verify  # another k: its own chain
     second = pipeline.generate(["w5 w6"], config)[0]
     assert first.token_ids == second.token_ids == plain.token_ids
+
+
+def test_cost_model_state_survives_json_and_is_recalled_as_an_inherit():
+    """``remembered`` / ``recall``: what the next process starts from is what ``inherit`` would carry."""
+    import json
+
+    earlier = _train(CostModel(k_max=6), accept_prob=0.7, cycles=200)
+    earlier.observe_catchup(0.4, 100)
+    earlier.observe(CycleOutcome(2, [2, 1], 0.01, 2, 0.03, 3))  # a batch of 2: costs kept per size
+    state = json.loads(json.dumps(earlier.remembered()))
+    recalled, inherited = CostModel(k_max=6), CostModel(k_max=6)
+    assert recalled.recall(state)
+    inherited.inherit(earlier)
+    assert recalled.draft_step == inherited.draft_step and recalled.verify == inherited.verify
+    assert recalled.measured == inherited.measured and recalled.batch == inherited.batch == 2
+    assert recalled.by_batch.keys() == inherited.by_batch.keys() == {1}
+    assert recalled.by_batch[1][1] == inherited.by_batch[1][1] and recalled.catchup_rate == inherited.catchup_rate
+    np.testing.assert_allclose(recalled.acceptance(), inherited.acceptance())
+    assert recalled.next_k() == inherited.next_k()
+
+
+@pytest.mark.parametrize("damage", [
+    lambda s: s.update(k_max=4),
+    lambda s: s.update(tried=s["tried"][:-1]),
+    lambda s: s.update(kept=[-1.0] * len(s["kept"])),
+    lambda s: s["verify"].update({"3": float("nan")}),
+    lambda s: s["verify"].update({"0": 0.01}),
+    lambda s: s.update(draft_step="fast"),
+    lambda s: s.update(batch=0),
+    lambda s: s.update(measured=["draft", "x"]),
+    lambda s: s["by_batch"].update({"2": {"draft_step": 0.1}}),
+    lambda s: s.pop("verify"),
+])
+def test_cost_model_refuses_a_damaged_remembered_state_whole(damage):
+    state = _train(CostModel(k_max=6), accept_prob=0.7, cycles=50).remembered()
+    damage(state)
+    policy = CostModel(k_max=6)
+    assert not policy.recall(state)
+    assert policy.draft_step is None and not policy.verify and not policy.tried.any() and policy.batch == 1
+
+
+def test_policies_without_a_memory_keep_none():
+    assert FixedK(4).remembered() is None and not FixedK(4).recall({"k_max": 4})
