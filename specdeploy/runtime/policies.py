@@ -193,6 +193,7 @@ class CostModel(Policy):
     optimism = 0.8  # acceptance assumed per position when judging a catch-up before any was measured
     close = 0.8  # plain within this fraction of the best rate: re-measured every 2 * probe_every drafting cycles
     carried_cycles = 8  # the weight of an earlier request's acceptance in a new one's (``inherit``)
+    explore = 4  # drafts of the first cycle when the costs are known and this text's acceptance is not (``recall``)
 
     def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float = 0.5,
                  probe_every: int = 16):
@@ -212,6 +213,7 @@ class CostModel(Policy):
         self.measured: set = set()  # what has been measured at this batch size: "draft", verify sizes
         self.by_batch: dict[int, tuple[float | None, dict[int, float], set]] = {}
         self.catchup_rate: float | None = None  # seconds per token the draft catches up on (all rows together)
+        self.exploring = False  # the next drafting cycle measures acceptance at ``explore`` drafts (``recall``)
 
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
         """Before the first cycle: the draft's estimated catch-up time, the tokens to generate, and a
@@ -277,6 +279,8 @@ class CostModel(Policy):
             # then as any cycle: with costs known from an earlier request (``inherit``), the best K
         if self.draft_step is None or not self.verify:
             return self.start  # nothing measured yet: speculate to learn the costs
+        if self.exploring:
+            return min(self.explore, self.k_max)
         if 1 not in self.measured and "draft" in self.measured:
             return 0  # one plain step measures v(1) at this batch size: extrapolated, it comes out too dear
         rates = self.expected_rate()
@@ -339,8 +343,13 @@ class CostModel(Policy):
                 "by_batch": {str(b): costs(*entry) for b, entry in self.by_batch.items()}}
 
     def recall(self, state: dict) -> bool:
-        """As ``inherit`` from the policy ``state`` describes; a state that does not fit this policy (another
-        k, a malformed or hand-edited record) is refused whole."""
+        """The engines' costs of the policy ``state`` describes, as ``inherit`` carries them; a state that does
+        not fit this policy (another k, a malformed or hand-edited record) is refused whole.
+
+        Acceptance is left behind: it belongs to the earlier process's text, and carried from an unrelated
+        prompt (a chat question before a completion of code) it kept the policy plain for most of a request
+        that fixed K sped up by a fifth (tools/bench_cli_policies.py). Instead, the first drafting cycle
+        proposes ``explore`` drafts to measure this text's acceptance, as a cold start does with k_max."""
         try:
             previous = CostModel(self.k_max)
             if state["k_max"] != self.k_max:
@@ -352,7 +361,9 @@ class CostModel(Policy):
             previous.by_batch = {_positive_int(b): _costs(entry) for b, entry in state["by_batch"].items()}
         except (KeyError, TypeError, ValueError, AttributeError):
             return False
+        previous.tried[:] = previous.kept[:] = 0.0
         self.inherit(previous)
+        self.exploring = True
         return True
 
     def observe_catchup(self, seconds: float, tokens: int) -> None:
@@ -375,6 +386,7 @@ class CostModel(Policy):
 
     def observe(self, outcome: CycleOutcome) -> None:
         k = outcome.proposed
+        self.exploring = self.exploring and k == 0
         self._use_batch(len(outcome.accepted))
         blend = 0.1  # costs drift slowly (cache growth, machine load); acceptance decays apart
         if k > 0:

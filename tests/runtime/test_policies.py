@@ -288,11 +288,12 @@ def test_a_pipelines_cost_requests_inherit_the_last_ones_policy(pair_dir):
     assert first.token_ids == second.token_ids == plain.token_ids
 
 
-def test_cost_model_state_survives_json_and_is_recalled_as_an_inherit():
-    """``remembered`` / ``recall``: what the next process starts from is what ``inherit`` would carry."""
+def test_cost_model_state_survives_json_and_is_recalled_with_its_costs_and_without_its_acceptance():
+    """``remembered`` / ``recall``: the next process starts from the engines' costs as ``inherit`` carries them;
+    the earlier text's acceptance stays behind, and the first drafting cycle measures this text's at ``explore``."""
     import json
 
-    earlier = _train(CostModel(k_max=6), accept_prob=0.7, cycles=200)
+    earlier = _train(CostModel(k_max=6), accept_prob=0.1, cycles=200)  # a text whose drafts were mostly rejected
     earlier.observe_catchup(0.4, 100)
     earlier.observe(CycleOutcome(2, [2, 1], 0.01, 2, 0.03, 3))  # a batch of 2: costs kept per size
     state = json.loads(json.dumps(earlier.remembered()))
@@ -303,8 +304,14 @@ def test_cost_model_state_survives_json_and_is_recalled_as_an_inherit():
     assert recalled.measured == inherited.measured and recalled.batch == inherited.batch == 2
     assert recalled.by_batch.keys() == inherited.by_batch.keys() == {1}
     assert recalled.by_batch[1][1] == inherited.by_batch[1][1] and recalled.catchup_rate == inherited.catchup_rate
-    np.testing.assert_allclose(recalled.acceptance(), inherited.acceptance())
-    assert recalled.next_k() == inherited.next_k()
+    assert not recalled.tried.any() and inherited.tried[1] > 0
+    assert inherited.next_k() == 0  # the inherited low acceptance alone would keep it plain
+    recalled._use_batch(1)
+    assert recalled.next_k() == recalled.next_k() == CostModel.explore  # until a cycle drafts
+    recalled.observe(CycleOutcome(0, [0], 0.0, 0, 0.02, 1))
+    assert recalled.next_k() == CostModel.explore
+    recalled.observe(_outcome(CostModel.explore, [CostModel.explore]))  # this text's drafts are all accepted
+    assert recalled.next_k() > 1 and not recalled.exploring
 
 
 @pytest.mark.parametrize("damage", [
