@@ -65,6 +65,8 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...] = ()
     parameters: int = 0
     graph: str = "explicit"
+    # A draft may score only tokens 0 .. vocab_kept - 1 (its logits for the rest are -inf): None, all of them
+    vocab_kept: int | None = None
 
     @property
     def inputs(self) -> list[str]:
@@ -224,8 +226,15 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
     graph = _field(data, "graph", str, where, default="explicit")
     if graph not in GRAPH_FORMS:
         raise ContractError(f"{where}: graph {graph!r} not in {GRAPH_FORMS}")
+    kept = data.get("vocab_kept")
+    if kept is not None:
+        if not isinstance(kept, int) or isinstance(kept, bool) or not 1 <= kept < values["vocab_size"]:
+            raise ContractError(f"{where}: vocab_kept must be an integer in [1, {values['vocab_size']}), got {_shown(kept)}")
+        if values["role"] != "draft":
+            raise ContractError(f"{where}: vocab_kept {kept} on the {values['role']} model; only a draft may leave tokens "
+                                "out (the target's distribution is the one decoding must follow)")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
-                     graph=graph)
+                     graph=graph, vocab_kept=kept)
 
 
 def _check_relative(name: str, where: str) -> None:

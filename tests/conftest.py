@@ -59,7 +59,8 @@ def noise_dir(checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fused_dirs(tmp_path_factory):
-    """The close, self and noise pairs as fused graphs ("close", "self", "noise" -> artifact dir): the same
+    """The close, self and noise pairs as fused graphs ("close", "self", "noise", and "trimmed": the close pair with
+    the draft's vocabulary cut in half -> artifact dir): the same
     tiny models as ``checkpoints`` but with head_dim 16, the least ONNX Runtime's GroupQueryAttention rotates."""
     root = tmp_path_factory.mktemp("fused")
     config = tiny.llama_config(head_dim=16)
@@ -69,8 +70,12 @@ def fused_dirs(tmp_path_factory):
                                                num_key_value_heads=1, intermediate_size=24, head_dim=16), seed=2)
     saved = {name: tiny.save_checkpoint(model, root / name) for name, model in
              (("target", target), ("close", close), ("noise", noise))}
-    return {name: tiny.export_cli(root / f"{name}-art", saved["target"], saved[draft], "--graph", "fused")
+    dirs = {name: tiny.export_cli(root / f"{name}-art", saved["target"], saved[draft], "--graph", "fused")
             for name, draft in (("close", "close"), ("self", "target"), ("noise", "noise"))}
+    # the close draft scoring only the first half of the vocabulary (--draft-vocab)
+    dirs["trimmed"] = tiny.export_cli(root / "trimmed-art", saved["target"], saved["close"], "--graph", "fused",
+                                      "--draft-vocab", str(tiny.VOCAB // 2))
+    return dirs
 
 
 @pytest.fixture(scope="session")

@@ -32,8 +32,13 @@ from .common import console
               help="explicit: standard ONNX ops, new K/V as outputs (the reference; what TensorRT parses); fused: "
                    "ONNX Runtime's fused LLM ops (GroupQueryAttention writing the cache in place, fused norms, "
                    "MatMulNBits), a dozen nodes a layer, written straight from the weights.")
+@click.option("--draft-vocab", type=click.IntRange(min=1), default=None,
+              help="With --graph fused: the draft scores only the first N token ids (BPE ids come in merge order, "
+                   "most common first) and -inf for the rest: a smaller head, a faster draft step; output stays "
+                   "exactly the target's [default: the whole vocabulary].")
 @click.option("--force", is_flag=True, help="Replace an existing output dir.")
-def export(target, draft, out, dtype, weights, draft_weights, capacity, block_size, accuracy_level, graph, force):
+def export(target, draft, out, dtype, weights, draft_weights, capacity, block_size, accuracy_level, graph, draft_vocab,
+           force):
     """Export Hugging Face causal LMs to verify-v1 ONNX graphs plus a manifest."""
     from ..exporter import ExportError, export_artifact
 
@@ -45,7 +50,8 @@ def export(target, draft, out, dtype, weights, draft_weights, capacity, block_si
 
             manifest = export_artifact(target, out, draft=draft, dtype=dtype, weights=weights, capacity=capacity,
                                        force=force, draft_weights=draft_weights, progress=progress,
-                                       block_size=int(block_size), accuracy_level=accuracy_level, graph=graph)
+                                       block_size=int(block_size), accuracy_level=accuracy_level, graph=graph,
+                                       draft_vocab=draft_vocab)
     except (ExportError, ContractError) as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(f"[green]exported[/] {', '.join(manifest.models)} to {out}")

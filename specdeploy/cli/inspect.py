@@ -38,7 +38,8 @@ def inspect(directory, as_json):
                    "capacity", "graph", title="models")
     for spec in manifest.models.values():
         models.add_row(spec.role, spec.architecture, f"{spec.parameters / 1e6:.1f}M", str(spec.num_layers),
-                       f"{spec.num_heads} / {spec.kv_heads}", str(spec.head_dim), str(spec.vocab_size), spec.dtype,
+                       f"{spec.num_heads} / {spec.kv_heads}", str(spec.head_dim),
+                       str(spec.vocab_size) + (f" (scores {spec.vocab_kept})" if spec.vocab_kept else ""), spec.dtype,
                        spec.weights, str(spec.capacity), spec.graph)
     out.print(models)
     tensors = Table("tensor", "dtype", "shape", title="verify-v1 tensors (per model; i = layer)")

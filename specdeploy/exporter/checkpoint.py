@@ -51,8 +51,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     raise ExportError(f"{path}: no such file or directory")
 
 
-def load_tokenizer_and_config(path: str | Path):
-    """The tokenizer and config of a checkpoint, without its weights (for checks before export)."""
+def load_tokenizer_and_config(path: str | Path, tokenizer: bool = True):
+    """The tokenizer and config of a checkpoint, without its weights (for checks before export); the tokenizer
+    is None when not asked for (building a GGUF file's takes seconds)."""
     local = Path(path)
     if local.is_file() and local.suffix == ".gguf":
         from transformers import AutoConfig, AutoTokenizer
@@ -60,10 +61,10 @@ def load_tokenizer_and_config(path: str | Path):
         check_gguf_header(local)
         try:
             config = AutoConfig.from_pretrained(local.parent, gguf_file=local.name)
-            tokenizer = AutoTokenizer.from_pretrained(local.parent, gguf_file=local.name)
+            built = AutoTokenizer.from_pretrained(local.parent, gguf_file=local.name) if tokenizer else None
         except (ValueError, OSError, KeyError) as exc:
             raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
-        return tokenizer.backend_tokenizer, config
+        return (built.backend_tokenizer if built else None), config
     directory = local if local.is_dir() else None
     if directory is None:
         if local.exists():
@@ -71,7 +72,7 @@ def load_tokenizer_and_config(path: str | Path):
         if str(path).count("/") != 1 or str(path).startswith((".", "/")):
             raise ExportError(f"{path}: no such file or directory")
         directory = _download(str(path))
-    return _read_tokenizer(directory), _read_config(directory)
+    return (_read_tokenizer(directory) if tokenizer else None), _read_config(directory)
 
 
 def _read_config(directory: Path):

@@ -30,8 +30,10 @@ ALIGN = 4096  # external tensors start on page boundaries: ONNX Runtime may memo
 class FusedGraph:
     """Collects nodes and streams initializers to ``path``'s external-data file; ``save`` writes the graph."""
 
-    def __init__(self, path: Path, dims: dict, dtype=np.float32, int4: tuple[int, int] | None = None):
+    def __init__(self, path: Path, dims: dict, dtype=np.float32, int4: tuple[int, int] | None = None,
+                 vocab_kept: int | None = None):
         self.path, self.dims, self.dtype, self.int4 = Path(path), dims, np.dtype(dtype), int4
+        self.vocab_kept = vocab_kept
         self.data_path = self.path.with_name(self.path.name + ".data")
         self.data = open(self.data_path, "wb")
         self.nodes: list[onnx.NodeProto] = []
@@ -99,6 +101,17 @@ class FusedGraph:
             attributes["accuracy_level"] = accuracy_level
         inputs = [x, self.constant(f"{name}_Q4", packed), self.constant(f"{name}_scales", scales)]
         return self.node("MatMulNBits", inputs, domain=MS, **attributes)[0]
+
+    def lm_head(self, x: str, weight) -> str:
+        """Logits: x @ weight ([hidden, vocab]). With ``vocab_kept`` (a draft), only the first vocab_kept columns
+        are computed and the rest are -inf: the head is a quarter of a 0.5B draft's weights, and a drafter never
+        proposes what it scores -inf, so the target's verification stays exact (README, Draft vocabulary)."""
+        if self.vocab_kept is None:
+            return self.matmul(x, weight, "lm_head")
+        vocab = weight.shape[1]
+        logits = self.matmul(x, _numpy(weight)[:, : self.vocab_kept], "lm_head")
+        pads = self.constant("lm_head_pads", np.array([0, 0, 0, 0, 0, vocab - self.vocab_kept], np.int64))
+        return self.node("Pad", [logits, pads, self.constant("minus_inf", np.array(-np.inf, self.dtype))])[0]
 
     def lengths(self) -> tuple[str, str]:
         """GroupQueryAttention's ``seqlens_k`` (past_len + T - 1 per row, int32) and ``total_sequence_length``

@@ -64,7 +64,7 @@ class Gpt2Verify(nn.Module):
                                          graph.constant(f"layers.{i}.fc_b", block.fc_b)], domain=MS)[0]
             added, bias = graph.matmul(fc, block.mlp_proj_w, f"layers.{i}.mlp_proj"), block.mlp_proj_b
         h, _ = self._norm(graph, residual, added, bias, self.ln_f[0], self.ln_f[1], "ln_f")
-        return graph.matmul(h, self.lm_head, "lm_head")
+        return graph.lm_head(h, self.lm_head)
 
     def _norm(self, graph: FusedGraph, residual: str, added: str | None, bias, weight, shift, name: str):
         """LayerNorm of residual + added + bias; returns (normed, the new residual stream)."""

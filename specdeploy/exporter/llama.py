@@ -93,7 +93,7 @@ class LlamaVerify(nn.Module):
             mlp_out = graph.matmul(graph.node("Mul", [silu, up])[0], layer.down, f"layers.{i}.down")
             del layer.qkv, layer.o, layer.gate_up, layer.down  # on disk now: the next layer's copies replace them
         h, _ = _norm(graph, residual, mlp_out, graph.constant("norm", self.norm), eps)
-        return graph.matmul(h, self.lm_head, "lm_head")
+        return graph.lm_head(h, self.lm_head)
 
 
 def _norm(graph: FusedGraph, residual: str, added: str | None, weight: str, eps: dict) -> tuple[str, str]:

@@ -312,7 +312,10 @@ class CostModel(Policy):
         try:
             if self.draft_step is None or not self.verify:
                 return True
-            rates = self.expected_rate()  # tokens per row per second, K = 0..k_max
+            # tokens per row per second, K = 0..k_max; before this request has verified any draft (costs recalled
+            # from an earlier process, acceptance not), at ``optimism``, as ``plan`` judged its first catch-up
+            unseen = not self.tried[1:].any()
+            rates = self.expected_rate(np.full(self.k_max, self.optimism) if unseen else None)
         finally:
             self._use_batch(current)
         saving = to_come * (1 / rates[0] - 1 / rates[1:].max()) / size  # a batch-token takes 1 / (rate * rows) s

@@ -336,3 +336,20 @@ def test_cost_model_refuses_a_damaged_remembered_state_whole(damage):
 
 def test_policies_without_a_memory_keep_none():
     assert FixedK(4).remembered() is None and not FixedK(4).recall({"k_max": 4})
+
+
+def test_a_recalled_policy_pays_its_first_catch_up_at_the_optimism_plan_judged_it_with():
+    """Costs recalled, acceptance not: the draft's catch-up on the prompt is weighed at ``optimism`` (as ``plan``
+    did), not at the 0.5 prior, which would keep the draft from ever catching up, hence from ever drafting."""
+    state = {"k_max": 8, "tried": [0.0] * 9, "kept": [0.0] * 9, "batch": 1, "catchup_rate": 0.0063,
+             "draft_step": 0.019, "verify": {"1": 0.0515, "2": 0.0555, "5": 0.083, "9": 0.12},
+             "measured": ["1", "2", "5", "9", "draft"], "by_batch": {}}
+    policy = CostModel(k_max=8)
+    assert policy.recall(state)
+    policy.plan(catchup_seconds=0.18, new_tokens=128, draft_cost_ratio=0.355)
+    assert policy.next_k() == CostModel.explore
+    assert policy.catchup_pays(batch=1, behind=55, to_come=128)
+    prior = policy.expected_rate()
+    assert 128 * (1 / prior[0] - 1 / prior[1:].max()) < 2 * 55 * 0.0063  # the prior alone would not have paid it
+    policy.observe(_outcome(CostModel.explore, [0]))  # this text's first draft rejected: its own evidence now
+    assert not policy.catchup_pays(batch=1, behind=55, to_come=128)
