@@ -385,8 +385,9 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        # appended, not with_suffix: an --out named after a version (bench_peer_0.3.1) keeps its dots
+        args.out.with_name(args.out.name + ".md").write_text(text)
+        args.out.with_name(args.out.name + ".json").write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
