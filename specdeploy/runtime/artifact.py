@@ -37,12 +37,7 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
     # GIL: both models at once, and the tokenizer read meanwhile, take ~1 s less on 2 cores than in turn
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdeploy-load") as pool:
         engines = [pool.submit(load_engine, directory, manifest, role, provider, threads) for role in roles]
-        try:
-            tokenizer, chat = _tokenizer(directory, manifest)
-        except BaseException:
-            for engine in engines:
-                engine.cancel()
-            raise
+        tokenizer, chat = _tokenizer(directory, manifest)  # a refused tokenizer is raised once the sessions end
         target, draft = [engine.result() for engine in engines] + [None] * (2 - len(engines))
     return manifest, tokenizer, chat, target, draft
 
