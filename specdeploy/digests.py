@@ -30,12 +30,25 @@ def _identity(path: Path) -> list[int]:
     return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
-def _read(record: Path) -> dict:
+def read_record(record: Path) -> dict:
+    """A JSON object kept in the user's cache; {} where it is missing, unreadable or not an object."""
     try:
         entries = json.loads(record.read_text())
     except (OSError, ValueError):
         return {}
     return entries if isinstance(entries, dict) else {}
+
+
+def write_record(record: Path, entries: dict) -> None:
+    """Replace ``record`` with ``entries`` atomically (a concurrent reader sees the old record or the new
+    one); a read-only cache only means the record is not kept."""
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        partial = record.with_name(f"{record.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        partial.write_text(json.dumps(entries))
+        partial.replace(record)
+    except OSError:
+        pass
 
 
 def remembered_sha256(path: Path) -> str:
@@ -57,14 +70,14 @@ def _remember(path: Path, field: str, compute):
     path = Path(path).resolve()
     record = cache_dir() / RECORD
     identity = _identity(path)
-    entry = _read(record).get(str(path))
+    entry = read_record(record).get(str(path))
     if isinstance(entry, dict) and entry.get("identity") == identity and field in entry:
         return entry[field]
     value = compute(path)
     if _identity(path) != identity:  # written while being read: nothing to remember
         return value
     with _lock:
-        entries = _read(record)
+        entries = read_record(record)
         entry = entries.pop(str(path), None)
         if not isinstance(entry, dict) or entry.get("identity") != identity:
             entry = {"identity": identity}  # another file now, or never seen: what was known of it is void
@@ -72,11 +85,5 @@ def _remember(path: Path, field: str, compute):
         entries[str(path)] = entry  # last in the record: the most recently used
         for old in list(entries)[: max(0, len(entries) - KEPT)]:
             del entries[old]
-        try:
-            record.parent.mkdir(parents=True, exist_ok=True)
-            partial = record.with_name(f"{RECORD}.{os.getpid()}.{threading.get_ident()}.tmp")
-            partial.write_text(json.dumps(entries))
-            partial.replace(record)  # atomic: a concurrent reader sees the old record or the new one
-        except OSError:
-            pass  # a read-only home: read the file again next time
+        write_record(record, entries)  # a read-only home: the file is read again next time
     return value

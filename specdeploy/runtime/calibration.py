@@ -12,13 +12,12 @@ A record that is missing, unreadable or malformed only means starting cold, as b
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import threading
 from pathlib import Path
 
-from ..digests import cache_dir
+from ..digests import cache_dir, read_record, write_record
 from .policies import Policy
 
 FOLDER = "costs"
@@ -42,16 +41,9 @@ class RememberedCosts:
         self.path = cache_dir() / FOLDER / f"{key}.json"
         self._lock = threading.Lock()
 
-    def _read(self) -> dict:
-        try:
-            entries = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return entries if isinstance(entries, dict) else {}
-
     def recall(self, policy: Policy, slot: tuple) -> bool:
         """Start ``policy`` from the state remembered for ``slot``; False where there is none (or it is unusable)."""
-        state = self._read().get(_name(slot))
+        state = read_record(self.path).get(_name(slot))
         return state is not None and policy.recall(state)
 
     def remember(self, policy: Policy, slot: tuple) -> None:
@@ -60,15 +52,9 @@ class RememberedCosts:
         if state is None:
             return
         with self._lock:
-            entries = self._read()
+            entries = read_record(self.path)
             entries[_name(slot)] = state
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                partial = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-                partial.write_text(json.dumps(entries))
-                partial.replace(self.path)  # atomic: a concurrent run reads the old record or the new one
-            except OSError:
-                pass  # a read-only home: the next run starts cold
+            write_record(self.path, entries)  # a read-only home: the next run starts cold
 
 
 def _name(slot: tuple) -> str:
