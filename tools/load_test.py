@@ -1,20 +1,23 @@
 """Load test of `specdeploy serve`: N concurrent streaming clients on loopback, per speculation mode.
 
 For each mode (plain target decoding, the draft at fixed K, the cost policy) a server runs in this
-process on 127.0.0.1 with continuous batching and first answers --warmup requests, unmeasured; for
-each concurrency N, N client threads (the official openai client) each send --requests streamed
-completions one after another, HumanEval prompts in turn.
+process on 127.0.0.1 with continuous batching, all three over the same engines, and first answers
+--warmup requests, unmeasured. Then, for each of --rounds rounds and each concurrency N, the modes
+take turns (their order rotating from round to round, so that a shared machine's drift hits all
+alike): N client threads (the official openai client) each send --requests streamed completions one
+after another, HumanEval prompts in turn. A mode's figures pool its rounds.
 Reported per mode and N: throughput (completion tokens / wall time of the stage), time to first token
 and inter-token latency (a request's decode time / its tokens - 1) at p50 and p99, and every request
 accounted for (completed, or failed with its error). Bounded: --timeout per request, --max-tokens.
 
-    python tools/load_test.py --artifact DIR [--concurrency 1,2,4,8] [--requests 2] [--max-tokens 64]
+    python tools/load_test.py --artifact DIR [--concurrency 1,2,4,8] [--requests 2] [--rounds 2] [--max-tokens 64]
                               [--modes plain,fixed,cost] [--warmup 2] [--prompt-file FILE] [--out docs/load_test]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import threading
@@ -31,6 +34,8 @@ def main() -> None:
     parser.add_argument("--artifact", type=Path, required=True)
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument("--requests", type=int, default=2, help="Requests each client sends, one after another.")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="Times each (mode, concurrency) stage runs, the modes' order rotating between rounds.")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--modes", default="plain,fixed,cost")
@@ -50,18 +55,23 @@ def main() -> None:
     prompts = [p.text for p in (load_prompts(args.prompt_file) if args.prompt_file else humaneval())]
     pipeline = Pipeline.load(args.artifact, threads=args.threads)
     levels = [int(n) for n in args.concurrency.split(",")]
-    rows = []
-    for mode in args.modes.split(","):
-        config = GenerationConfig(k=args.k, **MODES[mode])
-        with _server(pipeline, config, args.context, max(levels)) as url:
+    modes = args.modes.split(",")
+    stages = {(mode, n): [] for mode in modes for n in levels}  # (mode, N) -> each round's (requests, seconds)
+    with contextlib.ExitStack() as servers:
+        urls = {}
+        for mode in modes:
+            config = GenerationConfig(k=args.k, **MODES[mode])
+            urls[mode] = url = servers.enter_context(_server(pipeline, config, args.context, max(levels)))
             warm = _client(url, args.timeout)
             for prompt in prompts[-max(args.warmup, 1):]:  # not measured: a long-running server's state, not its start
                 warm.completions.create(model="m", prompt=prompt, max_tokens=args.max_tokens if args.warmup else 8,
                                         temperature=0)
+        for round_ in range(args.rounds):
             for n in levels:
-                row = {"mode": mode, "concurrency": n, **_stage(url, prompts, n, args)}
-                rows.append(row)
-                print(_line(row), flush=True)
+                for mode in modes[round_ % len(modes):] + modes[: round_ % len(modes)]:
+                    stages[mode, n].append(_stage(urls[mode], prompts, n, args))
+                    print(f"round {round_ + 1}/{args.rounds} " + _line(_row(mode, n, stages[mode, n][-1:])), flush=True)
+    rows = [_row(mode, n, runs) for (mode, n), runs in stages.items()]
     table = _table(rows, args)
     print(table)
     if args.out is not None:
@@ -72,8 +82,6 @@ def main() -> None:
 
 
 def _server(pipeline, config, context: int, max_batch: int):
-    import contextlib
-
     from specdeploy.serve.app import create_app
     from specdeploy.serve.background import serve_in_thread
     from specdeploy.serve.scheduler import Scheduler
@@ -97,8 +105,9 @@ def _client(url: str, timeout: float):
     return OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout)
 
 
-def _stage(url: str, prompts: list[str], clients: int, args) -> dict:
-    """``clients`` threads, each sending ``args.requests`` streamed requests in turn."""
+def _stage(url: str, prompts: list[str], clients: int, args) -> tuple[list[dict], float]:
+    """``clients`` threads, each sending ``args.requests`` streamed requests in turn: each request's record, and
+    the stage's wall time."""
     done, lock = [], threading.Lock()
 
     def client(c: int):
@@ -126,11 +135,18 @@ def _stage(url: str, prompts: list[str], clients: int, args) -> dict:
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - began
+    return done, time.perf_counter() - began
+
+
+def _row(mode: str, clients: int, runs: list[tuple[list[dict], float]]) -> dict:
+    """A mode's figures at one concurrency, pooled over its runs: throughput is all tokens over all wall time."""
+    done = [d for records, _ in runs for d in records]
+    wall = sum(seconds for _, seconds in runs)
     ok = [d for d in done if not d["error"] and d["first"] is not None]
     ttft = [d["first"] - d["began"] for d in ok]
     itl = [(d["ended"] - d["first"]) / (d["tokens"] - 1) for d in ok if d["tokens"] > 1]
-    return {"requests": len(done), "completed": len(ok), "errors": sorted({d["error"] for d in done if d["error"]}),
+    return {"mode": mode, "concurrency": clients, "rounds": len(runs), "requests": len(done), "completed": len(ok),
+            "errors": sorted({d["error"] for d in done if d["error"]}),
             "tokens": sum(d["tokens"] for d in ok), "seconds": wall,
             "throughput": sum(d["tokens"] for d in ok) / wall,
             "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "itl_p50": _pct(itl, 50), "itl_p99": _pct(itl, 99)}
@@ -147,7 +163,8 @@ def _line(row: dict) -> str:
 
 
 def _table(rows: list[dict], args) -> str:
-    lines = [f"{args.requests} streamed requests per client after {args.warmup} unmeasured, {args.max_tokens} new tokens "
+    lines = [f"{args.requests} streamed requests per client and round, {args.rounds} rounds (the modes' order rotating), "
+             f"after {args.warmup} unmeasured, {args.max_tokens} new tokens "
              f"at most, greedy, K = {args.k}, "
              f"{args.prompt_file or 'HumanEval'} prompts, server and clients on one machine (loopback)", "",
              "| mode | clients | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | completed |",

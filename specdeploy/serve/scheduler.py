@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -25,6 +26,7 @@ from ..runtime.policies import make_policy
 from ..runtime.telemetry import FinishReason
 
 DEFAULT_CONTEXT = 2048
+log = logging.getLogger(__name__)
 
 
 def context_slots(pipeline, asked: int | None) -> int:
@@ -79,6 +81,7 @@ class Scheduler:
         self._stopping = False
         self._thread = threading.Thread(target=self._serve, name="specdeploy-scheduler", daemon=True)
         self.cycle_seconds = 0.05  # a running estimate, for the retry hint
+        self.warm_up_seconds: float | None = None  # set once the engines are warm
 
     def start(self) -> None:
         self._thread.start()
@@ -120,6 +123,7 @@ class Scheduler:
             self._wake.notify()
 
     def _serve(self) -> None:
+        self._warm_up()
         while True:
             with self._wake:
                 while not (self._stopping or self.queue or self.running or self.staging):
@@ -140,6 +144,15 @@ class Scheduler:
                 self.running = self.staging = None
         for ticket in [*self.queue, *self.tickets.values()]:
             ticket.put(("error", "the server is shutting down"))
+
+    def _warm_up(self) -> None:
+        """Before the first request (those that come meanwhile wait in the queue): ONNX Runtime's first calls
+        at a shape are dear, and the cost policy learns from its first measurements (``Pipeline.warm_up``)."""
+        k = self.config.k if self.config.speculative else 0
+        try:
+            self.warm_up_seconds = self.pipeline.warm_up(k, self.prefill_chunk)
+        except Exception as exc:  # an engine that fails here fails requests too, each with its error
+            log.warning("warming up the engines failed: %s: %s", type(exc).__name__, exc)
 
     def _drop_cancelled(self) -> None:
         self.queue = deque(t for t in self.queue if not t.cancelled)

@@ -263,3 +263,26 @@ def test_a_huge_prompt_is_refused_from_its_first_part(pipeline):
                                           r"over the artifact's capacity of 96 tokens"):
         pipeline.generate(huge, GOOD)
     assert len(pipeline.generate("w5 " * 20, GOOD)[0].token_ids) == 12  # a long but fitting prompt still runs
+
+
+def test_warm_up_calls_each_engine_at_the_shapes_a_request_starts_with(pair_dir):
+    """A prompt-sized call, then T = 1 .. k + 1 in the target and T = 1, 2 in the draft, each once, on throwaway
+    caches: the next request's output is the same as without it."""
+    loaded = Pipeline.load(pair_dir)
+    alone = loaded.generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids
+    calls = []
+    for name, engine in (("target", loaded.target), ("draft", loaded.draft)):
+        infer = engine.infer
+
+        def recorded(input_ids, past_len, cache, name=name, infer=infer):
+            calls.append((name, input_ids.shape[1], int(past_len[0])))
+            return infer(input_ids, past_len, cache)
+
+        engine.infer = recorded
+    assert loaded.warm_up(3, prompt_tokens=10) > 0
+    assert calls == [("target", 10, 0), *(("target", t, 10) for t in range(1, 5)),
+                     ("draft", 10, 0), ("draft", 1, 10), ("draft", 2, 10)]
+    calls.clear()
+    loaded.warm_up(0, prompt_tokens=10_000)  # plain decoding: the target alone, its prompt within the capacity
+    assert calls == [("target", loaded.target.spec.capacity - 1, 0), ("target", 1, loaded.target.spec.capacity - 1)]
+    assert loaded.generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids == alone

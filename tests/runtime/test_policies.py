@@ -169,14 +169,17 @@ def test_cost_model_keeps_costs_per_batch_size():
 
 def test_cost_model_takes_a_new_batch_sizes_first_measurements_as_they_are():
     """A batch size never seen starts from the nearest size's costs, each replaced at its first measurement:
-    a server whose batch keeps changing must not spend tens of cycles unlearning another size's costs."""
+    a server whose batch keeps changing must not spend tens of cycles unlearning another size's costs. The
+    first call at a shape is cold: the second measurement replaces it too, then later ones blend in."""
     policy = make_policy("cost", 4)
     for _ in range(30):
         policy.observe(CycleOutcome(4, [4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
     policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.040, draft_steps=4, verify_seconds=0.030, verify_tokens=5))
     assert policy.draft_step == pytest.approx(0.010) and policy.verify[5] == pytest.approx(0.030)
-    policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.080, draft_steps=4, verify_seconds=0.030, verify_tokens=5))
-    assert policy.draft_step == pytest.approx(0.9 * 0.010 + 0.1 * 0.020)  # then blended
+    policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.032, draft_steps=4, verify_seconds=0.024, verify_tokens=5))
+    assert policy.draft_step == pytest.approx(0.008) and policy.verify[5] == pytest.approx(0.024)
+    policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.080, draft_steps=4, verify_seconds=0.024, verify_tokens=5))
+    assert policy.draft_step == pytest.approx(0.9 * 0.008 + 0.1 * 0.020)  # then blended
 
 
 def test_cost_model_measures_a_plain_step_once_per_batch_size():
@@ -204,16 +207,20 @@ def test_cost_model_weighs_a_catch_up_with_the_costs_of_the_batch_it_joins():
         policy.observe(CycleOutcome(0, [0] * 8, draft_seconds=0.0, draft_steps=0, verify_seconds=0.24, verify_tokens=1))
     assert policy.catchup_pays(8, 960, 512)  # the catch-up's price is not known yet
     policy.observe_catchup(0.72, 120)  # 6 ms a token
-    assert policy.catchup_pays(1, 118, 64)  # ~40 ms saved a token over 64 tokens (2.5 s) against 0.7 s, twice over
-    assert not policy.catchup_pays(1, 118, 16)  # 0.6 s saved
+    assert policy.catchup_pays(1, 118, 64)  # ~40 ms saved a token over 64 tokens (2.5 s) against 0.7 s
+    assert not policy.catchup_pays(1, 118, 16)  # 0.6 s saved against 0.7 s
     assert not policy.catchup_pays(8, 960, 512)  # ~1 ms saved a token at 8 rows: 0.5 s against 5.8 s
     assert policy.catchup_pays(8, 0, 512)  # nothing to catch up
     before = (policy.batch, policy.draft_step, dict(policy.verify), sorted(policy.by_batch))
     # 3 rows, never measured: judged by the nearest size's saving a token (1 row: 40 ms), not 1 row's costs for 3
-    assert policy.catchup_pays(3, 118, 64) and not policy.catchup_pays(3, 118 * 3, 64)
+    assert policy.catchup_pays(3, 118, 64) and not policy.catchup_pays(3, 118 * 6, 64)
     assert (policy.batch, policy.draft_step, policy.verify, sorted(policy.by_batch)) == before
-    policy.observe_catchup(1.2, 120)
-    assert policy.catchup_rate == pytest.approx(0.9 * 0.006 + 0.1 * 0.01)
+    policy.observe_catchup(1.2, 120)  # the second measurement replaces the first (cold), later ones blend in
+    assert policy.catchup_rate == pytest.approx(0.01)
+    policy.observe_catchup(0.6, 120)
+    assert policy.catchup_rate == pytest.approx(0.9 * 0.01 + 0.1 * 0.005)
+    policy.observe_catchup(0.03, 3)  # a 3-token catch-up costs one call: no rate to learn from it
+    assert policy.catchup_rate == pytest.approx(0.9 * 0.01 + 0.1 * 0.005)
 
 
 def test_cost_model_never_prices_a_call_above_a_longer_one():
@@ -350,6 +357,63 @@ def test_a_recalled_policy_pays_its_first_catch_up_at_the_optimism_plan_judged_i
     assert policy.next_k() == CostModel.explore
     assert policy.catchup_pays(batch=1, behind=55, to_come=128)
     prior = policy.expected_rate()
-    assert 128 * (1 / prior[0] - 1 / prior[1:].max()) < 2 * 55 * 0.0063  # the prior alone would not have paid it
+    assert 128 * (1 / prior[0] - 1 / prior[1:].max()) < 55 * 0.0063  # the prior alone would not have paid it
     policy.observe(_outcome(CostModel.explore, [0]))  # this text's first draft rejected: its own evidence now
     assert not policy.catchup_pays(batch=1, behind=55, to_come=128)
+
+
+def test_a_verify_size_measured_once_is_priced_no_higher_than_the_sizes_measured_since_suggest():
+    """The server's first cycle verified 5 tokens cold (68 ms; 47-50 ms warm): priced at that single
+    measurement, K = 4 never won again and was never re-measured. Measured once, a size is capped by the line
+    through the sizes measured twice or more, and K = 4 comes back."""
+    policy = make_policy("cost", 4)
+    policy.observe(CycleOutcome(4, [4], draft_seconds=0.048, draft_steps=4, verify_seconds=0.068, verify_tokens=5))
+    for _ in range(20):
+        policy.observe(CycleOutcome(3, [3], draft_seconds=0.036, draft_steps=3, verify_seconds=0.044, verify_tokens=4))
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.030, verify_tokens=1))
+    assert policy.verify[5] == pytest.approx(0.068)  # kept, but not trusted above the line
+    assert policy.verify_cost(5) == pytest.approx(0.030 + 4 * (0.044 - 0.030) / 3)
+    assert policy.next_k() == 4
+    policy.observe(CycleOutcome(4, [4], draft_seconds=0.048, draft_steps=4, verify_seconds=0.070, verify_tokens=5))
+    assert policy.verify_cost(5) == pytest.approx(0.070)  # measured twice: warm, and trusted as it is
+    lone = make_policy("cost", 4)  # fewer than two sizes measured twice: the single calls count as they are
+    for seconds in (0.036, 0.037):
+        lone.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=seconds, verify_tokens=1))
+    lone.observe(CycleOutcome(2, [2], draft_seconds=0.06, draft_steps=2, verify_seconds=0.147, verify_tokens=3))
+    assert lone.verify_cost(3) == pytest.approx(0.147)
+    assert lone.verify_cost(2) == pytest.approx((0.037 + 0.147) / 2)  # not v(1) + 10 %: 4 rows, row by row
+
+
+def test_a_recalled_cost_is_not_replaced_by_this_processs_cold_first_call():
+    """Costs recalled from an earlier process were measured warm; the first call at each shape in a new process
+    is cold and left out, the second replaces the recalled value, later ones blend in."""
+    state = {"k_max": 4, "tried": [0.0] * 5, "kept": [0.0] * 5, "batch": 1, "catchup_rate": 0.004,
+             "draft_step": 0.012, "verify": {"1": 0.030, "5": 0.050}, "measured": ["1", "5", "draft"], "by_batch": {}}
+    policy = CostModel(k_max=4)
+    assert policy.recall(state)
+    policy.observe(CycleOutcome(4, [4], draft_seconds=0.080, draft_steps=4, verify_seconds=0.090, verify_tokens=5))
+    policy.observe_catchup(1.0, 100)
+    assert (policy.draft_step, policy.verify[5], policy.catchup_rate) == (0.012, 0.050, 0.004)
+    policy.observe(CycleOutcome(4, [4], draft_seconds=0.044, draft_steps=4, verify_seconds=0.048, verify_tokens=5))
+    policy.observe_catchup(0.35, 100)
+    assert (policy.draft_step, policy.verify[5]) == pytest.approx((0.011, 0.048))
+    assert policy.catchup_rate == pytest.approx(0.0035)
+    policy.observe(CycleOutcome(4, [4], draft_seconds=0.048, draft_steps=4, verify_seconds=0.058, verify_tokens=5))
+    assert policy.verify[5] == pytest.approx(0.9 * 0.048 + 0.1 * 0.058)
+
+
+def test_a_batch_sizes_own_measurements_price_its_calls_not_the_nearest_sizes():
+    """Two rows verify row by row (fused form): v(3) at 2 rows costs 2x one row's, and one row's v(4) and v(5),
+    the estimates batch 2 started from, must neither cap it nor price K = 3 and 4 once 2 rows have measured
+    costs of their own: drafting at 2 rows loses to plain decoding here."""
+    policy = make_policy("cost", 4)
+    for _ in range(5):
+        policy.observe(CycleOutcome(4, [4], draft_seconds=0.048, draft_steps=4, verify_seconds=0.050, verify_tokens=5))
+        policy.observe(CycleOutcome(3, [3], draft_seconds=0.036, draft_steps=3, verify_seconds=0.044, verify_tokens=4))
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.030, verify_tokens=1))
+    for _ in range(2):
+        policy.observe(CycleOutcome(0, [0, 0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.031, verify_tokens=1))
+        policy.observe(CycleOutcome(2, [2, 2], draft_seconds=0.048, draft_steps=2, verify_seconds=0.072, verify_tokens=3))
+    assert policy.batch == 2 and policy.verify[4] == pytest.approx(0.044)  # one row's, kept from the start
+    assert policy.verify_cost(3) == pytest.approx(0.072)
+    assert policy.verify_cost(5) > 2 * 0.050 and policy.next_k() == 0

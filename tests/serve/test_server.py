@@ -31,8 +31,9 @@ def test_models_and_health(client, server):
         assert json.load(response)["status"] == "ok"
 
 
-def test_completion_equals_the_pipelines_greedy_output(client, pipeline):
+def test_completion_equals_the_pipelines_greedy_output(client, pipeline, server):
     response = client.completions.create(model="tiny", prompt="w5 w6 w7", **GREEDY)
+    assert server[1].warm_up_seconds > 0  # the engines warmed up before the first request was served
     alone = _alone(pipeline, "w5 w6 w7", max_new_tokens=24, ignore_eos=True)
     choice = response.choices[0]
     assert (choice.text, choice.finish_reason) == (alone.text, "length")

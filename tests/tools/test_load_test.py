@@ -1,4 +1,5 @@
-"""tools/load_test.py on a tiny artifact: every mode and concurrency reported, every request accounted for."""
+"""tools/load_test.py on a tiny artifact: every mode and concurrency reported, every request accounted for, in
+every round."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
     assert done.returncode == 0, done.stderr
     rows = json.loads(out.with_suffix(".json").read_text())
     assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, n) for m in ("plain", "fixed", "cost") for n in (1, 3)]
-    for row in rows:
-        assert row["requests"] == 2 * row["concurrency"] == row["completed"] and not row["errors"]
+    for row in rows:  # two rounds by default, the modes taking turns within each
+        assert row["rounds"] == 2 and row["requests"] == 2 * 2 * row["concurrency"] == row["completed"]
+        assert not row["errors"]
         assert row["tokens"] > 0 and row["throughput"] > 0 and 0 < row["ttft_p50"] <= row["ttft_p99"]
+    order = [line.split()[2] for line in done.stdout.splitlines() if line.startswith("round ") and "N=1:" in line]
+    assert order == ["plain", "fixed", "cost", "fixed", "cost", "plain"]  # each round starts with the next mode
     assert "| cost | 3 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0
