@@ -187,10 +187,11 @@ class CostModel(Policy):
     the draft's prefill of joining rows when it does not pay, and a cycle stays plain rather than pay it.
 
     The first call at a new shape is cold (ONNX Runtime plans and allocates its buffers): on the real
-    pair the first verification of 5 tokens took 68 ms, the next ones 47-50 ms. Every cost's second
-    measurement in a process replaces its first before blending starts; a first measurement beside a
-    cost recalled from an earlier process is left out; and a verify size measured only once is priced
-    no higher than the sizes measured since suggest, so one cold call cannot rule its K out for good.
+    pair the first verification of 5 tokens took 68 ms, the next ones 47-50 ms, and a first plain step
+    at 3 rows 94 ms against ~45. A cost's first measurement in a process counts no more than the estimate
+    it replaces (recalled, or the nearest batch size's), the second replaces it, later ones blend in; and
+    a verify size measured only once is priced no higher than the sizes measured since suggest, so one
+    cold call cannot rule its K (or plain decoding) out for good.
     """
 
     name = "cost"
@@ -254,22 +255,25 @@ class CostModel(Policy):
         return rates
 
     def verify_cost(self, tokens: int) -> float:
-        """v(T): measured where known, else a least-squares line through the measured points; never more
-        than a longer call was measured to cost (a cold first call at a new shape can come out dearer), and
-        for a size measured once in this process (its cold call), never more than the other sizes suggest.
+        """v(T) at this batch size: measured where known, else a least-squares line through the measured
+        points, else what the size started from (``_estimates``); never more than a longer call was measured to
+        cost (a cold first call at a new shape can come out dearer). A size measured once in this process (its
+        cold call) costs no more than a line through two sizes measured twice or more suggests.
 
-        Once this batch size has measurements of its own, the ones it started from (the nearest size's) are left
-        out: 2 rows verify row by row in the fused form, 2x one row's price, and one row's v(5) capping them made
-        K = 2 look as cheap at 2 rows as alone."""
-        points = {t: v for t, v in self.verify.items() if t in self.measured} or self.verify
-        cap = min((v for t, v in points.items() if t > tokens), default=np.inf)
-        # sizes measured more than once, or recalled: a line through two of them outranks a cold single call
-        warm = {t: v for t, v in points.items() if t != tokens and self.samples.get((self.batch, t)) != 1}
-        if tokens in points:
+        Another size's estimates never cap this size's measurements: 2 rows verify row by row in the fused form,
+        and one row's v(5) capping them made K = 2 look as cheap at 2 rows as alone."""
+        own = {t: v for t, v in self.verify.items() if t in self.measured}
+        cap = min((v for t, v in own.items() if t > tokens), default=np.inf)
+        warm = {t: v for t, v in own.items() if t != tokens and self.samples.get((self.batch, t)) != 1}
+        if tokens in own:
             if self.samples.get((self.batch, tokens)) != 1 or len(warm) < 2:
-                return min(points[tokens], cap)
-            cap = min(cap, points[tokens])
-        return min(_line(warm if len(warm) >= 2 else points, tokens), cap)
+                return min(own[tokens], cap)
+            return min(_line(warm, tokens), own[tokens], cap)
+        if len(warm) >= 2:
+            return min(_line(warm, tokens), cap)
+        if tokens in self.verify:  # started from
+            return min(self.verify[tokens], cap)
+        return min(_line(self.verify, tokens), cap)  # this size's points and those it started from
 
     def expected_rate(self, acceptance: np.ndarray | None = None, draft_step: float | None = None) -> np.ndarray:
         """Expected tokens per second for K = 0..k_max (from the estimates, or the ones given).  # [k_max + 1]"""
@@ -316,12 +320,9 @@ class CostModel(Policy):
     def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
         if behind <= 0 or self.catchup_rate is None:
             return True  # nothing to pay, or its price unknown: drafting is how it gets measured
-        current = self.batch
-        sizes = {current, *self.by_batch}
-        # a size not measured yet is judged by the nearest measured one's saving per token (its cycle costs
-        # taken to grow with the rows), not by that size's costs for fewer rows
-        size = batch if batch in sizes else min(sizes, key=lambda b: abs(b - batch))
-        self._use_batch(size)
+        saved = self.batch, self.draft_step, self.verify, self.measured
+        self.draft_step, self.verify, self.measured = self._estimates(batch)  # a look, not a switch
+        self.batch = batch
         try:
             if self.draft_step is None or not self.verify:
                 return True
@@ -330,8 +331,8 @@ class CostModel(Policy):
             unseen = not self.tried[1:].any()
             rates = self.expected_rate(np.full(self.k_max, self.optimism) if unseen else None)
         finally:
-            self._use_batch(current)
-        saving = to_come * (1 / rates[0] - 1 / rates[1:].max()) / size  # a batch-token takes 1 / (rate * rows) s
+            self.batch, self.draft_step, self.verify, self.measured = saved
+        saving = to_come * (1 / rates[0] - 1 / rates[1:].max()) / batch  # a batch-token takes 1 / (rate * rows) s
         # both sides measured (a cycle spends ~0.1 ms beside its engine calls on the real pair): no margin, unlike
         # ``plan``'s estimate from the parameter ratio. Twice over, the load test's lone client stayed plain
         # where drafting made it 7 % faster.
@@ -390,28 +391,40 @@ class CostModel(Policy):
         if tokens >= self.rate_tokens:
             self.catchup_rate = self._learn(("catchup", 0), self.catchup_rate, seconds / tokens)
 
-    def _learn(self, key: tuple, known: float | None, value: float, blend: float = 0.1) -> float | None:
-        """A cost's new estimate after measuring ``value``: the first measurement in this process (cold) is
-        taken only where nothing is known, the second replaces it, later ones blend in by ``blend``."""
+    def _learn(self, key: tuple, known: float | None, value: float, blend: float = 0.1) -> float:
+        """A cost's new estimate after measuring ``value``: the first measurement in this process (cold) no
+        more than the estimate it replaces (recalled, or the nearest batch size's), the second as it is, later
+        ones blended in by ``blend``. A cost estimated too low is soon measured again; one too high may never be."""
         count = self.samples.get(key, 0)
         self.samples[key] = count + 1
         if known is None or count == 1:
             return value
         if count == 0:
-            return known  # cold, beside an estimate from an earlier process (``recall``)
+            return min(known, value)
         return (1 - blend) * known + blend * value
 
+    def _estimates(self, batch: int) -> tuple[float | None, dict[int, float], set]:
+        """(draft step, verify costs, what was measured) for ``batch`` rows: their own where known. A size never
+        seen starts from the nearest size's, with each call of several tokens priced for ``batch`` rows (row by
+        row, as the fused form verifies a batch: the dearest a batch's verification can be), nothing measured.
+        Taken at the nearest size's price, a server's first cycles at 3 and 4 rows paid 2 s of the draft's
+        prefill for joining rows (tools/load_test.py), drafts that a batch of 4 then never used."""
+        if batch == self.batch:
+            return self.draft_step, self.verify, self.measured
+        if batch in self.by_batch:
+            return self.by_batch[batch]
+        nearest = min({self.batch, *self.by_batch}, key=lambda b: (abs(b - batch), b))  # a tie: the fewer rows
+        step, verify, _ = self._estimates(nearest)
+        return step, {t: v * batch / nearest if t > 1 else v for t, v in verify.items()}, set()
+
     def _use_batch(self, batch: int) -> None:
-        """Switch the cost estimates to ``batch`` rows. A size never seen starts from the nearest one's
-        estimates, each replaced by its first measurement at this size (then blended as usual)."""
+        """Switch the cost estimates to ``batch`` rows (``_estimates``); a new size's are replaced by its first
+        measurements (then blended as usual)."""
         if batch == self.batch:
             return
+        estimates = self._estimates(batch)
         self.by_batch[self.batch] = (self.draft_step, self.verify, self.measured)
-        if batch in self.by_batch:
-            self.draft_step, self.verify, self.measured = self.by_batch[batch]
-        else:
-            step, verify, _ = self.by_batch[min(self.by_batch, key=lambda b: abs(b - batch))]
-            self.draft_step, self.verify, self.measured = step, dict(verify), set()
+        self.draft_step, self.verify, self.measured = estimates
         self.batch = batch
 
     def observe(self, outcome: CycleOutcome) -> None:
@@ -430,12 +443,11 @@ class CostModel(Policy):
         # would make drafting look dear and keep the policy from ever speculating again.
         if outcome.draft_steps and outcome.catchup_tokens <= 2:
             step = outcome.draft_seconds / outcome.draft_steps
-            known = self.draft_step if "draft" in self.measured else None
-            self.draft_step = self._learn((self.batch, "draft"), known, step, blend)
+            self.draft_step = self._learn((self.batch, "draft"), self.draft_step, step, blend)
             self.measured.add("draft")
         if outcome.verify_tokens:
             t, v = outcome.verify_tokens, outcome.verify_seconds
-            self.verify[t] = self._learn((self.batch, t), self.verify[t] if t in self.measured else None, v, blend)
+            self.verify[t] = self._learn((self.batch, t), self.verify.get(t), v, blend)
             self.measured.add(t)
 
 

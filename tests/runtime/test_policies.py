@@ -167,15 +167,17 @@ def test_cost_model_keeps_costs_per_batch_size():
     assert policy.verify[5] == pytest.approx(0.010) and policy.batch == 1
 
 
-def test_cost_model_takes_a_new_batch_sizes_first_measurements_as_they_are():
-    """A batch size never seen starts from the nearest size's costs, each replaced at its first measurement:
-    a server whose batch keeps changing must not spend tens of cycles unlearning another size's costs. The
-    first call at a shape is cold: the second measurement replaces it too, then later ones blend in."""
+def test_cost_model_takes_a_new_batch_sizes_second_measurements_as_they_are():
+    """A batch size never seen starts from the nearest size's costs (each call of several tokens priced for its
+    rows). Its first call at a shape is cold: it counts no more than that estimate (a first plain step at 3 rows
+    took 94 ms against ~45 on the real pair, and kept plain decoding from being chosen again); the second
+    measurement replaces it: a server whose batch keeps changing must not spend tens of cycles unlearning
+    another size's costs. Later ones blend in."""
     policy = make_policy("cost", 4)
     for _ in range(30):
         policy.observe(CycleOutcome(4, [4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
     policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.040, draft_steps=4, verify_seconds=0.030, verify_tokens=5))
-    assert policy.draft_step == pytest.approx(0.010) and policy.verify[5] == pytest.approx(0.030)
+    assert policy.draft_step == pytest.approx(0.001) and policy.verify[5] == pytest.approx(0.020)
     policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.032, draft_steps=4, verify_seconds=0.024, verify_tokens=5))
     assert policy.draft_step == pytest.approx(0.008) and policy.verify[5] == pytest.approx(0.024)
     policy.observe(CycleOutcome(4, [4, 4], draft_seconds=0.080, draft_steps=4, verify_seconds=0.024, verify_tokens=5))
@@ -212,8 +214,15 @@ def test_cost_model_weighs_a_catch_up_with_the_costs_of_the_batch_it_joins():
     assert not policy.catchup_pays(8, 960, 512)  # ~1 ms saved a token at 8 rows: 0.5 s against 5.8 s
     assert policy.catchup_pays(8, 0, 512)  # nothing to catch up
     before = (policy.batch, policy.draft_step, dict(policy.verify), sorted(policy.by_batch))
-    # 3 rows, never measured: judged by the nearest size's saving a token (1 row: 40 ms), not 1 row's costs for 3
-    assert policy.catchup_pays(3, 118, 64) and not policy.catchup_pays(3, 118 * 6, 64)
+    # 3 rows, never measured: judged by the nearest size's costs (1 row) with each verification priced for 3 rows
+    # (row by row: 0.465 s for 5 tokens a row), where drafting loses to plain decoding, not by 1 row's saving
+    assert not policy.catchup_pays(3, 118, 64)
+    policy.observe(CycleOutcome(4, [4] * 3, draft_seconds=0.1, draft_steps=4, verify_seconds=0.15, verify_tokens=5))
+    policy.observe(CycleOutcome(4, [4] * 3, draft_seconds=0.1, draft_steps=4, verify_seconds=0.15, verify_tokens=5))
+    policy.observe(CycleOutcome(4, [4], draft_seconds=0.092, draft_steps=4, verify_seconds=0.155, verify_tokens=5))
+    before = (policy.batch, policy.draft_step, dict(policy.verify), sorted(policy.by_batch))
+    assert policy.catchup_pays(3, 118, 64)  # measured at 3 rows: a batched verification, cheap enough to pay
+    assert not policy.catchup_pays(2, 118, 64)  # 2 rows, never seen: priced from 1 row's (nearest), row by row
     assert (policy.batch, policy.draft_step, policy.verify, sorted(policy.by_batch)) == before
     policy.observe_catchup(1.2, 120)  # the second measurement replaces the first (cold), later ones blend in
     assert policy.catchup_rate == pytest.approx(0.01)
@@ -414,6 +423,20 @@ def test_a_batch_sizes_own_measurements_price_its_calls_not_the_nearest_sizes():
     for _ in range(2):
         policy.observe(CycleOutcome(0, [0, 0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.031, verify_tokens=1))
         policy.observe(CycleOutcome(2, [2, 2], draft_seconds=0.048, draft_steps=2, verify_seconds=0.072, verify_tokens=3))
-    assert policy.batch == 2 and policy.verify[4] == pytest.approx(0.044)  # one row's, kept from the start
+    assert policy.batch == 2 and policy.verify[4] == pytest.approx(2 * 0.044)  # one row's, priced for 2 rows
     assert policy.verify_cost(3) == pytest.approx(0.072)
     assert policy.verify_cost(5) > 2 * 0.050 and policy.next_k() == 0
+
+
+def test_a_new_batch_size_prices_unmeasured_calls_from_its_start_not_from_one_plain_step():
+    """4 rows, one plain step measured (42 ms) and 1 row's v(2) and v(5) to start from, priced for 4 rows: v(3)
+    comes from a line through all of them, not from the plain step plus 10 % a token (which made K = 2 at 4
+    rows look 1.5x faster than plain decoding, and the server drafted row by row for 4 rows)."""
+    policy = make_policy("cost", 4)
+    for _ in range(3):
+        policy.observe(CycleOutcome(1, [1], draft_seconds=0.010, draft_steps=1, verify_seconds=0.029, verify_tokens=2))
+        policy.observe(CycleOutcome(4, [4], draft_seconds=0.040, draft_steps=4, verify_seconds=0.045, verify_tokens=5))
+    for _ in range(2):
+        policy.observe(CycleOutcome(0, [0] * 4, draft_seconds=0.0, draft_steps=0, verify_seconds=0.042, verify_tokens=1))
+    assert policy.verify == pytest.approx({1: 0.042, 2: 4 * 0.029, 5: 4 * 0.045})
+    assert policy.verify_cost(3) > 2 * 0.042 and policy.next_k() == 0
