@@ -189,7 +189,8 @@ class CostModel(Policy):
     The first call at a new shape is cold (ONNX Runtime plans and allocates its buffers): on the real
     pair the first verification of 5 tokens took 68 ms, the next ones 47-50 ms, and a first plain step
     at 3 rows 94 ms against ~45. A cost's first measurement in a process counts no more than the estimate
-    it replaces (recalled, or the nearest batch size's), the second replaces it, later ones blend in; and
+    it replaces (recalled, or the nearest batch size's), then the lower of the first two counts, later
+    ones blend in; and
     a verify size measured only once is priced no higher than the sizes measured since suggest, so one
     cold call cannot rule its K (or plain decoding) out for good.
     """
@@ -224,6 +225,7 @@ class CostModel(Policy):
         self.exploring = False  # the next drafting cycle measures acceptance at ``explore`` drafts (``recall``)
         # measurements taken in this process, by (batch size, "draft" | verify tokens | "catchup"): the first is cold
         self.samples: dict[tuple[int, int | str], int] = {}
+        self.firsts: dict[tuple[int, int | str], float] = {}  # first measurements, until the second comes
 
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
         """Before the first cycle: the draft's estimated catch-up time, the tokens to generate, and a
@@ -347,7 +349,7 @@ class CostModel(Policy):
             return
         self.draft_step, self.verify, self.measured = previous.draft_step, dict(previous.verify), set(previous.measured)
         self.batch, self.catchup_rate = previous.batch, previous.catchup_rate
-        self.samples = dict(previous.samples)  # the same process: its calls are warm
+        self.samples, self.firsts = dict(previous.samples), dict(previous.firsts)  # the same process: its calls are warm
         self.by_batch = {b: (step, dict(verify), set(measured)) for b, (step, verify, measured) in previous.by_batch.items()}
         weight = min(1.0, self.carried_cycles / previous.tried[1]) if previous.tried[1] > 0 else 0.0
         self.tried, self.kept = previous.tried * weight, previous.kept * weight
@@ -393,14 +395,17 @@ class CostModel(Policy):
 
     def _learn(self, key: tuple, known: float | None, value: float, blend: float = 0.1) -> float:
         """A cost's new estimate after measuring ``value``: the first measurement in this process (cold) no
-        more than the estimate it replaces (recalled, or the nearest batch size's), the second as it is, later
-        ones blended in by ``blend``. A cost estimated too low is soon measured again; one too high may never be."""
+        more than the estimate it replaces (recalled, or the nearest batch size's), then the lower of the first
+        two measurements (a cold call or a stall only ever comes out dearer: a plain step at 4 rows once took
+        146 ms against ~40), later ones blended in by ``blend``. A cost estimated too low is soon measured
+        again; one too high may never be."""
         count = self.samples.get(key, 0)
         self.samples[key] = count + 1
-        if known is None or count == 1:
-            return value
         if count == 0:
-            return min(known, value)
+            self.firsts[key] = value
+            return value if known is None else min(known, value)
+        if count == 1:
+            return min(self.firsts.pop(key), value)
         return (1 - blend) * known + blend * value
 
     def _estimates(self, batch: int) -> tuple[float | None, dict[int, float], set]:
