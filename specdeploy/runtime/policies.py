@@ -190,9 +190,8 @@ class CostModel(Policy):
     pair the first verification of 5 tokens took 68 ms, the next ones 47-50 ms, and a first plain step
     at 3 rows 94 ms against ~45. A cost's first measurement in a process counts no more than the estimate
     it replaces (recalled, or the nearest batch size's), then the lower of the first two counts, later
-    ones blend in; and
-    a verify size measured only once is priced no higher than the sizes measured since suggest, so one
-    cold call cannot rule its K (or plain decoding) out for good.
+    ones blend in (``_learn``); and a verify size measured only once is priced no higher than the sizes
+    measured since suggest, so one cold call cannot rule its K (or plain decoding) out for good.
     """
 
     name = "cost"
@@ -423,8 +422,8 @@ class CostModel(Policy):
         return step, {t: v * batch / nearest if t > 1 else v for t, v in verify.items()}, set()
 
     def _use_batch(self, batch: int) -> None:
-        """Switch the cost estimates to ``batch`` rows (``_estimates``); a new size's are replaced by its first
-        measurements (then blended as usual)."""
+        """Switch the cost estimates to ``batch`` rows (``_estimates``); a new size's give way to its own
+        measurements as ``_learn`` takes them."""
         if batch == self.batch:
             return
         estimates = self._estimates(batch)
