@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--artifact", type=Path, required=True)
     parser.add_argument("--concurrency", default="1,2,4,8")
     parser.add_argument("--requests", type=int, default=2, help="Requests each client sends, one after another.")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=_at_least_one, default=2,
                         help="Times each (mode, concurrency) stage runs, the modes' order rotating between rounds.")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
@@ -79,6 +79,13 @@ def main() -> None:
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
         args.out.with_suffix(".md").write_text(table + "\n")
         _plot(rows, args.out.with_suffix(".png"))
+
+
+def _at_least_one(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"got {number}; expected an integer >= 1")
+    return number
 
 
 def _server(pipeline, config, context: int, max_batch: int):

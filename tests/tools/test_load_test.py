@@ -28,3 +28,9 @@ def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
     order = [line.split()[2] for line in done.stdout.splitlines() if line.startswith("round ") and "N=1:" in line]
     assert order == ["plain", "fixed", "cost", "fixed", "cost", "plain"]  # each round starts with the next mode
     assert "| cost | 3 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0
+
+
+def test_load_test_refuses_zero_rounds_before_loading_anything(tmp_path):
+    done = subprocess.run([sys.executable, str(TOOL), "--artifact", str(tmp_path / "none"), "--rounds", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--rounds: got 0; expected an integer >= 1" in done.stderr
