@@ -228,6 +228,8 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
     """
     seen = cache.past_len.tolist()
     width = max([end - past for end, past in zip(ends, seen)])
+    if width > 1 and len(ends) > 1 and engine.spec.graph == "fused" and isinstance(cache, KVCache):
+        return _feed_rows(engine, cache, tokens, ends), width
     start = [max(0, min(past, end - width)) for end, past in zip(ends, seen)]
     first = start[0]
     if start.count(first) == len(start):  # every row from the same slot (always at batch 1): a slice
@@ -243,8 +245,23 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
     return logits[np.arange(len(last)), last], width
 
 
+def _feed_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) -> np.ndarray:
+    """``feed`` one row at a time, each row its own tokens: a graph that writes its cache itself runs such a
+    call row by row anyway (``Engine._infer_in_place``), and padded to the longest row, a draft's catch-up
+    of one joining row at a batch of 4 computed its prompt 4 times. A row with nothing new re-feeds its last
+    token, for its logits."""
+    logits = np.empty((len(ends), engine.spec.vocab_size), np.float32)
+    for b, (end, past) in enumerate(zip(ends, cache.past_len.tolist())):
+        row = cache.rows(b, b + 1)
+        row.commit([min(past, end - 1)])
+        logits[b] = feed(engine, row, tokens[b : b + 1], [end])[0][0]
+    cache.commit(ends)
+    return logits
+
+
 def prefill(engine: Engine, cache: KVCache, tokens: np.ndarray, goal: list[int]) -> None:
-    """Bring each row's cache up to ``goal[b]`` tokens of ``tokens``, in calls of at most PREFILL_CHUNK tokens."""
+    """Bring each row's cache up to ``goal[b]`` tokens of ``tokens``, in calls of at most PREFILL_CHUNK tokens
+    (a fused graph's rows each fed their own: ``_feed_rows``)."""
     while True:
         seen = cache.past_len.tolist()
         if all(past >= end for past, end in zip(seen, goal)):

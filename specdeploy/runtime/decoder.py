@@ -269,6 +269,9 @@ class Generation:
         self.cycle = 0
         self.prefill_seconds: float | None = None  # of the batch it started with; None until prefilled
         self._prefill_spent = 0.0  # by ``prefill_chunk`` calls so far
+        # rows about to join (a server's prefilling and queued requests): (rows, prompt tokens the draft lacks,
+        # tokens to come). A catch-up is judged for the batch they make: drafting there needs theirs too.
+        self.joining = (0, 0, 0)
 
     def accept(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
         """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy."""
@@ -333,20 +336,21 @@ class Generation:
             ratio = self.drafter.cost_ratio(self.target.spec)
             self._policy.plan(self.prefill_seconds * ratio, max(self.state.remaining()), ratio)
 
-    def prefill_chunk(self, tokens: int, draft: bool = True) -> bool:
+    def prefill_chunk(self, tokens: int, draft: bool | Callable[[], bool] = True) -> bool:
         """Prefill at most ``tokens`` more of each prompt, in the target and (``draft``) the draft; True once done.
 
         A server prefills requests that join a running batch this way, a chunk between two of its
         cycles, then ``merge``s them: running rows never wait for a whole long prompt, in either model.
         Without ``draft`` the draft has seen nothing of these rows: the policy decides whether a
-        cycle pays for that catch-up (``weighs_catchup``) or stays plain.
+        cycle pays for that catch-up (``weighs_catchup``) or stays plain. A callable ``draft`` is asked
+        after the target's chunk, so that what happened meanwhile (requests that queued up) counts.
         """
         state = self.state
         goal = [min(past + tokens, length - 1) for past, length in zip(self.cache.past_len.tolist(), state.lengths)]
         self._prefill_spent += self._prefill_rows(0, goal)
         if self.done:
             return True
-        if draft and self.k_cap:
+        if self.k_cap and (draft() if callable(draft) else draft):
             began = time.perf_counter()
             fed = self.drafter.warm(state, self.cache.past_len.tolist())  # the draft follows the target, chunk for chunk
             spent = time.perf_counter() - began
@@ -423,7 +427,9 @@ class Generation:
         k = min(self._policy.next_k(), self.k_cap, max(remaining) - 1)
         if k > 0 and self._policy.weighs_catchup:
             behind = drafter.behind(state)
-            if behind and not self._policy.catchup_pays(len(state.active), behind, sum(remaining)):
+            rows, lacking, to_come = self.joining
+            if behind and not self._policy.catchup_pays(len(state.active) + rows, behind + lacking,
+                                                        sum(remaining) + to_come):
                 k = 0
         budgets = None  # each row's own cap: its k and the tokens it has left (a sampled row's draws depend on it)
         if k > 0 and (state.capped or (state.sampling and min(remaining) <= k)):

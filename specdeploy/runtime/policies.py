@@ -185,6 +185,7 @@ class CostModel(Policy):
     nearly the 1.5B int8 target's cost per token on a CPU). ``catchup_pays`` weighs it with the costs
     measured at that batch size and the catch-up's measured seconds per token: the scheduler skips
     the draft's prefill of joining rows when it does not pay, and a cycle stays plain rather than pay it.
+    A "no" is paid now and then all the same (``revisit_share``): only drafting re-measures what said no.
 
     The first call at a new shape is cold (ONNX Runtime plans and allocates its buffers): on the real
     pair the first verification of 5 tokens took 68 ms, the next ones 47-50 ms, and a first plain step
@@ -201,6 +202,7 @@ class CostModel(Policy):
     close = 0.8  # plain within this fraction of the best rate: re-measured every 2 * probe_every drafting cycles
     carried_cycles = 8  # the weight of an earlier request's acceptance in a new one's (``inherit``)
     rate_tokens = 16  # catch-ups of fewer tokens do not teach ``catchup_rate``
+    revisit_share = 0.05  # of the time decoded plainly, at most this modelled to be lost re-measuring a "no"
     explore = 4  # drafts of the first cycle when the costs are known and this text's acceptance is not (``recall``)
 
     def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float = 0.5,
@@ -221,6 +223,7 @@ class CostModel(Policy):
         self.measured: set = set()  # what has been measured at this batch size: "draft", verify sizes
         self.by_batch: dict[int, tuple[float | None, dict[int, float], set]] = {}
         self.catchup_rate: float | None = None  # seconds per token the draft catches up on (all rows together)
+        self.plain_seconds = 0.0  # decoded plainly since the last drafting cycle (``catchup_pays`` revisits a "no")
         self.exploring = False  # the next drafting cycle measures acceptance at ``explore`` drafts (``recall``)
         # measurements taken in this process, by (batch size, "draft" | verify tokens | "catchup"): the first is cold
         self.samples: dict[tuple[int, int | str], int] = {}
@@ -337,7 +340,26 @@ class CostModel(Policy):
         # both sides measured (a cycle spends ~0.1 ms beside its engine calls on the real pair): no margin, unlike
         # ``plan``'s estimate from the parameter ratio. Twice over, the load test's lone client stayed plain
         # where drafting made it 7 % faster.
-        return saving > behind * self.catchup_rate
+        cost = behind * self.catchup_rate
+        if saving > cost:
+            return True
+        if cost - saving <= self.revisit_share * self.plain_seconds:
+            self._revisit(batch)
+            return True
+        return False
+
+    def _revisit(self, batch: int) -> None:
+        """Pay a refused catch-up and draft (``explore``) to re-measure what refused it. A "no" is never revisited
+        by itself: only drafting measures the draft's costs and the text's acceptance. Measured under contention
+        (another process busy on the 2 cores while a server warmed up: a draft step of 27 ms against 10, a
+        catch-up of 5.7 ms a token against 1.9), they kept a lone client plain for a whole load test. So a "no"
+        is paid when its modelled loss is within ``revisit_share`` of the time decoded plainly since the last
+        drafting cycle, and the drafting costs at ``batch`` are learned afresh, as in a new process (``_learn``),
+        instead of blending a tenth of each new measurement into the stale ones."""
+        self.plain_seconds, self.exploring = 0.0, True
+        for key in [key for key in self.samples if key == ("catchup", 0) or (key[0] == batch and key[1] != 1)]:
+            del self.samples[key]
+            self.firsts.pop(key, None)
 
     def inherit(self, previous: Policy) -> None:
         """The engines' costs carry over whole: they belong to the models and this machine, and measuring them
@@ -347,7 +369,7 @@ class CostModel(Policy):
         if not isinstance(previous, CostModel) or previous.k_max != self.k_max:
             return
         self.draft_step, self.verify, self.measured = previous.draft_step, dict(previous.verify), set(previous.measured)
-        self.batch, self.catchup_rate = previous.batch, previous.catchup_rate
+        self.batch, self.catchup_rate, self.plain_seconds = previous.batch, previous.catchup_rate, previous.plain_seconds
         self.samples, self.firsts = dict(previous.samples), dict(previous.firsts)  # the same process: its calls are warm
         self.by_batch = {b: (step, dict(verify), set(measured)) for b, (step, verify, measured) in previous.by_batch.items()}
         weight = min(1.0, self.carried_cycles / previous.tried[1]) if previous.tried[1] > 0 else 0.0
@@ -419,7 +441,20 @@ class CostModel(Policy):
             return self.by_batch[batch]
         nearest = min({self.batch, *self.by_batch}, key=lambda b: (abs(b - batch), b))  # a tie: the fewer rows
         step, verify, _ = self._estimates(nearest)
+        step = None if step is None else step * batch / nearest  # until v(1) is measured here (``_step_as_v1``)
         return step, {t: v * batch / nearest if t > 1 else v for t, v in verify.items()}, set()
+
+    def _step_as_v1(self) -> float | None:
+        """The draft step at this batch size before it is measured: the nearest size's where both were measured,
+        scaled as this size's v(1) is to that size's. Both models' one-token calls grow alike with the rows, and
+        priced at one row's, the draft looked cheap enough at 2 rows to pay a 0.6 s catch-up and draft for cycles
+        that lost to plain decoding (13-16 ms a draft step against 10.4 alone, tools/load_test.py)."""
+        sizes = [b for b, (_, _, measured) in self.by_batch.items() if {"draft", 1} <= measured]
+        if not sizes:
+            return self.draft_step
+        nearest = min(sizes, key=lambda b: (abs(b - self.batch), b))
+        step, verify, _ = self.by_batch[nearest]
+        return step * self.verify[1] / verify[1]
 
     def _use_batch(self, batch: int) -> None:
         """Switch the cost estimates to ``batch`` rows (``_estimates``); a new size's give way to its own
@@ -445,6 +480,7 @@ class CostModel(Policy):
                 self.kept[1 : int(n) + 1] += 1
         # A catch-up after plain cycles feeds the draft many tokens at once; timing it as one step
         # would make drafting look dear and keep the policy from ever speculating again.
+        self.plain_seconds = 0.0 if k > 0 else self.plain_seconds + outcome.verify_seconds
         if outcome.draft_steps and outcome.catchup_tokens <= 2:
             step = outcome.draft_seconds / outcome.draft_steps
             self.draft_step = self._learn((self.batch, "draft"), self.draft_step, step, blend)
@@ -453,6 +489,8 @@ class CostModel(Policy):
             t, v = outcome.verify_tokens, outcome.verify_seconds
             self.verify[t] = self._learn((self.batch, t), self.verify.get(t), v, blend)
             self.measured.add(t)
+            if t == 1 and "draft" not in self.measured:
+                self.draft_step = self._step_as_v1()
 
 
 def _line(verify: dict[int, float], tokens: int) -> float:

@@ -75,7 +75,7 @@ class Scheduler:
         self.tickets: dict[str, Ticket] = {}  # request id -> ticket, for every request admitted and not finished
         self.running: Generation | None = None
         self.staging: Generation | None = None
-        self.staging_drafts = True  # whether the draft prefills the staging rows
+        self.staging_drafts: bool | None = None  # whether the draft prefills the staging rows (None: not asked yet)
         self._ids = itertools.count()
         self._wake = threading.Condition()
         self._stopping = False
@@ -190,8 +190,8 @@ class Scheduler:
             for ticket, row in zip(admitted, self.staging.state.rows):
                 row.request_id = ticket.request_id
             self.staging.policy = self.policy  # it hears what the draft's prefill costs
-            self.staging_drafts = self._drafting_pays(self.staging)
-        if self.staging is not None and self.staging.prefill_chunk(self.prefill_chunk, draft=self.staging_drafts):
+            self.staging_drafts = None
+        if self.staging is not None and self.staging.prefill_chunk(self.prefill_chunk, draft=self._staging_drafts):
             staged, self.staging = self.staging, None
             for row in staged.state.rows:  # rows whose prefill failed have left already
                 if row.finish_reason:
@@ -202,6 +202,7 @@ class Scheduler:
             else:
                 self.running.merge(staged)
         if self.running is not None and not self.running.done:
+            self.running.joining = self._joining(self.staging)
             began = time.perf_counter()
             committed = self.running.step()
             self.cycle_seconds = 0.9 * self.cycle_seconds + 0.1 * (time.perf_counter() - began)
@@ -216,17 +217,43 @@ class Scheduler:
             if self.running.done:
                 self.running = None  # a fresh batch next time: finished rows' results go with it
 
+    def _staging_drafts(self) -> bool:
+        """Asked once per staging batch, after the target's first chunk of it (``_drafting_pays``)."""
+        if self.staging_drafts is None:
+            self.staging_drafts = self._drafting_pays(self.staging)
+        return self.staging_drafts
+
     def _drafting_pays(self, staged: Generation) -> bool:
         """Should the draft prefill the joining rows? Not when the policy finds that, in the batch they
-        make with the running rows, speculation would not repay it (the batch then decodes plainly)."""
+        make with the running rows and the requests queued behind them, speculation would not repay it
+        (the batch then decodes plainly).
+
+        Asked after the target's first chunk of these rows: the clients of a burst arrive a few ms apart, so
+        the first request was admitted alone, and judged alone the draft prefilled it (~0.25 s on the real
+        pair) for a batch of 4 that then decoded plainly (tools/load_test.py)."""
         if not self.policy.weighs_catchup:
             return True
-        generations = [g for g in (self.running, staged) if g is not None and not g.done]
-        behind = sum(g.drafter.behind(g.state) for g in generations)  # the staged rows: their whole prompts
-        if not behind:
+        if not staged.drafter.behind(staged.state):  # nothing of theirs to prefill
             return True
-        to_come = sum(sum(g.state.remaining()) for g in generations)
-        return self.policy.catchup_pays(sum(g.state.batch for g in generations), behind, to_come)
+        rows, lacking, to_come = self._joining(staged)  # theirs and the queued requests'
+        if self.running is not None and not self.running.done:
+            rows += self.running.state.batch
+            lacking += self.running.drafter.behind(self.running.state)
+            to_come += sum(self.running.state.remaining())
+        return self.policy.catchup_pays(rows, lacking, to_come)
+
+    def _joining(self, staged: Generation | None) -> tuple[int, int, int]:
+        """The rows about to join the running batch: the staging ones and the queued requests that fit. Their
+        count, the prompt tokens the draft lacks of them, and their tokens to come (``Generation.joining``)."""
+        rows = lacking = to_come = 0
+        if staged is not None and not staged.done:
+            rows, lacking, to_come = staged.state.batch, staged.drafter.behind(staged.state), sum(staged.state.remaining())
+        with self._wake:
+            queued = list(self.queue)[: max(0, self.max_batch - self.rows)]
+        rows += len(queued)
+        lacking += sum(max(0, len(t.prompt) - 2) for t in queued)  # as ``Drafter.behind`` counts a fresh row
+        to_come += sum(t.config.max_new_tokens for t in queued)
+        return rows, lacking, to_come
 
     def _finish(self, row: RowResult) -> None:
         ticket = self.tickets.pop(row.request_id, None)

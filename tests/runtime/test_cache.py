@@ -79,3 +79,35 @@ def test_capacity_is_planned_and_refused_with_the_numbers():
     assert plan_capacity([5, 9], max_new_tokens=10, k=4, limit=100) == 9 + 10 + 4 + 1
     with pytest.raises(CapacityError, match=r"9 tokens.*max_new_tokens \(90\).*k \(4\).*104.*capacity 100"):
         plan_capacity([5, 9], max_new_tokens=90, k=4, limit=100)
+
+
+def test_a_fused_graph_feeds_each_row_its_own_tokens(fused_dirs):
+    """The fused form runs a batch's multi-token calls row by row: prefill and the draft's catch-up feed each row
+    only what it lacks (padded to the longest row, a catch-up of one joining row computed its prompt once per row
+    of the batch), with the cache and logits of feeding each row alone."""
+    from specdeploy.engines.base import feed, prefill
+
+    engine = Pipeline.load(fused_dirs["close"]).target
+    tokens = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22, 0, 0, 0, 0, 0, 0], [30, 31, 32, 33, 34, 35, 0, 0, 0]])
+    cache = engine.allocate_cache(3, 16)
+    calls = []
+    infer_impl = engine.infer_impl
+    engine.infer_impl = lambda ids, past, c: calls.append((ids.shape, past.tolist())) or infer_impl(ids, past, c)
+    try:
+        prefill(engine, cache, tokens, [8, 2, 5])
+        assert calls == [((1, 8), [0]), ((1, 2), [0]), ((1, 5), [0])] and cache.past_len.tolist() == [8, 2, 5]
+        calls.clear()
+        logits, width = feed(engine, cache, tokens, [9, 3, 5])  # row 2 has nothing new: its last token again
+        assert width == 1 and calls == [((3, 1), [8, 2, 4])]  # one token each: one batched call, as before
+        calls.clear()
+        cache.commit([7, 2, 5])
+        logits, width = feed(engine, cache, tokens, [9, 3, 5])
+        assert width == 2 and calls == [((1, 2), [7]), ((1, 1), [2]), ((1, 1), [4])]
+    finally:
+        engine.infer_impl = infer_impl
+    for b, end in enumerate([9, 3, 5]):
+        alone = engine.allocate_cache(1, 16)
+        reference = engine.infer(tokens[b : b + 1, :end], np.zeros(1, np.int64), alone).logits[0, -1]
+        np.testing.assert_allclose(logits[b], reference, atol=1e-4, rtol=1e-4)
+        for buf, ref in zip(cache.buffers, alone.buffers):
+            np.testing.assert_allclose(buf[b, :, :end], ref[0, :, :end], atol=1e-4, rtol=1e-4)

@@ -232,3 +232,38 @@ def test_joining_requests_prefill_the_draft_only_when_the_policy_finds_it_pays(p
     assert judge.asked and all(batch >= 1 and behind > 0 for batch, behind, _ in judge.asked)
     assert all(n > 0 for n in drafted) if pays else drafted == [0, 0, 0]
     assert (sum(judge.fed) > 0) == pays  # the draft prefilled the prompts only when it paid
+
+
+def test_the_drafts_prefill_is_judged_after_the_targets_with_the_requests_queued_meanwhile(pipeline):
+    """The clients of a burst arrive a few ms apart: the first request is admitted alone, and the others queue
+    while the target prefills it. Judged at admission, alone, the draft prefilled it for a batch that then
+    decoded plainly; the scheduler asks after the target's chunk, counting the queued requests' rows, prompts
+    and tokens to come, and so does the running batch's cycle before they join."""
+    import asyncio
+
+    from specdeploy.serve.scheduler import Scheduler
+
+    scheduler = Scheduler(pipeline, GenerationConfig(k=3), 96, max_batch=3, prefill_chunk=64)
+    scheduler.policy = judge = Judge(False)
+    loop = asyncio.new_event_loop()
+    prompts = [pipeline.encode(p) for p in ("w5 w6 w7 w8", "w10 w11 w12", "w20 w21", "w30")]
+    config = GenerationConfig(max_new_tokens=10)
+    scheduler.submit(prompts[0], config, loop)
+    infer_impl = pipeline.target.infer_impl
+
+    def arriving(*args):  # three more requests arrive while the target prefills the first
+        pipeline.target.infer_impl = infer_impl
+        for prompt in prompts[1:]:
+            scheduler.submit(prompt, config, loop)
+        return infer_impl(*args)
+
+    pipeline.target.infer_impl = arriving
+    try:
+        scheduler._turn(scheduler._admit())
+    finally:
+        pipeline.target.infer_impl = infer_impl
+        loop.close()
+    behind = sum(len(p) - 2 for p in prompts[:3])  # the staged row's prompt, and the 2 queued ones that fit
+    assert judge.asked[0] == (3, behind, 30) and not judge.fed  # a batch of 3: the draft did not prefill the first
+    # then the first row's cycle, alone until the others are prefilled: its catch-up is judged for the same batch
+    assert judge.asked[1] == (3, behind, 30) and len(judge.asked) == 2 and len(scheduler.queue) == 3
