@@ -45,8 +45,11 @@ class KVCache:
     handle reads like that array (``len``, iteration, indexing, ``shape``).
     """
 
-    def __init__(self, stacked: np.ndarray):
+    def __init__(self, stacked: np.ndarray, rows_held: np.ndarray | None = None):
+        # ``rows_held``: the allocation these rows are the first of (rows that left keep their memory for the next
+        # to join); each layer's rows stay one contiguous block, as the engines bind them
         self.stacked = stacked
+        self.held = stacked if rows_held is None else rows_held
         self.buffers = list(stacked)  # [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]
         self.commit(np.zeros(stacked.shape[1], dtype=np.int64))
 
@@ -90,21 +93,41 @@ class KVCache:
             self.stacked[:, b, :, s : s + tokens] = new_kv[:, b]
 
     def select(self, rows) -> KVCache:
-        """A cache of only ``rows`` (finished rows leave the batch); lengths come along."""
-        kept = KVCache(np.ascontiguousarray(self.stacked[:, rows]))
+        """A cache of only ``rows`` (finished rows leave the batch; in order), lengths along, on the same memory:
+        the rows that stay move up over those that left, and this handle is spent. Copied into a new array, a
+        leave at 8 rows of the real pair's 1024-slot caches moved 470 MB (0.3-1.1 s measured on this machine)."""
+        rows = [int(r) for r in rows]
+        if rows != sorted(rows) or not self._first_rows():
+            kept = KVCache(np.ascontiguousarray(self.stacked[:, rows]))
+        else:
+            for to, row in enumerate(rows):
+                if to != row:
+                    self.stacked[:, to] = self.stacked[:, row]
+            kept = KVCache(self.held[:, : len(rows)], self.held)
         kept.commit(self.past_len[rows])
         return kept
+
+    def _first_rows(self) -> bool:
+        """Whether these rows are the first of their allocation, which the next rows may use."""
+        return self.held is not None and (self.held is self.stacked or self.stacked.ctypes.data == self.held.ctypes.data)
 
     def rows(self, start: int, stop: int) -> KVCache:
         """Rows start .. stop - 1 alone, on views of the batch buffers: what they write lands in the batch
         (their lengths are their own until committed back)."""
         part = KVCache(self.stacked[:, start:stop])
+        part.held = None  # a view into this batch: ``select`` and ``extend`` never write through it
         part.commit(self.past_len[start:stop])
         return part
 
     def extend(self, other: KVCache) -> KVCache:
-        """A cache of these rows followed by ``other``'s (rows joining a batch)."""
-        joined = KVCache(np.concatenate([self.stacked, other.stacked], axis=1))
+        """A cache of these rows followed by ``other``'s (rows joining a batch; this handle is spent). They take
+        the memory of rows that left (``select``) when there is enough; else all move to a new allocation."""
+        batch, joining = self.stacked.shape[1], other.stacked.shape[1]
+        if self._first_rows() and self.held.shape[1] >= batch + joining:
+            self.held[:, batch : batch + joining] = other.stacked
+            joined = KVCache(self.held[:, : batch + joining], self.held)
+        else:
+            joined = KVCache(np.concatenate([self.stacked, other.stacked], axis=1))
         joined.commit(np.concatenate([self.past_len, other.past_len]))
         return joined
 
