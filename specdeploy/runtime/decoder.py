@@ -110,7 +110,11 @@ class BatchState:
         self.tokens = np.concatenate([self.tokens, added])
 
     def merge(self, other: BatchState) -> None:
-        """Append ``other``'s active rows (same capacity), with their results, settings and generators."""
+        """Append ``other``'s active rows (same capacity), with their results, settings and generators. An empty
+        batch starts afresh: the requests that left are forgotten, and so are their settings' needs."""
+        if not self.active:
+            self.rows, self.specs, self.stops, self.generators = [], [], [], []
+            self.greedy, self.sampling, self.penalized, self.capped = True, False, False, False
         offset = len(self.rows)
         self.rows += [other.rows[i] for i in other.active]
         self.specs += [other.specs[i] for i in other.active]
