@@ -251,7 +251,7 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
     """
     seen = cache.past_len.tolist()
     width = max([end - past for end, past in zip(ends, seen)])
-    if width > 1 and len(ends) > 1 and engine.spec.graph == "fused" and isinstance(cache, KVCache):
+    if width > 1 and len(ends) > 1 and engine.spec.writes_cache and isinstance(cache, KVCache):  # row by row anyway
         return _feed_rows(engine, cache, tokens, ends), width
     start = [max(0, min(past, end - width)) for end, past in zip(ends, seen)]
     first = start[0]
