@@ -273,9 +273,10 @@ class Generation:
         self.cycle = 0
         self.prefill_seconds: float | None = None  # of the batch it started with; None until prefilled
         self._prefill_spent = 0.0  # by ``prefill_chunk`` calls so far
-        # rows about to join (a server's prefilling and queued requests): (rows, prompt tokens the draft lacks,
-        # tokens to come). A catch-up is judged for the batch they make: drafting there needs theirs too.
-        self.joining = (0, 0, 0)
+        # rows about to join (a server's prefilling and queued requests): () -> (rows, prompt tokens the draft lacks,
+        # tokens to come). A catch-up is judged for the batch they make: drafting there needs theirs too. Asked
+        # only when a catch-up is judged, not every cycle.
+        self.joining: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
 
     def accept(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
         """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy."""
@@ -431,10 +432,10 @@ class Generation:
         k = min(self._policy.next_k(), self.k_cap, max(remaining) - 1)
         if k > 0 and self._policy.weighs_catchup:
             behind = drafter.behind(state)
-            rows, lacking, to_come = self.joining
-            if behind and not self._policy.catchup_pays(len(state.active) + rows, behind + lacking,
-                                                        sum(remaining) + to_come):
-                k = 0
+            if behind:
+                rows, lacking, to_come = self.joining()
+                if not self._policy.catchup_pays(len(state.active) + rows, behind + lacking, sum(remaining) + to_come):
+                    k = 0
         budgets = None  # each row's own cap: its k and the tokens it has left (a sampled row's draws depend on it)
         if k > 0 and (state.capped or (state.sampling and min(remaining) <= k)):
             budgets = [max(0, min(k, config.k, left - 1)) for config, left in zip(state.configs(), remaining)]

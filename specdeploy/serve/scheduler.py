@@ -199,10 +199,10 @@ class Scheduler:
             if self.running is None:
                 self.running = staged
                 self.running.policy = self.policy
+                self.running.joining = lambda: self._joining(self.staging)
             else:  # an empty running batch too: the rows take the memory of those that left
                 self.running.merge(staged)
         if self.running is not None and not self.running.done:
-            self.running.joining = self._joining(self.staging)
             began = time.perf_counter()
             committed = self.running.step()
             self.cycle_seconds = 0.9 * self.cycle_seconds + 0.1 * (time.perf_counter() - began)
@@ -250,7 +250,7 @@ class Scheduler:
         if staged is not None and not staged.done:
             rows, lacking, to_come = staged.state.batch, staged.drafter.behind(staged.state), sum(staged.state.remaining())
         with self._wake:
-            queued = list(self.queue)[: max(0, self.max_batch - self.rows)]
+            queued = list(itertools.islice(self.queue, max(0, self.max_batch - self.rows)))
         rows += len(queued)
         lacking += sum(max(0, len(t.prompt) - 2) for t in queued)  # as ``Drafter.behind`` counts a fresh row
         to_come += sum(t.config.max_new_tokens for t in queued)
