@@ -198,13 +198,14 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
     }
     progress(f"{role}: building the verify graph ({arch.name}, {dims['num_layers']} layers)")
     with torch.no_grad():
-        module = arch.build(checkpoint.config, checkpoint.weights, capacity)
-        checkpoint.weights.clear()  # the module holds its own (transposed) copies
+        # the fused form is written layer by layer, each built from the checkpoint as it is reached
+        module = arch.build(checkpoint.config, checkpoint.weights, capacity, streamed=form.graph == "fused")
         if form.graph == "fused":
             progress(f"{role}: writing the fused graph" + (" (int4 weights)" if form.int4 else ""))
             graph = FusedGraph(staging / f"{role}.onnx", dims, int4=form.int4, vocab_kept=form.vocab_kept)
             graph.save(module.write_fused(graph, capacity))
         else:
+            checkpoint.weights.clear()  # the module holds its own (transposed) copies
             progress(f"{role}: exporting to ONNX")
             onnx_graph.export_graph(module, dims, staging / f"{role}.onnx")
     del module, checkpoint

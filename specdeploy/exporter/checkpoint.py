@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 class Checkpoint:
     source: str
     config: object  # a transformers PretrainedConfig
-    weights: dict[str, torch.Tensor]
+    weights: MutableMapping[str, torch.Tensor]  # a dict, or a GGUF file's tensors read as taken
     tokenizer: Tokenizer
     eos_token_ids: tuple[int, ...]
     # what the artifact keeps of the tokenizer's tokenizer_config.json (chat template, BOS/EOS, add_bos_token);
@@ -33,6 +34,8 @@ class Checkpoint:
     @property
     def parameters(self) -> int:
         """Parameter count; tied tensors (one storage under two names) count once."""
+        if hasattr(self.weights, "parameter_count"):  # read lazily: counted without reading a tensor
+            return self.weights.parameter_count()
         seen = {t.untyped_storage().data_ptr(): t.numel() for t in self.weights.values()}
         return sum(seen.values())
 
@@ -58,10 +61,13 @@ def load_tokenizer_and_config(path: str | Path, tokenizer: bool = True):
     if local.is_file() and local.suffix == ".gguf":
         from transformers import AutoConfig, AutoTokenizer
 
+        from .gguf_weights import fast_gguf_parsing
+
         check_gguf_header(local)
         try:
-            config = AutoConfig.from_pretrained(local.parent, gguf_file=local.name)
-            built = AutoTokenizer.from_pretrained(local.parent, gguf_file=local.name) if tokenizer else None
+            with fast_gguf_parsing():
+                config = AutoConfig.from_pretrained(local.parent, gguf_file=local.name)
+                built = AutoTokenizer.from_pretrained(local.parent, gguf_file=local.name) if tokenizer else None
         except (ValueError, OSError, KeyError) as exc:
             raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
         return (built.backend_tokenizer if built else None), config
@@ -219,14 +225,14 @@ def gguf_vocabulary_digest(path: str | Path) -> str | None:
     where ``path`` is not a readable GGUF file. Two files with the same digest give transformers the same
     tokenizer and vocabulary: a pair check that needs a few seconds of header parsing, not ~20 s per file
     of building both tokenizers. The chat template is left out: it does not change a token id."""
-    import gguf
+    from .gguf_weights import reader_class
 
     path = Path(path)
     if not (path.is_file() and path.suffix == ".gguf"):
         return None
     try:
         check_gguf_header(path)
-        reader = gguf.GGUFReader(str(path))
+        reader = reader_class()(str(path))
     except (ExportError, ValueError, OSError, KeyError, IndexError):
         return None  # the full check reports it
     digest = hashlib.sha256()
@@ -241,19 +247,23 @@ def gguf_vocabulary_digest(path: str | Path) -> str | None:
 
 
 def _load_gguf(path: Path) -> Checkpoint:
-    """Dequantize a GGUF file through transformers' GGUF support."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """A GGUF file's config and tokenizer through transformers' GGUF support; its weights dequantized one
+    tensor at a time as the exporter takes them (``GgufWeights``), never the whole fp32 model at once."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .gguf_weights import GgufWeights, fast_gguf_parsing
 
     check_gguf_header(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except (ValueError, OSError, KeyError) as exc:
+        with fast_gguf_parsing():
+            model_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        weights = GgufWeights(path, model_config)
+    except (ValueError, OSError, KeyError, NotImplementedError) as exc:
         raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
-    weights = {k: v.detach() for k, v in model.state_dict().items()}
-    eos = _eos_ids(None, model.config) or tuple(
+    eos = _eos_ids(None, model_config) or tuple(
         t for t in [getattr(tokenizer, "eos_token_id", None)] if isinstance(t, int)
     )
     config = tokenizer_config(getattr(tokenizer, "chat_template", None), tokenizer.bos_token, tokenizer.eos_token,
                               getattr(tokenizer, "add_bos_token", False), path)
-    return Checkpoint(str(path), model.config, weights, tokenizer.backend_tokenizer, eos, config)
+    return Checkpoint(str(path), model_config, weights, tokenizer.backend_tokenizer, eos, config)

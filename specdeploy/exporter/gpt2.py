@@ -104,7 +104,7 @@ class Gpt2Family:
             "max_positions": config.n_positions,
         }
 
-    def build(self, config, weights, capacity):
+    def build(self, config, weights, capacity, streamed: bool = False):  # a GPT-2 is small: always built whole
         if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "reorder_and_upcast_attn", False):
             raise ExportError("gpt2 variants with scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn are not supported")
         if not getattr(config, "scale_attn_weights", True):

@@ -34,7 +34,9 @@ def _rope(config, head_dim: int) -> tuple[torch.Tensor, float]:
 
 
 class LlamaVerify(nn.Module):
-    def __init__(self, config, weights: dict[str, torch.Tensor], dims: dict):
+    def __init__(self, config, weights: dict[str, torch.Tensor], dims: dict, streamed: bool = False):
+        """``streamed``: build each layer from ``weights`` only when ``write_fused`` reaches it, so that no
+        more than one layer's fp32 weights is ever held (the fused form; ``forward`` needs them all)."""
         super().__init__()
         self.eps = config.rms_norm_eps
         self.heads, self.kv_heads, self.head_dim = dims["num_heads"], dims["kv_heads"], dims["head_dim"]
@@ -43,7 +45,10 @@ class LlamaVerify(nn.Module):
         self.embed = frozen(take(weights, "model.embed_tokens.weight"))
         self.lm_head = transposed(weights.pop("lm_head.weight", self.embed.data))
         self.norm = frozen(take(weights, "model.norm.weight"))
-        self.layers = nn.ModuleList(_consumed(weights, f"model.layers.{i}.") for i in range(dims["num_layers"]))
+        self.num_layers = dims["num_layers"]
+        self.streamed = weights if streamed else None
+        self.layers = nn.ModuleList() if streamed else nn.ModuleList(
+            _consumed(weights, f"model.layers.{i}.") for i in range(self.num_layers))
 
     def forward(self, input_ids, past_len, *cache):
         batch, tokens = input_ids.shape
@@ -80,7 +85,8 @@ class LlamaVerify(nn.Module):
         rotary = rotary_tables(graph, self.inv_freq, self.rope_scaling, capacity)
         residual = graph.node("Gather", [graph.constant("embed", self.embed), "input_ids"])[0]
         mlp_out, eps = None, {"epsilon": float(self.eps), "axis": -1}
-        for i, layer in enumerate(self.layers):
+        for i in range(self.num_layers):
+            layer = _consumed(self.streamed, f"model.layers.{i}.") if self.streamed is not None else self.layers[i]
             h, residual = _norm(graph, residual, mlp_out, graph.constant(f"layers.{i}.ln1", layer.ln1), eps)
             qkv = graph.matmul(h, layer.qkv, f"layers.{i}.qkv")
             if layer.qkv_bias is not None:
@@ -153,7 +159,7 @@ class LlamaFamily:
             "max_positions": getattr(config, "max_position_embeddings", None),
         }
 
-    def build(self, config, weights, capacity):
+    def build(self, config, weights, capacity, streamed: bool = False):
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ExportError(f"hidden_act {act!r} is not supported for {config.model_type}; expected 'silu'")
@@ -162,7 +168,7 @@ class LlamaFamily:
             raise ExportError(
                 f"capacity {capacity} exceeds the model's sliding_window {window}; export with --capacity <= {window}"
             )
-        return LlamaVerify(config, weights, self.dims(config)).eval()
+        return LlamaVerify(config, weights, self.dims(config), streamed).eval()
 
 
 register(LlamaFamily())

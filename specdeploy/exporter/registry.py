@@ -19,8 +19,9 @@ class Architecture(Protocol):
     def dims(self, config) -> dict:
         """num_layers, num_heads, kv_heads, head_dim, vocab_size, max_positions of a config."""
 
-    def build(self, config, weights: dict[str, torch.Tensor], capacity: int) -> nn.Module:
-        """The explicit verify-v1 forward of this family, filled with ``weights``."""
+    def build(self, config, weights: dict[str, torch.Tensor], capacity: int, streamed: bool = False) -> nn.Module:
+        """The explicit verify-v1 forward of this family, filled with ``weights``; with ``streamed``, its
+        ``write_fused`` may take layers from ``weights`` as it writes them (the forward then cannot run)."""
 
 
 ARCHITECTURES: dict[str, Architecture] = {}

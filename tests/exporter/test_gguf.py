@@ -15,9 +15,9 @@ from tests import tiny
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 64, 2, 4, 2, 128, 300
 
 
-def write_tiny_gguf(path, seed: int = 0, extra: str = "extra") -> dict[str, np.ndarray]:
-    """A random Llama-architecture GGUF (fp32 tensors) with a byte-level BPE tokenizer that merges "abc";
-    returns the tensors written, by GGUF name."""
+def write_tiny_gguf(path, seed: int = 0, extra: str = "extra", quantized=None) -> dict[str, np.ndarray]:
+    """A random Llama-architecture GGUF (fp32 tensors; matrices in ``quantized``'s type if given) with a
+    byte-level BPE tokenizer that merges "abc"; returns the tensors written (before quantization), by GGUF name."""
     import gguf
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -52,7 +52,10 @@ def write_tiny_gguf(path, seed: int = 0, extra: str = "extra") -> dict[str, np.n
     for name, shape in shapes.items():  # norms near 1, the rest small: logits that are not all ties
         centre, spread = (1.0, 0.1) if name.endswith("norm.weight") else (0.0, 0.05)
         written[name] = rng.normal(centre, spread, shape).astype(np.float32)
-        writer.add_tensor(name, written[name])
+        if quantized is not None and len(shape) == 2:
+            writer.add_tensor(name, gguf.quants.quantize(written[name], quantized), raw_dtype=quantized)
+        else:
+            writer.add_tensor(name, written[name])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -109,6 +112,64 @@ def test_gguf_weights_tokenizer_and_eos_are_read_as_written(written):
     assert checkpoint.tokenizer.encode("abc").ids == [257]  # the merges came through
     assert checkpoint.eos_token_ids == (VOCAB - 9,)
     assert checkpoint.config.num_key_value_heads == KV_HEADS and checkpoint.config.vocab_size == VOCAB
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_quantized_gguf_weights_are_transformers_own_bit_for_bit(tmp_path, qtype):
+    """Tensors are dequantized one at a time as taken, with the values transformers' whole-model load gives."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path / "q.gguf"
+    write_tiny_gguf(path, quantized=gguf.GGMLQuantizationType[qtype])
+    checkpoint = load_checkpoint(path)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    expected = model.state_dict()
+    assert set(checkpoint.weights) == set(expected)
+    assert checkpoint.weights.held() == 0  # nothing is dequantized before it is taken
+    assert checkpoint.parameters == sum(p.numel() for p in model.parameters())
+    for name, tensor in expected.items():
+        taken = checkpoint.weights[name]
+        assert taken.dtype == torch.float32 and taken.shape == tensor.shape, name
+        torch.testing.assert_close(taken, tensor, rtol=0, atol=0, msg=name)
+    assert not torch.equal(checkpoint.weights["model.layers.0.mlp.up_proj.weight"],
+                           torch.from_numpy(write_tiny_gguf(tmp_path / "plain.gguf")["blk.0.ffn_up.weight"]))
+
+
+def test_a_fused_export_holds_one_layer_of_dequantized_weights_at_a_time(tmp_path, gguf_file, monkeypatch):
+    """The fused form is written layer by layer, each layer built from the GGUF tensors as it is reached:
+    the whole fp32 model (7.1 GB for the 1.5B) is never held, and each tensor is dequantized once."""
+    import weakref
+
+    from specdeploy.exporter import llama
+    from specdeploy.exporter.gguf_weights import GgufWeights
+
+    reads, most_held, matrices, alive = [], [], [], []  # matrices: the module's transposed copies, weakly
+    original, transposed = GgufWeights._read, llama.transposed
+
+    def spied(self, name, tensor):
+        reads.append(name)
+        most_held.append(self.held())
+        alive.append(sum(ref() is not None for ref in matrices))
+        return original(self, name, tensor)
+
+    def kept(weight):
+        matrix = transposed(weight)
+        matrices.append(weakref.ref(matrix))
+        return matrix
+
+    monkeypatch.setattr(GgufWeights, "_read", spied)
+    monkeypatch.setattr(llama, "transposed", kept)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    artifact._trace("target", gguf_file, staging, 96, lambda step: None, artifact.Form("fused"))
+    assert sorted(reads) == sorted(set(reads)) and len(reads) == 3 + 9 * LAYERS  # every tensor, once
+    firsts = [i for i, name in enumerate(reads)
+              if name.startswith("model.layers.") and not reads[i - 1].startswith(name[: name.index(".", 13) + 1])]
+    assert len(firsts) == LAYERS
+    assert [most_held[i] for i in firsts] == [2] * LAYERS  # only the embedding and the final norm held
+    assert [alive[i] for i in firsts] == [1] * LAYERS  # the head's matrix: no earlier layer's weights remain
+    assert max(most_held) == 2 + 9 - 1  # never more than one layer's nine tensors besides those
 
 
 @pytest.mark.parametrize("graph", ["explicit", "fused"])

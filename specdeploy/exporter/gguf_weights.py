@@ -1,0 +1,130 @@
+"""A GGUF file's tensors under their Hugging Face names, dequantized one tensor at a time as they are asked for.
+
+transformers' ``from_pretrained(gguf_file=...)`` dequantizes the whole model to fp32 before anything else
+can run: 7.1 GB for the 1.5B, held while the graph is written. Here each tensor is dequantized when the
+exporter takes it (gguf-py's ``dequantize``, the call transformers makes, and transformers' own name map
+and tensor processors, e.g. Llama's q/k un-permutation), so the values are the same bits, and it is
+released when the exporter is done with it: the fused form then holds one layer at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+ROWS_PER_CHUNK = 4096  # dequantize large tensors in slices: gguf-py's temporaries are several times the output
+
+
+def reader_class():
+    """gguf-py's ``GGUFReader`` over a plain ndarray view of its memory map. Parsing slices the map once per
+    metadata value (450k slices for a 150k-token vocabulary), and ``np.memmap``'s bookkeeping on each slice
+    is most of the time: 2.6 s instead of 9 s for Qwen2.5's metadata, the same fields and tensor views."""
+    import gguf
+
+    class PlainReader(gguf.GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain = value.view(np.ndarray)  # still backed by the map: nothing is read into memory
+
+    return PlainReader
+
+
+@contextmanager
+def fast_gguf_parsing():
+    """transformers parses a GGUF file's metadata with ``gguf.GGUFReader`` for its config and again for its
+    tokenizer; within this block it gets ``reader_class()``'s (transformers imports the name at each call)."""
+    import gguf
+
+    original = gguf.GGUFReader
+    gguf.GGUFReader = reader_class()
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
+class GgufWeights(MutableMapping):
+    """``name -> fp32 torch.Tensor`` over a GGUF file. A tensor taken is kept until deleted (a layer's
+    builder may read it twice); deleting or popping it releases it."""
+
+    def __init__(self, path, config):
+        import gguf
+        from transformers import AutoModelForCausalLM
+        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+        self._dequantize = gguf.dequantize
+        self.reader = reader_class()(str(path))
+        architecture = bytes(self.reader.fields["general.architecture"].parts[-1]).decode()
+        # the processors read the config's Hugging Face keys (Llama's q/k un-permutation: the head counts); the
+        # config's own dict has them, without parsing the file's metadata again (~10 s for a 150k vocabulary)
+        self.processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+        with torch.device("meta"):  # only the module's names are needed: no memory, no initialisation
+            skeleton = AutoModelForCausalLM.from_config(config)
+        # GGUF name -> Hugging Face name from gguf-py's table, as transformers' get_gguf_hf_weights_map maps
+        # them (which rebuilds the table for each of the model's 300 submodules: 4 s)
+        table = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == architecture),
+                                         config.num_hidden_layers)
+        names = {}
+        for hf_name in skeleton.state_dict():
+            stem, _, suffix = hf_name.rpartition(".")
+            if (gguf_name := table.get_name(stem)) is not None:
+                names[f"{gguf_name}.{suffix}"] = hf_name
+        self._tensors = {names[t.name]: t for t in self.reader.tensors if t.name in names}
+        self._taken: dict[str, torch.Tensor] = {}
+
+    def parameter_count(self) -> int:
+        """Elements in the file's tensors, without dequantizing any (a tied head is one tensor in GGUF)."""
+        return sum(int(t.n_elements) for t in self._tensors.values())
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._taken:
+            self._taken[name] = self._read(name, self._tensors[name])
+        return self._taken[name]
+
+    def __delitem__(self, name: str) -> None:
+        del self._tensors[name]
+        self._taken.pop(name, None)
+
+    def __setitem__(self, name, value) -> None:
+        raise TypeError("GGUF weights are read-only")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._tensors))
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __contains__(self, name) -> bool:
+        return name in self._tensors
+
+    def held(self) -> int:
+        """How many dequantized tensors are held now (tests check that a streamed export keeps few)."""
+        return len(self._taken)
+
+    def _read(self, name: str, tensor) -> torch.Tensor:
+        data = tensor.data  # memory-mapped: [rows, bytes per row] for quantized types, the values otherwise
+        rows = data.shape[0] if data.ndim > 1 else 1
+        if rows <= ROWS_PER_CHUNK:
+            array = np.array(self._dequantize(data, tensor.tensor_type), np.float32)
+        else:  # in slices, on every core: NumPy releases the GIL inside the block arithmetic
+            first = self._dequantize(data[:1], tensor.tensor_type)
+            array = np.empty((rows, *first.shape[1:]), np.float32)
+
+            def fill(start: int) -> None:
+                array[start : start + ROWS_PER_CHUNK] = self._dequantize(data[start : start + ROWS_PER_CHUNK],
+                                                                         tensor.tensor_type)
+
+            with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+                list(pool.map(fill, range(0, rows, ROWS_PER_CHUNK)))
+        result = self.processor.process(weights=array, name=tensor.name, tensor_key_mapping={},
+                                        parsed_parameters={"tensors": {}})
+        return torch.from_numpy(np.ascontiguousarray(result.weights, np.float32))
