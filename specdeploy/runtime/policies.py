@@ -185,7 +185,7 @@ class CostModel(Policy):
     nearly the 1.5B int8 target's cost per token on a CPU). ``catchup_pays`` weighs it with the costs
     measured at that batch size and the catch-up's measured seconds per token: the scheduler skips
     the draft's prefill of joining rows when it does not pay, and a cycle stays plain rather than pay it.
-    A "no" is paid now and then all the same (``revisit_share``): only drafting re-measures what said no.
+    A "no" is paid now and then all the same (``revisit_budget``): only drafting re-measures what said no.
 
     The first call at a new shape is cold (ONNX Runtime plans and allocates its buffers): on the real
     pair the first verification of 5 tokens took 68 ms, the next ones 47-50 ms, and a first plain step
@@ -203,6 +203,7 @@ class CostModel(Policy):
     carried_cycles = 8  # the weight of an earlier request's acceptance in a new one's (``inherit``)
     rate_tokens = 16  # catch-ups of fewer tokens do not teach ``catchup_rate``
     revisit_share = 0.05  # of the time decoded plainly, at most this modelled to be lost re-measuring a "no"
+    revisit_halvings = 4  # ... halved after each revisit that left the "no" standing, down to 1/16 of it
     explore = 4  # drafts of the first cycle when the costs are known and this text's acceptance is not (``recall``)
 
     def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float = 0.5,
@@ -225,6 +226,8 @@ class CostModel(Policy):
         self.catchup_rate: float | None = None  # seconds per token the draft catches up on (all rows together)
         self.plain_seconds = 0.0  # decoded plainly since the last drafting cycle (``catchup_pays`` revisits a "no")
         self.exploring = False  # the next drafting cycle measures acceptance at ``explore`` drafts (``recall``)
+        self.revisits_lost = 0  # revisits in a row whose drafting left the "no" standing (``_revisit``)
+        self.revisit_measured: bool | None = None  # a revisit outstanding: has a drafting cycle measured it yet?
         # measurements taken in this process, by (batch size, "draft" | verify tokens | "catchup"): the first is cold
         self.samples: dict[tuple[int, int | str], int] = {}
         self.firsts: dict[tuple[int, int | str], float] = {}  # first measurements, until the second comes
@@ -342,21 +345,30 @@ class CostModel(Policy):
         # where drafting made it 7 % faster.
         cost = behind * self.catchup_rate
         if saving > cost:
+            self.revisits_lost, self.revisit_measured = 0, None
             return True
-        if cost - saving <= self.revisit_share * self.plain_seconds:
+        if self.revisit_measured:  # the last revisit drafted and measured, and the answer is still no
+            self.revisits_lost, self.revisit_measured = self.revisits_lost + 1, None
+        if cost - saving <= self.revisit_budget() * self.plain_seconds:
             self._revisit(batch)
             return True
         return False
+
+    def revisit_budget(self) -> float:
+        """The share of plain time a revisit may lose: ``revisit_share``, halved for each revisit in a row that
+        left the "no" standing. Where drafting does not pay (2 busy rows on 2 cores), each revisit is a loss, and
+        at a constant 5 % the load test's cost policy ran 5 % below plain decoding at 2 clients."""
+        return self.revisit_share / 2 ** min(self.revisits_lost, self.revisit_halvings)
 
     def _revisit(self, batch: int) -> None:
         """Pay a refused catch-up and draft (``explore``) to re-measure what refused it. A "no" is never revisited
         by itself: only drafting measures the draft's costs and the text's acceptance. Measured under contention
         (another process busy on the 2 cores while a server warmed up: a draft step of 27 ms against 10, a
         catch-up of 5.7 ms a token against 1.9), they kept a lone client plain for a whole load test. So a "no"
-        is paid when its modelled loss is within ``revisit_share`` of the time decoded plainly since the last
+        is paid when its modelled loss is within ``revisit_budget()`` of the time decoded plainly since the last
         drafting cycle, and the drafting costs at ``batch`` are learned afresh, as in a new process (``_learn``),
         instead of blending a tenth of each new measurement into the stale ones."""
-        self.plain_seconds, self.exploring = 0.0, True
+        self.plain_seconds, self.exploring, self.revisit_measured = 0.0, True, False
         for key in [key for key in self.samples if key == ("catchup", 0) or (key[0] == batch and key[1] != 1)]:
             del self.samples[key]
             self.firsts.pop(key, None)
@@ -370,6 +382,7 @@ class CostModel(Policy):
             return
         self.draft_step, self.verify, self.measured = previous.draft_step, dict(previous.verify), set(previous.measured)
         self.batch, self.catchup_rate, self.plain_seconds = previous.batch, previous.catchup_rate, previous.plain_seconds
+        self.revisits_lost, self.revisit_measured = previous.revisits_lost, previous.revisit_measured
         self.samples, self.firsts = dict(previous.samples), dict(previous.firsts)  # the same process: its calls are warm
         self.by_batch = {b: (step, dict(verify), set(measured)) for b, (step, verify, measured) in previous.by_batch.items()}
         weight = min(1.0, self.carried_cycles / previous.tried[1]) if previous.tried[1] > 0 else 0.0
@@ -469,6 +482,8 @@ class CostModel(Policy):
     def observe(self, outcome: CycleOutcome) -> None:
         k = outcome.proposed
         self.exploring = self.exploring and k == 0
+        if k > 0 and self.revisit_measured is False:
+            self.revisit_measured = True
         self._use_batch(len(outcome.accepted))
         blend = 0.1  # costs drift slowly (cache growth, machine load); acceptance decays apart
         if k > 0:

@@ -257,6 +257,48 @@ def test_cost_model_prices_a_new_sizes_draft_step_as_its_plain_step():
     assert policy.draft_step == pytest.approx(0.014)
 
 
+def test_cost_model_revisits_less_often_while_revisits_leave_the_no_standing():
+    """Where drafting does not pay (2 busy rows on 2 cores), every revisit is a loss: at a constant 5 % of the
+    plain time the load test's cost policy ran 5 % below plain decoding at 2 clients. Each revisit whose drafting
+    measured that the "no" stands halves the share (to 1/16); a "yes" restores it."""
+    policy = make_policy("cost", 4)
+
+    def plain_step():
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+
+    def dear_drafting():  # measured: a draft step dearer than a plain one, so drafting does not pay
+        policy.observe(CycleOutcome(4, [2], draft_seconds=0.06, draft_steps=4, verify_seconds=0.012, verify_tokens=5))
+
+    for _ in range(20):
+        dear_drafting()
+        plain_step()
+    policy.observe_catchup(0.6, 100)
+    assert policy.expected_rate().argmax() == 0
+
+    def steps_until_revisit():
+        steps = 0
+        while not policy.catchup_pays(1, 80, 64):
+            plain_step()
+            steps += 1
+            assert steps < 100_000, "never revisited"
+        assert policy.exploring
+        dear_drafting()  # the revisit's drafting measures the same: the "no" stands
+        return steps
+
+    waits = [steps_until_revisit() for _ in range(7)]
+    assert policy.revisits_lost == 6 and policy.revisit_measured  # the last one is judged at the next "no"
+    assert not policy.catchup_pays(1, 80, 64)
+    assert policy.revisits_lost == 7 and policy.revisit_budget() == pytest.approx(policy.revisit_share / 16)
+    for before, after in zip(waits[:4], waits[1:5]):
+        assert after == pytest.approx(2 * before, rel=0.05)  # each lost revisit doubles the wait
+    assert waits[6] == pytest.approx(waits[4], rel=0.05)  # but not beyond 1/16 of the share: a "no" is never final
+    for _ in range(30):  # drafting turns cheap (the load fell): a revisit's drafting measures a "yes"
+        policy.observe(CycleOutcome(4, [4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
+    policy.observe_catchup(0.1, 100)
+    assert policy.catchup_pays(1, 80, 64)
+    assert policy.revisits_lost == 0 and policy.revisit_budget() == policy.revisit_share
+
+
 def test_cost_model_revisits_a_refused_catch_up_now_and_then():
     """Only drafting measures the draft's costs and the text's acceptance, so a "no" to the draft's catch-up
     would stand for good (measured while another process was busy, the load test's lone client stayed plain for a
@@ -274,14 +316,14 @@ def test_cost_model_revisits_a_refused_catch_up_now_and_then():
         rates = policy.expected_rate()
         loss = behind * policy.catchup_rate - to_come * (1 / rates[0] - 1 / rates[1:].max())
         plain = 0.0
-        while plain + 0.009 < loss / policy.revisit_share:
+        while plain + 0.009 < loss / policy.revisit_budget():  # the first refusal may halve the budget
             assert not policy.catchup_pays(1, behind, to_come)
             policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
             plain += 0.009
         policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
         assert policy.catchup_pays(1, behind, to_come) and policy.exploring and policy.next_k() == 4
         assert not policy.catchup_pays(1, behind, to_come)  # once: the count starts again
-        return loss / policy.revisit_share
+        return loss / policy.revisit_budget()
 
     near_miss = refused_for(80, 64)
     assert 0 < near_miss < 2  # loss: the catch-up's cost less what drafting saves
