@@ -2,8 +2,8 @@
 
 transformers' ``from_pretrained(gguf_file=...)`` dequantizes the whole model to fp32 before anything else
 can run: 7.1 GB for the 1.5B, held while the graph is written. Here each tensor is dequantized when the
-exporter takes it (gguf-py's ``dequantize``, the call transformers makes, and transformers' own name map
-and tensor processors, e.g. Llama's q/k un-permutation), so the values are the same bits, and it is
+exporter takes it (gguf-py's ``dequantize`` and name table, as transformers uses them, and transformers'
+own tensor processors, e.g. Llama's q/k un-permutation), so the values are the same bits, and it is
 released when the exporter is done with it: the fused form then holds one layer at a time.
 """
 
@@ -13,13 +13,16 @@ import os
 from collections.abc import Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import cache
 
 import numpy as np
 import torch
 
 ROWS_PER_CHUNK = 4096  # dequantize large tensors in slices: gguf-py's temporaries are several times the output
+THREADS = min(4, os.cpu_count() or 1)  # slices dequantized at once: each holds ~100 MB of temporaries
 
 
+@cache
 def reader_class():
     """gguf-py's ``GGUFReader`` over a plain ndarray view of its memory map. Parsing slices the map once per
     metadata value (450k slices for a 150k-token vocabulary), and ``np.memmap``'s bookkeeping on each slice
@@ -71,8 +74,10 @@ class GgufWeights(MutableMapping):
             skeleton = AutoModelForCausalLM.from_config(config)
         # GGUF name -> Hugging Face name from gguf-py's table, as transformers' get_gguf_hf_weights_map maps
         # them (which rebuilds the table for each of the model's 300 submodules: 4 s)
-        table = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == architecture),
-                                         config.num_hidden_layers)
+        arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == architecture), None)
+        if arch is None:
+            raise ValueError(f"general.architecture {architecture!r} is not one gguf-py knows")
+        table = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
         names = {}
         for hf_name in skeleton.state_dict():
             stem, _, suffix = hf_name.rpartition(".")
@@ -123,7 +128,7 @@ class GgufWeights(MutableMapping):
                 array[start : start + ROWS_PER_CHUNK] = self._dequantize(data[start : start + ROWS_PER_CHUNK],
                                                                          tensor.tensor_type)
 
-            with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            with ThreadPoolExecutor(THREADS) as pool:
                 list(pool.map(fill, range(0, rows, ROWS_PER_CHUNK)))
         result = self.processor.process(weights=array, name=tensor.name, tensor_key_mapping={},
                                         parsed_parameters={"tensors": {}})
