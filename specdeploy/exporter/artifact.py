@@ -202,7 +202,8 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         module = arch.build(checkpoint.config, checkpoint.weights, capacity, streamed=form.graph == "fused")
         if form.graph == "fused":
             progress(f"{role}: writing the fused graph" + (" (int4 weights)" if form.int4 else ""))
-            graph = FusedGraph(staging / f"{role}.onnx", dims, int4=form.int4, vocab_kept=form.vocab_kept)
+            graph = FusedGraph(staging / f"{role}.onnx", dims, int4=form.int4, vocab_kept=form.vocab_kept,
+                               progress=lambda step: progress(f"{role}: {step}"))
             graph.save(module.write_fused(graph, capacity))
         else:
             checkpoint.weights.clear()  # the module holds its own (transposed) copies

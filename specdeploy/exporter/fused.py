@@ -31,8 +31,9 @@ class FusedGraph:
     """Collects nodes and streams initializers to ``path``'s external-data file; ``save`` writes the graph."""
 
     def __init__(self, path: Path, dims: dict, dtype=np.float32, int4: tuple[int, int] | None = None,
-                 vocab_kept: int | None = None):
+                 vocab_kept: int | None = None, progress=lambda step: None):
         self.path, self.dims, self.dtype, self.int4 = Path(path), dims, np.dtype(dtype), int4
+        self.progress = progress
         self.vocab_kept = vocab_kept
         self.data_path = self.path.with_name(self.path.name + ".data")
         self.data = open(self.data_path, "wb")
@@ -101,6 +102,12 @@ class FusedGraph:
             attributes["accuracy_level"] = accuracy_level
         inputs = [x, self.constant(f"{name}_Q4", packed), self.constant(f"{name}_scales", scales)]
         return self.node("MatMulNBits", inputs, domain=MS, **attributes)[0]
+
+    def layer_written(self, layer: int) -> None:
+        """Report progress at each quarter of the layers: a 1.5B's dequantized, quantized layers take ~45 s."""
+        layers = self.dims["num_layers"]
+        if (layer + 1) * 4 // layers > layer * 4 // layers:
+            self.progress(f"{layer + 1}/{layers} layers written")
 
     def lm_head(self, x: str, weight) -> str:
         """Logits: x @ weight ([hidden, vocab]). With ``vocab_kept`` (a draft), only the first vocab_kept columns

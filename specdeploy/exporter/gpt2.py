@@ -63,6 +63,7 @@ class Gpt2Verify(nn.Module):
             fc = graph.node("FastGelu", [graph.matmul(h, block.fc_w, f"layers.{i}.fc"),
                                          graph.constant(f"layers.{i}.fc_b", block.fc_b)], domain=MS)[0]
             added, bias = graph.matmul(fc, block.mlp_proj_w, f"layers.{i}.mlp_proj"), block.mlp_proj_b
+            graph.layer_written(i)
         h, _ = self._norm(graph, residual, added, bias, self.ln_f[0], self.ln_f[1], "ln_f")
         return graph.lm_head(h, self.lm_head)
 

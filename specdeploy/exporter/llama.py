@@ -98,6 +98,7 @@ class LlamaVerify(nn.Module):
             silu = graph.node("Mul", [gate, graph.node("Sigmoid", [gate])[0]])[0]
             mlp_out = graph.matmul(graph.node("Mul", [silu, up])[0], layer.down, f"layers.{i}.down")
             del layer.qkv, layer.o, layer.gate_up, layer.down  # on disk now: the next layer's copies replace them
+            graph.layer_written(i)
         h, _ = _norm(graph, residual, mlp_out, graph.constant("norm", self.norm), eps)
         return graph.lm_head(h, self.lm_head)
 

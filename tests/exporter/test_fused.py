@@ -12,6 +12,7 @@ import pytest
 
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
+from specdeploy.exporter.fused import FusedGraph
 from tests import tiny
 
 
@@ -55,3 +56,13 @@ def test_head_dim_the_fused_rotary_cannot_take_is_refused(tmp_path):
     assert result.exit_code != 0
     assert "head_dim to be a multiple of 16" in result.output and "got 8" in result.output and "--graph explicit" in result.output
     assert not (tmp_path / "art").exists()
+
+
+def test_the_fused_writer_reports_each_quarter_of_the_layers(tmp_path):
+    messages = []
+    graph = FusedGraph(tmp_path / "m.onnx", {"num_layers": 28, "kv_heads": 2, "head_dim": 16, "vocab_size": 10},
+                       progress=messages.append)
+    for layer in range(28):
+        graph.layer_written(layer)
+    graph.data.close()
+    assert messages == [f"{n}/28 layers written" for n in (7, 14, 21, 28)]

@@ -162,7 +162,9 @@ def test_a_fused_export_holds_one_layer_of_dequantized_weights_at_a_time(tmp_pat
     monkeypatch.setattr(llama, "transposed", kept)
     staging = tmp_path / "staging"
     staging.mkdir()
-    artifact._trace("target", gguf_file, staging, 96, lambda step: None, artifact.Form("fused"))
+    messages = []
+    artifact._trace("target", gguf_file, staging, 96, messages.append, artifact.Form("fused"))
+    assert [m for m in messages if "layers written" in m] == ["target: 1/2 layers written", "target: 2/2 layers written"]
     assert sorted(reads) == sorted(set(reads)) and len(reads) == 3 + 9 * LAYERS  # every tensor, once
     firsts = [i for i, name in enumerate(reads)
               if name.startswith("model.layers.") and not reads[i - 1].startswith(name[: name.index(".", 13) + 1])]
