@@ -46,7 +46,7 @@ class LlamaVerify(nn.Module):
         self.lm_head = transposed(weights.pop("lm_head.weight", self.embed.data))
         self.norm = frozen(take(weights, "model.norm.weight"))
         self.num_layers = dims["num_layers"]
-        self.streamed = weights if streamed else None
+        self.pending = weights if streamed else None  # the checkpoint's layers, taken one by one by write_fused
         self.layers = nn.ModuleList() if streamed else nn.ModuleList(
             _consumed(weights, f"model.layers.{i}.") for i in range(self.num_layers))
 
@@ -86,7 +86,7 @@ class LlamaVerify(nn.Module):
         residual = graph.node("Gather", [graph.constant("embed", self.embed), "input_ids"])[0]
         mlp_out, eps = None, {"epsilon": float(self.eps), "axis": -1}
         for i in range(self.num_layers):
-            layer = _consumed(self.streamed, f"model.layers.{i}.") if self.streamed is not None else self.layers[i]
+            layer = _consumed(self.pending, f"model.layers.{i}.") if self.pending is not None else self.layers[i]
             h, residual = _norm(graph, residual, mlp_out, graph.constant(f"layers.{i}.ln1", layer.ln1), eps)
             qkv = graph.matmul(h, layer.qkv, f"layers.{i}.qkv")
             if layer.qkv_bias is not None:
