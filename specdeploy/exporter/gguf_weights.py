@@ -18,6 +18,8 @@ from functools import cache
 import numpy as np
 import torch
 
+from .registry import ExportError
+
 ROWS_PER_CHUNK = 4096  # dequantize large tensors in slices: gguf-py's temporaries are several times the output
 THREADS = min(4, os.cpu_count() or 1)  # slices dequantized at once: each holds ~100 MB of temporaries
 
@@ -78,13 +80,15 @@ class GgufWeights(MutableMapping):
         if arch is None:
             raise ValueError(f"general.architecture {architecture!r} is not one gguf-py knows")
         table = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-        names = {}
-        for hf_name in skeleton.state_dict():
+        names, self._shapes = {}, {}
+        for hf_name, parameter in skeleton.state_dict().items():
             stem, _, suffix = hf_name.rpartition(".")
             if (gguf_name := table.get_name(stem)) is not None:
                 names[f"{gguf_name}.{suffix}"] = hf_name
+                self._shapes[hf_name] = tuple(parameter.shape)  # what the file's own metadata makes of it
         self._tensors = {names[t.name]: t for t in self.reader.tensors if t.name in names}
         self._taken: dict[str, torch.Tensor] = {}
+        self.path = path
 
     def parameter_count(self) -> int:
         """Elements in the file's tensors, without dequantizing any (a tied head is one tensor in GGUF)."""
@@ -132,4 +136,7 @@ class GgufWeights(MutableMapping):
                 list(pool.map(fill, range(0, rows, ROWS_PER_CHUNK)))
         result = self.processor.process(weights=array, name=tensor.name, tensor_key_mapping={},
                                         parsed_parameters={"tensors": {}})
+        if result.weights.shape != self._shapes[name]:  # a file whose tensors disagree with its metadata
+            raise ExportError(f"{self.path}: tensor {tensor.name} ({name}) has shape {tuple(result.weights.shape)}; "
+                              f"the file's metadata (heads, sizes) makes it {self._shapes[name]}")
         return torch.from_numpy(np.ascontiguousarray(result.weights, np.float32))

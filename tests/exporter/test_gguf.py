@@ -15,7 +15,7 @@ from tests import tiny
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 64, 2, 4, 2, 128, 300
 
 
-def write_tiny_gguf(path, seed: int = 0, extra: str = "extra", quantized=None) -> dict[str, np.ndarray]:
+def write_tiny_gguf(path, seed: int = 0, extra: str = "extra", quantized=None, reshaped=None) -> dict[str, np.ndarray]:
     """A random Llama-architecture GGUF (fp32 tensors; matrices in ``quantized``'s type if given) with a
     byte-level BPE tokenizer that merges "abc"; returns the tensors written (before quantization), by GGUF name."""
     import gguf
@@ -48,6 +48,7 @@ def write_tiny_gguf(path, seed: int = 0, extra: str = "extra", quantized=None) -
                    f"blk.{i}.attn_v.weight": (kv, HIDDEN), f"blk.{i}.attn_output.weight": (HIDDEN, HIDDEN),
                    f"blk.{i}.ffn_gate.weight": (INTERMEDIATE, HIDDEN), f"blk.{i}.ffn_up.weight": (INTERMEDIATE, HIDDEN),
                    f"blk.{i}.ffn_down.weight": (HIDDEN, INTERMEDIATE)}
+    shapes |= reshaped or {}  # tensors that disagree with the metadata
     written = {}
     for name, shape in shapes.items():  # norms near 1, the rest small: logits that are not all ties
         centre, spread = (1.0, 0.1) if name.endswith("norm.weight") else (0.0, 0.05)
@@ -172,6 +173,16 @@ def test_a_fused_export_holds_one_layer_of_dequantized_weights_at_a_time(tmp_pat
     assert [most_held[i] for i in firsts] == [2] * LAYERS  # only the embedding and the final norm held
     assert [alive[i] for i in firsts] == [1] * LAYERS  # the head's matrix: no earlier layer's weights remain
     assert max(most_held) == 2 + 9 - 1  # never more than one layer's nine tensors besides those
+
+
+@pytest.mark.parametrize("graph", ["explicit", "fused"])
+def test_a_gguf_tensor_that_disagrees_with_the_metadata_is_named(tmp_path, graph):
+    path = tmp_path / "bad.gguf"
+    write_tiny_gguf(path, reshaped={"blk.1.attn_q.weight": (HIDDEN - 8, HIDDEN)})
+    with pytest.raises(ExportError, match=r"tensor blk\.1\.attn_q\.weight \(model\.layers\.1\.self_attn\.q_proj\.weight\) "
+                                          r"has shape \(56, 64\); the file's metadata \(heads, sizes\) makes it \(64, 64\)"):
+        artifact.export_artifact(path, tmp_path / "art", graph=graph, isolate=False)
+    assert not (tmp_path / "art").exists()
 
 
 @pytest.mark.parametrize("graph", ["explicit", "fused"])
