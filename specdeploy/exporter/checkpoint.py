@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from .lazy_weights import LazyWeights, SafetensorsWeights
 from .registry import ExportError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -24,7 +25,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 class Checkpoint:
     source: str
     config: object  # a transformers PretrainedConfig
-    weights: MutableMapping[str, torch.Tensor]  # a dict, or a GGUF file's tensors read as taken
+    weights: MutableMapping[str, torch.Tensor]  # read from the files as taken (``LazyWeights``), or a dict
     tokenizer: Tokenizer
     eos_token_ids: tuple[int, ...]
     # what the artifact keeps of the tokenizer's tokenizer_config.json (chat template, BOS/EOS, add_bos_token);
@@ -34,7 +35,7 @@ class Checkpoint:
     @property
     def parameters(self) -> int:
         """Parameter count; tied tensors (one storage under two names) count once."""
-        if hasattr(self.weights, "parameter_count"):  # read lazily: counted without reading a tensor
+        if isinstance(self.weights, LazyWeights):  # counted from the files, without reading a tensor
             return self.weights.parameter_count()
         seen = {t.untyped_storage().data_ptr(): t.numel() for t in self.weights.values()}
         return sum(seen.values())
@@ -117,26 +118,27 @@ def _load_dir(directory: Path) -> Checkpoint:
             )
         raise ExportError(f"{directory}: no *.safetensors weights found")
     config = _read_config(directory)
-    weights = {}
-    for shard in shards:
-        weights.update(_read_safetensors(shard))
+    weights = _read_safetensors(shards)
     return Checkpoint(str(directory), config, weights, _read_tokenizer(directory), _eos_ids(directory, config),
                       _read_tokenizer_config(directory))
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors(shards: list[Path]) -> SafetensorsWeights:
+    """The shards' tensors, each read (memory-mapped) when the exporter takes it: the fused form then holds one
+    layer of a checkpoint at a time, however large it is."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        header = int.from_bytes(handle.read(8), "little")
-    if size < 8 or header > size - 8:  # checked here so that no reader sizes a buffer from it
-        raise ExportError(f"{path}: corrupt or unreadable safetensors file (header of {header} bytes in a {size}-byte file)")
+    for path in shards:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            header = int.from_bytes(handle.read(8), "little")
+        if size < 8 or header > size - 8:  # checked here so that no reader sizes a buffer from it
+            raise ExportError(f"{path}: corrupt or unreadable safetensors file (header of {header} bytes in a "
+                              f"{size}-byte file)")
     try:
-        return load_file(path)
+        return SafetensorsWeights(shards)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise ExportError(f"{path}: corrupt or unreadable safetensors file ({exc})") from exc
+        raise ExportError(f"{shards[0].parent}: corrupt or unreadable safetensors file ({exc})") from exc
 
 
 def _read_tokenizer(directory: Path) -> Tokenizer:

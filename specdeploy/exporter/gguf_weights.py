@@ -10,7 +10,6 @@ released when the exporter is done with it: the fused form then holds one layer 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import cache
@@ -18,6 +17,7 @@ from functools import cache
 import numpy as np
 import torch
 
+from .lazy_weights import LazyWeights
 from .registry import ExportError
 
 ROWS_PER_CHUNK = 4096  # dequantize large tensors in slices: gguf-py's temporaries are several times the output
@@ -57,15 +57,17 @@ def fast_gguf_parsing():
         gguf.GGUFReader = original
 
 
-class GgufWeights(MutableMapping):
-    """``name -> fp32 torch.Tensor`` over a GGUF file. A tensor taken is kept until deleted (a layer's
-    builder may read it twice); deleting or popping it releases it."""
+class GgufWeights(LazyWeights):
+    """``name -> fp32 torch.Tensor`` over a GGUF file, each dequantized when taken (``LazyWeights``)."""
+
+    kind = "GGUF"
 
     def __init__(self, path, config):
         import gguf
         from transformers import AutoModelForCausalLM
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
+        super().__init__()
         self._dequantize = gguf.dequantize
         self.reader = reader_class()(str(path))
         architecture = bytes(self.reader.fields["general.architecture"].parts[-1]).decode()
@@ -80,46 +82,18 @@ class GgufWeights(MutableMapping):
         if arch is None:
             raise ValueError(f"general.architecture {architecture!r} is not one gguf-py knows")
         table = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-        names, self._shapes = {}, {}
+        names, self._expected = {}, {}
         for hf_name, parameter in skeleton.state_dict().items():
             stem, _, suffix = hf_name.rpartition(".")
             if (gguf_name := table.get_name(stem)) is not None:
                 names[f"{gguf_name}.{suffix}"] = hf_name
-                self._shapes[hf_name] = tuple(parameter.shape)  # what the file's own metadata makes of it
+                self._expected[hf_name] = tuple(parameter.shape)  # what the file's own metadata makes of it
         self._tensors = {names[t.name]: t for t in self.reader.tensors if t.name in names}
-        self._taken: dict[str, torch.Tensor] = {}
+        self._shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in self._tensors.items()}
         self.path = path
 
-    def parameter_count(self) -> int:
-        """Elements in the file's tensors, without dequantizing any (a tied head is one tensor in GGUF)."""
-        return sum(int(t.n_elements) for t in self._tensors.values())
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self._taken:
-            self._taken[name] = self._read(name, self._tensors[name])
-        return self._taken[name]
-
-    def __delitem__(self, name: str) -> None:
-        del self._tensors[name]
-        self._taken.pop(name, None)
-
-    def __setitem__(self, name, value) -> None:
-        raise TypeError("GGUF weights are read-only")
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._tensors))
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
-    def __contains__(self, name) -> bool:
-        return name in self._tensors
-
-    def held(self) -> int:
-        """How many dequantized tensors are held now (tests check that a streamed export keeps few)."""
-        return len(self._taken)
-
-    def _read(self, name: str, tensor) -> torch.Tensor:
+    def _read(self, name: str) -> torch.Tensor:
+        tensor = self._tensors[name]
         data = tensor.data  # memory-mapped: [rows, bytes per row] for quantized types, the values otherwise
         rows = data.shape[0] if data.ndim > 1 else 1
         if rows <= ROWS_PER_CHUNK:
@@ -136,7 +110,7 @@ class GgufWeights(MutableMapping):
                 list(pool.map(fill, range(0, rows, ROWS_PER_CHUNK)))
         result = self.processor.process(weights=array, name=tensor.name, tensor_key_mapping={},
                                         parsed_parameters={"tensors": {}})
-        if result.weights.shape != self._shapes[name]:  # a file whose tensors disagree with its metadata
+        if result.weights.shape != self._expected[name]:  # a file whose tensors disagree with its metadata
             raise ExportError(f"{self.path}: tensor {tensor.name} ({name}) has shape {tuple(result.weights.shape)}; "
-                              f"the file's metadata (heads, sizes) makes it {self._shapes[name]}")
+                              f"the file's metadata (heads, sizes) makes it {self._expected[name]}")
         return torch.from_numpy(np.ascontiguousarray(result.weights, np.float32))
