@@ -261,7 +261,7 @@ def _load_gguf(path: Path) -> Checkpoint:
             model_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         weights = GgufWeights(path, model_config)
-    except (ValueError, OSError, KeyError, NotImplementedError) as exc:
+    except (ValueError, OSError, KeyError) as exc:
         raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
     eos = _eos_ids(None, model_config) or tuple(
         t for t in [getattr(tokenizer, "eos_token_id", None)] if isinstance(t, int)

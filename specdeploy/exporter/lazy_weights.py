@@ -8,6 +8,7 @@ reads a Hugging Face folder's shards through safetensors' memory-mapped ``safe_o
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator, MutableMapping
 from math import prod
 from pathlib import Path
@@ -25,8 +26,9 @@ class LazyWeights(MutableMapping):
         self._shapes: dict[str, tuple[int, ...]] = {}  # every tensor not yet deleted, as stored
         self._taken: dict[str, torch.Tensor] = {}
 
+    @abstractmethod
     def _read(self, name: str) -> torch.Tensor:
-        raise NotImplementedError
+        """The tensor ``name`` as stored (dequantized to fp32 for GGUF)."""
 
     def parameter_count(self) -> int:
         """Elements in the file's tensors, without reading any (a tied head is stored once)."""
