@@ -71,10 +71,9 @@ class SafetensorsWeights(LazyWeights):
         from safetensors import safe_open
 
         super().__init__()
-        self._files, self._where = [], {}
+        self._where = {}  # name -> its shard's open handle
         for shard in shards:
             handle = safe_open(str(shard), framework="pt")
-            self._files.append(handle)
             for name in handle.keys():
                 self._where[name] = handle
                 self._shapes[name] = tuple(handle.get_slice(name).get_shape())

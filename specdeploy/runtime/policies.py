@@ -356,8 +356,10 @@ class CostModel(Policy):
 
     def revisit_budget(self) -> float:
         """The share of plain time a revisit may lose: ``revisit_share``, halved for each revisit in a row that
-        left the "no" standing. Where drafting does not pay (2 busy rows on 2 cores), each revisit is a loss, and
-        at a constant 5 % the load test's cost policy ran 5 % below plain decoding at 2 clients."""
+        left the "no" standing. Where drafting does not pay (2 busy rows on 2 cores), each revisit is a loss (in
+        one load test the cost server drafted through a stage at 2 clients, most likely after a revisit, and plain
+        decoding won that stage by a third), and a
+        "no" that one revisit confirmed is likelier to stand at the next."""
         return self.revisit_share / 2 ** min(self.revisits_lost, self.revisit_halvings)
 
     def _revisit(self, batch: int) -> None:

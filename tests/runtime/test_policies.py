@@ -258,9 +258,9 @@ def test_cost_model_prices_a_new_sizes_draft_step_as_its_plain_step():
 
 
 def test_cost_model_revisits_less_often_while_revisits_leave_the_no_standing():
-    """Where drafting does not pay (2 busy rows on 2 cores), every revisit is a loss: at a constant 5 % of the
-    plain time the load test's cost policy ran 5 % below plain decoding at 2 clients. Each revisit whose drafting
-    measured that the "no" stands halves the share (to 1/16); a "yes" restores it."""
+    """Where drafting does not pay (2 busy rows on 2 cores), every revisit is a loss, paid at a constant share of
+    the plain time again and again. Each revisit whose drafting measured that the "no" stands halves the share
+    (to 1/16); a "yes" restores it."""
     policy = make_policy("cost", 4)
 
     def plain_step():
