@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer
 
 from .lazy_weights import LazyWeights, SafetensorsWeights
@@ -25,7 +23,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 class Checkpoint:
     source: str
     config: object  # a transformers PretrainedConfig
-    weights: MutableMapping[str, torch.Tensor]  # read from the files as taken (``LazyWeights``), or a dict
+    weights: LazyWeights  # name -> torch.Tensor, read from the files as taken
     tokenizer: Tokenizer
     eos_token_ids: tuple[int, ...]
     # what the artifact keeps of the tokenizer's tokenizer_config.json (chat template, BOS/EOS, add_bos_token);
@@ -34,11 +32,8 @@ class Checkpoint:
 
     @property
     def parameters(self) -> int:
-        """Parameter count; tied tensors (one storage under two names) count once."""
-        if isinstance(self.weights, LazyWeights):  # counted from the files, without reading a tensor
-            return self.weights.parameter_count()
-        seen = {t.untyped_storage().data_ptr(): t.numel() for t in self.weights.values()}
-        return sum(seen.values())
+        """Parameter count, from the files without reading a tensor (a tied head is stored once)."""
+        return self.weights.parameter_count()
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
