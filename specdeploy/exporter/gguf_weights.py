@@ -99,8 +99,7 @@ class GgufWeights(LazyWeights):
         if rows <= ROWS_PER_CHUNK:
             array = np.array(self._dequantize(data, tensor.tensor_type), np.float32)
         else:  # in slices, on every core: NumPy releases the GIL inside the block arithmetic
-            first = self._dequantize(data[:1], tensor.tensor_type)
-            array = np.empty((rows, *first.shape[1:]), np.float32)
+            array = np.empty(self._shapes[name], np.float32)
 
             def fill(start: int) -> None:
                 array[start : start + ROWS_PER_CHUNK] = self._dequantize(data[start : start + ROWS_PER_CHUNK],

@@ -47,7 +47,8 @@ class LlamaVerify(nn.Module):
         self.norm = frozen(take(weights, "model.norm.weight"))
         self.num_layers = dims["num_layers"]
         self.pending = weights if streamed else None  # the checkpoint's layers, taken one by one by write_fused
-        self.layers = nn.ModuleList() if streamed else nn.ModuleList(
+        # streamed: no layers here, so that ``forward`` fails loudly instead of running none
+        self.layers = None if streamed else nn.ModuleList(
             _consumed(weights, f"model.layers.{i}.") for i in range(self.num_layers))
 
     def forward(self, input_ids, past_len, *cache):
