@@ -38,7 +38,7 @@ def _csv(kind):
 @click.option("--policy", "policies", default="fixed", show_default=True, callback=_csv(str),
               help="Comma list of fixed, confidence, heuristic, cost.")
 @click.option("--drafter", "drafters", default="model", show_default=True, callback=_csv(str),
-              help="Comma list of model, prompt-lookup.")
+              help="Comma list of model, prompt-lookup, hybrid.")
 @click.option("--temperature", "temperatures", default="0", show_default=True, callback=_csv(float),
               help="Comma list of temperatures (0: greedy).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")

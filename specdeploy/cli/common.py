@@ -22,7 +22,8 @@ def speculation_options(k_help: str):
         click.option("--policy", type=click.Choice(list(POLICIES)), default="fixed", show_default=True,
                      help="Draft-length policy."),
         click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="model", show_default=True,
-                     help="model: the artifact's draft; prompt-lookup: n-gram; none: plain target decoding."),
+                     help="model: the artifact's draft; prompt-lookup: n-gram; hybrid: prompt lookup where the text repeats "
+                          "itself, the draft model elsewhere; none: plain target decoding."),
         click.option("--confidence-threshold", type=float, default=0.4, show_default=True,
                      help="--policy confidence: stop drafting once the draft's top probability falls below this."),
     ]

@@ -45,7 +45,8 @@ def build_grid(ks: Sequence[int], policies: Sequence[str], drafters: Sequence[st
         raise GridError(f"--policy: unknown {unknown}; expected some of {', '.join(POLICIES)}")
     unknown = [d for d in drafters if d not in DRAFTERS or d == "none"]
     if unknown:
-        raise GridError(f"--drafter: unknown {unknown}; expected some of model, prompt-lookup")
+        expected = ", ".join(d for d in DRAFTERS if d != "none")
+        raise GridError(f"--drafter: unknown {unknown}; expected some of {expected}")
     if any(k < 0 for k in ks):
         raise GridError(f"--k: got {list(ks)}; expected integers >= 0 (0 is the baseline)")
     grid = []

@@ -430,12 +430,18 @@ class Generation:
     def _cycle(self, state: BatchState, cache: KVCache, drafter: Drafter):
         remaining = state.remaining()
         k = min(self._policy.next_k(), self.k_cap, max(remaining) - 1)
+        alone = None  # what drafts without the draft model where the policy finds the model not worth paying
         if k > 0 and self._policy.weighs_catchup:
             behind = drafter.behind(state)
             if behind:
                 rows, lacking, to_come = self.joining()
                 if not self._policy.catchup_pays(len(state.active) + rows, behind + lacking, sum(remaining) + to_come):
-                    k = 0
+                    alone = drafter.without_catchup()
+                    k = k if alone else 0
+        elif k == 0 and self.k_cap and max(remaining) > 1:
+            alone = drafter.without_catchup()
+            k = min(self.k_cap, max(remaining) - 1) if alone else 0
+        drafter = alone or drafter
         budgets = None  # each row's own cap: its k and the tokens it has left (a sampled row's draws depend on it)
         if k > 0 and (state.capped or (state.sampling and min(remaining) <= k)):
             budgets = [max(0, min(k, config.k, left - 1)) for config, left in zip(state.configs(), remaining)]
@@ -451,9 +457,11 @@ class Generation:
             cache.commit(seen)
             drafter.rollback(seen)
             committed, finished = state.commit(accepted, emitted, remaining)
-        if self._policy.learns:
+        if self._policy.learns:  # the policy weighs the draft model: drafts made without it teach it a verification's cost alone
+            without = proposal.without_model
             self._policy.observe(CycleOutcome(
-                proposed=k, accepted=accepted, draft_seconds=proposal.seconds, draft_steps=proposal.steps,
+                proposed=0 if without else k, accepted=[0] * len(accepted) if without else accepted,
+                draft_seconds=proposal.seconds, draft_steps=proposal.steps,
                 verify_seconds=verified.seconds, verify_tokens=k + 1, catchup_tokens=proposal.catchup_tokens))
         self._record(state, k, proposal.limits, accepted, committed, proposal.seconds, verified.seconds,
                      self.cache_timer.seconds + verified.stage_seconds)  # staging the target's K/V is cache work

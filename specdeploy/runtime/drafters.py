@@ -7,6 +7,7 @@ declared (``needs_model``), not probed.
 
 from __future__ import annotations
 
+import copy
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ class Proposal:
     catchup_tokens: int = 1  # tokens the first call fed (more than 2 after cycles that did not draft)
     limits: list[int] | None = None  # [batch] drafts row b really has (the rest fill its row); None: all k
     catchup_seconds: float = 0.0  # the first call's time: with many tokens fed, what the draft's catch-up cost
+    without_model: bool = False  # drafted by lookup alone where a model could have: no news of the model's acceptance
 
     @classmethod
     def none(cls, batch: int) -> Proposal:
@@ -98,6 +100,12 @@ class Drafter(ABC):
     def cost_ratio(self, target_spec) -> float:
         """A draft step's cost relative to the target's (0: drafting needs no model)."""
         return 0.0
+
+    def without_catchup(self) -> Drafter | None:
+        """What drafts a cycle for which the policy finds the draft model not worth paying (its catch-up,
+        ``behind``, or its drafts: the policy chose plain decoding): a drafter that needs no model, or
+        None (a plain cycle)."""
+        return None
 
 
 class ModelDrafter(Drafter):
@@ -178,8 +186,7 @@ class ModelDrafter(Drafter):
         self._buffers(len(rows), self.columns.shape[0])
 
     def row(self, b: int) -> ModelDrafter:
-        single = ModelDrafter(self.engine)
-        single.threshold = self.threshold
+        single = copy.copy(self)  # the same kind and settings, over row b's cache
         single.cache = self.cache.rows(b, b + 1)
         single._buffers(1, self.columns.shape[0])
         return single
@@ -230,8 +237,8 @@ class PromptLookup(Drafter):
 
     name = "prompt-lookup"
 
-    def __init__(self, max_ngram: int = 3):
-        self.max_ngram = max_ngram
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
         began = time.perf_counter()
@@ -248,17 +255,23 @@ class PromptLookup(Drafter):
         return Proposal(drafts, None, time.perf_counter() - began, 0, limits=limits)
 
     def _lookup(self, seq: np.ndarray, k: int) -> np.ndarray:
-        length = len(seq)
-        for n in range(min(self.max_ngram, length - 1), 0, -1):
-            # starts j < length - n where seq[j : j + n] equals the final n-gram
-            match = seq[: length - n] == seq[length - n]
-            for t in range(1, n):
-                match &= seq[t : length - n + t] == seq[length - n + t]
-            for hit in np.flatnonzero(match)[::-1]:  # latest match with a continuation first
-                cont = seq[hit + n : hit + n + k]
-                if len(cont):
-                    return cont
-        return seq[:0]
+        return lookup(seq, k, self.max_ngram, self.min_ngram)
+
+
+def lookup(seq: np.ndarray, k: int, max_ngram: int, min_ngram: int = 1) -> np.ndarray:
+    """Up to k tokens that followed the latest earlier occurrence of ``seq``'s final n-gram, the longest
+    n in [min_ngram, max_ngram] that has one; empty when none has."""
+    length = len(seq)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        # starts j < length - n where seq[j : j + n] equals the final n-gram
+        match = seq[: length - n] == seq[length - n]
+        for t in range(1, n):
+            match &= seq[t : length - n + t] == seq[length - n + t]
+        for hit in np.flatnonzero(match)[::-1]:  # latest match with a continuation first
+            cont = seq[hit + n : hit + n + k]
+            if len(cont):
+                return cont
+    return seq[:0]
 
 
 class NoDrafter(Drafter):
@@ -268,3 +281,8 @@ class NoDrafter(Drafter):
 
     def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
         return Proposal.none(state.batch)
+
+
+from .hybrid import HybridDrafter  # noqa: E402 (registers "hybrid"; it builds on the drafters above)
+
+__all__ = ["DRAFTERS", "Drafter", "HybridDrafter", "ModelDrafter", "NoDrafter", "PromptLookup", "Proposal", "lookup"]

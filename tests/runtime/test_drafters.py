@@ -11,7 +11,7 @@ from specdeploy import GenerationConfig
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
 from specdeploy.runtime.decoder import BatchState
-from specdeploy.runtime.drafters import ModelDrafter, PromptLookup
+from specdeploy.runtime.drafters import HybridDrafter, ModelDrafter, PromptLookup
 
 
 def _state(tokens, lengths, config=None):
@@ -129,3 +129,51 @@ def test_proposals_leave_the_batch_state_as_it_was(pair_dir, temperature):
     np.testing.assert_array_equal(state.tokens, before)
     assert state.lengths == [5, 3]
     assert drafter.cache.past_len.tolist() == [5 + 3, 3 + 3]  # caught up, then fed all drafts but the last
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_hybrid_rows_take_lookup_or_the_model_each_on_their_own(pair_dir, temperature):
+    """A row that repeats itself gets the lookup's continuation, draws nothing from its generator and
+    leaves the draft model's cache at its committed tokens; the other row gets the model's drafts, as
+    the model alone would have drafted them with that row's generator."""
+    engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
+    config = GenerationConfig(k=4, temperature=temperature, seed=0)
+    tokens = np.zeros((2, 32), np.int64)
+    tokens[0, :7] = [1, 2, 3, 9, 4, 1, 2]  # "1 2" seen before, followed by "3 9 4 ..."
+    tokens[1, :3] = [10, 11, 12]  # no repeat
+    results = {}
+    for kind in (HybridDrafter, ModelDrafter):
+        state = _state(tokens.copy(), [7, 3], config)
+        state.generators = [np.random.default_rng(i) for i in range(2)]
+        drafter = kind(engine)
+        drafter.start(2, 32, config, None)
+        proposal = drafter.propose(state, 4)
+        results[kind] = proposal, drafter.cache.past_len.tolist(), [g.random() for g in state.generators]
+    (hybrid, hybrid_past, hybrid_next), (model, model_past, model_next) = results[HybridDrafter], results[ModelDrafter]
+    np.testing.assert_array_equal(hybrid.drafts[0, :3], [3, 9, 4])  # a first lookup: one more than its prior gain
+    np.testing.assert_array_equal(hybrid.drafts[1], model.drafts[1])
+    assert hybrid.steps == model.steps == 4
+    assert hybrid_past == [7, model_past[1]]  # the lookup row's model drafts were never its tokens
+    assert hybrid_next[1] == model_next[1]  # the model row drew as the model alone draws
+    if temperature:
+        assert hybrid_next[0] == np.random.default_rng(0).random()  # the lookup row drew nothing
+        np.testing.assert_array_equal(hybrid.q[0].argmax(-1)[:3], [3, 9, 4])
+        np.testing.assert_array_equal(hybrid.q[0].max(-1), 1.0)
+        np.testing.assert_allclose(hybrid.q[1], model.q[1])
+        assert hybrid.limits == [3, 4]  # the filler after the lookup's 3 is not the row's
+    else:
+        assert hybrid.q is None
+
+
+def test_hybrid_without_a_model_row_calls_no_model(pair_dir):
+    """Every row repeating itself: a lookup proposal, no draft call, the draft left behind for later."""
+    engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
+    tokens = np.zeros((1, 32), np.int64)
+    tokens[0, :6] = [1, 2, 3, 9, 1, 2]
+    state = _state(tokens, [6])
+    drafter = HybridDrafter(engine)
+    drafter.start(1, 32, GenerationConfig(k=3), None)
+    proposal = drafter.propose(state, 3)
+    np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1]])
+    assert proposal.steps == 0 and proposal.without_model and drafter.cache.past_len.tolist() == [0]
+    assert drafter.behind(state) == 4

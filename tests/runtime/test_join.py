@@ -24,7 +24,7 @@ def alone(pipeline):
     return {p: pipeline.generate(p, CONFIG)[0].token_ids for p in PROMPTS}
 
 
-@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "none"])
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "hybrid", "none"])
 @pytest.mark.parametrize("join_after", [0, 1, 4])
 def test_requests_joining_a_running_batch_decode_as_alone(pipeline, alone, drafter, join_after):
     config = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, drafter=drafter)
@@ -65,7 +65,7 @@ def test_a_request_that_cannot_fit_is_refused_and_the_batch_goes_on(pipeline, al
     assert len(run.rows) == 1 and run.rows[0].token_ids == alone[PROMPTS[0]]
 
 
-@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "none"])
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "hybrid", "none"])
 def test_requests_prefilled_a_chunk_at_a_time_between_cycles_then_merged_decode_as_alone(pipeline, drafter):
     """What a server does: the running batch keeps cycling while newcomers prefill in chunks beside it."""
     config = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, drafter=drafter)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
+from specdeploy.runtime.drafters import lookup
 
 PROMPTS = ["w5 w6 w7", "w10 w11 w12 w13 w14 w15 w16 w17 w18", "w20", "w30 w31 w30 w31 w30"]
 NEW = 24
@@ -41,7 +42,7 @@ def test_model_drafter_is_lossless(pipelines, baseline, k, policy, draft):
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "none"])
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "hybrid", "none"])
 def test_every_batch_size_and_drafter_is_lossless(pipelines, baseline, batch_size, drafter):
     config = GenerationConfig(k=3, drafter=drafter, max_new_tokens=NEW, ignore_eos=True)
     results = pipelines["close"].generate(PROMPTS, config, batch_size=batch_size)
@@ -53,6 +54,33 @@ def test_every_batch_size_and_drafter_is_lossless(pipelines, baseline, batch_siz
 def test_prompt_lookup_is_lossless(pipelines, baseline, k, policy):
     config = GenerationConfig(k=k, policy=policy, drafter="prompt-lookup", max_new_tokens=NEW, ignore_eos=True)
     assert [r.token_ids for r in pipelines["close"].generate(PROMPTS, config)] == baseline
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("policy", ["fixed", "heuristic", "cost"])
+@pytest.mark.parametrize("draft", ["close", "noise"])
+def test_hybrid_drafter_is_lossless(pipelines, baseline, k, policy, draft):
+    config = GenerationConfig(k=k, policy=policy, drafter="hybrid", max_new_tokens=NEW, ignore_eos=True)
+    assert [r.token_ids for r in pipelines[draft].generate(PROMPTS, config)] == baseline
+
+
+def test_hybrid_drafter_mixes_lookup_and_model_rows_losslessly(pipelines, baseline):
+    """The batch's cycles include some where rows that repeat themselves draft by lookup while the others
+    draft with the model, and some with lookup alone: the output is still the target's."""
+    run = pipelines["close"].start(PROMPTS, GenerationConfig(k=4, drafter="hybrid", max_new_tokens=NEW,
+                                                               ignore_eos=True))
+    kinds, propose = [], run.drafter.propose
+
+    def spy(state, k, budgets=None):
+        hits = [len(lookup(state.tokens[b, :length], k, 3, 2)) > 0 for b, length in enumerate(state.lengths)]
+        kinds.append("mixed" if 0 < sum(hits) < len(hits) else "lookup" if all(hits) else "model")
+        return propose(state, k, budgets)
+
+    run.drafter.propose = spy
+    while not run.done:
+        run.step()
+    assert {"mixed", "model"} <= set(kinds)
+    assert [row.token_ids for row in run.rows] == baseline
 
 
 def test_ragged_acceptance_happens(pipelines):

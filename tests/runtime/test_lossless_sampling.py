@@ -120,7 +120,7 @@ def noise_pipeline(request, form):
 
 @pytest.mark.parametrize("draft,drafter,policy", [
     ("close", "model", "fixed"), ("noise", "model", "fixed"), ("close", "prompt-lookup", "fixed"),
-    ("close", "model", "confidence"),
+    ("close", "model", "confidence"), ("close", "hybrid", "fixed"), ("noise", "hybrid", "fixed"),
 ])
 def test_pipeline_sampling_matches_plain_sampling(pair_pipeline, noise_pipeline, draft, drafter, policy):
     pipeline = pair_pipeline if draft == "close" else noise_pipeline

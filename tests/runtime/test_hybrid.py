@@ -1,0 +1,96 @@
+"""The hybrid drafter's choices: lookup rows that stop paying give way to the model, and a policy that finds the
+model's catch-up or drafting not worth paying leaves the rows to lookup alone, never to a wrong token."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.contract import Manifest
+from specdeploy.engines import load_engine
+from specdeploy.runtime.drafters import HybridDrafter
+
+from .test_drafters import _state
+
+PROMPTS = ["w5 w6 w5 w6 w5 w6 w5", "w30 w31 w32 w30 w31 w32 w30 w31", "w20"]
+NEW = 20
+
+
+@pytest.fixture(scope="module")
+def pipeline(pair_dir):
+    return Pipeline.load(pair_dir)
+
+
+@pytest.fixture(scope="module")
+def baseline(pipeline):
+    return [r.token_ids for r in pipeline.generate(PROMPTS, GenerationConfig(drafter="none", max_new_tokens=NEW,
+                                                                               ignore_eos=True))]
+
+
+class Recorder:
+    """A policy that never wants the draft model: ``catch_up`` False refuses its catch-up as well."""
+
+    learns = True
+
+    def __init__(self, k: int, catch_up: bool | None = None):
+        self.k, self.outcomes = k, []
+        self.weighs_catchup = catch_up is not None
+
+    def next_k(self) -> int:
+        return self.k
+
+    def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
+        return False
+
+    def observe(self, outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+@pytest.mark.parametrize("policy", [Recorder(0), Recorder(4, catch_up=False)], ids=["plain", "no-catchup"])
+def test_rows_left_to_lookup_alone_never_call_the_model(pipeline, baseline, policy):
+    """The policy's plain cycles (k = 0) and refused catch-ups become lookup cycles: the model is never
+    called, the output is the target's, and the policy learns no acceptance from them."""
+    run = pipeline.start(PROMPTS, GenerationConfig(k=4, drafter="hybrid", max_new_tokens=NEW, ignore_eos=True))
+    run.policy = policy
+    while not run.done:
+        run.step()
+        assert not run.drafter.cache.past_len.any()  # the model has seen nothing: never called
+    assert [row.token_ids for row in run.rows] == baseline
+    assert any(o.verify_tokens > 1 for o in policy.outcomes)  # lookup drafts were verified
+    assert all(o.proposed == 0 and o.draft_steps == 0 for o in policy.outcomes)
+    assert sum(r.emitted for row in run.rows for r in row.records if r.k) > 0
+
+
+def test_a_row_whose_lookups_are_rejected_drafts_with_the_model_then_retries(pair_dir):
+    engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
+    tokens = np.zeros((1, 64), np.int64)
+    tokens[0, :6] = [1, 2, 3, 9, 1, 2]  # "1 2" seen before
+    drafter = HybridDrafter(engine)
+    drafter.start(1, 64, GenerationConfig(k=3), None)
+    state = _state(tokens, [6])
+    assert drafter.propose(state, 3).without_model  # a first lookup is tried
+    drafter.rollback([6])  # and nothing of it accepted
+    assert drafter.gains[0] < drafter.min_gain
+    proposal = drafter.propose(state, 3)
+    assert proposal.steps > 0 and not proposal.without_model  # the model drafts instead
+    drafter.rollback([5])  # (the state stays at 6 tokens: the model keeps 5, as after a cycle it is one behind)
+    skipped = 1
+    while drafter.propose(state, 3).steps:  # each skipped match brings a retry nearer
+        drafter.rollback([5])
+        skipped += 1
+    assert 2 <= skipped <= 1 / drafter.retry
+    drafter.rollback([6 + 3])  # the retried lookup accepted all 3
+    assert drafter.gains[0] >= drafter.min_gain
+
+
+def test_a_row_whose_lookups_pay_keeps_them(pair_dir):
+    engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
+    tokens = np.zeros((1, 64), np.int64)
+    tokens[0, :6] = [1, 2, 3, 9, 1, 2]
+    drafter = HybridDrafter(engine)
+    drafter.start(1, 64, GenerationConfig(k=3), None)
+    for _ in range(5):
+        assert drafter.propose(_state(tokens, [6]), 3).without_model
+        drafter.rollback([6 + 2])  # two of three accepted each time
+    assert drafter.gains[0] >= 1.9
