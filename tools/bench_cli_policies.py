@@ -3,7 +3,8 @@
 Each run is a new `specdeploy generate --json` process (greedy, 2 threads), configurations round-robin
 per prompt (machine drift hits all alike): plain target decoding, the draft model at fixed K, and the
 cost policy (K <= 8) with the engine costs the last run remembered (the CLI default) and without them
-(`--no-remember-costs`, every run cold, as before 0.3.1). tok/s counts prefill and decoding, not
+(`--no-remember-costs`, every run cold, as before 0.3.1), and the cost policy over the hybrid drafter
+(`--drafter hybrid`: prompt lookup where the text repeats itself, the draft model elsewhere). tok/s counts prefill and decoding, not
 loading (the same for every configuration). Before the measured runs, one unmeasured cost-policy run
 fills the record, as any earlier run on this machine would.
 
@@ -34,6 +35,7 @@ def configurations(ks: list[int]) -> dict[str, list[str]]:
     out |= {f"k={k}": ["--k", str(k)] for k in ks}
     out["cost"] = ["--policy", "cost", "--k", "8"]
     out["cost, cold"] = ["--policy", "cost", "--k", "8", "--no-remember-costs"]
+    out["hybrid, cost"] = ["--policy", "cost", "--k", "8", "--drafter", "hybrid"]
     return out
 
 
@@ -75,7 +77,7 @@ def main() -> None:
             result = run(args.artifact, prompt.text, tokens, grid[name])
             outputs[name] = result.pop("token_ids")
             runs.append({"group": group, "prompt": prompt.id, "max_new_tokens": tokens, "config": name, **result})
-            print(f"{group:24} {prompt.id:18} {tokens:4} {name:11} {result['tokens'] / result['seconds']:6.2f} tok/s",
+            print(f"{group:24} {prompt.id:18} {tokens:4} {name:12} {result['tokens'] / result['seconds']:6.2f} tok/s",
                   flush=True)
         plain = outputs["plain"]
         same = sum(o == plain for o in outputs.values()) - 1
@@ -88,7 +90,8 @@ def main() -> None:
 def summarize(runs: list[dict], grid: dict, lengths: list[int]) -> list[dict]:
     """Median tok/s per (group, length, configuration); the cost policy against plain and the best fixed K."""
     groups = sorted({r["group"] for r in runs}, key=lambda g: (g != "humaneval", g))
-    header = f"{'group':24} {'new':>4} " + " ".join(f"{name:>11}" for name in grid) + "  cost/plain  cost/best K"
+    header = (f"{'group':24} {'new':>4} " + " ".join(f"{name:>12}" for name in grid)
+              + "  cost/plain  cost/best K  hybrid/plain  hybrid/best K")
     print("\nmedian tok/s (prefill + decoding) per prompt group\n" + header)
     summary = []
     for tokens in lengths:
@@ -100,10 +103,13 @@ def summarize(runs: list[dict], grid: dict, lengths: list[int]) -> list[dict]:
                 rates[name] = statistics.median(r["tokens"] / r["seconds"] for r in rows)
             best = max(v for n, v in rates.items() if n.startswith("k="))
             entry = {"group": group, "max_new_tokens": tokens, "tok_s": rates,
-                     "cost_vs_plain": rates["cost"] / rates["plain"], "cost_vs_best_k": rates["cost"] / best}
+                     "cost_vs_plain": rates["cost"] / rates["plain"], "cost_vs_best_k": rates["cost"] / best,
+                     "hybrid_vs_plain": rates["hybrid, cost"] / rates["plain"],
+                     "hybrid_vs_best_k": rates["hybrid, cost"] / best}
             summary.append(entry)
-            print(f"{group:24} {tokens:4} " + " ".join(f"{rates[n]:11.2f}" for n in grid)
-                  + f"  {entry['cost_vs_plain']:10.2f}  {entry['cost_vs_best_k']:11.2f}")
+            print(f"{group:24} {tokens:4} " + " ".join(f"{rates[n]:12.2f}" for n in grid)
+                  + f"  {entry['cost_vs_plain']:10.2f}  {entry['cost_vs_best_k']:11.2f}"
+                  + f"  {entry['hybrid_vs_plain']:12.2f}  {entry['hybrid_vs_best_k']:13.2f}")
     return summary
 
 

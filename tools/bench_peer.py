@@ -170,6 +170,8 @@ class SpecdeployWorker:
             "plain": GenerationConfig(drafter="none", temperature=0.0),
             f"fixed k={k}": GenerationConfig(k=k, temperature=0.0),
             "cost k<=8": GenerationConfig(k=8, policy="cost", temperature=0.0),
+            f"hybrid k={k}": GenerationConfig(k=k, drafter="hybrid", temperature=0.0),
+            "hybrid cost k<=8": GenerationConfig(k=8, policy="cost", drafter="hybrid", temperature=0.0),
         }
         self.plain = {}
 
@@ -333,7 +335,8 @@ def main() -> None:
         if name in workers:  # two artifacts of the same formats: their folder names tell them apart
             name = f"specdeploy ({artifact.name})"
         workers[name] = Worker("specdeploy", str(artifact), args.threads, args.k)
-        grid += [(name, "plain"), (name, f"fixed k={args.k}"), (name, "cost k<=8")]
+        grid += [(name, "plain"), (name, f"fixed k={args.k}"), (name, "cost k<=8"), (name, f"hybrid k={args.k}"),
+                 (name, "hybrid cost k<=8")]
     reference_name = f"{grid[2][0]}: plain"
     from tokenizers import Tokenizer
 

@@ -2,9 +2,11 @@
 
 Greedy, 128 new tokens, on HumanEval prompts and Spec-Bench first turns (a sample per category).
 Configurations run round-robin per prompt in one process (machine drift hits all alike):
-plain target decoding, the draft model at K in {1, 2, 3, 4, 6, 8}, the cost-model policy and
-prompt lookup. Reports tokens/s, speedup, mean accepted length, acceptance by position, where
-the time goes, and identical-output counts.
+plain target decoding, the draft model at K in {1, 2, 3, 4, 6, 8}, the cost-model policy,
+prompt lookup and the hybrid drafter (lookup where it matches, the model elsewhere; fixed K = 4
+and the cost policy). Reports
+tokens/s, speedup, mean accepted length, acceptance by position, where the time goes, and
+identical-output counts.
 
 Exactness: the target's logits are recorded for every generated position in every run. Where a
 run's output differs from plain decoding, at the first differing position both runs saw the same
@@ -50,6 +52,8 @@ def configs(ks):
         out[f"model k={k}"] = GenerationConfig(k=k, **base)
     out["model cost k<=8"] = GenerationConfig(k=8, policy="cost", **base)
     out["prompt-lookup k=4"] = GenerationConfig(k=4, drafter="prompt-lookup", **base)
+    out["hybrid k=4"] = GenerationConfig(k=4, drafter="hybrid", **base)
+    out["hybrid cost k<=8"] = GenerationConfig(k=8, policy="cost", drafter="hybrid", **base)
     return out
 
 
