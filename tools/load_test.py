@@ -1,11 +1,12 @@
 """Load test of `specdeploy serve`: N concurrent streaming clients on loopback, per speculation mode.
 
-For each mode (plain target decoding, the draft at fixed K, the cost policy) a server runs in this
-process on 127.0.0.1 with continuous batching, all three over the same engines, and first answers
---warmup requests, unmeasured. Then, for each of --rounds rounds and each concurrency N, the modes
-take turns (their order rotating from round to round, so that a shared machine's drift hits all
-alike): N client threads (the official openai client) each send --requests streamed completions one
-after another, HumanEval prompts in turn. A mode's figures pool its rounds.
+For each mode (plain target decoding, the draft at fixed K, the cost policy; "hybrid": the cost
+policy over the hybrid drafter, run when named) a server runs in this process on 127.0.0.1 with
+continuous batching, all over the same engines, and first answers --warmup requests, unmeasured.
+Then, for each of --rounds rounds and each concurrency N, the modes take turns (their order rotating
+from round to round, so that a shared machine's drift hits all alike): N client threads (the
+official openai client) each send --requests streamed completions one after another, HumanEval
+prompts in turn. A mode's figures pool its rounds.
 Reported per mode and N: throughput (completion tokens / wall time of the stage), time to first token
 and inter-token latency (a request's decode time / its tokens - 1) at p50 and p99, and every request
 accounted for (completed, or failed with its error). Bounded: --timeout per request, --max-tokens.
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-MODES = {"plain": dict(drafter="none"), "fixed": dict(policy="fixed"), "cost": dict(policy="cost")}
+MODES = {"plain": dict(drafter="none"), "fixed": dict(policy="fixed"), "cost": dict(policy="cost"),
+         "hybrid": dict(policy="cost", drafter="hybrid")}
 
 
 def main() -> None:

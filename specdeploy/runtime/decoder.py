@@ -430,15 +430,19 @@ class Generation:
     def _cycle(self, state: BatchState, cache: KVCache, drafter: Drafter):
         remaining = state.remaining()
         k = min(self._policy.next_k(), self.k_cap, max(remaining) - 1)
-        alone = None  # what drafts without the draft model where the policy finds the model not worth paying
+        # What drafts without the draft model where the policy finds the model not worth paying; a single
+        # row only: from 2 rows on, verifying a row's drafts costs about what a plain step costs them all
+        # (tools/load_test.py: lookup alone ran at 0.55x plain decoding with 8 clients)
+        alone = None
+        single = len(state.active) == 1
         if k > 0 and self._policy.weighs_catchup:
             behind = drafter.behind(state)
             if behind:
                 rows, lacking, to_come = self.joining()
                 if not self._policy.catchup_pays(len(state.active) + rows, behind + lacking, sum(remaining) + to_come):
-                    alone = drafter.without_catchup()
+                    alone = drafter.without_catchup() if single and not rows else None
                     k = k if alone else 0
-        elif k == 0 and self.k_cap and max(remaining) > 1:
+        elif k == 0 and self.k_cap and single and max(remaining) > 1:
             alone = drafter.without_catchup()
             k = min(self.k_cap, max(remaining) - 1) if alone else 0
         drafter = alone or drafter
