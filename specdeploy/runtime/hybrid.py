@@ -5,7 +5,8 @@ itself (code, retrieval, summaries) and costs where its matches are chance (chat
 own record of what its lookups gained: a row whose lookups keep being rejected stops proposing them,
 and tries again after skipping a few matches. A policy that finds the draft model's catch-up or
 drafting not worth paying (the cost policy on a long prompt, or on text the draft cannot follow)
-leaves the row to lookup alone (``without_catchup``), rather than to plain decoding.
+leaves a single row to lookup alone (``without_catchup``), rather than to plain decoding; a batch's
+plain steps stand (the decoder's ``_cycle``).
 """
 
 from __future__ import annotations
