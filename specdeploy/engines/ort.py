@@ -56,7 +56,9 @@ class OrtEngine(Engine):
     """A verify-v1 graph in an ONNX Runtime InferenceSession, driven through IOBinding."""
 
     def __init__(self, path: Path, spec: ModelSpec, provider: str = "cpu", threads: int | None = None,
-                 optimization: str = "all"):
+                 optimization: str = "all", profile: Path | None = None):
+        """``profile``: a file prefix; ONNX Runtime's profiler then records every node's time, written (as
+        JSON) by ``self.session.end_profiling()`` (``tools/profile_ops.py``)."""
         import onnxruntime as ort
 
         if provider not in PROVIDERS:
@@ -77,6 +79,9 @@ class OrtEngine(Engine):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[optimization]
+        if profile is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = str(profile)
         if threads is not None:
             shared_thread_pool(threads)
         if _global_pool is not None:  # once a process has the shared pool, every session must use it

@@ -41,6 +41,7 @@ class FusedGraph:
         self.initializers: list[onnx.TensorProto] = []
         self.bytes = 0
         self._names: dict[str, int] = {}
+        self._node_names: dict[str, int] = {}  # nodes have their own namespace: "layers.3.down" names both
         layers, kv_heads, head_dim = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
         elem = helper.np_dtype_to_tensor_dtype(self.dtype)
         cache = ["batch", kv_heads, "capacity", head_dim]
@@ -50,18 +51,21 @@ class FusedGraph:
         self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "tokens", dims["vocab_size"]])]
         self.outputs += [helper.make_tensor_value_info(name, elem, cache) for name in output_names(layers, "fused")[1:]]
 
-    def name(self, stem: str) -> str:
-        """A fresh value name starting with ``stem``."""
-        count = self._names.get(stem, 0)
-        self._names[stem] = count + 1
+    def name(self, stem: str, taken: dict[str, int] | None = None) -> str:
+        """A fresh value (or, with ``taken=self._node_names``, node) name starting with ``stem``."""
+        taken = self._names if taken is None else taken
+        count = taken.get(stem, 0)
+        taken[stem] = count + 1
         return stem if count == 0 else f"{stem}_{count}"
 
-    def node(self, op: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attributes) -> list[str]:
-        """Append a node; return its output names (fresh ones when ``outputs`` is a count)."""
+    def node(self, op: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", label: str = "",
+             **attributes) -> list[str]:
+        """Append a node (named after ``label`` when given, e.g. the weight it multiplies by, so that profiles
+        read "layers.3.down"); return its output names (fresh ones when ``outputs`` is a count)."""
         if isinstance(outputs, int):
             outputs = [self.name(f"/{op}") for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op, inputs, outputs, name=self.name(f"{op}_node"), domain=domain or None,
-                                           **attributes))
+        name = self.name(label or op, self._node_names)
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain or None, **attributes))
         return outputs
 
     def constant(self, name: str, array) -> str:
@@ -90,7 +94,7 @@ class FusedGraph:
         """x @ weight ([in, out]); with int4 weights a MatMulNBits over the block-quantized weight."""
         weight = _numpy(weight)
         if self.int4 is None:
-            return self.node("MatMul", [x, self.constant(name, weight)])[0]
+            return self.node("MatMul", [x, self.constant(name, weight)], label=name)[0]
         from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
 
         block_size, accuracy_level = self.int4
@@ -101,7 +105,7 @@ class FusedGraph:
         if accuracy_level:
             attributes["accuracy_level"] = accuracy_level
         inputs = [x, self.constant(f"{name}_Q4", packed), self.constant(f"{name}_scales", scales)]
-        return self.node("MatMulNBits", inputs, domain=MS, **attributes)[0]
+        return self.node("MatMulNBits", inputs, domain=MS, label=name, **attributes)[0]
 
     def layer_written(self, layer: int) -> None:
         """Report progress at each quarter of the layers: a 1.5B's dequantized, quantized layers take ~45 s."""
@@ -139,7 +143,7 @@ class FusedGraph:
             inputs += list(rotary)
             attributes.update(do_rotary=1, rotary_interleaved=0)
         outputs = [self.name(f"/attn.{layer}"), f"present_key.{layer}", f"present_value.{layer}"]
-        return self.node("GroupQueryAttention", inputs, outputs, domain=MS, **attributes)[0]
+        return self.node("GroupQueryAttention", inputs, outputs, domain=MS, label=f"layers.{layer}.attention", **attributes)[0]
 
     def save(self, logits: str) -> list[Path]:
         """Write the graph (weights inline when small, as ``onnx_graph.save`` does); return the files written."""

@@ -337,7 +337,8 @@ class Generation:
         """The target sees every prompt token but the last (each cycle starts from x[L - 1]); the first
         ``step()`` calls this when nobody did. A policy that plans hears the draft's catch-up estimate."""
         self.prefill_seconds = self._prefill_rows(0)
-        if self.k_cap and self._policy.plans:  # weighs the draft's catch-up on the prompt before paying it
+        # weighs the draft's catch-up on the prompt before paying it; rows whose prefill failed have left
+        if self.k_cap and self._policy.plans and self.state.batch:
             ratio = self.drafter.cost_ratio(self.target.spec)
             self._policy.plan(self.prefill_seconds * ratio, max(self.state.remaining()), ratio)
 

@@ -205,6 +205,8 @@ class CostModel(Policy):
     revisit_share = 0.05  # of the time decoded plainly, at most this modelled to be lost re-measuring a "no"
     revisit_halvings = 4  # ... halved after each revisit that left the "no" standing, down to 1/16 of it
     explore = 4  # drafts of the first cycle when the costs are known and this text's acceptance is not (``recall``)
+    doubt = 1.0  # standard errors of benefit of the doubt a text's acceptance gets before drafting is ruled out ...
+    settled = 6  # ... while fewer first drafts than this have been verified (decayed count): then the estimate rules
 
     def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float = 0.5,
                  probe_every: int = 16):
@@ -248,17 +250,20 @@ class CostModel(Policy):
         # the saving must repay the estimate twice over.
         return tokens * (v1 - 1 / best) > 2 * seconds
 
-    def acceptance(self) -> np.ndarray:
+    def acceptance(self, doubt: float = 0.0) -> np.ndarray:
         """Estimated conditional acceptance a_i for i = 1..k_max.  # [k_max]
 
         Each rate is shrunk towards the one before it (a_1 towards ``prior``): a position seldom
         verified inherits its neighbour's rate, so positions never tried are neither dismissed nor
-        over-trusted.
+        over-trusted. With ``doubt``, each rate is raised by that many standard errors of a rate
+        measured over its (decayed) count of verified drafts: what the text may still turn out to accept.
         """
         rates = np.empty(self.k_max)
         previous = self.prior
         for i in range(1, self.k_max + 1):
             previous = rates[i - 1] = (self.kept[i] + previous) / (self.tried[i] + 1.0)
+        if doubt:
+            rates = np.minimum(rates + doubt * np.sqrt(rates * (1 - rates) / (self.tried[1:] + 1.0)), 1.0)
         return rates
 
     def verify_cost(self, tokens: int) -> float:
@@ -296,7 +301,12 @@ class CostModel(Policy):
         if self.pending_catchup is not None:
             if 1 not in self.verify:
                 return 0  # one plain step measures v(1) before the catch-up is paid
-            self.plain_only = not self._catchup_pays()
+            # Judged from the parameter ratio, a "no" is final: each probe would pay the catch-up at an unknown
+            # price. Once the catch-up's rate is known (recalled), ``catchup_pays`` weighs it at each drafting
+            # cycle instead, and now and then pays a "no" to re-measure (``_revisit``): a "no" from costs an
+            # earlier process measured too high (a cold call at a size it rarely ran) would otherwise stand for
+            # good, in every later process (make demo's prompt: 125 of 128 tokens decoded plainly, 0.81x).
+            self.plain_only = not self._catchup_pays() and self.catchup_rate is None
             self.pending_catchup = None
             if self.plain_only:
                 return 0
@@ -309,6 +319,14 @@ class CostModel(Policy):
             return 0  # one plain step measures v(1) at this batch size: extrapolated, it comes out too dear
         rates = self.expected_rate()
         best = int(np.argmax(rates))
+        if best == 0 and self.k_max > 0:
+            # Plain decoding is chosen early only where drafting loses even with the benefit of the doubt: two
+            # cycles are too few to rule it out. On make demo's prompt the first drafts were all rejected and the second
+            # cycle kept 4 of 8 (a_1 0.50): decided there, the request stayed plain at 0.92x plain decoding's
+            # speed for the 125 cycles left (its probes each refused their catch-up), where fixed K = 4 ran 1.4x.
+            hopeful = self.expected_rate(self.acceptance(self.doubt)) if self.tried[1] < self.settled else rates
+            if hopeful[1:].max() > hopeful[0]:
+                best = int(np.argmax(hopeful[1:])) + 1
         if best == 0 and self.k_max > 0:
             self.plain_streak += 1
             if self.plain_streak >= self.probe_every:
@@ -346,6 +364,12 @@ class CostModel(Policy):
         cost = behind * self.catchup_rate
         if saving > cost:
             self.revisits_lost, self.revisit_measured = 0, None
+            return True
+        if unseen and cost <= self.revisit_share * to_come / (rates[0] * batch):
+            # Nothing of this text's acceptance is known, and the catch-up costs little beside the plain decoding
+            # to come: pay it to measure (the drafting costs it was judged with may be an earlier process's
+            # cold calls; priced so, make demo's 30-token prompt was refused and decoded plainly at 0.81x)
+            self.exploring = True
             return True
         if self.revisit_measured:  # the last revisit drafted and measured, and the answer is still no
             self.revisits_lost, self.revisit_measured = self.revisits_lost + 1, None
@@ -429,16 +453,17 @@ class CostModel(Policy):
         if tokens >= self.rate_tokens:
             self.catchup_rate = self._learn(("catchup", 0), self.catchup_rate, seconds / tokens)
 
-    def _learn(self, key: tuple, known: float | None, value: float, blend: float = 0.1) -> float:
+    def _learn(self, key: tuple, known: float | None, value: float, blend: float = 0.1, recalled: bool = False) -> float:
         """A cost's new estimate after measuring ``value``: the first measurement in this process (cold) no
         more than the estimate it replaces (recalled, or the nearest batch size's), then the lower of the first
         two measurements (a cold call or a stall only ever comes out dearer: a plain step at 4 rows once took
         146 ms against ~40), later ones blended in by ``blend``. A cost estimated too low is soon measured
-        again; one too high may never be."""
+        again; one too high may never be. A ``recalled`` cost (this size's, measured by an earlier process)
+        counts as one of the first two: a short run's two cold calls at a size replaced 64 ms with 98 ms."""
         count = self.samples.get(key, 0)
         self.samples[key] = count + 1
         if count == 0:
-            self.firsts[key] = value
+            self.firsts[key] = min(known, value) if recalled and known is not None else value
             return value if known is None else min(known, value)
         if count == 1:
             return min(self.firsts.pop(key), value)
@@ -500,11 +525,11 @@ class CostModel(Policy):
         self.plain_seconds = 0.0 if k > 0 else self.plain_seconds + outcome.verify_seconds
         if outcome.draft_steps and outcome.catchup_tokens <= 2:
             step = outcome.draft_seconds / outcome.draft_steps
-            self.draft_step = self._learn((self.batch, "draft"), self.draft_step, step, blend)
+            self.draft_step = self._learn((self.batch, "draft"), self.draft_step, step, blend, "draft" in self.measured)
             self.measured.add("draft")
         if outcome.verify_tokens:
             t, v = outcome.verify_tokens, outcome.verify_seconds
-            self.verify[t] = self._learn((self.batch, t), self.verify.get(t), v, blend)
+            self.verify[t] = self._learn((self.batch, t), self.verify.get(t), v, blend, t in self.measured)
             self.measured.add(t)
             if t == 1 and "draft" not in self.measured:
                 self.draft_step = self._step_as_v1()

@@ -61,9 +61,12 @@ def test_generate_cli_remembers_costs_unless_told_not_to(pair_dir, tmp_path, mon
     from specdeploy.cli import main
 
     monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
-    args = ["generate", str(pair_dir), "--prompt", "w5 w6", "--max-new-tokens", "8", "--policy", "cost"]
+    args = ["generate", str(pair_dir), "--prompt", "w5 w6", "--max-new-tokens", "8"]  # the CLI's default: cost, K <= 8, hybrid
     assert CliRunner().invoke(main, [*args, "--no-remember-costs"]).exit_code == 0
     assert not (tmp_path / FOLDER).exists()
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert "cost/4/model" in _record(tmp_path)
+    assert "cost/8/hybrid" in _record(tmp_path)
+    result = CliRunner().invoke(main, [*args, "--k", "4", "--drafter", "model"])
+    assert result.exit_code == 0, result.output
+    assert {"cost/8/hybrid", "cost/4/model"} <= set(_record(tmp_path))

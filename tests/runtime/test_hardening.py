@@ -129,8 +129,13 @@ def test_interrupted_stream_leaves_pipeline_usable(pair_dir):
     assert pipeline.generate(["w5 w6 w7"], CONFIG)[0].token_ids == reference
 
 
-def test_stream_raises_when_the_prefill_fails(pair_dir):
+@pytest.mark.parametrize("policy", ["fixed", "cost"])
+def test_stream_raises_when_the_prefill_fails(pair_dir, policy):
+    # the cost policy plans the draft's catch-up after the prefill: with every row gone there is nothing to plan
+    config = GenerationConfig(**{**CONFIG.__dict__, "policy": policy, "drafter": "hybrid" if policy == "cost" else "model"})
     pipeline = Pipeline.load(pair_dir)
     pipeline.target = FailingEngine(pipeline.target, poison=5)  # the prefill feeds "w5 w6", retried alone too
     with pytest.raises(GenerationError, match="injected engine fault"):
-        list(pipeline.stream("w5 w6 w7", CONFIG))
+        list(pipeline.stream("w5 w6 w7", config))
+    (failed,) = pipeline.generate(["w5 w6 w7"], config)
+    assert failed.finish_reason == "error" and "injected engine fault" in failed.error

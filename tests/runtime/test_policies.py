@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -562,3 +564,76 @@ def test_a_stalled_call_among_a_sizes_first_two_does_not_make_its_choice_look_de
     for seconds in (0.146, 0.040):
         policy.observe(CycleOutcome(0, [0] * 5, draft_seconds=0.0, draft_steps=0, verify_seconds=seconds, verify_tokens=1))
     assert policy.batch == 5 and policy.verify[1] == pytest.approx(0.040)
+
+
+def test_cost_model_does_not_rule_drafting_out_on_two_cycles():
+    """make demo's prompt, as measured: v(1) 41.9 ms, a first cycle of 8 drafts all rejected, then 4 of 8 kept (draft
+    step 15 ms, v(9) 126.6 ms). On the estimate alone (a_1 0.50) plain decoding wins, and decided there the request
+    stayed plain for 125 cycles where fixed K = 4 ran 1.4x faster; with the benefit of the doubt it drafts on, and
+    rules drafting out once enough drafts have been rejected."""
+    policy = CostModel(k_max=8)
+    policy.observe(CycleOutcome(0, [0], 0.0, 0, 0.0419, 1))
+    policy.observe(CycleOutcome(8, [0], 0.120, 8, 0.128, 9))
+    policy.observe(CycleOutcome(8, [4], 0.120, 8, 0.1266, 9))
+    assert policy.expected_rate().argmax() == 0  # the point estimate alone would stop here
+    k = policy.next_k()
+    assert k > 0
+    for _ in range(12):  # a text whose drafts are all rejected: the doubt runs out
+        policy.observe(CycleOutcome(k, [0], 0.015 * k, k, 0.045 + 0.01 * k, k + 1))
+        k = policy.next_k()
+        if k == 0:
+            break
+    assert k == 0 and policy.tried[1] < policy.settled
+
+
+def test_cost_model_keeps_no_doubt_once_settled():
+    """With many drafts verified, a narrow loss for drafting is plain decoding (the doubt would keep paying it)."""
+    policy = CostModel(k_max=4)
+    for i in range(40):  # half the first drafts kept, hardly a second: K = 1 makes 1.5 tokens in ~62 ms
+        policy.observe(CycleOutcome(2, [i % 2], 0.030, 2, 0.056, 3))
+    policy.observe(CycleOutcome(0, [0], 0.0, 0, 0.040, 1))  # plain: 1 token in 40 ms, narrowly better
+    assert policy.tried[1] >= policy.settled
+    hopeful = policy.expected_rate(policy.acceptance(policy.doubt))
+    assert hopeful[1:].max() > hopeful[0] > 0  # the doubt alone would draft ...
+    assert policy.next_k() == 0  # ... but the estimate rules
+
+
+def test_a_recalled_cost_counts_among_the_first_two_measurements():
+    """A short run measures a verify size twice, both cold: the lower of the two replaced an earlier process's
+    warm 64 ms with 98 ms, and every later process started from that (make demo: plain decoding chosen)."""
+    earlier = CostModel(k_max=4)
+    for _ in range(3):
+        earlier.observe(CycleOutcome(4, [4], 0.048, 4, 0.064, 5))
+    policy = CostModel(k_max=4)
+    assert policy.recall(json.loads(json.dumps(earlier.remembered())))
+    policy.observe(CycleOutcome(4, [4], 0.048, 4, 0.099, 5))
+    policy.observe(CycleOutcome(4, [4], 0.048, 4, 0.098, 5))
+    assert policy.verify[5] == pytest.approx(0.064)
+    fresh = CostModel(k_max=4)  # without a recalled cost, this process's first two decide
+    for seconds in (0.099, 0.098):
+        fresh.observe(CycleOutcome(4, [4], 0.048, 4, seconds, 5))
+    assert fresh.verify[5] == pytest.approx(0.098)
+
+
+def test_an_unseen_texts_cheap_catch_up_is_paid_to_measure_even_at_recalled_costs_that_refuse_it():
+    """Recalled costs from cold calls made drafting look dear, and make demo's 30-token prompt was decoded plainly:
+    a catch-up within ``revisit_share`` of the plain decoding to come is paid while the text's acceptance is unseen."""
+    earlier = CostModel(k_max=4)
+    for _ in range(3):
+        earlier.observe(CycleOutcome(4, [0], 0.088, 4, 0.098, 5))  # dear drafting as recalled
+        earlier.observe(CycleOutcome(0, [0], 0.0, 0, 0.038, 1))
+    earlier.observe_catchup(0.11, 30)
+    policy = CostModel(k_max=4)
+    assert policy.recall(json.loads(json.dumps(earlier.remembered())))
+    policy.plan(0.04, 128, 0.35)
+    assert policy.next_k() > 0 and not policy.plain_only  # with the catch-up's rate known, catchup_pays decides
+    assert policy.catchup_pays(1, 30, 128) and policy.exploring  # 30 tokens: ~0.1 s beside ~4.9 s of plain decoding
+    assert not CostModel.catchup_pays(_recalled(earlier), 1, 600, 128)  # a 600-token prompt's catch-up is not
+    policy.observe(CycleOutcome(4, [4], 0.05, 4, 0.07, 5))  # measured: no longer unseen
+    assert not policy.catchup_pays(1, 600, 128)
+
+
+def _recalled(earlier: CostModel) -> CostModel:
+    policy = CostModel(k_max=earlier.k_max)
+    assert policy.recall(json.loads(json.dumps(earlier.remembered())))
+    return policy
