@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..engines.ort import PROVIDERS
 from ..reports.plots import PLOTS
+from .common import threads_option
 
 # what bench and report write into --out: only a directory of these is replaced by --force
 BENCH_FILES = ("records.jsonl", "summary.json", "report.html", "report.md", *PLOTS)
@@ -46,7 +47,7 @@ def _csv(kind):
               help="Rounds over all prompts; the speedup spread is taken over rounds.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
+@threads_option
 @click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")

@@ -43,6 +43,12 @@ def speculation_options(k_help: str):
     return apply
 
 
+threads_option = click.option(
+    "--threads", type=click.IntRange(min=1), default=None,
+    help="Threads of one ONNX Runtime pool that both models share, for the whole process (default: a pool per model "
+         "of ONNX Runtime's size, one thread per physical core, whose threads stop spinning when a call ends).")
+
+
 def read_manifest(directory: Path) -> Manifest:
     try:
         return Manifest.read(directory)

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..engines.ort import PROVIDERS
-from .common import speculation_options
+from .common import speculation_options, threads_option
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -48,7 +48,7 @@ def read_prompts(path: Path) -> list[str]:
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
 @click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
+@threads_option
 @click.option("--remember-costs/--no-remember-costs", default=True, show_default=True,
               help="Start the policy from the engine costs the last run measured on this artifact, provider and "
                    "thread count, and keep this run's (in $SPECDEPLOY_CACHE): a fresh process would learn them cold.")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..engines.ort import PROVIDERS
-from .common import speculation_options
+from .common import speculation_options, threads_option
 
 
 @click.command()
@@ -17,7 +17,7 @@ from .common import speculation_options
 @click.option("--model-name", default=None, help="The model id clients send (default: the artifact directory's name).")
 @click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Shared ONNX Runtime thread pool size.")
+@threads_option
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
               help="Requests decoded together at most; more wait in the queue.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,

@@ -86,6 +86,12 @@ class OrtEngine(Engine):
             shared_thread_pool(threads)
         if _global_pool is not None:  # once a process has the shared pool, every session must use it
             options.use_per_session_threads = False
+        else:
+            # A pool of its own, whose threads stop spinning when a call ends: left spinning, the idle model's
+            # threads ran against the busy one's on the same cores (fixed K = 4 at 22.6 tok/s against 32.8 on a
+            # shared pool, tools/bench_thread_pool.py). No process-wide pool unless asked for (``threads``):
+            # once one exists, ONNX Runtime refuses every later session a pool of its own, the user's too.
+            options.add_session_config_entry("session.force_spinning_stop", "1")
         chain = [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
         self.session = ort.InferenceSession(str(path), options, providers=chain)
         active = self.session.get_providers()

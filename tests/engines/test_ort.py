@@ -155,6 +155,34 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
+def test_without_threads_each_model_stops_its_pool_spinning_and_the_process_keeps_no_pool(pair_dir):
+    """Left spinning after a call, the idle model's threads slowed the busy one's (tools/bench_thread_pool.py):
+    without ``threads`` each session's pool stops spinning when a call ends, and no process-wide pool is made
+    (with one, ONNX Runtime refuses any later session a pool of its own: the user's own sessions too). Asked
+    for, the shared pool is every later session's."""
+    import subprocess
+    import sys
+
+    script = f"""
+import onnxruntime
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.engines import ort
+config = GenerationConfig(max_new_tokens=4, ignore_eos=True)
+own = Pipeline.load({str(pair_dir)!r})
+options = [e.session.get_session_options() for e in (own.target, own.draft)]
+assert [o.use_per_session_threads for o in options] == [True, True]
+assert [o.get_session_config_entry("session.force_spinning_stop") for o in options] == ["1", "1"]
+assert ort._global_pool is None
+onnxruntime.InferenceSession({str(pair_dir / "target.onnx")!r})  # another library's session, on its own pool
+shared = Pipeline.load({str(pair_dir)!r}, threads=2)
+assert [e.session.get_session_options().use_per_session_threads for e in (shared.target, shared.draft)] == [False] * 2
+assert own.generate("w5 w6", config)[0].token_ids == shared.generate("w5 w6", config)[0].token_ids
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
 class _CopyOnBind:
     """An IOBinding that behaves as ONNX Runtime's does on a device EP: a host input is copied when it is
     bound, so writes made to the host array afterwards never reach the graph."""
