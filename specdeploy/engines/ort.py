@@ -88,8 +88,8 @@ class OrtEngine(Engine):
             options.use_per_session_threads = False
         else:
             # A pool of its own, whose threads stop spinning when a call ends: left spinning, the idle model's
-            # threads ran against the busy one's on the same cores (fixed K = 4 at 22.6 tok/s against 32.8 on a
-            # shared pool, tools/bench_thread_pool.py). No process-wide pool unless asked for (``threads``):
+            # threads ran against the busy one's on the same cores (fixed K = 4 at 20.7 tok/s, 29.8 with spinning
+            # stopped, docs/bench_thread_pool.txt). No process-wide pool unless asked for (``threads``):
             # once one exists, ONNX Runtime refuses every later session a pool of its own, the user's too.
             options.add_session_config_entry("session.force_spinning_stop", "1")
         chain = [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
