@@ -92,7 +92,7 @@ def main() -> None:
 
     rates: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
     for round_ in range(args.rounds):
-        for mode in MODES[round_ % 3:] + MODES[: round_ % 3]:
+        for mode in MODES[round_ % len(MODES):] + MODES[: round_ % len(MODES)]:
             command = [sys.executable, __file__, "--artifact", args.artifact, "--worker", mode, "--repeats",
                        str(args.repeats), "--max-new-tokens", str(args.max_new_tokens), "--k", str(args.k),
                        "--threads", str(args.threads)]

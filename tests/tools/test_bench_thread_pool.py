@@ -11,7 +11,7 @@ from pathlib import Path
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_thread_pool.py"
 
 
-def test_both_pool_modes_decode_every_configuration(pair_dir, tmp_path):
+def test_every_pool_mode_decodes_every_configuration(pair_dir, tmp_path):
     out = tmp_path / "pools.json"
     done = subprocess.run([sys.executable, str(TOOL), "--artifact", str(pair_dir), "--rounds", "1", "--repeats", "2",
                            "--max-new-tokens", "4", "--out", str(out)], capture_output=True, text=True, timeout=600)
