@@ -192,7 +192,8 @@ class CostModel(Policy):
     at 3 rows 94 ms against ~45. A cost's first measurement in a process counts no more than the estimate
     it replaces (recalled, or the nearest batch size's), then the lower of the first two counts, later
     ones blend in (``_learn``); and a verify size measured only once is priced no higher than the sizes
-    measured since suggest, so one cold call cannot rule its K (or plain decoding) out for good.
+    measured since suggest, so one cold call cannot rule its K (or plain decoding) out for good. The record a
+    process leaves (``remembered``) says which sizes rest on one call, and the next process caps them the same way.
     """
 
     name = "cost"
@@ -233,6 +234,9 @@ class CostModel(Policy):
         # measurements taken in this process, by (batch size, "draft" | verify tokens | "catchup"): the first is cold
         self.samples: dict[tuple[int, int | str], int] = {}
         self.firsts: dict[tuple[int, int | str], float] = {}  # first measurements, until the second comes
+        # (batch size, verify tokens) an earlier process measured twice or more (``recall``), or this one before a
+        # ``_revisit``: warm, though this process has not measured them twice
+        self.trusted: set[tuple[int, int]] = set()
 
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
         """Before the first cycle: the draft's estimated catch-up time, the tokens to generate, and a
@@ -276,9 +280,9 @@ class CostModel(Policy):
         and one row's v(5) capping them made K = 2 look as cheap at 2 rows as alone."""
         own = {t: v for t, v in self.verify.items() if t in self.measured}
         cap = min((v for t, v in own.items() if t > tokens), default=np.inf)
-        warm = {t: v for t, v in own.items() if t != tokens and self.samples.get((self.batch, t)) != 1}
+        warm = {t: v for t, v in own.items() if t != tokens and self._warm(t)}
         if tokens in own:
-            if self.samples.get((self.batch, tokens)) != 1 or len(warm) < 2:
+            if self._warm(tokens) or len(warm) < 2:
                 return min(own[tokens], cap)
             return min(_line(warm, tokens), own[tokens], cap)
         if len(warm) >= 2:
@@ -286,6 +290,12 @@ class CostModel(Policy):
         if tokens in self.verify:  # started from
             return min(self.verify[tokens], cap)
         return min(_line(self.verify, tokens), cap)  # this size's points and those it started from
+
+    def _warm(self, tokens: int) -> bool:
+        """Does v(``tokens``) at this batch size rest on more than one call, the first at its shape being cold? Measured
+        twice in this process, or recalled as measured twice: two first calls, each cold in its own process, are not."""
+        key = (self.batch, tokens)
+        return self.samples.get(key, 0) >= 2 or key in self.trusted
 
     def expected_rate(self, acceptance: np.ndarray | None = None, draft_step: float | None = None) -> np.ndarray:
         """Expected tokens per second for K = 0..k_max (from the estimates, or the ones given).  # [k_max + 1]"""
@@ -395,6 +405,7 @@ class CostModel(Policy):
         drafting cycle, and the drafting costs at ``batch`` are learned afresh, as in a new process (``_learn``),
         instead of blending a tenth of each new measurement into the stale ones."""
         self.plain_seconds, self.exploring, self.revisit_measured = 0.0, True, False
+        self.trusted |= {key for key, count in self.samples.items() if isinstance(key[1], int) and count >= 2}
         for key in [key for key in self.samples if key == ("catchup", 0) or (key[0] == batch and key[1] != 1)]:
             del self.samples[key]
             self.firsts.pop(key, None)
@@ -410,18 +421,30 @@ class CostModel(Policy):
         self.batch, self.catchup_rate, self.plain_seconds = previous.batch, previous.catchup_rate, previous.plain_seconds
         self.revisits_lost, self.revisit_measured = previous.revisits_lost, previous.revisit_measured
         self.samples, self.firsts = dict(previous.samples), dict(previous.firsts)  # the same process: its calls are warm
+        self.trusted = set(previous.trusted)
         self.by_batch = {b: (step, dict(verify), set(measured)) for b, (step, verify, measured) in previous.by_batch.items()}
         weight = min(1.0, self.carried_cycles / previous.tried[1]) if previous.tried[1] > 0 else 0.0
         self.tried, self.kept = previous.tried * weight, previous.kept * weight
 
     def remembered(self) -> dict:
-        def costs(step, verify, measured):
+        """The state ``recall`` starts a later process from. ``once`` lists, per batch size, the verify sizes whose
+        cost rests on a single call (cold). Recorded as if warm, make demo's record kept a v(4) of 83 ms beside a
+        v(9) of 97 ms: the next process priced K = 3 out, and in 70 cycles never drafted 3 to re-measure it."""
+        def costs(batch, step, verify, measured):
+            once = [t for t in measured if t != "draft" and not self._warm_at(batch, t)]
             return {"draft_step": step, "verify": {str(t): v for t, v in verify.items()},
-                    "measured": sorted(map(str, measured))}
+                    "measured": sorted(map(str, measured)), "once": sorted(map(str, once))}
 
         return {"k_max": self.k_max, "tried": self.tried.tolist(), "kept": self.kept.tolist(), "batch": self.batch,
-                "catchup_rate": self.catchup_rate, **costs(self.draft_step, self.verify, self.measured),
-                "by_batch": {str(b): costs(*entry) for b, entry in self.by_batch.items()}}
+                "catchup_rate": self.catchup_rate, **costs(self.batch, self.draft_step, self.verify, self.measured),
+                "by_batch": {str(b): costs(b, *entry) for b, entry in self.by_batch.items()}}
+
+    def _warm_at(self, batch: int, tokens: int) -> bool:
+        saved, self.batch = self.batch, batch
+        try:
+            return self._warm(tokens)
+        finally:
+            self.batch = saved
 
     def recall(self, state: dict) -> bool:
         """The engines' costs of the policy ``state`` describes, as ``inherit`` carries them; a state that does
@@ -439,7 +462,11 @@ class CostModel(Policy):
             previous.batch = _positive_int(state["batch"])
             previous.catchup_rate = _seconds(state["catchup_rate"], optional=True)
             previous.draft_step, previous.verify, previous.measured = _costs(state)
-            previous.by_batch = {_positive_int(b): _costs(entry) for b, entry in state["by_batch"].items()}
+            previous.trusted = _trusted(previous.batch, state)
+            previous.by_batch = {}
+            for b, entry in state["by_batch"].items():
+                previous.by_batch[_positive_int(b)] = _costs(entry)
+                previous.trusted |= _trusted(_positive_int(b), entry)
         except (KeyError, TypeError, ValueError, AttributeError):
             return False
         previous.tried[:] = previous.kept[:] = 0.0
@@ -574,6 +601,17 @@ def _costs(entry: dict) -> tuple[float | None, dict[int, float], set]:
     verify = {_positive_int(t): _seconds(v) for t, v in entry["verify"].items()}
     measured = {m if m == "draft" else _positive_int(m) for m in entry["measured"]}
     return _seconds(entry["draft_step"], optional=True), verify, measured
+
+
+def _trusted(batch: int, entry: dict) -> set[tuple[int, int]]:
+    """The (batch, verify size) pairs of a remembered record measured twice or more: every measured size but those
+    listed ``once`` (a record written before ``once`` existed trusts them all, as it was read then)."""
+    once = {_positive_int(t) for t in entry.get("once", [])}
+    measured = {m for m in entry["measured"] if m != "draft"}
+    sizes = {_positive_int(m) for m in measured}
+    if not once <= sizes:
+        raise ValueError(f"once: {sorted(once - sizes)} not among the measured sizes")
+    return {(batch, t) for t in sizes - once}
 
 
 def make_policy(name: str, k: int, confidence_threshold: float = 0.4) -> Policy:

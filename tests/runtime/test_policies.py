@@ -452,6 +452,8 @@ def test_cost_model_state_survives_json_and_is_recalled_with_its_costs_and_witho
     lambda s: s.update(measured=["draft", "x"]),
     lambda s: s["by_batch"].update({"2": {"draft_step": 0.1}}),
     lambda s: s.pop("verify"),
+    lambda s: s.update(once=["9"]),  # not a measured size
+    lambda s: s.update(once=7),
 ])
 def test_cost_model_refuses_a_damaged_remembered_state_whole(damage):
     state = _train(CostModel(k_max=6), accept_prob=0.7, cycles=50).remembered()
@@ -631,6 +633,49 @@ def test_an_unseen_texts_cheap_catch_up_is_paid_to_measure_even_at_recalled_cost
     assert not CostModel.catchup_pays(_recalled(earlier), 1, 600, 128)  # a 600-token prompt's catch-up is not
     policy.observe(CycleOutcome(4, [4], 0.05, 4, 0.07, 5))  # measured: no longer unseen
     assert not policy.catchup_pays(1, 600, 128)
+
+
+def test_a_recalled_size_measured_once_is_capped_like_one_measured_once_in_this_process():
+    """A process that verified 5 tokens once (cold, 90 ms; the line through the sizes it measured often says 70)
+    recorded 90 ms as if measured warm, and every later process priced K = 4 at it and never drafted 4 to re-measure
+    it. The record now lists the sizes that rest on one call (``once``); the next process caps them by its warm
+    line until it has measured them twice itself. A record from before ``once`` trusts every size, as before."""
+    earlier = CostModel(k_max=4)
+    for _ in range(3):
+        earlier.observe(CycleOutcome(0, [0], 0.0, 0, 0.030, 1))
+        earlier.observe(CycleOutcome(1, [1], 0.012, 1, 0.040, 2))
+    earlier.observe(CycleOutcome(4, [4], 0.048, 4, 0.090, 5))
+    state = json.loads(json.dumps(earlier.remembered()))
+    assert state["once"] == ["5"] and state["measured"] == ["1", "2", "5", "draft"]
+    assert earlier.verify_cost(5) == pytest.approx(0.070)
+
+    legacy = CostModel(k_max=4)
+    assert legacy.recall({key: value for key, value in state.items() if key != "once"})
+    assert legacy.verify_cost(5) == pytest.approx(0.090)
+
+    policy = CostModel(k_max=4)
+    assert policy.recall(state)
+    assert policy.verify_cost(5) == pytest.approx(0.070) and policy.verify_cost(2) == pytest.approx(0.040)
+    policy.observe(CycleOutcome(4, [4], 0.048, 4, 0.085, 5))  # this process's first call at 5 tokens: cold too
+    policy.observe(CycleOutcome(1, [1], 0.012, 1, 0.200, 2))  # a stall at a size recalled as warm
+    assert policy.verify_cost(5) == pytest.approx(0.070) and policy.verify_cost(2) == pytest.approx(0.040)
+    assert policy.remembered()["once"] == ["5"]  # two first calls, each cold in its own process
+    policy.observe(CycleOutcome(4, [4], 0.048, 4, 0.072, 5))  # measured twice here: trusted as it is
+    assert policy.verify_cost(5) == pytest.approx(0.072) and policy.remembered()["once"] == []
+    assert _recalled(policy).verify_cost(5) == pytest.approx(0.072)
+
+
+def test_a_revisit_keeps_the_sizes_it_had_measured_twice_trusted():
+    """``_revisit`` forgets the counts of what it re-measures; sizes it had measured twice stay warm, so the first
+    call after it (cold or not) is not capped by a line through the others."""
+    policy = CostModel(k_max=4)
+    for _ in range(2):
+        policy.observe(CycleOutcome(0, [0], 0.0, 0, 0.030, 1))
+        policy.observe(CycleOutcome(1, [1], 0.012, 1, 0.040, 2))
+        policy.observe(CycleOutcome(4, [4], 0.048, 4, 0.090, 5))
+    policy._revisit(1)
+    assert (1, 5) not in policy.samples and policy.verify_cost(5) == pytest.approx(0.090)
+    assert policy.remembered()["once"] == []
 
 
 def _recalled(earlier: CostModel) -> CostModel:
