@@ -291,10 +291,11 @@ class CostModel(Policy):
             return min(self.verify[tokens], cap)
         return min(_line(self.verify, tokens), cap)  # this size's points and those it started from
 
-    def _warm(self, tokens: int) -> bool:
-        """Does v(``tokens``) at this batch size rest on more than one call, the first at its shape being cold? Measured
-        twice in this process, or recalled as measured twice: two first calls, each cold in its own process, are not."""
-        key = (self.batch, tokens)
+    def _warm(self, tokens: int, batch: int | None = None) -> bool:
+        """Does v(``tokens``) at ``batch`` rows (default: this batch size) rest on more than one call, the first at its
+        shape being cold? Measured twice in this process, or recalled as measured twice: two first calls, each cold in
+        its own process, are not."""
+        key = (self.batch if batch is None else batch, tokens)
         return self.samples.get(key, 0) >= 2 or key in self.trusted
 
     def expected_rate(self, acceptance: np.ndarray | None = None, draft_step: float | None = None) -> np.ndarray:
@@ -431,20 +432,13 @@ class CostModel(Policy):
         cost rests on a single call (cold). Recorded as if warm, make demo's record kept a v(4) of 83 ms beside a
         v(9) of 97 ms: the next process priced K = 3 out, and in 70 cycles never drafted 3 to re-measure it."""
         def costs(batch, step, verify, measured):
-            once = [t for t in measured if t != "draft" and not self._warm_at(batch, t)]
+            once = [t for t in measured if t != "draft" and not self._warm(t, batch)]
             return {"draft_step": step, "verify": {str(t): v for t, v in verify.items()},
                     "measured": sorted(map(str, measured)), "once": sorted(map(str, once))}
 
         return {"k_max": self.k_max, "tried": self.tried.tolist(), "kept": self.kept.tolist(), "batch": self.batch,
                 "catchup_rate": self.catchup_rate, **costs(self.batch, self.draft_step, self.verify, self.measured),
                 "by_batch": {str(b): costs(b, *entry) for b, entry in self.by_batch.items()}}
-
-    def _warm_at(self, batch: int, tokens: int) -> bool:
-        saved, self.batch = self.batch, batch
-        try:
-            return self._warm(tokens)
-        finally:
-            self.batch = saved
 
     def recall(self, state: dict) -> bool:
         """The engines' costs of the policy ``state`` describes, as ``inherit`` carries them; a state that does
