@@ -67,10 +67,19 @@ class ModelSpec:
     graph: str = "explicit"
     # A draft may score only tokens 0 .. vocab_kept - 1 (its logits for the rest are -inf): None, all of them
     vocab_kept: int | None = None
+    # The graph takes ``num_logits`` (int64 [1]) and returns the logits of each row's last num_logits new tokens
+    # only: a prefill chunk or a draft's catch-up needs one position's, and the head over every position was a
+    # quarter of a 128-token prefill's time on the real pair (exporter 0.3.2's fused form)
+    trims_logits: bool = False
 
     @property
     def inputs(self) -> list[str]:
-        return input_names(self.num_layers)
+        return input_names(self.num_layers) + (["num_logits"] if self.trims_logits else [])
+
+    @property
+    def cache_inputs(self) -> list[str]:
+        """cache_key.i / cache_value.i per layer, in the order of the cache's buffers."""
+        return input_names(self.num_layers)[2:]
 
     @property
     def outputs(self) -> list[str]:
@@ -233,8 +242,11 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
         if values["role"] != "draft":
             raise ContractError(f"{where}: vocab_kept {kept} on the {values['role']} model; only a draft may leave tokens "
                                 "out (the target's distribution is the one decoding must follow)")
+    trims = data.get("trims_logits", False)
+    if not isinstance(trims, bool):
+        raise ContractError(f"{where}: trims_logits must be true or false, got {_shown(trims)}")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
-                     graph=graph, vocab_kept=kept)
+                     graph=graph, vocab_kept=kept, trims_logits=trims)
 
 
 def _check_relative(name: str, where: str) -> None:
@@ -277,7 +289,8 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
     kv = [None, spec.kv_heads, None, spec.head_dim]
     expected = {"input_ids": ("int64", [None, None]), "past_len": ("int64", [None]),
                 spec.outputs[0]: ("float32", [None, None, spec.vocab_size])}
-    expected |= {name: (spec.dtype, kv) for name in spec.inputs[2:] + spec.outputs[1:]}
+    expected |= {name: (spec.dtype, kv) for name in spec.cache_inputs + spec.outputs[1:]}
+    expected["num_logits"] = ("int64", [1])
     problems = []
     for name, (dtype, dims) in expected.items():
         if name not in declared:

@@ -56,13 +56,14 @@ class InstantEngine:
             def __init__(self, spec):
                 self.spec, self.outputs, self.rng = spec, {}, np.random.default_rng(0)
 
-            def infer_impl(self, input_ids, past_len, cache):
-                if input_ids.shape not in self.outputs:
+            def infer_impl(self, input_ids, past_len, cache, kept):
+                shape = (*input_ids.shape, kept)
+                if shape not in self.outputs:
                     batch, tokens = input_ids.shape
-                    logits = self.rng.standard_normal((batch, tokens, self.spec.vocab_size)).astype(np.float32)
+                    logits = self.rng.standard_normal((batch, kept, self.spec.vocab_size)).astype(np.float32)
                     kv = np.zeros((2 * self.spec.num_layers, *self.spec.cache_shape(batch, tokens)), self.cache_dtype)
-                    self.outputs[input_ids.shape] = logits, kv
-                return self.outputs[input_ids.shape]
+                    self.outputs[shape] = logits, kv
+                return self.outputs[shape]
 
         self.engine = Instant(engine.spec)
 

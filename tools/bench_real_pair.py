@@ -89,8 +89,8 @@ class LogitsRecorder:
         self.first, self.logits = first, {}
         return self.logits
 
-    def infer(self, input_ids, past_len, cache):
-        out = self.engine.infer(input_ids, past_len, cache)
+    def infer(self, input_ids, past_len, cache, last=None):
+        out = self.engine.infer(input_ids, past_len, cache)  # every position's logits, whatever the caller needs
         predicted = int(past_len[0]) + 1  # logits[0, j] predict position past_len + j + 1
         for j in range(max(0, self.first - predicted), input_ids.shape[1]):
             self.logits[predicted + j] = out.logits[0, j].copy()

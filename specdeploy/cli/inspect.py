@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..reports.graph import graph_summary
 from .common import human, read_manifest
@@ -44,16 +45,21 @@ def inspect(directory, as_json):
     out.print(models)
     tensors = Table("tensor", "dtype", "shape", title="verify-v1 tensors (per model; i = layer)")
     spec = manifest.target
-    tensors.add_row("input_ids", "int64", "[batch, tokens]")
-    tensors.add_row("past_len", "int64", "[batch]")
-    tensors.add_row("cache_key.{i} / cache_value.{i}", spec.dtype, "[batch, kv_heads, capacity, head_dim]")
-    tensors.add_row("logits", "float32", "[batch, tokens, vocab]")
-    for graph in sorted({spec.graph for spec in manifest.models.values()}):
+    rows = [("input_ids", "int64", "[batch, tokens]"), ("past_len", "int64", "[batch]"),
+            ("cache_key.{i} / cache_value.{i}", spec.dtype, "[batch, kv_heads, capacity, head_dim]")]
+    if any(model.trims_logits for model in manifest.models.values()):  # exporter 0.3.2's fused graphs
+        rows += [("num_logits", "int64", "[1] (logits of each row's last num_logits tokens only)"),
+                 ("logits", "float32", "[batch, min(tokens, num_logits), vocab]")]
+    else:
+        rows.append(("logits", "float32", "[batch, tokens, vocab]"))
+    for graph in sorted({model.graph for model in manifest.models.values()}):
         if graph == "fused":  # the cache itself: bound to the input buffers, the new K/V written at past_len ..
-            tensors.add_row("present_key.{i} / present_value.{i}", spec.dtype,
-                            "[batch, kv_heads, capacity, head_dim] (= the cache, written in place)")
+            rows.append(("present_key.{i} / present_value.{i}", spec.dtype,
+                         "[batch, kv_heads, capacity, head_dim] (= the cache, written in place)"))
         else:
-            tensors.add_row("new_key.{i} / new_value.{i}", spec.dtype, "[batch, kv_heads, tokens, head_dim]")
+            rows.append(("new_key.{i} / new_value.{i}", spec.dtype, "[batch, kv_heads, tokens, head_dim]"))
+    for row in rows:  # as Text: rich would take "[batch, tokens]" for markup and print nothing
+        tensors.add_row(*map(Text, row))
     out.print(tensors)
     table = Table("role", "nodes", "per layer", "most frequent ops",
                   title="graphs, as stored (ONNX Runtime fuses some at load; each node is a dispatch)")

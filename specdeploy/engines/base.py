@@ -148,17 +148,25 @@ class Engine(ABC):
         shape = self.spec.cache_shape(batch, capacity)
         return KVCache(np.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype))
 
-    def infer(self, input_ids: np.ndarray, past_len: np.ndarray, cache) -> EngineOutput:
+    def infer(self, input_ids: np.ndarray, past_len: np.ndarray, cache, last: int | None = None) -> EngineOutput:
         """Run new tokens ``input_ids`` [batch, tokens] at ``past_len`` [batch] over ``cache``.
 
         The new tokens' K/V are written into the cache at slots past_len[b] .. past_len[b] + tokens;
         ``cache.past_len`` is the caller's to move. ``cache`` is a ``KVCache`` or a list of per-layer arrays.
+        ``last``: only the logits after each row's last ``last`` tokens are wanted; a graph that can
+        (``spec.trims_logits``) computes only those, [batch, last, vocab], the others all of them.
         """
         self._check(input_ids, past_len, cache)
+        kept = input_ids.shape[1]
+        if last is not None:
+            if last < 1:
+                raise EngineInputError(f"{self.spec.role}: last | received {last}; expected at least 1 token's logits")
+            if self.spec.trims_logits:
+                kept = min(last, kept)
         start = time.perf_counter()
         if self.spec.graph == "fused":  # spec.writes_cache, read as a field: no call on the hot path
-            return EngineOutput(self._infer_in_place(input_ids, past_len, cache), None, time.perf_counter() - start)
-        logits, new_kv = self.infer_impl(input_ids, past_len, cache)
+            return EngineOutput(self._infer_in_place(input_ids, past_len, cache, kept), None, time.perf_counter() - start)
+        logits, new_kv = self.infer_impl(input_ids, past_len, cache, kept)
         ran = time.perf_counter()
         if isinstance(cache, KVCache):
             cache.stage(new_kv, past_len)
@@ -168,23 +176,24 @@ class Engine(ABC):
                     buf[b, :, s : s + new.shape[2]] = new[b]
         return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran)
 
-    def _infer_in_place(self, input_ids, past_len, cache) -> np.ndarray:
+    def _infer_in_place(self, input_ids, past_len, cache, kept: int) -> np.ndarray:
         """A graph that writes its cache itself (fused form). GroupQueryAttention takes several new tokens
         after a past only at batch 1, so such calls at a larger batch run row by row, on views of the rows'
         buffers (each row of a layer's cache is one contiguous block)."""
         batch, tokens = input_ids.shape
         if batch == 1 or tokens == 1:
-            return self.infer_impl(input_ids, past_len, cache)[0]
-        logits = np.empty((batch, tokens, self.spec.vocab_size), np.float32)
+            return self.infer_impl(input_ids, past_len, cache, kept)[0]
+        logits = np.empty((batch, kept, self.spec.vocab_size), np.float32)
         for b in range(batch):
             rows = cache.rows(b, b + 1) if isinstance(cache, KVCache) else [buf[b : b + 1] for buf in cache]
-            logits[b] = self.infer_impl(input_ids[b : b + 1], past_len[b : b + 1], rows)[0][0]
+            logits[b] = self.infer_impl(input_ids[b : b + 1], past_len[b : b + 1], rows, kept)[0][0]
         return logits
 
     @abstractmethod
-    def infer_impl(self, input_ids, past_len, cache) -> tuple[np.ndarray, np.ndarray | list[np.ndarray]]:
-        """Run the backend on checked inputs; return logits and the new K/V per layer (None where the graph
-        writes them into the cache itself)."""
+    def infer_impl(self, input_ids, past_len, cache, kept: int) -> tuple[np.ndarray, np.ndarray | list[np.ndarray]]:
+        """Run the backend on checked inputs; return the logits of each row's last ``kept`` tokens (all of them
+        unless ``spec.trims_logits``) and the new K/V per layer (None where the graph writes them into the cache
+        itself)."""
 
     def _check(self, input_ids, past_len, cache) -> None:
         role = self.spec.role
@@ -260,10 +269,12 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
     else:
         index = np.minimum(np.array(start)[:, None] + np.arange(width), tokens.shape[1] - 1)
         input_ids = np.take_along_axis(tokens, index, axis=1)  # [batch, T]
-    logits = engine.infer(input_ids, cache.past_len if start == seen else np.array(start), cache).logits
-    cache.commit(ends)
     last = [end - 1 - s for end, s in zip(ends, start)]  # where each row's last fed token sits
-    if last.count(width - 1) == len(last):
+    trailing = last.count(width - 1) == len(last)  # every row's at the end: one position's logits are enough
+    logits = engine.infer(input_ids, cache.past_len if start == seen else np.array(start), cache,
+                          1 if trailing else None).logits
+    cache.commit(ends)
+    if trailing:
         return logits[:, -1], width
     return logits[np.arange(len(last)), last], width
 

@@ -116,6 +116,7 @@ class OrtEngine(Engine):
                 f"{self.spec.file}: graph inputs/outputs disagree with the manifest: got inputs {got_in[:4]}… "
                 f"({len(got_in)}), outputs {got_out[:3]}… ({len(got_out)}); expected {self.spec.inputs[:4]}… "
                 f"({len(self.spec.inputs)}), {self.spec.outputs[:3]}… ({len(self.spec.outputs)})"
+                + _differences(got_in + got_out, self.spec.inputs + self.spec.outputs)
             )
         types = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
         declared = {t.name: (types.get(t.type, t.type), t.shape)
@@ -124,8 +125,8 @@ class OrtEngine(Engine):
         if problems:
             raise ProviderError(f"{self.spec.file}: graph disagrees with the manifest: " + "; ".join(problems[:3]))
 
-    def infer_impl(self, input_ids, past_len, cache):
-        call = self._call(input_ids.shape)
+    def infer_impl(self, input_ids, past_len, cache, kept):
+        call = self._call((*input_ids.shape, kept))
         # The caches are preallocated and updated in place, so on the CPU they stay bound across calls
         # and are rebound only when the runtime hands over another cache (a new request, rows leaving).
         if call.bound is not cache or not isinstance(cache, KVCache) or self.binds_by_copy:
@@ -133,7 +134,7 @@ class OrtEngine(Engine):
             if (self.binds_by_copy or len(call.buffers) != len(buffers)
                     or not all(map(_same_memory, call.buffers, buffers))):
                 self._forget_other_caches(buffers)
-                for name, buf in zip(self.spec.inputs[2:], buffers):
+                for name, buf in zip(self.spec.cache_inputs, buffers):
                     call.binding.bind_cpu_input(name, buf)
                 if self.spec.writes_cache:  # present_* is the cache itself: the graph writes the new K/V in place
                     for name, buf in zip(self.spec.outputs[1:], buffers):
@@ -144,8 +145,9 @@ class OrtEngine(Engine):
         self.session.run_with_iobinding(call.binding)
         return call.logits, call.new_kv
 
-    def _call(self, shape: tuple[int, int]) -> _BoundCall:
-        """The IOBinding for calls of ``shape`` (batch, tokens) on this thread, outputs bound to numpy arrays.
+    def _call(self, shape: tuple[int, int, int]) -> _BoundCall:
+        """The IOBinding for calls of ``shape`` (batch, tokens, logits kept) on this thread, outputs bound to numpy
+        arrays.
 
         One binding per shape and thread (a binding holds per-call state; a session may be shared),
         so a cycle's alternating shapes (draft steps of 1 token, verification of K + 1) never rebind.
@@ -173,6 +175,13 @@ class OrtEngine(Engine):
                 del calls[shape]
 
 
+def _differences(got: list[str], expected: list[str]) -> str:
+    """The names one side has and the other lacks (the order aside), for a mismatch message."""
+    extra, missing = [n for n in got if n not in expected], [n for n in expected if n not in got]
+    return (f"; the graph has {extra[:4]} the manifest does not list" if extra else "") + (
+        f"; the manifest lists {missing[:4]} the graph lacks" if missing else "")
+
+
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     """Two array objects over the same buffer (views of one cache made apart, e.g. by iterating it)."""
     return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
@@ -181,10 +190,13 @@ def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
 class _BoundCall:
     """An IOBinding with its outputs bound to preallocated arrays: ONNX Runtime writes the results there."""
 
-    def __init__(self, binding, spec: ModelSpec, shape: tuple[int, int], cache_dtype: np.dtype):
-        batch, tokens = shape
+    def __init__(self, binding, spec: ModelSpec, shape: tuple[int, int, int], cache_dtype: np.dtype):
+        batch, tokens, kept = shape
         self.binding, self.bound, self.buffers = binding, None, []
-        self.logits = np.empty((batch, tokens, spec.vocab_size), np.float32)
+        if spec.trims_logits:
+            self.kept = np.array([kept], np.int64)  # bound once: a binding serves one shape
+            binding.bind_cpu_input("num_logits", self.kept)
+        self.logits = np.empty((batch, kept, spec.vocab_size), np.float32)
         binding.bind_output(spec.outputs[0], "cpu", 0, np.float32, list(self.logits.shape), self.logits.ctypes.data)
         if spec.writes_cache:  # the cache outputs are bound with the cache inputs
             self.new_kv = None

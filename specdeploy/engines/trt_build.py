@@ -46,7 +46,7 @@ class Profile:
             "input_ids": tuple((b, t) for b, t in zip(self.batch, self.tokens)),
             "past_len": tuple((b,) for b in self.batch),
         }
-        for name in spec.inputs[2:]:
+        for name in spec.cache_inputs:
             out[name] = tuple((b, spec.kv_heads, c, spec.head_dim) for b, c in zip(self.batch, self.capacity))
         return out
 

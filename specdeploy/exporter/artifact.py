@@ -195,6 +195,7 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         "eos_token_ids": tuple(checkpoint.eos_token_ids),
         "parameters": checkpoint.parameters,
         "vocab_kept": form.vocab_kept,
+        "trims_logits": form.graph == "fused",
     }
     progress(f"{role}: building the verify graph ({arch.name}, {dims['num_layers']} layers)")
     with torch.no_grad():

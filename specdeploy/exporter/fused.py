@@ -48,7 +48,8 @@ class FusedGraph:
         self.inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
                        helper.make_tensor_value_info("past_len", TensorProto.INT64, ["batch"])]
         self.inputs += [helper.make_tensor_value_info(name, elem, cache) for name in input_names(layers)[2:]]
-        self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "tokens", dims["vocab_size"]])]
+        self.inputs += [helper.make_tensor_value_info("num_logits", TensorProto.INT64, [1])]  # ModelSpec.trims_logits
+        self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "kept", dims["vocab_size"]])]
         self.outputs += [helper.make_tensor_value_info(name, elem, cache) for name in output_names(layers, "fused")[1:]]
 
     def name(self, stem: str, taken: dict[str, int] | None = None) -> str:
@@ -116,7 +117,13 @@ class FusedGraph:
     def lm_head(self, x: str, weight) -> str:
         """Logits: x @ weight ([hidden, vocab]). With ``vocab_kept`` (a draft), only the first vocab_kept columns
         are computed and the rest are -inf: the head is a quarter of a 0.5B draft's weights, and a drafter never
-        proposes what it scores -inf, so the target's verification stays exact (README, Draft vocabulary)."""
+        proposes what it scores -inf, so the target's verification stays exact (README, Draft vocabulary).
+
+        Only each row's last ``num_logits`` positions reach the head: a prefill chunk needs none of its logits
+        and a catch-up one position's (``ModelSpec.trims_logits``)."""
+        starts = self.node("Neg", ["num_logits"])[0]
+        ends = self.constant("to_the_end", np.array([np.iinfo(np.int64).max], np.int64))
+        x = self.node("Slice", [x, starts, ends, self.constant("tokens_axis", np.array([1], np.int64))])[0]
         if self.vocab_kept is None:
             return self.matmul(x, weight, "lm_head")
         vocab = weight.shape[1]

@@ -108,7 +108,8 @@ class Pipeline:
             prompt = max(1, min(prompt_tokens, PREFILL_CHUNK, engine.spec.capacity - widest))
             cache = engine.allocate_cache(1, prompt + widest)
             for tokens, past in [(prompt, 0), *((t, prompt) for t in range(1, widest + 1))]:
-                engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache)
+                # the prompt as a prefill runs it: the last position's logits alone
+                engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache, 1 if past == 0 else None)
         return time.perf_counter() - began
 
     def _specs(self, with_draft: bool) -> dict:

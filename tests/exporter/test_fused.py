@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from specdeploy.contract import Manifest
-from specdeploy.engines import load_engine
+from specdeploy.engines import EngineInputError, load_engine
 from specdeploy.exporter.fused import FusedGraph
 from tests import tiny
 
@@ -66,3 +66,89 @@ def test_the_fused_writer_reports_each_quarter_of_the_layers(tmp_path):
         graph.layer_written(layer)
     graph.data.close()
     assert messages == [f"{n}/28 layers written" for n in (7, 14, 21, 28)]
+
+
+@pytest.fixture(scope="module")
+def fused_and_explicit(checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("forms")
+    return {form: tiny.export_cli(out / form, checkpoint, None, "--graph", form) for form in ("fused", "explicit")}
+
+
+def test_a_fused_graph_computes_only_the_logits_asked_for(fused_and_explicit):
+    """A prefill chunk needs no logits and a draft's catch-up one position's: the fused graph takes ``num_logits``
+    and puts only each row's last positions through the head, with the same values and the same cache."""
+    directory = fused_and_explicit["fused"]
+    manifest = Manifest.read(directory)
+    assert manifest.target.trims_logits and "num_logits" in [i.name for i in onnx.load(str(directory / "target.onnx")).graph.input]
+    engine = load_engine(directory, manifest, "target")
+    ids = np.random.default_rng(1).integers(0, tiny.VOCAB, (1, 12))
+    full_cache, cut_cache = engine.allocate_cache(1, 16), engine.allocate_cache(1, 16)
+    full = engine.infer(ids, np.zeros(1, np.int64), full_cache).logits.copy()
+    assert full.shape == (1, 12, tiny.VOCAB)
+    for last, kept in ((1, 1), (3, 3), (12, 12), (100, 12)):
+        got = engine.infer(ids, np.zeros(1, np.int64), cut_cache, last).logits
+        assert got.shape == (1, kept, tiny.VOCAB)
+        np.testing.assert_allclose(got, full[:, -kept:], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(cut_cache.stacked[..., :12, :], full_cache.stacked[..., :12, :])
+    # two rows with different pasts run row by row: each row's last position alone
+    pair = engine.allocate_cache(2, 16)
+    engine.infer(ids[:, :4].repeat(2, 0), np.zeros(2, np.int64), pair)
+    past = np.array([4, 2], np.int64)
+    both = engine.infer(ids[:, 4:7].repeat(2, 0), past, pair, 1).logits
+    assert both.shape == (2, 1, tiny.VOCAB)
+    np.testing.assert_allclose(both[0], full[0, 6:7], rtol=1e-5, atol=1e-5)
+    with pytest.raises(EngineInputError, match="last | received 0"):
+        engine.infer(ids, np.zeros(1, np.int64), cut_cache, 0)
+
+
+def test_an_explicit_graph_returns_every_position_whatever_is_asked(fused_and_explicit):
+    """The explicit form (and a fused artifact from before exporter 0.3.2) has no ``num_logits``: asked for the
+    last position's logits, it returns all of them, and callers index the last."""
+    directory = fused_and_explicit["explicit"]
+    manifest = Manifest.read(directory)
+    assert not manifest.target.trims_logits
+    engine = load_engine(directory, manifest, "target")
+    ids = np.random.default_rng(1).integers(0, tiny.VOCAB, (1, 5))
+    assert engine.infer(ids, np.zeros(1, np.int64), engine.allocate_cache(1, 8), 1).logits.shape == (1, 5, tiny.VOCAB)
+    with pytest.raises(EngineInputError, match="last | received 0"):
+        engine.infer(ids, np.zeros(1, np.int64), engine.allocate_cache(1, 8), 0)
+
+
+def test_a_manifest_from_before_trimmed_logits_still_loads_and_a_bad_flag_is_refused(fused_and_explicit, tmp_path):
+    import json
+    import shutil
+
+    from specdeploy.contract import ContractError
+
+    for value, works in ((None, False), (True, True), ("yes", False), (1, False)):
+        copy = tmp_path / f"art-{value}"
+        shutil.copytree(fused_and_explicit["fused"], copy)
+        data = json.loads((copy / "manifest.json").read_text())
+        if value is None:
+            del data["models"]["target"]["trims_logits"]  # exporter 0.3.1's manifests have no such field
+        else:
+            data["models"]["target"]["trims_logits"] = value
+        (copy / "manifest.json").write_text(json.dumps(data))
+        if value is None:
+            spec = Manifest.read(copy).target
+            assert spec.trims_logits is False and "num_logits" not in spec.inputs
+            with pytest.raises(Exception, match=r"the graph has \[.num_logits.\] the manifest does not list"):
+                load_engine(copy, Manifest.read(copy), "target")
+        elif works:
+            assert Manifest.read(copy).target.trims_logits is True
+        else:
+            with pytest.raises(ContractError, match="trims_logits must be true or false"):
+                Manifest.read(copy)
+
+
+def test_inspect_shows_the_logits_input_where_the_graph_has_it(fused_and_explicit):
+    from click.testing import CliRunner
+
+    from specdeploy.cli import main
+
+    shown = {form: CliRunner().invoke(main, ["inspect", str(d)], env={"COLUMNS": "240"}) for form, d in fused_and_explicit.items()}
+    assert all(result.exit_code == 0 for result in shown.values())
+    # shapes print as written (rich once took "[batch, tokens]" for markup and printed an empty column)
+    assert all("[batch, kv_heads, capacity, head_dim]" in result.output for result in shown.values())
+    assert "num_logits" in shown["fused"].output and "[batch, min(tokens, num_logits), vocab]" in shown["fused"].output
+    assert "num_logits" not in shown["explicit"].output and "[batch, tokens, vocab]" in shown["explicit"].output

@@ -92,17 +92,19 @@ def test_a_fused_graph_feeds_each_row_its_own_tokens(fused_dirs):
     cache = engine.allocate_cache(3, 16)
     calls = []
     infer_impl = engine.infer_impl
-    engine.infer_impl = lambda ids, past, c: calls.append((ids.shape, past.tolist())) or infer_impl(ids, past, c)
+    engine.infer_impl = lambda ids, past, c, kept: calls.append((ids.shape, past.tolist(), kept)) or infer_impl(
+        ids, past, c, kept)
     try:
+        # every call asks for its last position's logits alone, and this graph computes no more (trims_logits)
         prefill(engine, cache, tokens, [8, 2, 5])
-        assert calls == [((1, 8), [0]), ((1, 2), [0]), ((1, 5), [0])] and cache.past_len.tolist() == [8, 2, 5]
+        assert calls == [((1, 8), [0], 1), ((1, 2), [0], 1), ((1, 5), [0], 1)] and cache.past_len.tolist() == [8, 2, 5]
         calls.clear()
         logits, width = feed(engine, cache, tokens, [9, 3, 5])  # row 2 has nothing new: its last token again
-        assert width == 1 and calls == [((3, 1), [8, 2, 4])]  # one token each: one batched call, as before
+        assert width == 1 and calls == [((3, 1), [8, 2, 4], 1)]  # one token each: one batched call, as before
         calls.clear()
         cache.commit([7, 2, 5])
         logits, width = feed(engine, cache, tokens, [9, 3, 5])
-        assert width == 2 and calls == [((1, 2), [7]), ((1, 1), [2]), ((1, 1), [4])]
+        assert width == 2 and calls == [((1, 2), [7], 1), ((1, 1), [2], 1), ((1, 1), [4], 1)]
     finally:
         engine.infer_impl = infer_impl
     for b, end in enumerate([9, 3, 5]):

@@ -274,15 +274,16 @@ def test_warm_up_calls_each_engine_at_the_shapes_a_request_starts_with(pair_dir)
     for name, engine in (("target", loaded.target), ("draft", loaded.draft)):
         infer = engine.infer
 
-        def recorded(input_ids, past_len, cache, name=name, infer=infer):
-            calls.append((name, input_ids.shape[1], int(past_len[0])))
-            return infer(input_ids, past_len, cache)
+        def recorded(input_ids, past_len, cache, last=None, name=name, infer=infer):
+            calls.append((name, input_ids.shape[1], int(past_len[0]), last))
+            return infer(input_ids, past_len, cache, last)
 
         engine.infer = recorded
     assert loaded.warm_up(3, prompt_tokens=10) > 0
-    assert calls == [("target", 10, 0), *(("target", t, 10) for t in range(1, 5)),
-                     ("draft", 10, 0), ("draft", 1, 10), ("draft", 2, 10)]
+    # the prompt as prefill calls it, asking for its last position's logits alone
+    assert calls == [("target", 10, 0, 1), *(("target", t, 10, None) for t in range(1, 5)),
+                     ("draft", 10, 0, 1), ("draft", 1, 10, None), ("draft", 2, 10, None)]
     calls.clear()
     loaded.warm_up(0, prompt_tokens=10_000)  # plain decoding: the target alone, its prompt within the capacity
-    assert calls == [("target", loaded.target.spec.capacity - 1, 0), ("target", 1, loaded.target.spec.capacity - 1)]
+    assert calls == [("target", loaded.target.spec.capacity - 1, 0, 1), ("target", 1, loaded.target.spec.capacity - 1, None)]
     assert loaded.generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids == alone
