@@ -68,8 +68,7 @@ def main() -> None:
     args = parser.parse_args()
 
     grid = configurations([int(k) for k in args.ks.split(",")])
-    prompts = [(g, p) for g, p in workload(args.humaneval_from + args.humaneval, args.specbench)
-               if g != "humaneval" or int(p.id.split("/")[1]) >= args.humaneval_from]
+    prompts = workload(args.humaneval, args.specbench, args.humaneval_from)
     lengths = [int(n) for n in args.lengths.split(",")]
     for name in ("cost", "hybrid, cost"):  # fills their records, as an earlier run would have
         run(args.artifact, "def f(x):", 16, grid[name])

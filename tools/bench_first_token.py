@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [(f"prompt {i}", text) for i, text in enumerate(args.prompt)]
     if args.humaneval or args.specbench:
         prompts += [(p.id if g == "humaneval" else f"{g} {p.id}", p.text)
-                    for g, p in workload(8 + args.humaneval, args.specbench)
-                    if g != "humaneval" or int(p.id.split("/")[1]) >= 8]
+                    for g, p in workload(args.humaneval, args.specbench, humaneval_from=8)]
     if not prompts:
         parser.error("no prompts: give --prompt, --humaneval or --specbench")
 

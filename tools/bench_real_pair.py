@@ -57,10 +57,12 @@ def configs(ks):
     return out
 
 
-def workload(humaneval_n: int, specbench_n: int):
+def workload(humaneval_n: int, specbench_n: int, humaneval_from: int = 0):
+    """(group, prompt): ``humaneval_n`` HumanEval prompts from HumanEval/``humaneval_from``, then ``specbench_n``
+    Spec-Bench prompts per category group."""
     from specdeploy.workloads import humaneval, load_prompts
 
-    prompts = [("humaneval", p) for p in humaneval()[:humaneval_n]]
+    prompts = [("humaneval", p) for p in humaneval()[humaneval_from : humaneval_from + humaneval_n]]
     if specbench_n and SPEC_BENCH.is_file():
         taken = {}
         for p in load_prompts(SPEC_BENCH):

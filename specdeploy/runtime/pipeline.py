@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import PREFILL_CHUNK, Manifest
+from ..engines.base import feed
 from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch
 from .calibration import RememberedCosts, machine_key
@@ -107,9 +108,9 @@ class Pipeline:
         for engine, widest in engines:
             prompt = max(1, min(prompt_tokens, PREFILL_CHUNK, engine.spec.capacity - widest))
             cache = engine.allocate_cache(1, prompt + widest)
-            for tokens, past in [(prompt, 0), *((t, prompt) for t in range(1, widest + 1))]:
-                # the prompt as a prefill runs it: the last position's logits alone
-                engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache, 1 if past == 0 else None)
+            feed(engine, cache, np.zeros((1, prompt), np.int64), [prompt])  # the prompt, as a prefill chunk runs
+            for tokens in range(1, widest + 1):
+                engine.infer(np.zeros((1, tokens), np.int64), np.array([prompt], np.int64), cache)
         return time.perf_counter() - began
 
     def _specs(self, with_draft: bool) -> dict:
