@@ -48,12 +48,18 @@ class HybridDrafter(ModelDrafter):
     def start(self, batch: int, capacity: int, config: GenerationConfig, threshold: float | None) -> None:
         super().start(batch, capacity, config, threshold)
         self.gains, self.pending = [self.first_gain] * batch, [None] * batch
+        self.lookup_k = config.k
 
     def propose(self, state: BatchState, k: int, budgets: list[int] | None = None, model: bool = True) -> Proposal:
         began = time.perf_counter()
-        budgets = budgets or [k] * state.batch
         lengths = state.lengths
-        found = [self._lookup(b, state.tokens[b, :length], budget) for b, (length, budget) in enumerate(zip(lengths, budgets))]
+        # A lookup costs no model call: its length is its own record's (``_lookup``), up to the request's k, not the
+        # K the policy chose for the model's drafts (capped at 1 where a model draft is dear, lookups that copied a
+        # retrieved passage 4 tokens a cycle were cut to 1). Rows with budgets of their own keep them.
+        found_budgets = budgets or [min(self.lookup_k, left - 1) for left in state.remaining()]
+        budgets = budgets or [k] * state.batch
+        found = [self._lookup(b, state.tokens[b, :length], budget)
+                 for b, (length, budget) in enumerate(zip(lengths, found_budgets))]
         hits = [len(f) > 0 for f in found]
         self.pending = [length if hit else None for hit, length in zip(hits, lengths)]
         if not any(hits):
@@ -83,7 +89,7 @@ class HybridDrafter(ModelDrafter):
                 first = 0 if hit else made
                 q[b, np.arange(first, width), drafts[b, first:]] = 1.0
         if state.greedy:  # a row without drafts of its own may keep fillers that match, within its budget
-            limits = [budget if hit or model else 0 for hit, budget in zip(hits, budgets)]
+            limits = [lookup if hit else budget if model else 0 for hit, budget, lookup in zip(hits, budgets, found_budgets)]
         else:
             limits = [len(cont) if hit else min(limit, made) for hit, cont, limit in zip(hits, found, own)]
         return Proposal(drafts, q, time.perf_counter() - began, modelled.steps, modelled.catchup_tokens,

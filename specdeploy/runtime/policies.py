@@ -187,6 +187,13 @@ class CostModel(Policy):
     the draft's prefill of joining rows when it does not pay, and a cycle stays plain rather than pay it.
     A "no" is paid now and then all the same (``revisit_budget``): only drafting re-measures what said no.
 
+    Acceptance belongs to the text, and a text changes as it goes (an answer's opening words, then its translation
+    or its code): the counts fade with every cycle, plain ones included, a text's first drafts are measured at the
+    K that pays best at ``optimism`` (``explore_k``), and a refused catch-up is paid to probe the text again while
+    it costs at most ``probe_share`` of what drafting would save over the tokens to come at ``optimism``, a share
+    halved by each probe in a row that left the "no" standing. Each of these was chosen by replaying recorded
+    texts through the runtime at measured costs (``tools/replay.py``; README, Measuring).
+
     The first call at a new shape is cold (ONNX Runtime plans and allocates its buffers): on the real
     pair the first verification of 5 tokens took 68 ms, the next ones 47-50 ms, and a first plain step
     at 3 rows 94 ms against ~45. A cost's first measurement in a process counts no more than the estimate
@@ -205,15 +212,17 @@ class CostModel(Policy):
     rate_tokens = 16  # catch-ups of fewer tokens do not teach ``catchup_rate``
     revisit_share = 0.05  # of the time decoded plainly, at most this modelled to be lost re-measuring a "no"
     revisit_halvings = 4  # ... halved after each revisit that left the "no" standing, down to 1/16 of it
-    explore = 4  # drafts of the first cycle when the costs are known and this text's acceptance is not (``recall``)
+    probe_share = 0.2  # of what drafting would save if the text now accepted at ``optimism``, at most this paid to probe
     doubt = 1.0  # standard errors of benefit of the doubt a text's acceptance gets before drafting is ruled out ...
-    settled = 6  # ... while fewer first drafts than this have been verified (decayed count): then the estimate rules
+    settled = 6  # ... while fewer first drafts than this have been verified (``first_drafts``): then the estimate rules
 
-    def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float = 0.5,
+    def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float | None = None,
                  probe_every: int = 16):
         self.k_max = k_max
         self.start = min(start if start is not None else k_max, k_max)
-        self.decay, self.prior, self.probe_every = decay, prior, probe_every
+        # a_1 before a text's first drafts: the optimism its first catch-up was judged at (at 0.5, two rejected first
+        # drafts of a translation whose draft agreed on 84 % of it kept it plain for good: tools/replay.py)
+        self.decay, self.prior, self.probe_every = decay, self.optimism if prior is None else prior, probe_every
         self.tried = np.zeros(k_max + 1)  # index i: times draft i was verified (index 0 unused)
         self.kept = np.zeros(k_max + 1)
         self.draft_step: float | None = None
@@ -221,6 +230,7 @@ class CostModel(Policy):
         self.plain_streak = self.draft_streak = 0
         self.pending_catchup: tuple[float, int, float] | None = None  # (seconds, tokens to come, draft/target cost)
         self.plain_only = False
+        self.cost_ratio: float | None = None  # a draft step's cost over a target step's, by parameters (``plan``)
         # A cycle's costs depend on how many rows share it (a server's batch grows and shrinks): draft_step
         # and verify are the running batch size's; the other sizes' are kept here.
         self.batch = 1
@@ -231,6 +241,11 @@ class CostModel(Policy):
         self.exploring = False  # the next drafting cycle measures acceptance at ``explore`` drafts (``recall``)
         self.revisits_lost = 0  # revisits in a row whose drafting left the "no" standing (``_revisit``)
         self.revisit_measured: bool | None = None  # a revisit outstanding: has a drafting cycle measured it yet?
+        # first drafts verified for this text (an earlier request's carried weight included), not faded: the doubt is
+        # for a text's first cycles, not for one whose measured acceptance has faded over a plain stretch
+        self.first_drafts = 0.0
+        self.probes_lost = 0  # probes of this text in a row whose drafting left the "no" standing (``catchup_pays``)
+        self.probe_measured: bool | None = None  # a probe outstanding: has a drafting cycle measured it yet?
         # measurements taken in this process, by (batch size, "draft" | verify tokens | "catchup"): the first is cold
         self.samples: dict[tuple[int, int | str], int] = {}
         self.firsts: dict[tuple[int, int | str], float] = {}  # first measurements, until the second comes
@@ -241,6 +256,7 @@ class CostModel(Policy):
     def plan(self, catchup_seconds: float, new_tokens: int, draft_cost_ratio: float) -> None:
         """Before the first cycle: the draft's estimated catch-up time, the tokens to generate, and a
         draft step's cost relative to a target step (the models' parameter ratio)."""
+        self.cost_ratio = draft_cost_ratio
         if catchup_seconds > 0:
             self.pending_catchup = (catchup_seconds, new_tokens, draft_cost_ratio)
 
@@ -323,9 +339,11 @@ class CostModel(Policy):
                 return 0
             # then as any cycle: with costs known from an earlier request (``inherit``), the best K
         if self.draft_step is None or not self.verify:
+            if self.verify and self.cost_ratio:  # a draft step priced as its share of the target's parameters
+                return self.explore_k(self.cost_ratio * self.verify_cost(1))
             return self.start  # nothing measured yet: speculate to learn the costs
         if self.exploring:
-            return min(self.explore, self.k_max)
+            return self.explore_k()
         if 1 not in self.measured and "draft" in self.measured:
             return 0  # one plain step measures v(1) at this batch size: extrapolated, it comes out too dear
         rates = self.expected_rate()
@@ -335,7 +353,7 @@ class CostModel(Policy):
             # cycles are too few to rule it out. On make demo's prompt the first drafts were all rejected and the second
             # cycle kept 4 of 8 (a_1 0.50): decided there, the request stayed plain at 0.92x plain decoding's
             # speed for the 125 cycles left (its probes each refused their catch-up), where fixed K = 4 ran 1.4x.
-            hopeful = self.expected_rate(self.acceptance(self.doubt)) if self.tried[1] < self.settled else rates
+            hopeful = self.expected_rate(self.acceptance(self.doubt)) if self.first_drafts < self.settled else rates
             if hopeful[1:].max() > hopeful[0]:
                 best = int(np.argmax(hopeful[1:])) + 1
         if best == 0 and self.k_max > 0:
@@ -353,6 +371,14 @@ class CostModel(Policy):
                 return 0
         return best
 
+    def explore_k(self, draft_step: float | None = None) -> int:
+        """Drafts of the first cycle that measures a text's acceptance: the K that pays best if the text accepts at
+        ``optimism``, by this machine's costs (a fixed 4 cost a 5-token verification, 2.5x a plain step on an AVX2
+        CPU where K = 1 is the only K that pays, on every prompt whose first draft was rejected); ``draft_step``:
+        its price before it is measured."""
+        rates = self.expected_rate(np.full(self.k_max, self.optimism), draft_step)
+        return int(np.argmax(rates[1:])) + 1 if self.k_max > 0 else 0
+
     def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
         if behind <= 0 or self.catchup_rate is None:
             return True  # nothing to pay, or its price unknown: drafting is how it gets measured
@@ -366,6 +392,7 @@ class CostModel(Policy):
             # from an earlier process, acceptance not), at ``optimism``, as ``plan`` judged its first catch-up
             unseen = not self.tried[1:].any()
             rates = self.expected_rate(np.full(self.k_max, self.optimism) if unseen else None)
+            hoped = self.expected_rate(np.full(self.k_max, self.optimism))
         finally:
             self.batch, self.draft_step, self.verify, self.measured = saved
         saving = to_come * (1 / rates[0] - 1 / rates[1:].max()) / batch  # a batch-token takes 1 / (rate * rows) s
@@ -375,6 +402,7 @@ class CostModel(Policy):
         cost = behind * self.catchup_rate
         if saving > cost:
             self.revisits_lost, self.revisit_measured = 0, None
+            self.probes_lost, self.probe_measured = 0, None
             return True
         if unseen and cost <= self.revisit_share * to_come / (rates[0] * batch):
             # Nothing of this text's acceptance is known, and the catch-up costs little beside the plain decoding
@@ -386,6 +414,16 @@ class CostModel(Policy):
             self.revisits_lost, self.revisit_measured = self.revisits_lost + 1, None
         if cost - saving <= self.revisit_budget() * self.plain_seconds:
             self._revisit(batch)
+            return True
+        # The text may have turned easier to draft since it was last measured (an answer's opening words, then its
+        # translation or its code): a probe is paid while it costs a small share of what drafting would save over
+        # the tokens to come if the text now accepted at ``optimism``; each probe in a row that left the "no"
+        # standing halves that share, so probes on a text that stays hard cost a bounded share in all.
+        hope = to_come * (1 / hoped[0] - 1 / hoped[1:].max()) / batch
+        if self.probe_measured:
+            self.probes_lost, self.probe_measured = self.probes_lost + 1, None
+        if cost <= self.probe_share / 2 ** self.probes_lost * hope:
+            self.probe_measured, self.exploring = False, True
             return True
         return False
 
@@ -426,6 +464,7 @@ class CostModel(Policy):
         self.by_batch = {b: (step, dict(verify), set(measured)) for b, (step, verify, measured) in previous.by_batch.items()}
         weight = min(1.0, self.carried_cycles / previous.tried[1]) if previous.tried[1] > 0 else 0.0
         self.tried, self.kept = previous.tried * weight, previous.kept * weight
+        self.first_drafts = float(self.tried[1])
 
     def remembered(self) -> dict:
         """The state ``recall`` starts a later process from. ``once`` lists, per batch size, the verify sizes whose
@@ -447,7 +486,7 @@ class CostModel(Policy):
         Acceptance is left behind: it belongs to the earlier process's text, and carried from an unrelated
         prompt (a chat question before a completion of code) it kept the policy plain for most of a request
         that fixed K sped up by a fifth (tools/bench_cli_policies.py). Instead, the first drafting cycle
-        proposes ``explore`` drafts to measure this text's acceptance, as a cold start does with k_max."""
+        proposes ``explore_k()`` drafts to measure this text's acceptance."""
         try:
             previous = CostModel(self.k_max)
             if state["k_max"] != self.k_max:
@@ -532,11 +571,16 @@ class CostModel(Policy):
         self.exploring = self.exploring and k == 0
         if k > 0 and self.revisit_measured is False:
             self.revisit_measured = True
+        if k > 0 and self.probe_measured is False:
+            self.probe_measured = True
         self._use_batch(len(outcome.accepted))
         blend = 0.1  # costs drift slowly (cache growth, machine load); acceptance decays apart
+        # acceptance belongs to the text, and the text moves on: what was measured fades with every token, plain
+        # cycles included, so that a text whose opening words the draft missed is tried again further on
+        self.tried *= self.decay
+        self.kept *= self.decay
         if k > 0:
-            self.tried *= self.decay
-            self.kept *= self.decay
+            self.first_drafts += len(outcome.accepted)
             for n in outcome.accepted:
                 reached = min(int(n) + 1, k)  # drafts 1..n accepted, n + 1 rejected (if it exists)
                 self.tried[1 : reached + 1] += 1

@@ -109,3 +109,22 @@ def test_a_row_whose_lookups_pay_keeps_them(pair_dir):
         assert drafter.propose(_state(tokens, [6]), 3).without_model
         drafter.rollback([6 + 2])  # two of three accepted each time
     assert drafter.gains[0] >= 1.9
+
+
+
+@pytest.mark.parametrize("model", [True, False], ids=["with the model", "lookup alone"])
+def test_a_lookup_is_as_long_as_its_record_whatever_k_the_policy_chose_for_the_model(pair_dir, model):
+    """A lookup costs no model call: the K a policy chooses for the model's drafts (1, where a model draft is dear)
+    does not cut it. Capped at that K, lookups that copied a retrieved passage 4 tokens a cycle were cut to 1
+    (tools/replay.py). It stays within the request's k and the tokens the row has left."""
+    engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
+    tokens = np.zeros((1, 64), np.int64)
+    tokens[0, :10] = [1, 2, 3, 9, 4, 5, 6, 7, 1, 2]  # "1 2" seen before, followed by 3 9 4 5 6 7
+    drafter = HybridDrafter(engine)
+    drafter.start(1, 64, GenerationConfig(k=4, max_new_tokens=32), None)
+    drafter.gains[0] = 3.0  # its lookups have been gaining 3 tokens: the next proposes 4
+    proposal = drafter.propose(_state(tokens, [10], GenerationConfig(k=4, max_new_tokens=32)), 1, model=model)
+    assert proposal.without_model and proposal.drafts.tolist() == [[3, 9, 4, 5]]
+    assert proposal.limits is None  # all four may be kept
+    short = _state(tokens, [10], GenerationConfig(k=4, max_new_tokens=3))  # 3 tokens left: 2 drafts and the target's
+    assert drafter.propose(short, 1, model=model).drafts.tolist() == [[3, 9]]

@@ -1,0 +1,133 @@
+"""tools/replay.py: recorded plain runs replayed through the real runtime keep exactly the drafts a real run keeps,
+emit the recorded text, and take the cost table's seconds; the tool records and replays end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.workloads import Prompt
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "replay.py"
+PROMPTS = ["w5 w6 w7 w8 w5 w6 w7", "w20 w31 w9 w44", "w7 w7 w8 w9 w10 w11 w12 w7 w8"]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("replay", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _linear_costs(pasts=(8, 32)) -> dict:
+    """Seconds that a test can add up: a call costs base + per token (+ per past slot), full logits or trimmed."""
+    def rows(base, per_token, tokens, head=0.0):
+        return {str(t): [base + per_token * t + head * t + 1e-5 * p for p in pasts] for t in tokens}
+
+    return {"pasts": list(pasts),
+            "target": {"full": rows(0.010, 0.002, range(1, 10), 0.001), "trimmed": rows(0.010, 0.002, (2, 4, 8, 16, 32))},
+            "draft": {"full": rows(0.004, 0.001, range(1, 10), 0.0005), "trimmed": rows(0.004, 0.001, (2, 4, 8, 16, 32))}}
+
+
+@pytest.fixture(scope="module")
+def recorded(fused_dirs):
+    tool = _tool()
+    pipeline = Pipeline.load(fused_dirs["close"])
+    prompts = [("g" if i < 2 else "h", Prompt(str(i), text)) for i, text in enumerate(PROMPTS)]
+    traces = tool.record(pipeline, prompts, 24, log=lambda *_: None)
+    models = {role: asdict(spec) for role, spec in pipeline.manifest.models.items()}
+    return tool, pipeline, {"models": models, "costs": _linear_costs(), "traces": [asdict(t) for t in traces]}
+
+
+@pytest.mark.parametrize("config", [
+    GenerationConfig(k=3, max_new_tokens=24),
+    GenerationConfig(k=1, max_new_tokens=24),
+    GenerationConfig(k=4, drafter="hybrid", max_new_tokens=24),
+    GenerationConfig(k=4, drafter="prompt-lookup", max_new_tokens=24),
+], ids=["model k=3", "model k=1", "hybrid k=4", "lookup k=4"])
+def test_a_replay_keeps_the_drafts_a_real_run_keeps_and_emits_its_text(recorded, config):
+    """Under a fixed K a cycle's drafts depend on the text alone: the replay must keep, cycle by cycle, exactly the
+    drafts the real engines kept, and emit the real run's tokens."""
+    tool, pipeline, data = recorded
+    replayed = tool.replay(data, config, fresh=False)
+    for text, row in zip(PROMPTS, replayed):
+        real = pipeline.generate([text], config)[0]
+        assert row["tokens"] == len(real.token_ids)
+        assert row["accepted_by_cycle"] == [r.accepted for r in real.records], text
+        assert row["k_by_cycle"] == [r.k for r in real.records], text
+    assert sum(row["accepted"] for row in replayed) > 0  # the close draft is right often: the check has drafts to keep
+
+
+def test_the_recorded_text_is_plain_greedy_decoding_and_the_guesses_the_drafts(recorded):
+    tool, pipeline, data = recorded
+    for trace, text in zip(data["traces"], PROMPTS):
+        assert trace["output"] == pipeline.generate([text], GenerationConfig(drafter="none", max_new_tokens=24))[0].token_ids
+        sequence = trace["prompt"] + trace["output"]
+        assert len(trace["draft_next"]) == len(sequence)
+        # the draft's guess after the prompt is the first draft a real cycle proposes
+        cache = pipeline.draft.allocate_cache(1, len(sequence) + 1)
+        for at in range(1, len(sequence) + 1):
+            logits = pipeline.draft.infer(np.array([[sequence[at - 1]]]), np.array([at - 1]), cache).logits
+            assert int(logits[0, -1].argmax()) == trace["draft_next"][at - 1]
+
+
+def test_the_clock_moves_by_the_cost_table(recorded):
+    """Plain decoding of n tokens after a prompt of m: one trimmed prefill call of m - 1 tokens, then n calls of one
+    token, each at its past; the replayed seconds are those plus the runtime's own (small) time."""
+    tool, _, data = recorded
+    costs = tool.CostTable(data["costs"])
+    rows = tool.replay(data, GenerationConfig(drafter="none", max_new_tokens=24), fresh=False)
+    for trace, row in zip(data["traces"], rows):
+        m = len(trace["prompt"])
+        prefill = costs.seconds("target", m - 1, 0, 1)
+        decode = sum(costs.seconds("target", 1, m - 1 + i, 1) for i in range(row["tokens"]))
+        assert prefill <= row["prefill_s"] < prefill + 0.05
+        assert prefill + decode <= row["seconds"] < prefill + decode + 0.25
+
+
+def test_the_cost_table_interpolates_in_tokens_and_past_and_prices_the_head():
+    costs = _tool().CostTable(_linear_costs())
+    assert costs.seconds("target", 4, 8, 4) == pytest.approx(0.010 + 0.002 * 4 + 0.001 * 4 + 8e-5)
+    assert costs.seconds("target", 4, 20, 4) == pytest.approx(0.010 + 0.002 * 4 + 0.001 * 4 + 2e-4)  # between pasts
+    assert costs.seconds("target", 12, 8, 1) == pytest.approx(0.010 + 0.002 * 12 + 8e-5)  # between trimmed counts
+    assert costs.seconds("target", 64, 8, 1) == pytest.approx(0.010 + 0.002 * 64 + 8e-5)  # beyond: the last two's line
+    # every position's logits over more tokens than the full rows hold: the trimmed call and the head per position
+    head = (costs.seconds("target", 8, 8, 8) - costs.seconds("target", 8, 8, 1)) / 7
+    assert costs.seconds("target", 12, 8, 12) == pytest.approx(costs.seconds("target", 12, 8, 1) + 11 * head)
+    assert costs.seconds("draft", 1, 8, 1) == pytest.approx(0.004 + 0.001 + 0.0005 + 8e-5)
+
+
+def test_the_tool_records_and_replays_every_configuration(fused_dirs, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "id": str(i), "category": "c" if i else "d"}) + "\n"
+                               for i, p in enumerate(PROMPTS)))
+    traces, out = tmp_path / "traces.json", tmp_path / "replayed.json"
+    done = subprocess.run([sys.executable, str(TOOL), "record", "--artifact", str(fused_dirs["close"]), "--prompts",
+                           str(prompts), "--max-new-tokens", "12", "--rounds", "1", "--out", str(traces)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(traces.read_text())
+    assert [t["prompt_id"] for t in data["traces"]] == ["0", "1", "2"]
+    assert all(v > 0 for role in ("target", "draft") for kind in data["costs"][role].values() for row in kind.values()
+               for v in row)
+    done = subprocess.run([sys.executable, str(TOOL), "run", "--traces", str(traces), "--lengths", "6,12", "--ks", "1,2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["runs"]) == {"plain", "k=1", "k=2", "cost", "hybrid, cost"}
+    assert all(len(rows) == 2 * len(PROMPTS) for rows in report["runs"].values())
+    assert [(s["group"], s["max_new_tokens"]) for s in report["summary"]] == [
+        (g, n) for n in (6, 12) for g in ("c", "d", "all")]
+    assert "cost/best K" in done.stdout
+    done = subprocess.run([sys.executable, str(TOOL), "run", "--traces", str(traces), "--lengths", "40"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "at most 12" in done.stderr
