@@ -13,13 +13,14 @@ policy against plain decoding and the best fixed K (the goal: never below plain,
 best fixed K).
 
     python tools/bench_cli_policies.py --artifact DIR [--humaneval 8] [--humaneval-from 8] [--specbench 1]
-        [--lengths 32,128] [--ks 2,4] [--out FILE]
+        [--lengths 32,128] [--ks 2,4] [--no-cold] [--baseline CHECKOUT] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,11 +43,15 @@ def configurations(ks: list[int]) -> dict[str, list[str]]:
     return out
 
 
-def run(artifact: Path, prompt: str, tokens: int, options: list[str]) -> dict:
-    """One fresh process; its JSON line's stats."""
+def run(artifact: Path, prompt: str, tokens: int, options: list[str], tree: Path | None = None) -> dict:
+    """One fresh process (of the checkout ``tree``, with a cost record of its own, where given); its JSON line's stats."""
     command = [sys.executable, "-m", "specdeploy.cli", "generate", str(artifact), "--prompt", prompt, "--json",
                "--threads", "2", "--max-new-tokens", str(tokens), *options]
-    done = subprocess.run(command, capture_output=True, text=True)
+    env = None
+    if tree is not None:
+        cache = Path(os.environ.get("SPECDEPLOY_CACHE", Path.home() / ".cache" / "specdeploy")) / "baseline"
+        env = {**os.environ, "PYTHONPATH": str(tree), "SPECDEPLOY_CACHE": str(cache)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"{' '.join(command[:6])} … failed:\n{done.stderr[-2000:]}")
     row = json.loads(done.stdout.strip().splitlines()[-1])
@@ -64,20 +69,33 @@ def main() -> None:
     parser.add_argument("--specbench", type=int, default=1, help="Spec-Bench prompts per category group")
     parser.add_argument("--lengths", default="32,128", help="comma list of max new tokens")
     parser.add_argument("--ks", default="2,4", help="comma list of fixed K")
+    parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the cost policy without its remembered costs too ('cost, cold')")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout of specdeploy (e.g. a git worktree of an earlier commit): its cost "
+                             "configurations run beside this one's, interleaved, with a cost record of their own")
     parser.add_argument("--out", type=Path, default=None, help="write the runs as JSON")
     args = parser.parse_args()
 
     grid = configurations([int(k) for k in args.ks.split(",")])
+    if not args.cold:
+        del grid["cost, cold"]
+    trees = {}
+    if args.baseline is not None:
+        if not (args.baseline / "specdeploy" / "__init__.py").is_file():
+            raise SystemExit(f"--baseline: {args.baseline} is not a checkout of specdeploy (no specdeploy/__init__.py)")
+        for name in ("cost", "hybrid, cost"):
+            grid[f"{name} @base"], trees[f"{name} @base"] = grid[name], args.baseline.resolve()
     prompts = workload(args.humaneval, args.specbench, args.humaneval_from)
     lengths = [int(n) for n in args.lengths.split(",")]
-    for name in ("cost", "hybrid, cost"):  # fills their records, as an earlier run would have
-        run(args.artifact, "def f(x):", 16, grid[name])
+    for name in [n for n in grid if n.startswith(("cost", "hybrid, cost")) and n != "cost, cold"]:
+        run(args.artifact, "def f(x):", 16, grid[name], trees.get(name))  # fills its record, as an earlier run would
     runs = []
     for index, ((group, prompt), tokens) in enumerate((p, n) for n in lengths for p in prompts):
         order = list(grid)[index % len(grid):] + list(grid)[: index % len(grid)]
         outputs = {}
         for name in order:
-            result = run(args.artifact, prompt.text, tokens, grid[name])
+            result = run(args.artifact, prompt.text, tokens, grid[name], trees.get(name))
             outputs[name] = result.pop("token_ids")
             runs.append({"group": group, "prompt": prompt.id, "max_new_tokens": tokens, "config": name, **result})
             print(f"{group:24} {prompt.id:18} {tokens:4} {name:12} {result['tokens'] / result['seconds']:6.2f} tok/s",
@@ -109,10 +127,17 @@ def summarize(runs: list[dict], grid: dict, lengths: list[int]) -> list[dict]:
                      "cost_vs_plain": rates["cost"] / rates["plain"], "cost_vs_best_k": rates["cost"] / best,
                      "hybrid_vs_plain": rates["hybrid, cost"] / rates["plain"],
                      "hybrid_vs_best_k": rates["hybrid, cost"] / best}
+            base = ""
+            if "hybrid, cost @base" in rates:  # the baseline checkout's, against the same plain and fixed K runs
+                entry |= {"base_cost_vs_plain": rates["cost @base"] / rates["plain"],
+                          "base_hybrid_vs_plain": rates["hybrid, cost @base"] / rates["plain"],
+                          "base_hybrid_vs_best_k": rates["hybrid, cost @base"] / best}
+                base = (f"  base: cost/plain {entry['base_cost_vs_plain']:.2f} hybrid/plain "
+                        f"{entry['base_hybrid_vs_plain']:.2f} hybrid/best K {entry['base_hybrid_vs_best_k']:.2f}")
             summary.append(entry)
             print(f"{group:24} {tokens:4} " + " ".join(f"{rates[n]:12.2f}" for n in grid)
                   + f"  {entry['cost_vs_plain']:10.2f}  {entry['cost_vs_best_k']:11.2f}"
-                  + f"  {entry['hybrid_vs_plain']:12.2f}  {entry['hybrid_vs_best_k']:13.2f}")
+                  + f"  {entry['hybrid_vs_plain']:12.2f}  {entry['hybrid_vs_best_k']:13.2f}" + base)
     return summary
 
 

@@ -58,3 +58,22 @@ def test_every_configuration_runs_in_a_fresh_process_and_is_summarised(pair_dir,
     assert [(s["group"], s["max_new_tokens"]) for s in report["summary"]] == [("humaneval", 4), ("all", 4)]
     assert "identical to plain: " in done.stdout
     assert len(list((tmp_path / "costs").glob("*.json"))) == 1  # the cost configurations kept their record
+
+
+def test_a_baseline_checkouts_cost_configurations_run_beside_with_a_record_of_their_own(pair_dir, tmp_path):
+    root = Path(__file__).resolve().parents[2]  # this checkout as its own baseline: the plumbing, not a difference
+    out = tmp_path / "runs.json"
+    done = subprocess.run([sys.executable, str(TOOL), "--artifact", str(pair_dir), "--humaneval", "1", "--humaneval-from",
+                           "0", "--specbench", "0", "--lengths", "4", "--ks", "1", "--no-cold", "--baseline", str(root),
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "SPECDEPLOY_CACHE": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert sorted(r["config"] for r in report["runs"]) == sorted(
+        ["plain", "k=1", "cost", "hybrid, cost", "cost @base", "hybrid, cost @base"])
+    assert all(0 < s["base_hybrid_vs_plain"] for s in report["summary"]) and "base: cost/plain" in done.stdout
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 1
+    assert len(list((tmp_path / "baseline" / "costs").glob("*.json"))) == 1  # the baseline's record is its own
+    done = subprocess.run([sys.executable, str(TOOL), "--artifact", str(pair_dir), "--baseline", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "not a checkout of specdeploy" in done.stderr
