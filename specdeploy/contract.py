@@ -20,6 +20,9 @@ WEIGHT_FORMATS = ("full", "int4", "int8")
 # explicit: standard ops, new K/V as outputs staged by the runtime (the reference; what TensorRT parses).
 # fused: ONNX Runtime's fused LLM ops, the new K/V written into the cache in place.
 GRAPH_FORMS = ("explicit", "fused")
+# int8 weights use 7 bits from this exporter on: full-range ones saturate MLAS's int8 GEMM on CPUs without
+# VNNI (specdeploy/exporter/int8.py).
+INT8_REDUCED_RANGE_SINCE = (0, 3, 3)
 # The runtime prefills prompts in calls of at most this many tokens; TensorRT profiles cover it.
 PREFILL_CHUNK = 512
 
@@ -187,6 +190,16 @@ _SPEC_TYPES = {
 
 MAX_TEXT = 256  # characters in a manifest string: names, versions, digests (a longer one is not ours)
 MAX_SIZE = 2**31 - 1  # layers, heads, dims, vocabulary, capacity, opset
+
+
+def saturating_int8(manifest: Manifest) -> list[str]:
+    """Roles whose int8 weights an exporter before 0.3.3 wrote at full range: wrong logits on AVX2 without VNNI."""
+    try:
+        version = tuple(int(part) for part in manifest.exporter_version.split(".")[:3])
+    except ValueError:  # no version recorded, or not a release's: older than any that records one
+        version = ()
+    return [role for role, spec in manifest.models.items()
+            if spec.weights == "int8" and version < INT8_REDUCED_RANGE_SINCE]
 
 
 def _field(data: dict, name: str, kind: type, where: str, default=None):

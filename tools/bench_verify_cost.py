@@ -87,7 +87,7 @@ def quantized_variant(source: Path, variant: str, workdir: Path) -> Path:
     if variant == "dyn8":  # int8 weights per channel, activations quantized per call: MatMulInteger / QGEMM
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8, per_channel=True,
+        quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
                          use_external_data_format=True, op_types_to_quantize=["MatMul"])
         return path
     kind, block, level = variant.split("-")

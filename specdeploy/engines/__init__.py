@@ -1,8 +1,9 @@
 """Engines: one interface over ONNX Runtime (and TensorRT); nothing here knows of speculation."""
 
+import warnings
 from pathlib import Path
 
-from ..contract import ContractError, Manifest
+from ..contract import ContractError, Manifest, saturating_int8
 from .base import Engine, EngineInputError, EngineOutput
 from .ort import OrtEngine, ProviderError
 
@@ -17,6 +18,10 @@ def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = 
     """
     spec = manifest.models[role]
     path = Path(directory) / spec.file
+    if role in saturating_int8(manifest):
+        warnings.warn(f"{directory}: the {role}'s int8 weights are at full range (exporter "
+                      f"{manifest.exporter_version or 'unknown'}); CPUs without VNNI compute wrong logits with them: "
+                      "re-export with specdeploy 0.3.3 or later", stacklevel=2)
     try:
         check_external_data(path, manifest)
     except ContractError:

@@ -10,7 +10,10 @@ reads an activation scale per tensor or per column, never per row.
 
 The weights are quantized by ONNX Runtime's own ``quantize_data``, column by column as its quantizer
 does, so the values are the same bit for bit (tests/exporter/test_int8.py checks against
-``quantize_dynamic``). What differs is memory: the graph is read with onnx-ir, whose external tensors
+``quantize_dynamic``), with its ``reduce_range``: 7-bit weights in [-64, 64]. On x86 without VNNI,
+MLAS's uint8 x int8 GEMM sums pairs of products in saturating int16 (VPMADDUBSW): 255 x 127 x 2
+overflows it and the output is garbage (seen on AVX2 EPYCs), 255 x 64 x 2 does not, on any CPU.
+What differs is memory: the graph is read with onnx-ir, whose external tensors
 are memory-mapped, and each float weight is dropped once quantized, so a 1.5B target needs about its
 int8 size instead of the quantizer's three float copies (21 GB peak for Qwen2.5-Coder 1.5B).
 """
@@ -31,8 +34,9 @@ class Int8Error(ValueError):
     """The graph has nothing to quantize, or not in the expected form."""
 
 
-def to_int8_per_row(path: Path, external_data_bytes: int, progress=lambda message: None) -> None:
-    """Rewrite the graph at ``path`` (and its external data) in place with int8 MatMuls."""
+def to_int8_per_row(path: Path, external_data_bytes: int, progress=lambda message: None, reduce_range: bool = True) -> None:
+    """Rewrite the graph at ``path`` (and its external data) in place with int8 MatMuls. ``reduce_range=False``:
+    full-range weights, as exporters before 0.3.3 wrote them (``tools/bench_int8_range.py`` compares the two)."""
     import onnx_ir as ir
 
     model = ir.load(path)
@@ -47,7 +51,7 @@ def to_int8_per_row(path: Path, external_data_bytes: int, progress=lambda messag
         if x.name not in rows:
             rows[x.name] = _quantize_rows(graph, node, x, constants)
         quantized, row_scale, x_scale, x_zero = rows[x.name]
-        values, scales, zeros = _quantize_columns(weight.const_value.numpy())
+        values, scales, zeros = _quantize_columns(weight.const_value.numpy(), reduce_range)
         w_q = _initializer(graph, f"{weight.name}_quantized", values)
         w_scale = _initializer(graph, f"{weight.name}_scale", scales)
         w_zero = _initializer(graph, f"{weight.name}_zero_point", zeros)
@@ -80,7 +84,7 @@ def _constant_weight(node) -> bool:
             and weight.dtype == ir.DataType.FLOAT and len(weight.shape) == 2)
 
 
-def _quantize_columns(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _quantize_columns(weights: np.ndarray, reduce_range: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """int8 values [K, N], scales [N] and zero points [N], per column as ONNX Runtime's quantizer makes them."""
     from onnx import TensorProto
     from onnxruntime.quantization.quant_utils import quantize_data
@@ -89,7 +93,7 @@ def _quantize_columns(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     scales = np.empty(weights.shape[1], np.float32)
     zeros = np.empty(weights.shape[1], np.int8)
     for column in range(weights.shape[1]):
-        zero, scale, quantized = quantize_data(weights[:, column].flatten(), TensorProto.INT8, True, reduce_range=False)
+        zero, scale, quantized = quantize_data(weights[:, column].flatten(), TensorProto.INT8, True, reduce_range=reduce_range)
         values[:, column], scales[column], zeros[column] = quantized, scale, zero
     return values, scales, zeros
 

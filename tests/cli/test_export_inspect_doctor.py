@@ -181,6 +181,20 @@ def test_doctor_bad_manifest(pair_dir, tmp_path):
     assert result.exit_code == 1 and "contract 'verify-v9' is not supported" in result.output
 
 
+@pytest.mark.parametrize("version, flagged", [("0.3.2", True), ("", True), ("0.3.3", False), ("0.10.0", False)])
+def test_doctor_flags_int8_weights_written_at_full_range_by_older_exporters(pair_dir, tmp_path, version, flagged):
+    """Exporters before 0.3.3 wrote int8 weights that ONNX Runtime's GEMM saturates on AVX2 without VNNI."""
+    old = _copy(pair_dir, tmp_path / "old")
+    manifest = tiny.read_json(old / "manifest.json")
+    manifest["exporter_version"], manifest["models"]["target"]["weights"] = version, "int8"
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    result = run("doctor", old)
+    assert ("target: int8 weights at full range" in result.output) == flagged
+    assert ("draft: int8" in result.output) is False  # the draft's weights are not int8
+    if flagged:
+        assert result.exit_code == 1 and "re-export with specdeploy 0.3.3 or later" in result.output
+
+
 def test_doctor_checkpoint_pair(checkpoints, tmp_path):
     assert run("doctor", "--target", checkpoints["target"], "--draft", checkpoints["close"]).exit_code == 0
     other = _copy(checkpoints["close"], tmp_path / "other")

@@ -24,7 +24,7 @@ def to_int8_dynamic(path: Path) -> None:
 
     quantized = path.with_name(path.stem + ".int8.onnx")
     with _quiet():
-        quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, per_channel=True,
+        quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
                          op_types_to_quantize=["MatMul"], use_external_data_format=True)
     model = onnx.load(str(quantized))
     for leftover in list(path.parent.iterdir()):  # the quantizer's graph and its external-data file

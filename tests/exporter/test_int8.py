@@ -47,6 +47,19 @@ def test_the_lean_writer_equals_ort_quantizer_and_the_per_row_rewrite(traced, tm
         np.testing.assert_array_equal(x, y)
 
 
+def test_int8_weights_stay_in_the_range_mlas_cannot_saturate_on_any_cpu(traced, tmp_path):
+    """Without VNNI, MLAS's uint8 x int8 GEMM adds pairs of products in saturating int16: activations up to
+    255 times weights up to 127, twice, overflow it (garbage logits on AVX2 EPYCs); weights within
+    [-64, 64] cannot, whatever the CPU running the test has."""
+    path = tmp_path / "target.onnx"
+    shutil.copy(traced, path)
+    to_int8_per_row(path, external_data_bytes=1 << 30)
+    weights = [numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer if t.name.endswith("_quantized")]
+    assert weights and all(w.dtype == np.int8 for w in weights)
+    assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) * 255 * 2 < 2**15
+    assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == 64  # the range is used, not shrunk further
+
+
 def test_a_graph_traced_with_external_data_and_written_inline_keeps_every_tensor(traced, tmp_path):
     """A model between the tiny ones and the external-data line (Qwen2.5-Coder 0.5B) is traced with external
     data and written inline: the tensors the rewrite leaves as they are (the embedding) must come along, not

@@ -107,7 +107,7 @@ def _one_matmul(tmp_path, per_row: bool):
     if per_row:
         to_int8_per_row(tmp_path / "f.onnx", external_data_bytes=1 << 30)
         return onnx.load(tmp_path / "f.onnx")
-    quantize_dynamic(tmp_path / "f.onnx", tmp_path / "q.onnx", weight_type=QuantType.QInt8, per_channel=True)
+    quantize_dynamic(tmp_path / "f.onnx", tmp_path / "q.onnx", weight_type=QuantType.QInt8, per_channel=True, reduce_range=True)
     return onnx.load(tmp_path / "q.onnx")
 
 
