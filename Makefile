@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet tensorrt-rtx || echo "tensorrt-rtx did not install: TensorRT build tests will be skipped"
 	touch $(STAMP)
 
+# two workers, one test file each at a time (module fixtures are built once): most of the suite's time is
+# single-threaded export tracing, so the second core halves it
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check specdeploy tests tools

@@ -43,15 +43,27 @@ def configurations(ks: list[int]) -> dict[str, list[str]]:
     return out
 
 
+def _in(tree: Path | None) -> dict:
+    """subprocess options that run ``tree``'s specdeploy (from its own directory: ``python -m`` puts the working
+    directory first on the path, ahead of PYTHONPATH), with a cost record of its own; none for this checkout."""
+    if tree is None:
+        return {}
+    cache = Path(os.environ.get("SPECDEPLOY_CACHE", Path.home() / ".cache" / "specdeploy")) / "baseline"
+    return {"cwd": tree, "env": {**os.environ, "PYTHONPATH": str(tree), "SPECDEPLOY_CACHE": str(cache)}}
+
+
+def imported_from(tree: Path | None) -> Path:
+    """The specdeploy package a run in ``tree`` (None: this checkout) imports."""
+    done = subprocess.run([sys.executable, "-c", "import specdeploy; print(specdeploy.__file__)"], capture_output=True,
+                          text=True, check=True, **_in(tree))
+    return Path(done.stdout.strip()).resolve().parent
+
+
 def run(artifact: Path, prompt: str, tokens: int, options: list[str], tree: Path | None = None) -> dict:
     """One fresh process (of the checkout ``tree``, with a cost record of its own, where given); its JSON line's stats."""
     command = [sys.executable, "-m", "specdeploy.cli", "generate", str(artifact), "--prompt", prompt, "--json",
                "--threads", "2", "--max-new-tokens", str(tokens), *options]
-    env = None
-    if tree is not None:
-        cache = Path(os.environ.get("SPECDEPLOY_CACHE", Path.home() / ".cache" / "specdeploy")) / "baseline"
-        env = {**os.environ, "PYTHONPATH": str(tree), "SPECDEPLOY_CACHE": str(cache)}
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, **_in(tree))
     if done.returncode:
         raise SystemExit(f"{' '.join(command[:6])} … failed:\n{done.stderr[-2000:]}")
     row = json.loads(done.stdout.strip().splitlines()[-1])
@@ -84,6 +96,10 @@ def main() -> None:
     if args.baseline is not None:
         if not (args.baseline / "specdeploy" / "__init__.py").is_file():
             raise SystemExit(f"--baseline: {args.baseline} is not a checkout of specdeploy (no specdeploy/__init__.py)")
+        package = imported_from(args.baseline.resolve())
+        if package != (args.baseline / "specdeploy").resolve():
+            raise SystemExit(f"--baseline: a run there imports specdeploy from {package}, not from {args.baseline}")
+        print(f"baseline: specdeploy from {package}", flush=True)
         for name in ("cost", "hybrid, cost"):
             grid[f"{name} @base"], trees[f"{name} @base"] = grid[name], args.baseline.resolve()
     prompts = workload(args.humaneval, args.specbench, args.humaneval_from)

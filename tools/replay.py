@@ -18,7 +18,9 @@ which ONNX Runtime runs cold (``--cold`` prices them at a multiple of the table'
 
     python tools/replay.py record --artifact DIR --out traces.json [--humaneval 8] [--humaneval-from 8]
         [--specbench 4] [--max-new-tokens 128]
-    python tools/replay.py run --traces traces.json [--lengths 32,128] [--ks 1,2,3,4] [--fresh/--warm] [--cold 1.0]
+    python tools/replay.py run --traces traces.json [--lengths 32,128] [--ks 1,2,3,4] [--warm] [--cold 1.0]
+        [--noise 0.15 --seeds 3] [--out FILE]
+    python tools/replay.py ceiling --traces traces.json [--past 256]    # the draft model's best case on the table
 """
 
 from __future__ import annotations
@@ -366,6 +368,23 @@ def summarize(runs: dict[str, list[dict]], lengths: list[int], log=print) -> lis
     return summary
 
 
+def ceiling(costs: CostTable, past: int, rates=(1.0, 0.9, 0.8), k_max: int = 8, log=print) -> dict:
+    """What the draft model can reach on this cost table at all: the decode speed of fixed K over plain decoding's
+    when every position accepts at rate a (a = 1: every draft kept), (1 + a + .. + a^K) / (K c_d + v(K + 1))
+    against 1 / v(1), at ``past``; no prefill, no catch-up. An upper bound for any policy over this draft model."""
+    plain = costs.seconds("target", 1, past, 1)
+    step = costs.seconds("draft", 1, past, 1)
+    out = {}
+    for a in rates:
+        speed = {k: sum(a**j for j in range(k + 1)) / (k * step + costs.seconds("target", k + 1, past, k + 1)) * plain
+                 for k in range(1, k_max + 1)}
+        best = max(speed, key=speed.get)
+        out[a] = {"best_k": best, "speedup": speed[best], "by_k": speed}
+        log(f"acceptance {a:.2f} at every position: best K = {best}, {speed[best]:.2f}x plain decoding "
+            f"(K = 1..{k_max}: " + " ".join(f"{v:.2f}" for v in speed.values()) + ")")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -380,6 +399,10 @@ def main() -> None:
     rec.add_argument("--max-new-tokens", type=int, default=128, help="the longest completion a replay may ask for")
     rec.add_argument("--rounds", type=int, default=7, help="measured rounds of the cost table")
     rec.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads, as the CLI runs them")
+    top = commands.add_parser("ceiling", help="the most the draft model can speed decoding up by, on a cost table")
+    top.add_argument("--traces", type=Path, required=True)
+    top.add_argument("--past", type=int, default=256, help="the past the costs are read at")
+    top.add_argument("--costs", type=Path, default=None, help="another cost table (as for run)")
     run = commands.add_parser("run", help="replay configurations over recorded traces")
     run.add_argument("--traces", type=Path, required=True)
     run.add_argument("--lengths", default="32,128", help="comma list of max new tokens")
@@ -388,6 +411,8 @@ def main() -> None:
                      help="one long-lived pipeline serves every prompt (default: each a fresh process, as the CLI)")
     run.add_argument("--cold", type=float, default=1.0,
                      help="the first call at each shape in a process costs this multiple of the table's")
+    run.add_argument("--costs", type=Path, default=None,
+                     help="another cost table: a JSON file of one, or of traces whose table to take (another machine's)")
     run.add_argument("--noise", type=float, default=0.0,
                      help="each call's cost times exp(NOISE x a standard normal draw): a shared machine's spread")
     run.add_argument("--seeds", type=int, default=1, help="with --noise: replay each configuration this many times")
@@ -419,6 +444,15 @@ def main() -> None:
         print(f"wrote {args.out}: {len(traces)} traces")
         return
     data = json.loads(args.traces.read_text())
+    if getattr(args, "costs", None):
+        table = json.loads(args.costs.read_text())
+        data["costs"] = table.get("costs", table)
+    if args.command == "ceiling":
+        costs = CostTable(data["costs"])
+        print(f"batch 1, past {args.past}: v(1) {costs.seconds('target', 1, args.past, 1) * 1e3:.1f} ms, "
+              f"a draft step {costs.seconds('draft', 1, args.past, 1) * 1e3:.1f} ms")
+        ceiling(costs, args.past)
+        return
     lengths = [int(n) for n in args.lengths.split(",")]
     longest = min(len(t["output"]) for t in data["traces"] if len(t["output"]) == max(len(u["output"]) for u in data["traces"]))
     if max(lengths) > longest:

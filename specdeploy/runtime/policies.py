@@ -188,10 +188,10 @@ class CostModel(Policy):
     A "no" is paid now and then all the same (``revisit_budget``): only drafting re-measures what said no.
 
     Acceptance belongs to the text, and a text changes as it goes (an answer's opening words, then its translation
-    or its code): the counts fade with every cycle, plain ones included, a text's first drafts are measured at the
-    K that pays best at ``optimism`` (``explore_k``), and a refused catch-up is paid to probe the text again while
-    it costs at most ``probe_share`` of what drafting would save over the tokens to come at ``optimism``, a share
-    halved by each probe in a row that left the "no" standing. Each of these was chosen by replaying recorded
+    or its code): a text's first drafts are measured at the K that pays best at ``optimism`` (``explore_k``), from a
+    prior at that optimism, and a single row's refused catch-up is paid to probe the text again while it costs at
+    most ``probe_share`` of what drafting would save over the tokens to come at ``optimism``, a share halved by
+    each probe in a row that left the "no" standing. Each of these was chosen by replaying recorded
     texts through the runtime at measured costs (``tools/replay.py``; README, Measuring).
 
     The first call at a new shape is cold (ONNX Runtime plans and allocates its buffers): on the real
@@ -214,7 +214,7 @@ class CostModel(Policy):
     revisit_halvings = 4  # ... halved after each revisit that left the "no" standing, down to 1/16 of it
     probe_share = 0.2  # of what drafting would save if the text now accepted at ``optimism``, at most this paid to probe
     doubt = 1.0  # standard errors of benefit of the doubt a text's acceptance gets before drafting is ruled out ...
-    settled = 6  # ... while fewer first drafts than this have been verified (``first_drafts``): then the estimate rules
+    settled = 6  # ... while fewer first drafts than this have been verified (decayed count): then the estimate rules
 
     def __init__(self, k_max: int, start: int | None = None, decay: float = 0.97, prior: float | None = None,
                  probe_every: int = 16):
@@ -238,12 +238,9 @@ class CostModel(Policy):
         self.by_batch: dict[int, tuple[float | None, dict[int, float], set]] = {}
         self.catchup_rate: float | None = None  # seconds per token the draft catches up on (all rows together)
         self.plain_seconds = 0.0  # decoded plainly since the last drafting cycle (``catchup_pays`` revisits a "no")
-        self.exploring = False  # the next drafting cycle measures acceptance at ``explore`` drafts (``recall``)
+        self.exploring = False  # the next drafting cycle measures acceptance at ``explore_k()`` drafts (``recall``)
         self.revisits_lost = 0  # revisits in a row whose drafting left the "no" standing (``_revisit``)
         self.revisit_measured: bool | None = None  # a revisit outstanding: has a drafting cycle measured it yet?
-        # first drafts verified for this text (an earlier request's carried weight included), not faded: the doubt is
-        # for a text's first cycles, not for one whose measured acceptance has faded over a plain stretch
-        self.first_drafts = 0.0
         self.probes_lost = 0  # probes of this text in a row whose drafting left the "no" standing (``catchup_pays``)
         self.probe_measured: bool | None = None  # a probe outstanding: has a drafting cycle measured it yet?
         # measurements taken in this process, by (batch size, "draft" | verify tokens | "catchup"): the first is cold
@@ -353,7 +350,7 @@ class CostModel(Policy):
             # cycles are too few to rule it out. On make demo's prompt the first drafts were all rejected and the second
             # cycle kept 4 of 8 (a_1 0.50): decided there, the request stayed plain at 0.92x plain decoding's
             # speed for the 125 cycles left (its probes each refused their catch-up), where fixed K = 4 ran 1.4x.
-            hopeful = self.expected_rate(self.acceptance(self.doubt)) if self.first_drafts < self.settled else rates
+            hopeful = self.expected_rate(self.acceptance(self.doubt)) if self.tried[1] < self.settled else rates
             if hopeful[1:].max() > hopeful[0]:
                 best = int(np.argmax(hopeful[1:])) + 1
         if best == 0 and self.k_max > 0:
@@ -373,9 +370,9 @@ class CostModel(Policy):
 
     def explore_k(self, draft_step: float | None = None) -> int:
         """Drafts of the first cycle that measures a text's acceptance: the K that pays best if the text accepts at
-        ``optimism``, by this machine's costs (a fixed 4 cost a 5-token verification, 2.5x a plain step on an AVX2
-        CPU where K = 1 is the only K that pays, on every prompt whose first draft was rejected); ``draft_step``:
-        its price before it is measured."""
+        ``optimism``, by this machine's costs; ``draft_step``: its price before it is measured. A fixed 4 drafts
+        cost a 5-token verification, 2.4x a plain step on an AVX2 CPU where only K = 1 pays at that optimism,
+        wherever the first draft was rejected."""
         rates = self.expected_rate(np.full(self.k_max, self.optimism), draft_step)
         return int(np.argmax(rates[1:])) + 1 if self.k_max > 0 else 0
 
@@ -419,10 +416,12 @@ class CostModel(Policy):
         # translation or its code): a probe is paid while it costs a small share of what drafting would save over
         # the tokens to come if the text now accepted at ``optimism``; each probe in a row that left the "no"
         # standing halves that share, so probes on a text that stays hard cost a bounded share in all.
+        # A single text only: in a batch, rows are several texts, each catch-up a joining prompt's whole prefill, and
+        # fading evidence there had a 2-client server pay them where drafting never pays (0.89x plain decoding).
         hope = to_come * (1 / hoped[0] - 1 / hoped[1:].max()) / batch
         if self.probe_measured:
             self.probes_lost, self.probe_measured = self.probes_lost + 1, None
-        if cost <= self.probe_share / 2 ** self.probes_lost * hope:
+        if batch == 1 and cost <= self.probe_share / 2 ** self.probes_lost * hope:
             self.probe_measured, self.exploring = False, True
             return True
         return False
@@ -436,7 +435,7 @@ class CostModel(Policy):
         return self.revisit_share / 2 ** min(self.revisits_lost, self.revisit_halvings)
 
     def _revisit(self, batch: int) -> None:
-        """Pay a refused catch-up and draft (``explore``) to re-measure what refused it. A "no" is never revisited
+        """Pay a refused catch-up and draft (``explore_k()``) to re-measure what refused it. A "no" is never revisited
         by itself: only drafting measures the draft's costs and the text's acceptance. Measured under contention
         (another process busy on the 2 cores while a server warmed up: a draft step of 27 ms against 10, a
         catch-up of 5.7 ms a token against 1.9), they kept a lone client plain for a whole load test. So a "no"
@@ -464,7 +463,6 @@ class CostModel(Policy):
         self.by_batch = {b: (step, dict(verify), set(measured)) for b, (step, verify, measured) in previous.by_batch.items()}
         weight = min(1.0, self.carried_cycles / previous.tried[1]) if previous.tried[1] > 0 else 0.0
         self.tried, self.kept = previous.tried * weight, previous.kept * weight
-        self.first_drafts = float(self.tried[1])
 
     def remembered(self) -> dict:
         """The state ``recall`` starts a later process from. ``once`` lists, per batch size, the verify sizes whose
@@ -575,12 +573,9 @@ class CostModel(Policy):
             self.probe_measured = True
         self._use_batch(len(outcome.accepted))
         blend = 0.1  # costs drift slowly (cache growth, machine load); acceptance decays apart
-        # acceptance belongs to the text, and the text moves on: what was measured fades with every token, plain
-        # cycles included, so that a text whose opening words the draft missed is tried again further on
-        self.tried *= self.decay
-        self.kept *= self.decay
         if k > 0:
-            self.first_drafts += len(outcome.accepted)
+            self.tried *= self.decay
+            self.kept *= self.decay
             for n in outcome.accepted:
                 reached = min(int(n) + 1, k)  # drafts 1..n accepted, n + 1 rejected (if it exists)
                 self.tried[1 : reached + 1] += 1
@@ -606,10 +601,11 @@ def _line(verify: dict[int, float], tokens: int) -> float:
     if len(verify) == 1:
         (t0, v0), = verify.items()
         return v0 * (1 + 0.1 * (tokens - t0))
-    t = np.array(list(verify))
-    v = np.array(list(verify.values()))
-    slope, base = np.polyfit(t, v, 1)
-    return max(base + slope * tokens, min(v))
+    # the closed form of a degree-1 least-squares fit: np.polyfit took 90 us, and the policy asks every cycle
+    mean_t, mean_v = sum(verify) / len(verify), sum(verify.values()) / len(verify)
+    slope = (sum((t - mean_t) * (v - mean_v) for t, v in verify.items())
+             / sum((t - mean_t) ** 2 for t in verify))
+    return max(mean_v + slope * (tokens - mean_t), min(verify.values()))
 
 
 def _counts(values, k_max: int) -> np.ndarray:

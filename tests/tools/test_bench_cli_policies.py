@@ -61,13 +61,19 @@ def test_every_configuration_runs_in_a_fresh_process_and_is_summarised(pair_dir,
 
 
 def test_a_baseline_checkouts_cost_configurations_run_beside_with_a_record_of_their_own(pair_dir, tmp_path):
-    root = Path(__file__).resolve().parents[2]  # this checkout as its own baseline: the plumbing, not a difference
+    """The baseline's runs import the baseline's package (a copy of this one here), not this checkout's: run from
+    this checkout's directory, ``python -m`` had put it first on the path and the "baseline" ran today's code."""
+    import shutil
+
+    root = tmp_path / "baseline-checkout"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "specdeploy", root / "specdeploy")
     out = tmp_path / "runs.json"
     done = subprocess.run([sys.executable, str(TOOL), "--artifact", str(pair_dir), "--humaneval", "1", "--humaneval-from",
                            "0", "--specbench", "0", "--lengths", "4", "--ks", "1", "--no-cold", "--baseline", str(root),
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "SPECDEPLOY_CACHE": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
+    assert f"baseline: specdeploy from {(root / 'specdeploy').resolve()}" in done.stdout
     report = json.loads(out.read_text())
     assert sorted(r["config"] for r in report["runs"]) == sorted(
         ["plain", "k=1", "cost", "hybrid, cost", "cost @base", "hybrid, cost @base"])
@@ -77,3 +83,4 @@ def test_a_baseline_checkouts_cost_configurations_run_beside_with_a_record_of_th
     done = subprocess.run([sys.executable, str(TOOL), "--artifact", str(pair_dir), "--baseline", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "not a checkout of specdeploy" in done.stderr
+    assert _tool().imported_from(None) == Path(__file__).resolve().parents[2] / "specdeploy"
