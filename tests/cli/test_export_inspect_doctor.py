@@ -195,6 +195,18 @@ def test_doctor_flags_int8_weights_written_at_full_range_by_older_exporters(pair
         assert result.exit_code == 1 and "re-export with specdeploy 0.3.3 or later" in result.output
 
 
+def test_loading_full_range_int8_weights_warns(pair_dir, tmp_path):
+    from specdeploy.contract import Manifest
+    from specdeploy.engines import load_engine
+
+    old = _copy(pair_dir, tmp_path / "old")
+    manifest = tiny.read_json(old / "manifest.json")
+    manifest["exporter_version"], manifest["models"]["target"]["weights"] = "0.3.2", "int8"
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.warns(UserWarning, match="target: int8 weights at full range .* re-export with specdeploy 0.3.3"):
+        load_engine(old, Manifest.read(old), "target")
+
+
 def test_doctor_checkpoint_pair(checkpoints, tmp_path):
     assert run("doctor", "--target", checkpoints["target"], "--draft", checkpoints["close"]).exit_code == 0
     other = _copy(checkpoints["close"], tmp_path / "other")
