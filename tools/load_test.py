@@ -10,6 +10,9 @@ prompts in turn. A mode's figures pool its rounds.
 Reported per mode and N: throughput (completion tokens / wall time of the stage), time to first token
 and inter-token latency (a request's decode time / its tokens - 1) at p50 and p99, and every request
 accounted for (completed, or failed with its error). Bounded: --timeout per request, --max-tokens.
+With the cost policy and plain or fixed K among the modes, a second table weighs the cost policy
+against the better of the two at each N: pooled over the rounds, and round by round (each round's
+stages ran back to back, so its ratio is the least touched by the machine's drift).
 
     python tools/load_test.py --artifact DIR [--concurrency 1,2,4,8] [--requests 2] [--rounds 2] [--max-tokens 64]
                               [--modes plain,fixed,cost] [--warmup 2] [--prompt-file FILE] [--out docs/load_test]
@@ -74,11 +77,12 @@ def main() -> None:
                     stages[mode, n].append(_stage(urls[mode], prompts, n, args))
                     print(f"round {round_ + 1}/{args.rounds} " + _line(_row(mode, n, stages[mode, n][-1:])), flush=True)
     rows = [_row(mode, n, runs) for (mode, n), runs in stages.items()]
-    table = _table(rows, args)
+    versus = _versus(stages, levels)
+    table = _table(rows, args) + ("\n\n" + _versus_table(versus) if versus else "")
     print(table)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "versus": versus}, indent=1))
         args.out.with_suffix(".md").write_text(table + "\n")
         _plot(rows, args.out.with_suffix(".png"))
 
@@ -123,7 +127,7 @@ def _stage(url: str, prompts: list[str], clients: int, args) -> tuple[list[dict]
         api = _client(url, args.timeout)
         for r in range(args.requests):
             prompt = prompts[(c * args.requests + r) % len(prompts)]
-            began, first, tokens, error = time.perf_counter(), None, 0, ""
+            began, first, tokens, error, speculative = time.perf_counter(), None, 0, "", {}
             try:
                 stream = api.completions.create(model="m", prompt=prompt, max_tokens=args.max_tokens, temperature=0,
                                                 stream=True, stream_options={"include_usage": True})
@@ -132,11 +136,13 @@ def _stage(url: str, prompts: list[str], clients: int, args) -> tuple[list[dict]
                         first = time.perf_counter()
                     if chunk.usage is not None:
                         tokens = chunk.usage.completion_tokens
+                    speculative = (chunk.model_extra or {}).get("speculative") or speculative  # on the final chunk
             except Exception as exc:  # counted, with its message: every request is accounted for
                 error = f"{type(exc).__name__}: {exc}"
             ended = time.perf_counter()
             with lock:
-                done.append({"began": began, "first": first, "ended": ended, "tokens": tokens, "error": error})
+                done.append({"began": began, "first": first, "ended": ended, "tokens": tokens, "error": error,
+                             "drafted": speculative.get("drafted_tokens", 0), "cycles": speculative.get("cycles", 0)})
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     began = time.perf_counter()
@@ -157,8 +163,47 @@ def _row(mode: str, clients: int, runs: list[tuple[list[dict], float]]) -> dict:
     return {"mode": mode, "concurrency": clients, "rounds": len(runs), "requests": len(done), "completed": len(ok),
             "errors": sorted({d["error"] for d in done if d["error"]}),
             "tokens": sum(d["tokens"] for d in ok), "seconds": wall,
+            # what speculation did: drafts proposed, and tokens per target call (1.0: decoded plainly)
+            "drafted": sum(d["drafted"] for d in ok), "tokens_per_cycle": _ratio(sum(d["tokens"] for d in ok),
+                                                                                 sum(d["cycles"] for d in ok)),
             "throughput": sum(d["tokens"] for d in ok) / wall,
             "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "itl_p50": _pct(itl, 50), "itl_p99": _pct(itl, 99)}
+
+
+def _throughput(run: tuple[list[dict], float]) -> float:
+    records, seconds = run
+    return sum(d["tokens"] for d in records if not d["error"] and d["first"] is not None) / seconds
+
+
+def _versus(stages: dict, levels: list[int]) -> list[dict]:
+    """The cost policy against the better of plain and fixed K at each concurrency: pooled (each mode's tokens over
+    its wall time, as the main table) and per round; empty unless the cost policy and one of them ran."""
+    rivals = [mode for mode in ("plain", "fixed") if (mode, levels[0]) in stages]
+    if ("cost", levels[0]) not in stages or not rivals:
+        return []
+    out = []
+    for n in levels:
+        pooled = {mode: _row(mode, n, stages[mode, n])["throughput"] for mode in ("cost", *rivals)}
+        best = max(rivals, key=pooled.get)
+        rounds = [_throughput(cost) / max(_throughput(runs[i]) for runs in (stages[m, n] for m in rivals))
+                  for i, cost in enumerate(stages["cost", n])]
+        out.append({"concurrency": n, "best": best, "pooled": pooled["cost"] / pooled[best], "rounds": rounds,
+                    "rounds_at_least": sum(r >= 1.0 for r in rounds)})
+    return out
+
+
+def _versus_table(versus: list[dict]) -> str:
+    lines = ["The cost policy's tok/s over the better rival's at each concurrency (plain or fixed K, by pooled tok/s)", "",
+             "| clients | better | pooled | per round | median | rounds >= 1 |", "|---|---|---|---|---|---|"]
+    for v in versus:
+        lines.append(f"| {v['concurrency']} | {v['best']} | {v['pooled']:.3f} | "
+                     f"{' / '.join(f'{r:.2f}' for r in v['rounds'])} | {float(np.median(v['rounds'])):.3f} | "
+                     f"{v['rounds_at_least']}/{len(v['rounds'])} |")
+    return "\n".join(lines)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
 
 
 def _pct(values, q):
@@ -168,6 +213,7 @@ def _pct(values, q):
 def _line(row: dict) -> str:
     return (f"{row['mode']:>5} N={row['concurrency']}: {row['throughput']:6.1f} tok/s, TTFT p50 {row['ttft_p50']:.2f} s "
             f"p99 {row['ttft_p99']:.2f} s, ITL p50 {1e3 * row['itl_p50']:.0f} ms p99 {1e3 * row['itl_p99']:.0f} ms, "
+            f"{row['drafted']} drafts, {row['tokens_per_cycle']:.2f} tokens a cycle, "
             f"{row['completed']}/{row['requests']} completed" + (f", errors: {row['errors']}" if row["errors"] else ""))
 
 
@@ -176,11 +222,12 @@ def _table(rows: list[dict], args) -> str:
              f"after {args.warmup} unmeasured, {args.max_tokens} new tokens "
              f"at most, greedy, K = {args.k}, "
              f"{args.prompt_file or 'HumanEval'} prompts, server and clients on one machine (loopback)", "",
-             "| mode | clients | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | completed |",
-             "|---|---|---|---|---|---|"]
+             "| mode | clients | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | drafts a request | tokens a cycle | completed |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['concurrency']} | {r['throughput']:.1f} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
-                     f"| {1e3 * r['itl_p50']:.0f} / {1e3 * r['itl_p99']:.0f} | {r['completed']}/{r['requests']} |")
+                     f"| {1e3 * r['itl_p50']:.0f} / {1e3 * r['itl_p99']:.0f} | {_ratio(r['drafted'], r['completed']):.1f} "
+                     f"| {r['tokens_per_cycle']:.2f} | {r['completed']}/{r['requests']} |")
     return "\n".join(lines)
 
 

@@ -467,7 +467,8 @@ class Generation:
             self._policy.observe(CycleOutcome(
                 proposed=0 if without else k, accepted=[0] * len(accepted) if without else accepted,
                 draft_seconds=proposal.seconds, draft_steps=proposal.steps,
-                verify_seconds=verified.seconds, verify_tokens=k + 1, catchup_tokens=proposal.catchup_tokens))
+                verify_seconds=verified.seconds, verify_tokens=k + 1, catchup_tokens=proposal.catchup_tokens,
+                first_draft_seconds=proposal.catchup_seconds))
         self._record(state, k, proposal.limits, accepted, committed, proposal.seconds, verified.seconds,
                      self.cache_timer.seconds + verified.stage_seconds)  # staging the target's K/V is cache work
         return committed, finished

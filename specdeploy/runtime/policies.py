@@ -29,6 +29,7 @@ class CycleOutcome:
     verify_seconds: float  # the target call
     verify_tokens: int  # tokens per row in the target call (K + 1)
     catchup_tokens: int = 1  # tokens the draft's first call fed (many after cycles that did not draft)
+    first_draft_seconds: float = 0.0  # of ``draft_seconds``, the first call's (it feeds the last cycle's tokens); 0: unknown
 
 
 POLICIES: dict[str, type[Policy]] = {}  # name -> policy class, in the order they are defined (and listed)
@@ -212,6 +213,7 @@ class CostModel(Policy):
     rate_tokens = 16  # catch-ups of fewer tokens do not teach ``catchup_rate``
     revisit_share = 0.05  # of the time decoded plainly, at most this modelled to be lost re-measuring a "no"
     revisit_halvings = 4  # ... halved after each revisit that left the "no" standing, down to 1/16 of it
+    first_call_most = 3.0  # a first draft call measured dearer than this many later ones is a stall, not its cost
     probe_share = 0.2  # of what drafting would save if the text now accepted at ``optimism``, at most this paid to probe
     doubt = 1.0  # standard errors of benefit of the doubt a text's acceptance gets before drafting is ruled out ...
     settled = 6  # ... while fewer first drafts than this have been verified (decayed count): then the estimate rules
@@ -225,7 +227,13 @@ class CostModel(Policy):
         self.decay, self.prior, self.probe_every = decay, self.optimism if prior is None else prior, probe_every
         self.tried = np.zeros(k_max + 1)  # index i: times draft i was verified (index 0 unused)
         self.kept = np.zeros(k_max + 1)
-        self.draft_step: float | None = None
+        self.draft_step: float | None = None  # a draft call after a cycle's first
+        # The first draft call of a cycle feeds the tokens the last cycle committed (its last kept draft and the
+        # target's token: 2), the later calls one each: its cost over a later call's, measured in cycles of 2 or
+        # more drafts. Priced as a later one, 1-draft cycles measured the 2-token call (17.4-18.6 ms against 16.3 on
+        # the real pair, the first 1.12-1.16x a later one) and priced every K by it: K = 1 went on looking best, by
+        # a near-tie, while fixed K = 4 ran 4-7 % faster (tools/load_test.py, one client).
+        self.first_call = 1.0
         self.verify: dict[int, float] = {}
         self.plain_streak = self.draft_streak = 0
         self.pending_catchup: tuple[float, int, float] | None = None  # (seconds, tokens to come, draft/target cost)
@@ -316,7 +324,8 @@ class CostModel(Policy):
         survive = np.concatenate([[1.0], np.cumprod(self.acceptance() if acceptance is None else acceptance)])
         tokens = np.cumsum(survive)  # E[tokens | K] = sum_{j=0..K} survive_j
         step = (self.draft_step if draft_step is None else draft_step) or 0.0
-        cost = np.array([k * step + self.verify_cost(k + 1) for k in range(self.k_max + 1)])
+        first = (self.first_call - 1.0) * step  # what the first call costs beyond a later one
+        cost = np.array([k * step + (first if k else 0.0) + self.verify_cost(k + 1) for k in range(self.k_max + 1)])
         return tokens / cost
 
     def next_k(self) -> int:
@@ -457,6 +466,7 @@ class CostModel(Policy):
             return
         self.draft_step, self.verify, self.measured = previous.draft_step, dict(previous.verify), set(previous.measured)
         self.batch, self.catchup_rate, self.plain_seconds = previous.batch, previous.catchup_rate, previous.plain_seconds
+        self.first_call = previous.first_call
         self.revisits_lost, self.revisit_measured = previous.revisits_lost, previous.revisit_measured
         self.samples, self.firsts = dict(previous.samples), dict(previous.firsts)  # the same process: its calls are warm
         self.trusted = set(previous.trusted)
@@ -474,7 +484,8 @@ class CostModel(Policy):
                     "measured": sorted(map(str, measured)), "once": sorted(map(str, once))}
 
         return {"k_max": self.k_max, "tried": self.tried.tolist(), "kept": self.kept.tolist(), "batch": self.batch,
-                "catchup_rate": self.catchup_rate, **costs(self.batch, self.draft_step, self.verify, self.measured),
+                "catchup_rate": self.catchup_rate, "first_call": self.first_call,
+                **costs(self.batch, self.draft_step, self.verify, self.measured),
                 "by_batch": {str(b): costs(b, *entry) for b, entry in self.by_batch.items()}}
 
     def recall(self, state: dict) -> bool:
@@ -492,6 +503,7 @@ class CostModel(Policy):
             previous.tried, previous.kept = _counts(state["tried"], self.k_max), _counts(state["kept"], self.k_max)
             previous.batch = _positive_int(state["batch"])
             previous.catchup_rate = _seconds(state["catchup_rate"], optional=True)
+            previous.first_call = _first_call(state.get("first_call", 1.0), self.first_call_most)  # absent from older records
             previous.draft_step, previous.verify, previous.measured = _costs(state)
             previous.trusted = _trusted(previous.batch, state)
             previous.by_batch = {}
@@ -564,6 +576,19 @@ class CostModel(Policy):
         self.draft_step, self.verify, self.measured = estimates
         self.batch = batch
 
+    def _draft_call(self, outcome: CycleOutcome) -> float:
+        """A later draft call's cost, from a drafting cycle: with 2 or more calls, the later ones' mean (and the first's
+        ratio to it is learned); with one, the first call's priced down by that ratio."""
+        first, steps = outcome.first_draft_seconds, outcome.draft_steps
+        if steps == 1 and 0 < first <= outcome.draft_seconds:
+            return outcome.draft_seconds / self.first_call
+        if not 0 < first < outcome.draft_seconds:  # not told what the first call took: all calls alike
+            return outcome.draft_seconds / steps
+        later = (outcome.draft_seconds - first) / (steps - 1)
+        ratio = min(max(first / later, 1.0), self.first_call_most)
+        self.first_call = 0.9 * self.first_call + 0.1 * ratio  # each ratio a noisy sample of a stable one
+        return later
+
     def observe(self, outcome: CycleOutcome) -> None:
         k = outcome.proposed
         self.exploring = self.exploring and k == 0
@@ -584,7 +609,7 @@ class CostModel(Policy):
         # would make drafting look dear and keep the policy from ever speculating again.
         self.plain_seconds = 0.0 if k > 0 else self.plain_seconds + outcome.verify_seconds
         if outcome.draft_steps and outcome.catchup_tokens <= 2:
-            step = outcome.draft_seconds / outcome.draft_steps
+            step = self._draft_call(outcome)
             self.draft_step = self._learn((self.batch, "draft"), self.draft_step, step, blend, "draft" in self.measured)
             self.measured.add("draft")
         if outcome.verify_tokens:
@@ -593,6 +618,12 @@ class CostModel(Policy):
             self.measured.add(t)
             if t == 1 and "draft" not in self.measured:
                 self.draft_step = self._step_as_v1()
+
+
+def _first_call(value, most: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value <= most:
+        raise ValueError(f"first_call: got {value!r}; expected a number in [1, {most}]")
+    return float(value)
 
 
 def _line(verify: dict[int, float], tokens: int) -> float:

@@ -117,27 +117,49 @@ def test_a_fused_graph_feeds_each_row_its_own_tokens(fused_dirs):
 
 def test_rows_that_leave_free_their_memory_for_the_next_to_join():
     """A leave moves the rows that stay up over those that left, and a join takes that memory: no new array per
-    leave or join (at 8 rows of the real pair's 1024-slot caches, a copy moved 470 MB). Each row keeps its K/V and
-    length, each layer's rows stay one contiguous block (as engines bind them), and views never write through."""
+    leave or join (at 8 rows of the real pair's 1024-slot caches, a copy moved 470 MB). Each row keeps its valid
+    K/V and length, each layer's rows stay one contiguous block (as engines bind them), and views never write
+    through."""
     cache = KVCache(np.arange(2 * 4 * 3 * 2, dtype=np.float32).reshape(2, 4, 1, 3, 2))
     cache.commit([3, 1, 2, 0])
     rows = {b: cache.stacked[:, b].copy() for b in range(4)}
     kept = cache.select([0, 2])
     assert np.shares_memory(kept.stacked, cache.stacked) and kept.past_len.tolist() == [3, 2]
-    np.testing.assert_array_equal(kept.stacked[:, 1], rows[2])
+    np.testing.assert_array_equal(kept.stacked[:, 1, :, :2], rows[2][:, :, :2])
     assert all(buf.flags.c_contiguous for buf in kept.buffers)
     joining = KVCache(np.full((2, 2, 1, 3, 2), -1.0, np.float32))
-    joining.commit([1, 1])
+    joining.commit([1, 2])
     joined = kept.extend(joining)
-    assert np.shares_memory(joined.stacked, cache.stacked) and joined.past_len.tolist() == [3, 2, 1, 1]
+    assert np.shares_memory(joined.stacked, cache.stacked) and joined.past_len.tolist() == [3, 2, 1, 2]
     np.testing.assert_array_equal(joined.stacked[:, 0], rows[0])
-    np.testing.assert_array_equal(joined.stacked[:, 1], rows[2])
-    assert (joined.stacked[:, 2:] == -1).all() and all(buf.flags.c_contiguous for buf in joined.buffers)
+    np.testing.assert_array_equal(joined.stacked[:, 1, :, :2], rows[2][:, :, :2])
+    assert (joined.stacked[:, 2, :, :1] == -1).all() and (joined.stacked[:, 3, :, :2] == -1).all()
+    assert all(buf.flags.c_contiguous for buf in joined.buffers)
     grown = joined.extend(joining)  # no room left: a new allocation with every row
     assert not np.shares_memory(grown.stacked, cache.stacked) and grown.shape[1] == 6
-    np.testing.assert_array_equal(grown.stacked[:, :4], joined.stacked)
+    for b, n in enumerate(joined.past_len.tolist()):
+        np.testing.assert_array_equal(grown.stacked[:, b, :, :n], joined.stacked[:, b, :, :n])
+    assert np.isfinite(grown.stacked).all()  # slots never written are zeros, which no masked attention turns to NaN
     view = grown.rows(1, 3)  # a view into the batch: its select copies, its extend allocates
     before = grown.stacked.copy()
     view.select([1])
     view.extend(joining)
     np.testing.assert_array_equal(grown.stacked, before)
+
+
+def test_only_valid_prefixes_move_so_an_unseen_draft_cache_costs_no_copy():
+    """Slots past a row's length are ignored, so leaves and joins move only each row's valid prefix: a draft
+    cache that has seen nothing of its rows (a server batch that decodes plainly) moves no bytes at all."""
+    cache = KVCache(np.full((2, 3, 1, 4, 2), 7.0, np.float32))
+    cache.commit([4, 0, 2])
+    kept = cache.select([1, 2])  # row 1 (nothing valid) moves up: nothing copied; row 2 moves its 2 slots
+    assert kept.past_len.tolist() == [0, 2] and (kept.stacked[:, 1, :, :2] == 7).all()
+    cache.stacked[:, 0] = 0.0  # mark: a full-row copy of row 1 over row 0 would have left 7s there
+    kept = KVCache(cache.stacked, cache.held)
+    kept.commit([4, 0, 2])
+    left = kept.select([1, 2])
+    assert (left.stacked[:, 0] == 0).all()
+    unseen = KVCache(np.full((2, 2, 1, 4, 2), 5.0, np.float32))  # fresh rows the draft never prefilled
+    grown = left.extend(unseen)
+    assert grown.past_len.tolist() == [0, 2, 0, 0] and not (grown.stacked[:, 2:] == 5).any()
+

@@ -458,6 +458,8 @@ def test_cost_model_state_survives_json_and_is_recalled_with_its_costs_and_witho
     lambda s: s.pop("verify"),
     lambda s: s.update(once=["9"]),  # not a measured size
     lambda s: s.update(once=7),
+    lambda s: s.update(first_call=0.5),  # a first call cheaper than a later one
+    lambda s: s.update(first_call="dear"),
 ])
 def test_cost_model_refuses_a_damaged_remembered_state_whole(damage):
     state = _train(CostModel(k_max=6), accept_prob=0.7, cycles=50).remembered()
@@ -758,3 +760,55 @@ def test_no_probe_where_drafting_cannot_pay_even_at_optimism():
     policy.observe(CycleOutcome(1, [0], 0.060, 1, 0.044, 2))
     _plain(policy, 40)
     assert not policy.catchup_pays(1, 4, 100) and policy.probe_measured is None
+
+
+def _drafting(k, first=0.018, later=0.014, accepted=None, verify=0.05):
+    """A cycle of ``k`` drafts at one row whose first draft call (it feeds the last cycle's 2 tokens) took ``first``
+    and each later one ``later``."""
+    return CycleOutcome(k, [k if accepted is None else accepted], first + (k - 1) * later, k, verify, k + 1,
+                        first_draft_seconds=first)
+
+
+def test_cost_model_prices_a_cycles_first_draft_call_apart_from_the_later_ones():
+    """A cycle's first draft call feeds 2 tokens and costs more than the later ones. Priced as one of them, a run of
+    1-draft cycles measured only the first call and priced every K by it: K = 1 went on looking best where fixed
+    K = 4 ran 4-7 % faster (tools/load_test.py, one client). The first call's ratio to a later one is learned from
+    cycles of 2 or more drafts, and a 1-draft cycle's call is priced down by it."""
+    policy = CostModel(k_max=4)
+    for _ in range(40):
+        policy.observe(_drafting(4))
+    assert policy.first_call == pytest.approx(0.018 / 0.014, rel=0.02)
+    assert policy.draft_step == pytest.approx(0.014, rel=0.01)
+    for _ in range(40):  # then only 1-draft cycles: they measure the first call alone
+        policy.observe(_drafting(1))
+    assert policy.draft_step == pytest.approx(0.014, rel=0.02)
+    naive = CostModel(k_max=4)  # every call priced alike, as before: the 1-draft cycles teach it the dear call
+    for outcome in [_drafting(4)] * 40 + [_drafting(1)] * 40:
+        naive.observe(CycleOutcome(outcome.proposed, outcome.accepted, outcome.draft_seconds, outcome.draft_steps,
+                                   outcome.verify_seconds, outcome.verify_tokens))
+    assert naive.draft_step == pytest.approx(0.018, rel=0.02)
+    # a K's cost: the first call, K - 1 later ones and its verification
+    rates = policy.expected_rate(np.ones(4))
+    np.testing.assert_allclose(rates[4], 5 / (0.018 + 3 * policy.draft_step + policy.verify_cost(5)), rtol=0.02)
+    assert rates[1] == pytest.approx(2 / (0.018 + policy.verify_cost(2)), rel=0.02)
+
+
+def test_a_stalled_first_draft_call_teaches_a_bounded_ratio_and_an_unknown_one_changes_nothing():
+    policy = CostModel(k_max=4)
+    policy.observe(_drafting(4, first=0.5))  # a stall: its ratio counts as at most ``first_call_most``
+    assert 1.0 < policy.first_call <= 1.0 + 0.1 * (CostModel.first_call_most - 1.0) + 1e-9
+    plain = CostModel(k_max=4)  # a drafter that does not say what its first call took: all calls priced alike
+    plain.observe(CycleOutcome(4, [4], 0.06, 4, 0.05, 5))
+    assert plain.first_call == 1.0 and plain.draft_step == pytest.approx(0.015)
+
+
+def test_the_first_calls_ratio_is_remembered_and_recalled():
+    earlier = CostModel(k_max=4)
+    for _ in range(20):
+        earlier.observe(_drafting(4))
+    state = json.loads(json.dumps(earlier.remembered()))
+    recalled = CostModel(k_max=4)
+    assert recalled.recall(state) and recalled.first_call == earlier.first_call > 1.0
+    del state["first_call"]  # a record from before it was kept: every call priced alike
+    older = CostModel(k_max=4)
+    assert older.recall(state) and older.first_call == 1.0

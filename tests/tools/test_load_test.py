@@ -19,15 +19,30 @@ def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
                            "2", "--max-tokens", "12", "--context", "96", "--prompt-file", str(prompts), "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    rows = json.loads(out.with_suffix(".json").read_text())
+    report = json.loads(out.with_suffix(".json").read_text())
+    rows = report["rows"]
     assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, n) for m in ("plain", "fixed", "cost") for n in (1, 3)]
     for row in rows:  # two rounds by default, the modes taking turns within each
         assert row["rounds"] == 2 and row["requests"] == 2 * 2 * row["concurrency"] == row["completed"]
         assert not row["errors"]
         assert row["tokens"] > 0 and row["throughput"] > 0 and 0 < row["ttft_p50"] <= row["ttft_p99"]
+        # what speculation did, from each response's speculative block: none in plain decoding, drafts at fixed K
+        if row["mode"] == "plain":
+            assert row["drafted"] == 0 and row["tokens_per_cycle"] == 1.0
+        if row["mode"] == "fixed":
+            assert row["drafted"] > 0 and row["tokens_per_cycle"] >= 1.0
     order = [line.split()[2] for line in done.stdout.splitlines() if line.startswith("round ") and "N=1:" in line]
     assert order == ["plain", "fixed", "cost", "fixed", "cost", "plain"]  # each round starts with the next mode
     assert "| cost | 3 |" in out.with_suffix(".md").read_text() and out.with_suffix(".png").stat().st_size > 0
+    throughput = {(r["mode"], r["concurrency"]): r["throughput"] for r in rows}
+    for versus in report["versus"]:  # the cost policy against the better rival, pooled as the main table is
+        n = versus["concurrency"]
+        best = max(("plain", "fixed"), key=lambda mode: throughput[mode, n])
+        assert versus["best"] == best and versus["pooled"] == throughput["cost", n] / throughput[best, n]
+        assert len(versus["rounds"]) == 2 and all(r > 0 for r in versus["rounds"])
+        assert versus["rounds_at_least"] == sum(r >= 1 for r in versus["rounds"])
+    assert [v["concurrency"] for v in report["versus"]] == [1, 3]
+    assert "| 3 | " in done.stdout.split("better rival")[1]
 
 
 def test_load_test_refuses_zero_rounds_before_loading_anything(tmp_path):
