@@ -77,7 +77,7 @@ def main() -> None:
                     stages[mode, n].append(_stage(urls[mode], prompts, n, args))
                     print(f"round {round_ + 1}/{args.rounds} " + _line(_row(mode, n, stages[mode, n][-1:])), flush=True)
     rows = [_row(mode, n, runs) for (mode, n), runs in stages.items()]
-    versus = _versus(stages, levels)
+    versus = _versus(rows, stages, levels)
     table = _table(rows, args) + ("\n\n" + _versus_table(versus) if versus else "")
     print(table)
     if args.out is not None:
@@ -158,24 +158,19 @@ def _row(mode: str, clients: int, runs: list[tuple[list[dict], float]]) -> dict:
     done = [d for records, _ in runs for d in records]
     wall = sum(seconds for _, seconds in runs)
     ok = [d for d in done if not d["error"] and d["first"] is not None]
+    tokens = sum(d["tokens"] for d in ok)
     ttft = [d["first"] - d["began"] for d in ok]
     itl = [(d["ended"] - d["first"]) / (d["tokens"] - 1) for d in ok if d["tokens"] > 1]
     return {"mode": mode, "concurrency": clients, "rounds": len(runs), "requests": len(done), "completed": len(ok),
             "errors": sorted({d["error"] for d in done if d["error"]}),
-            "tokens": sum(d["tokens"] for d in ok), "seconds": wall,
+            "tokens": tokens, "seconds": wall,
             # what speculation did: drafts proposed, and tokens per target call (1.0: decoded plainly)
-            "drafted": sum(d["drafted"] for d in ok), "tokens_per_cycle": _ratio(sum(d["tokens"] for d in ok),
-                                                                                 sum(d["cycles"] for d in ok)),
-            "throughput": sum(d["tokens"] for d in ok) / wall,
+            "drafted": sum(d["drafted"] for d in ok), "tokens_per_cycle": _ratio(tokens, sum(d["cycles"] for d in ok)),
+            "throughput": tokens / wall,
             "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "itl_p50": _pct(itl, 50), "itl_p99": _pct(itl, 99)}
 
 
-def _throughput(run: tuple[list[dict], float]) -> float:
-    records, seconds = run
-    return sum(d["tokens"] for d in records if not d["error"] and d["first"] is not None) / seconds
-
-
-def _versus(stages: dict, levels: list[int]) -> list[dict]:
+def _versus(rows: list[dict], stages: dict, levels: list[int]) -> list[dict]:
     """The cost policy against the better of plain and fixed K at each concurrency: pooled (each mode's tokens over
     its wall time, as the main table) and per round; empty unless the cost policy and one of them ran."""
     rivals = [mode for mode in ("plain", "fixed") if (mode, levels[0]) in stages]
@@ -183,10 +178,10 @@ def _versus(stages: dict, levels: list[int]) -> list[dict]:
         return []
     out = []
     for n in levels:
-        pooled = {mode: _row(mode, n, stages[mode, n])["throughput"] for mode in ("cost", *rivals)}
+        pooled = {r["mode"]: r["throughput"] for r in rows if r["concurrency"] == n}
         best = max(rivals, key=pooled.get)
-        rounds = [_throughput(cost) / max(_throughput(runs[i]) for runs in (stages[m, n] for m in rivals))
-                  for i, cost in enumerate(stages["cost", n])]
+        per_round = {mode: [_row(mode, n, [run])["throughput"] for run in stages[mode, n]] for mode in ("cost", *rivals)}
+        rounds = [cost / max(per_round[m][i] for m in rivals) for i, cost in enumerate(per_round["cost"])]
         out.append({"concurrency": n, "best": best, "pooled": pooled["cost"] / pooled[best], "rounds": rounds,
                     "rounds_at_least": sum(r >= 1.0 for r in rounds)})
     return out

@@ -100,13 +100,10 @@ class KVCache:
         its rows (a server's batch decoding plainly) moves nothing."""
         rows = [int(r) for r in rows]
         lengths = self.past_len[rows]
-        if rows != sorted(rows) or not self._first_rows():
-            kept = KVCache(np.zeros_like(self.stacked[:, : len(rows)]))
-            _copy_prefixes(kept.stacked, range(len(rows)), self.stacked, rows, lengths)
-        else:
-            moved = [(to, row, n) for to, (row, n) in enumerate(zip(rows, lengths.tolist())) if to != row]
-            _copy_prefixes(self.stacked, [m[0] for m in moved], self.stacked, [m[1] for m in moved], [m[2] for m in moved])
-            kept = KVCache(self.held[:, : len(rows)], self.held)
+        in_place = rows == sorted(rows) and self._first_rows()
+        to = self.stacked if in_place else np.zeros_like(self.stacked[:, : len(rows)])
+        _copy_prefixes(to, range(len(rows)), self.stacked, rows, lengths)
+        kept = KVCache(self.held[:, : len(rows)], self.held) if in_place else KVCache(to)
         kept.commit(lengths)
         return kept
 
@@ -142,7 +139,7 @@ def _copy_prefixes(to: np.ndarray, to_rows, source: np.ndarray, rows, lengths) -
     """Row ``to_rows[i]`` of ``to`` takes the first ``lengths[i]`` slots of row ``rows[i]`` of ``source``, every
     layer at once (the caches' [2 * layers, batch, kv_heads, capacity, head_dim] layout)."""
     for to_row, row, n in zip(to_rows, rows, np.asarray(lengths).tolist()):
-        if n:
+        if n and not (to is source and to_row == row):
             to[:, to_row, :, :n] = source[:, row, :, :n]
 
 
