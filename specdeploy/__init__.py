@@ -4,7 +4,7 @@ The public API: ``Pipeline.load(artifact_dir)``, ``pipeline.generate(prompts, Ge
 ``pipeline.stream(prompt, config)``; ``export`` (needs the ``export`` extra) writes artifacts.
 """
 
-__version__ = "0.3.3"
+__version__ = "0.3.4"
 
 from .contract import Manifest, ModelSpec  # noqa: E402
 from .runtime.config import GenerationConfig  # noqa: E402

@@ -8,7 +8,9 @@ new K/V into the cache (staging: the runtime's cache work, done inside ``Engine.
 input checks, neither in the backend nor staging.
 
     python tools/bench_overhead.py [--cycles 2000] [--k 4] [--engine ort|instant] [--drafters model]
-        [--temperatures 0] [--batches 1]
+        [--temperatures 0] [--batches 1] [--policies fixed,cost]
+
+``--policies``: the draft-length policies measured (the cost policy weighs every K at every cycle).
 
 ``--engine instant`` swaps ONNX Runtime for engines that return ready outputs at once: the
 runtime's own cost, without what each real call leaves behind in the CPU's caches.
@@ -17,6 +19,7 @@ runtime's own cost, without what each real call leaves behind in the CPU's cache
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -88,6 +91,7 @@ def main() -> None:
     parser.add_argument("--drafters", default="model,prompt-lookup", help="comma-separated drafters to measure")
     parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures (0: greedy)")
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    parser.add_argument("--policies", default="fixed", help="comma-separated draft-length policies")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,32 +101,32 @@ def main() -> None:
         pipeline.draft = TimedEngine(wrap(pipeline.draft))
         print(f"tiny llama pair (vocab {tiny.VOCAB}), k={args.k}, {args.engine} engines, "
               "overhead = cycle wall time - engine time + K/V staging")
-        for drafter in args.drafters.split(","):
-            for temperature in map(float, args.temperatures.split(",")):
-                for batch in map(int, args.batches.split(",")):
-                    per_cycle, checks = [], []
-                    engines = (pipeline.target, pipeline.draft)
-                    gen = GenerationConfig(k=args.k, drafter=drafter, temperature=temperature, seed=0,
-                                           max_new_tokens=200, ignore_eos=True)
-                    cycles = 0
-                    while cycles < args.cycles:
-                        run = pipeline.start(["w5 w6 w7 w8 w5 w6"] * batch, gen)
-                        run.prefill()
-                        while not run.done:
-                            spent, backend, staging = _totals(engines)
-                            began = time.perf_counter()
-                            run.step()
-                            wall = time.perf_counter() - began
-                            spent, backend, staging = (after - before for after, before in
-                                                       zip(_totals(engines), (spent, backend, staging)))
-                            per_cycle.append(wall - spent + staging)
-                            checks.append(spent - backend - staging)
-                            cycles += 1
-                    median = statistics.median(per_cycle) * 1e6
-                    mean = statistics.fmean(per_cycle) * 1e6
-                    print(f"drafter={drafter:<13} temperature={temperature} batch={batch}: overhead per cycle "
-                          f"median {median:6.1f} us, mean {mean:6.1f} us ({cycles} cycles); engines' input checks "
-                          f"{statistics.median(checks) * 1e6:5.1f} us", flush=True)
+        for policy, drafter, temperature, batch in itertools.product(
+                args.policies.split(","), args.drafters.split(","), map(float, args.temperatures.split(",")),
+                map(int, args.batches.split(","))):
+            per_cycle, checks = [], []
+            engines = (pipeline.target, pipeline.draft)
+            gen = GenerationConfig(k=args.k, policy=policy, drafter=drafter, temperature=temperature, seed=0,
+                                   max_new_tokens=200, ignore_eos=True)
+            cycles = 0
+            while cycles < args.cycles:
+                run = pipeline.start(["w5 w6 w7 w8 w5 w6"] * batch, gen)
+                run.prefill()
+                while not run.done:
+                    spent, backend, staging = _totals(engines)
+                    began = time.perf_counter()
+                    run.step()
+                    wall = time.perf_counter() - began
+                    spent, backend, staging = (after - before for after, before in
+                                               zip(_totals(engines), (spent, backend, staging)))
+                    per_cycle.append(wall - spent + staging)
+                    checks.append(spent - backend - staging)
+                    cycles += 1
+            median = statistics.median(per_cycle) * 1e6
+            mean = statistics.fmean(per_cycle) * 1e6
+            print(f"policy={policy:<5} drafter={drafter:<13} temperature={temperature} batch={batch}: overhead per cycle "
+                  f"median {median:6.1f} us, mean {mean:6.1f} us ({cycles} cycles); engines' input checks "
+                  f"{statistics.median(checks) * 1e6:5.1f} us", flush=True)
 
 
 if __name__ == "__main__":

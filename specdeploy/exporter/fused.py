@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..contract import input_names, output_names
-from .onnx_graph import EXTERNAL_DATA_BYTES, OPSET
+from .onnx_graph import EXTERNAL_DATA_BYTES, IR_VERSION, OPSET
 
 MS = "com.microsoft"
 ALIGN = 4096  # external tensors start on page boundaries: ONNX Runtime may memory-map them
@@ -158,7 +158,7 @@ class FusedGraph:
         self.data.close()
         graph = helper.make_graph(self.nodes, "verify", self.inputs, self.outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
-                                  producer_name="specdeploy")
+                                  producer_name="specdeploy", ir_version=IR_VERSION)
         if self.bytes >= EXTERNAL_DATA_BYTES:
             onnx.save_model(model, str(self.path))
             return [self.path, self.data_path]

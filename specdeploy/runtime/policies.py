@@ -245,7 +245,8 @@ class CostModel(Policy):
         self.measured: set = set()  # what has been measured at this batch size: "draft", verify sizes
         self.by_batch: dict[int, tuple[float | None, dict[int, float], set]] = {}
         self.catchup_rate: float | None = None  # seconds per token the draft catches up on (all rows together)
-        self.plain_seconds = 0.0  # decoded plainly since the last drafting cycle (``catchup_pays`` revisits a "no")
+        # decoded plainly at each batch size since its last drafting cycle (``catchup_pays`` revisits a "no" there)
+        self.plain_seconds: dict[int, float] = {}
         self.exploring = False  # the next drafting cycle measures acceptance at ``explore_k()`` drafts (``recall``)
         self.revisits_lost = 0  # revisits in a row whose drafting left the "no" standing (``_revisit``)
         self.revisit_measured: bool | None = None  # a revisit outstanding: has a drafting cycle measured it yet?
@@ -283,10 +284,11 @@ class CostModel(Policy):
         over-trusted. With ``doubt``, each rate is raised by that many standard errors of a rate
         measured over its (decayed) count of verified drafts: what the text may still turn out to accept.
         """
-        rates = np.empty(self.k_max)
-        previous = self.prior
-        for i in range(1, self.k_max + 1):
-            previous = rates[i - 1] = (self.kept[i] + previous) / (self.tried[i] + 1.0)
+        rates, previous = [], self.prior
+        for kept, tried in zip(self.kept.tolist()[1:], self.tried.tolist()[1:]):
+            previous = (kept + previous) / (tried + 1.0)
+            rates.append(previous)
+        rates = np.array(rates)
         if doubt:
             rates = np.minimum(rates + doubt * np.sqrt(rates * (1 - rates) / (self.tried[1:] + 1.0)), 1.0)
         return rates
@@ -299,18 +301,31 @@ class CostModel(Policy):
 
         Another size's estimates never cap this size's measurements: 2 rows verify row by row in the fused form,
         and one row's v(5) capping them made K = 2 look as cheap at 2 rows as alone."""
+        return self.verify_costs(tokens)[-1]
+
+    def verify_costs(self, most: int) -> list[float]:
+        """v(1) .. v(``most``), each as ``verify_cost`` prices it, in one pass: the policy prices every K at every cycle.
+        Priced one T at a time, a decision took 92 us and a catch-up judgement 218 us on this 2-core machine, and 0.7 ms
+        and 0.27 ms of a server's cycle: a fraction of a CPU's 95 ms target step, but what a GPU's draft step costs."""
         own = {t: v for t, v in self.verify.items() if t in self.measured}
-        cap = min((v for t, v in own.items() if t > tokens), default=np.inf)
-        warm = {t: v for t, v in own.items() if t != tokens and self._warm(t)}
-        if tokens in own:
-            if self._warm(tokens) or len(warm) < 2:
-                return min(own[tokens], cap)
-            return min(_line(warm, tokens), own[tokens], cap)
-        if len(warm) >= 2:
-            return min(_line(warm, tokens), cap)
-        if tokens in self.verify:  # started from
-            return min(self.verify[tokens], cap)
-        return min(_line(self.verify, tokens), cap)  # this size's points and those it started from
+        warm = {t: v for t, v in own.items() if self._warm(t)}
+        warm_line = _fit(warm) if len(warm) >= 2 else None
+        start_line = None
+        cap = min((v for t, v in own.items() if t > most), default=np.inf)  # the cheapest longer call measured
+        costs = [0.0] * most
+        for tokens in range(most, 0, -1):
+            if tokens in own:  # measured; once only (cold): no dearer than the warm sizes' line suggests
+                cost = own[tokens] if tokens in warm or warm_line is None else min(warm_line(tokens), own[tokens])
+            elif warm_line is not None:
+                cost = warm_line(tokens)
+            elif tokens in self.verify:  # started from
+                cost = self.verify[tokens]
+            else:  # this size's points and those it started from
+                start_line = start_line or _fit(self.verify)
+                cost = start_line(tokens)
+            costs[tokens - 1] = min(cost, cap)
+            cap = min(cap, own.get(tokens, np.inf))
+        return costs
 
     def _warm(self, tokens: int, batch: int | None = None) -> bool:
         """Does v(``tokens``) at ``batch`` rows (default: this batch size) rest on more than one call, the first at its
@@ -320,13 +335,20 @@ class CostModel(Policy):
         return self.samples.get(key, 0) >= 2 or key in self.trusted
 
     def expected_rate(self, acceptance: np.ndarray | None = None, draft_step: float | None = None) -> np.ndarray:
-        """Expected tokens per second for K = 0..k_max (from the estimates, or the ones given).  # [k_max + 1]"""
-        survive = np.concatenate([[1.0], np.cumprod(self.acceptance() if acceptance is None else acceptance)])
-        tokens = np.cumsum(survive)  # E[tokens | K] = sum_{j=0..K} survive_j
+        """Expected tokens per second for K = 0..k_max (from the estimates, or the ones given).  # [k_max + 1]
+
+        On Python floats: NumPy's cost per call over k_max + 1 values was most of a decision's time."""
+        rates = (self.acceptance() if acceptance is None else acceptance).tolist()
         step = (self.draft_step if draft_step is None else draft_step) or 0.0
         first = (self.first_call - 1.0) * step  # what the first call costs beyond a later one
-        cost = np.array([k * step + (first if k else 0.0) + self.verify_cost(k + 1) for k in range(self.k_max + 1)])
-        return tokens / cost
+        verify = self.verify_costs(self.k_max + 1)
+        out, survive, tokens = [], 1.0, 0.0
+        for k in range(self.k_max + 1):
+            if k:
+                survive *= rates[k - 1]
+            tokens += survive  # E[tokens | K] = sum_{j=0..K} survive_j
+            out.append(tokens / ((k * step + first if k else 0.0) + verify[k]))
+        return np.array(out)
 
     def next_k(self) -> int:
         if self.plain_only:
@@ -397,8 +419,8 @@ class CostModel(Policy):
             # tokens per row per second, K = 0..k_max; before this request has verified any draft (costs recalled
             # from an earlier process, acceptance not), at ``optimism``, as ``plan`` judged its first catch-up
             unseen = not self.tried[1:].any()
-            rates = self.expected_rate(np.full(self.k_max, self.optimism) if unseen else None)
             hoped = self.expected_rate(np.full(self.k_max, self.optimism))
+            rates = hoped if unseen else self.expected_rate()
         finally:
             self.batch, self.draft_step, self.verify, self.measured = saved
         saving = to_come * (1 / rates[0] - 1 / rates[1:].max()) / batch  # a batch-token takes 1 / (rate * rows) s
@@ -418,7 +440,10 @@ class CostModel(Policy):
             return True
         if self.revisit_measured:  # the last revisit drafted and measured, and the answer is still no
             self.revisits_lost, self.revisit_measured = self.revisits_lost + 1, None
-        if cost - saving <= self.revisit_budget() * self.plain_seconds:
+        # Paid from the plain decoding at this batch size only: funded by a server's busy stages (2-8 rows, where a
+        # revisit's catch-up is dear), the lone client's revisits came at once, one each 1-client stage of a load test,
+        # each 4-10 % of the stage (tools/load_test.py)
+        if cost - saving <= self.revisit_budget() * self.plain_seconds.get(batch, 0.0):
             self._revisit(batch)
             return True
         # The text may have turned easier to draft since it was last measured (an answer's opening words, then its
@@ -448,10 +473,10 @@ class CostModel(Policy):
         by itself: only drafting measures the draft's costs and the text's acceptance. Measured under contention
         (another process busy on the 2 cores while a server warmed up: a draft step of 27 ms against 10, a
         catch-up of 5.7 ms a token against 1.9), they kept a lone client plain for a whole load test. So a "no"
-        is paid when its modelled loss is within ``revisit_budget()`` of the time decoded plainly since the last
-        drafting cycle, and the drafting costs at ``batch`` are learned afresh, as in a new process (``_learn``),
+        is paid when its modelled loss is within ``revisit_budget()`` of the time decoded plainly at ``batch`` rows since
+        the last drafting cycle there, and the drafting costs at ``batch`` are learned afresh, as in a new process (``_learn``),
         instead of blending a tenth of each new measurement into the stale ones."""
-        self.plain_seconds, self.exploring, self.revisit_measured = 0.0, True, False
+        self.plain_seconds[batch], self.exploring, self.revisit_measured = 0.0, True, False
         self.trusted |= {key for key, count in self.samples.items() if isinstance(key[1], int) and count >= 2}
         for key in [key for key in self.samples if key == ("catchup", 0) or (key[0] == batch and key[1] != 1)]:
             del self.samples[key]
@@ -465,7 +490,7 @@ class CostModel(Policy):
         if not isinstance(previous, CostModel) or previous.k_max != self.k_max:
             return
         self.draft_step, self.verify, self.measured = previous.draft_step, dict(previous.verify), set(previous.measured)
-        self.batch, self.catchup_rate, self.plain_seconds = previous.batch, previous.catchup_rate, previous.plain_seconds
+        self.batch, self.catchup_rate, self.plain_seconds = previous.batch, previous.catchup_rate, dict(previous.plain_seconds)
         self.first_call = previous.first_call
         self.revisits_lost, self.revisit_measured = previous.revisits_lost, previous.revisit_measured
         self.samples, self.firsts = dict(previous.samples), dict(previous.firsts)  # the same process: its calls are warm
@@ -607,7 +632,7 @@ class CostModel(Policy):
                 self.kept[1 : int(n) + 1] += 1
         # A catch-up after plain cycles feeds the draft many tokens at once; timing it as one step
         # would make drafting look dear and keep the policy from ever speculating again.
-        self.plain_seconds = 0.0 if k > 0 else self.plain_seconds + outcome.verify_seconds
+        self.plain_seconds[self.batch] = 0.0 if k > 0 else self.plain_seconds.get(self.batch, 0.0) + outcome.verify_seconds
         if outcome.draft_steps and outcome.catchup_tokens <= 2:
             step = self._draft_call(outcome)
             self.draft_step = self._learn((self.batch, "draft"), self.draft_step, step, blend, "draft" in self.measured)
@@ -626,17 +651,18 @@ def _first_call(value, most: float) -> float:
     return float(value)
 
 
-def _line(verify: dict[int, float], tokens: int) -> float:
-    """v(tokens) from measured points: a least-squares line, never below the cheapest point; from one
+def _fit(verify: dict[int, float]):
+    """v(T) from measured points, as a function of T: a least-squares line, never below the cheapest point; from one
     point, 10 % a token."""
     if len(verify) == 1:
         (t0, v0), = verify.items()
-        return v0 * (1 + 0.1 * (tokens - t0))
+        return lambda tokens: v0 * (1 + 0.1 * (tokens - t0))
     # the closed form of a degree-1 least-squares fit: np.polyfit took 90 us, and the policy asks every cycle
     mean_t, mean_v = sum(verify) / len(verify), sum(verify.values()) / len(verify)
     slope = (sum((t - mean_t) * (v - mean_v) for t, v in verify.items())
              / sum((t - mean_t) ** 2 for t in verify))
-    return max(mean_v + slope * (tokens - mean_t), min(verify.values()))
+    floor = min(verify.values())
+    return lambda tokens: max(mean_v + slope * (tokens - mean_t), floor)
 
 
 def _counts(values, k_max: int) -> np.ndarray:

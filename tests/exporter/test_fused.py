@@ -13,6 +13,7 @@ import pytest
 from specdeploy.contract import Manifest
 from specdeploy.engines import EngineInputError, load_engine
 from specdeploy.exporter.fused import FusedGraph
+from specdeploy.exporter.onnx_graph import IR_VERSION
 from tests import tiny
 
 
@@ -72,6 +73,16 @@ def test_the_fused_writer_reports_each_quarter_of_the_layers(tmp_path):
 def fused_and_explicit(checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("forms")
     return {form: tiny.export_cli(out / form, checkpoint, None, "--graph", form) for form in ("fused", "explicit")}
+
+
+@pytest.mark.parametrize("form", ["fused", "explicit"])
+def test_every_graph_declares_an_ir_version_the_oldest_supported_onnxruntime_reads(fused_and_explicit, form):
+    """onnx writes its own newest IR version by default (14 for onnx 1.23), which this machine's onnxruntime 1.32 reads
+    but onnxruntime-gpu 1.31.1 refused on an H200: each graph declares IR_VERSION, what onnxruntime 1.20 reads."""
+    graphs = sorted(fused_and_explicit[form].glob("*.onnx"))
+    assert graphs
+    for path in graphs:
+        assert onnx.load(str(path), load_external_data=False).ir_version <= IR_VERSION == 10
 
 
 def test_a_fused_graph_computes_only_the_logits_asked_for(fused_and_explicit):

@@ -301,6 +301,26 @@ def test_cost_model_revisits_less_often_while_revisits_leave_the_no_standing():
     assert policy.revisits_lost == 0 and policy.revisit_budget() == policy.revisit_share
 
 
+def test_a_revisit_is_paid_from_the_plain_decoding_at_its_own_batch_size():
+    """Plain steps of a busy batch do not fund a lone row's revisit: funded by a server's 2-8-row stages, where no
+    revisit pays, the lone client's came at once, one in each of its stages (4-10 % of a stage, tools/load_test.py)."""
+    policy = make_policy("cost", 4)
+    for _ in range(20):  # alone: drafting measured dearer than plain decoding, so the catch-up is refused
+        policy.observe(CycleOutcome(4, [2], draft_seconds=0.06, draft_steps=4, verify_seconds=0.012, verify_tokens=5))
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+    policy.observe_catchup(0.6, 100)
+    assert not policy.catchup_pays(1, 8, 64)
+    for _ in range(2000):  # 8 rows decoding plainly for 100 s: far beyond what one row's revisit may lose
+        policy.observe(CycleOutcome(0, [0] * 8, draft_seconds=0.0, draft_steps=0, verify_seconds=0.05, verify_tokens=1))
+    assert not policy.catchup_pays(1, 8, 64) and not policy.exploring
+    steps = 0
+    while not policy.catchup_pays(1, 8, 64):  # the lone row's own plain decoding funds it
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+        steps += 1
+        assert steps < 100_000, "never revisited"
+    assert policy.exploring and policy.plain_seconds[1] == 0.0 and policy.plain_seconds[8] == pytest.approx(100.0)
+
+
 def test_cost_model_revisits_a_refused_catch_up_now_and_then():
     """Only drafting measures the draft's costs and the text's acceptance, so a "no" to the draft's catch-up
     would stand for good (measured while another process was busy, the load test's lone client stayed plain for a

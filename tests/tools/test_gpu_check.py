@@ -1,0 +1,125 @@
+"""tools/gpu_check.py: its build mode exports the tiny artifacts, and its run mode, with the CPU standing in for
+CUDA, finds greedy speculative decoding exact, every node placed, the cache on the host and the timings sane."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
+BUILT = ["fused-fp16", "fused-int4"]  # the explicit form's tracing takes ~30 s a pair: left to the device run
+
+
+def _tool(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("gpucheck") / "art"
+    done = _tool("--build", str(directory), "--only", ",".join(BUILT))
+    assert all(f"{name}: " in done.stdout for name in BUILT)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def report(built, tmp_path_factory) -> tuple[dict, str]:
+    out = tmp_path_factory.mktemp("out") / "gpu_check.json"
+    done = _tool("--run", str(built), "--provider", "cpu", "--big", "test", "--out", str(out))
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_greedy_speculative_decoding_is_exact_and_accepts_drafts(report):
+    artifacts = report[0]["artifacts"]
+    assert sorted(artifacts) == sorted(BUILT)
+    for name, record in artifacts.items():
+        assert record["manifest"]["graph"] == "fused" and record["load"]["device"]["via"] == "Pipeline.load"
+        assert "stage" not in record  # every part ran to its end
+        cases = record["exactness"]
+        assert set(cases) == {"plain cpu vs cpu (2nd pipeline)", "spec k4 cpu (2nd pipeline) vs plain",
+                              "spec k2 cpu (2nd pipeline) vs plain", "spec k4-batch1 cpu (2nd pipeline) vs plain",
+                              "spec k4 cpu vs plain"}, name
+        for case, result in cases.items():
+            assert (result["equal"], result["of"], result["diverged"]) == (3, 3, []), (name, case, result)
+            assert [len(t) for t in result["tokens"]] == [24, 24, 24]
+        for k in (2, 4):  # the perturbed draft is accepted in part: drafts kept, yet not all of them
+            accepted = cases[f"spec k{k} cpu (2nd pipeline) vs plain"]["mean_accepted_length"]
+            assert 1.2 < accepted < k + 1, (name, k, accepted)
+    assert "no failures" in report[1] and "== fused-int4" in report[1]
+
+
+def test_every_node_is_placed_and_the_cache_is_a_host_array(report):
+    for name, record in report[0]["artifacts"].items():
+        placement = record["placement"]
+        assert placement["session_providers"] == ["CPUExecutionProvider"]
+        assert list(placement["nodes_per_provider"]) == ["CPUExecutionProvider"]
+        ops = placement["ops_per_provider"]["CPUExecutionProvider"]
+        assert ops["GroupQueryAttention"] == 2 and ops["SkipSimplifiedLayerNormalization"] == 4
+        assert ops["MatMulNBits" if "int4" in name else "MatMul"] == 9  # per layer qkv, o, gate_up, down; the head
+        cache = record["cache"]
+        assert cache["buffer"] == "numpy.ndarray" and cache["on_host"] and cache["binds_by_copy"] is False
+        # the same provider: the same arithmetic, written in place at past_len .., nothing beyond touched
+        assert cache["logits_max_abs_diff"] == 0 and cache["cache_max_abs_diff"] == 0 and cache["logits_max_abs"] > 1
+        assert cache["new_slots_written"] and cache["beyond_valid_nonzero"] == 0
+
+
+def test_latencies_are_measured_for_both_bindings(report):
+    for name, record in [*report[0]["artifacts"].items(), *(("big", b) for b in report[0]["big"].values())]:
+        latency = record["latency"] if "latency" in record else record
+        for kind in ("engine", "device_cache"):
+            for tokens in ("T1", "T5"):
+                timing = latency[kind][tokens]
+                assert 0 < timing["median_ms"] <= timing["p90_ms"] < float("inf"), (name, kind, timing)
+        assert latency["engine"]["T5"]["engine_seconds_median_ms"] <= latency["engine"]["T5"]["median_ms"]
+        # device-resident caches (shared past/present OrtValues) compute what the engine computes
+        assert latency["device_cache"]["logits_max_abs_diff"] < 1e-3, name
+    big = report[0]["big"]["test"]
+    assert big["shape"]["layers"] == 2 and big["bytes"] > 0 and big["engine_logits"]["max_abs"] > 0
+
+
+def test_environment_is_recorded(report):
+    env = report[0]["environment"]
+    assert "CPUExecutionProvider" in env["available_providers"] and env["probe_session_providers"] == ["CPUExecutionProvider"]
+    assert env["onnx_ir_version"] >= 10 and env["modules"]["tokenizers"] and "preload_dlls" not in env
+
+
+def test_the_pipeline_from_engines_decodes_what_pipeline_load_does(built, report, tmp_path):
+    """Without ``tokenizers`` the pipeline is built from its engines (target and draft in their roles)."""
+    out = tmp_path / "engines.json"
+    _tool("--run", str(built), "--provider", "cpu", "--only", "fused-fp16", "--loader", "engines", "--out", str(out))
+    record = json.loads(out.read_text())["artifacts"]["fused-fp16"]
+    assert record["load"]["device"]["via"] == "Pipeline(engines), token ids"
+    loaded = report[0]["artifacts"]["fused-fp16"]["exactness"]
+    for case, result in record["exactness"].items():
+        assert result["tokens"] == loaded[case]["tokens"]
+        assert result.get("mean_accepted_length") == loaded[case].get("mean_accepted_length"), case
+
+
+def test_a_graph_onnxruntime_refuses_for_its_ir_version_runs_from_a_lowered_copy(built, tmp_path):
+    import onnx
+
+    from specdeploy.contract import Manifest, sha256_file
+
+    directory = tmp_path / "art"
+    shutil.copytree(built / "fused-int4", directory / "fused-int4")
+    manifest = Manifest.read(directory / "fused-int4")
+    for spec in manifest.models.values():
+        path = directory / "fused-int4" / spec.file
+        model = onnx.load(str(path))
+        model.ir_version = 99
+        onnx.save_model(model, str(path))
+        manifest.files[spec.file] = sha256_file(path)
+    manifest.write(directory / "fused-int4")
+    out = tmp_path / "ir.json"
+    done = _tool("--run", str(directory), "--provider", "cpu", "--out", str(out))
+    record = json.loads(out.read_text())["artifacts"]["fused-int4"]
+    assert "99" in record["ir_lowered"] and "IR lowered" in done.stdout
+    assert all(r["equal"] == r["of"] == 3 for r in record["exactness"].values())
+    assert onnx.load(str(directory / "fused-int4" / "target.onnx")).ir_version == 99  # the artifact itself untouched

@@ -1,0 +1,663 @@
+"""One short check of the CUDA path: tiny random artifacts built here, run once on a GPU machine.
+
+    .venv/bin/python tools/gpu_check.py --build .gpucheck --vendor-tokenizers        # here (torch, transformers)
+    PYTHONPATH=. python3 tools/gpu_check.py --run .gpucheck --out $OUT/gpu_check.json [--big 1.5b,0.5b]
+
+``--build`` exports one tiny Qwen2-shaped target with a perturbed copy as its draft (partial, ragged acceptance)
+in each graph form and weight format (``ARTIFACTS``), with specdeploy's own exporter. ``--run`` needs only
+numpy, onnx and onnxruntime(-gpu) (and torch for ``--big``): per artifact it reports
+- exactness through the public API: greedy plain decoding on the CPU against ``--provider`` token for token,
+  then greedy speculative decoding (draft model, fixed K) against plain decoding on ``--provider``;
+- where the engine keeps its cache, and on which execution provider each node of the target ran (ONNX
+  Runtime's profile), and one call's logits and cache against the CPU's;
+- ``Engine.infer`` latency at batch 1, T = 1 and 5 after a past of 256, beside the same graph run with its
+  caches bound once as device OrtValues (what the engine would cost with device-resident caches).
+``Pipeline.load`` reads the tokenizer with ``tokenizers``: where it is missing and no vendored wheel
+(``--vendor-tokenizers``) is in the dir, the pipeline is built from its engines and prompts are token ids.
+A graph whose IR version this onnxruntime refuses is run from a copy with the IR version lowered (reported).
+``--big`` writes Qwen2.5-shaped fused fp16 targets with random weights through the exporter's own fused writer
+(``LlamaVerify.write_fused``: torch, no transformers) on the machine and times them the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPACITY = 512  # cache slots of the tiny artifacts: a past of 256 and a few verified tokens fit
+PAST = 256
+NEW_TOKENS = 24
+PROMPT_LENGTHS = (5, 9, 14)
+CALLS = 50
+IR_FLOOR = 10  # onnxruntime >= 1.20 reads IR 10; opset 18 needs only IR 8
+ARTIFACTS = {  # name -> export options
+    "fused-fp32": {"graph": "fused", "dtype": "float32"},
+    "fused-fp16": {"graph": "fused", "dtype": "float16"},
+    "explicit-fp32": {"graph": "explicit", "dtype": "float32"},
+    "explicit-fp16": {"graph": "explicit", "dtype": "float16"},
+    "fused-int4": {"graph": "fused", "dtype": "float32", "weights": "int4"},  # `make demo`'s form
+    "fused-fp16-int4": {"graph": "fused", "dtype": "float16", "weights": "int4"},
+}
+SPECULATIVE = {"k4": (4, None), "k2": (2, None), "k4-batch1": (4, 1)}  # case -> (k, batch_size: None = all prompts)
+BIG = {  # Qwen2.5 shapes (tied embeddings, q/k/v bias); "test" keeps the path under test on a CPU
+    "1.5b": {"hidden": 1536, "layers": 28, "heads": 12, "kv_heads": 2, "head_dim": 128, "ffn": 8960, "vocab": 151936},
+    "0.5b": {"hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "head_dim": 64, "ffn": 4864, "vocab": 151936},
+    "test": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128, "vocab": 256},
+}
+BIG_CAPACITY = 1024
+SPEC_FIELDS = ("graph", "dtype", "weights", "num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size", "capacity")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--build", type=Path, metavar="DIR", help="export the tiny artifacts into DIR (needs the export extra)")
+    mode.add_argument("--run", type=Path, metavar="DIR", help="check the artifacts in DIR on --provider")
+    parser.add_argument("--out", type=Path, help="--run: write the results here as JSON (rewritten after each artifact)")
+    parser.add_argument("--provider", default="cuda", choices=("cuda", "cpu"),
+                        help="the provider under test; the reference is always the CPU")
+    parser.add_argument("--only", help="comma list of artifact names (default: all of ARTIFACTS / all built)")
+    parser.add_argument("--big", default="", help=f"--run: comma list of {', '.join(BIG)}: random-weight fused fp16 "
+                                                  "targets written and timed on the machine (needs torch)")
+    parser.add_argument("--loader", default="auto", choices=("auto", "pipeline", "engines"),
+                        help="Pipeline.load (needs tokenizers), the Pipeline built from its engines, or auto")
+    parser.add_argument("--budget", type=float, default=150.0, help="--run: seconds after which the rest is skipped")
+    parser.add_argument("--vendor-tokenizers", action="store_true",
+                        help="--build: put the tokenizers wheel (cp312 manylinux x86_64) into DIR/wheels")
+    args = parser.parse_args(argv)
+    only = args.only.split(",") if args.only else None
+    big = [b for b in args.big.split(",") if b]
+    if any(b not in BIG for b in big):
+        parser.error(f"--big: got {args.big!r}; expected names among {', '.join(BIG)}")
+    if args.build:
+        if only and any(n not in ARTIFACTS for n in only):
+            parser.error(f"--only: got {args.only!r}; expected names among {', '.join(ARTIFACTS)}")
+        build(args.build, only or list(ARTIFACTS), args.vendor_tokenizers)
+        return 0
+    report = run(args.run, args.out, args.provider, only, big, args.loader, args.budget)
+    failed = [name for name, r in report["artifacts"].items() if _failures(r)]
+    failed += [f"big {name}" for name, r in report["big"].items() if "error" in r or _failures(r)]
+    print(f"done in {report['seconds']:.0f} s; " + (f"failures in {', '.join(failed)}" if failed else "no failures"))
+    return 0
+
+
+# --- build (here, with the export extra) ----------------------------------------------------------------------
+
+
+def build(directory: Path, names: list[str], vendor_tokenizers: bool) -> None:
+    """Export ``names`` (keys of ARTIFACTS) from one seeded tiny target and draft into ``directory``."""
+    sys.path.insert(0, str(ROOT))
+    from specdeploy import export
+    from tests import tiny
+
+    directory.mkdir(parents=True, exist_ok=True)
+    # head_dim 64, as the 0.5B draft's: GroupQueryAttention's CUDA kernels choose by head size
+    config = tiny.llama_config("qwen2", hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=64, max_position_embeddings=CAPACITY)
+    target = tiny.build_model(config, seed=0)
+    draft = tiny.build_model(config, seed=1, perturb_from=target, noise=0.01)  # accepts 1-4 of 4, row by row
+    with tempfile.TemporaryDirectory() as tmp:
+        target_dir, draft_dir = (tiny.save_checkpoint(m, Path(tmp) / n) for m, n in ((target, "target"), (draft, "draft")))
+        for name in names:
+            began = time.perf_counter()
+            export(target_dir, directory / name, draft=draft_dir, capacity=CAPACITY, force=True, **ARTIFACTS[name])
+            size = sum(p.stat().st_size for p in (directory / name).iterdir())
+            print(f"{name}: {size / 1e3:.0f} kB in {time.perf_counter() - began:.1f} s")
+    if vendor_tokenizers:
+        from importlib.metadata import version
+
+        wheels = directory / "wheels"
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", f"tokenizers=={version('tokenizers')}",
+                        "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--platform",
+                        "manylinux2014_x86_64", "-d", str(wheels)], check=True)
+        print("vendored: " + ", ".join(p.name for p in wheels.glob("*.whl")))
+
+
+# --- run (on the machine under test) --------------------------------------------------------------------------
+
+
+def run(directory: Path, out: Path | None, provider: str, only: list[str] | None, big: list[str], loader: str,
+        budget: float) -> dict:
+    """Check every artifact of ``directory`` (and ``big`` shapes) on ``provider``; return the report."""
+    began = time.perf_counter()
+    faulthandler.enable()  # a crash inside ONNX Runtime still prints where Python was; the JSON names the stage
+    os.environ.setdefault("SPECDEPLOY_CACHE", tempfile.mkdtemp(prefix="gpu-check-cache-"))
+    sys.path.insert(0, str(ROOT))
+    report = {"environment": _environment(directory, provider), "artifacts": {}, "big": {}}
+    _print_environment(report["environment"])
+    built = sorted((p.name for p in directory.iterdir() if (p / "manifest.json").is_file()),
+                   key=lambda n: (list(ARTIFACTS).index(n) if n in ARTIFACTS else len(ARTIFACTS), n))
+    for name in only or built:
+        if time.perf_counter() - began > budget:
+            report["artifacts"][name] = {"skipped": f"budget of {budget:.0f} s spent"}
+            continue
+        record = report["artifacts"][name] = {}
+        check_artifact(directory / name, provider, loader, record, lambda: _write(out, report, began))
+        _print_artifact(name, record)
+        _write(out, report, began)
+    for name in big:
+        if time.perf_counter() - began > budget:
+            report["big"][name] = {"skipped": f"budget of {budget:.0f} s spent"}
+            continue
+        print(f"== big {name}: writing and loading it ...", flush=True)
+        report["big"][name] = _guard(lambda name=name: check_big(name, provider))
+        _print_big(name, report["big"][name])
+        _write(out, report, began)
+    _write(out, report, began)
+    return report
+
+
+def _write(out: Path | None, report: dict, began: float) -> None:
+    report["seconds"] = time.perf_counter() - began
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1, default=str))
+
+
+def _environment(directory: Path, provider: str) -> dict:
+    """Versions, providers, the GPU, optional modules; vendored wheels put on sys.path; CUDA's DLLs preloaded."""
+    env = {"python": sys.version.split()[0], "machine": platform.machine(), "numpy": np.__version__,
+           "vendored": _vendor(directory)}
+    env["modules"] = {m: importlib.util.find_spec(m) is not None
+                      for m in ("tokenizers", "click", "rich", "jinja2", "cupy", "torch", "transformers")}
+    import onnx
+    import onnxruntime as ort
+
+    env.update(onnx=onnx.__version__, onnx_ir_version=onnx.IR_VERSION, onnxruntime=ort.__version__,
+               ort_device=ort.get_device(), available_providers=ort.get_available_providers())
+    if provider != "cpu":  # onnxruntime-gpu >= 1.21: load the CUDA and cuDNN libraries before the first session
+        env["preload_dlls"] = _guard(lambda: ort.preload_dlls() or "called") if hasattr(ort, "preload_dlls") else "absent"
+    env["probe_session_providers"] = _guard(lambda: _probe(provider))
+    try:
+        query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"]
+        env["gpu"] = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        env["gpu"] = f"nvidia-smi: {exc}"
+    return env
+
+
+def _probe(provider: str) -> list[str]:
+    """The providers a one-node session on ``provider`` really got (ONNX Runtime logs why at warning level if it
+    fell back to the CPU)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from specdeploy.engines.ort import PROVIDERS
+
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in "xy"]
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", value[:1], value[1:]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = IR_FLOOR
+    chain = list(dict.fromkeys([PROVIDERS[provider], "CPUExecutionProvider"]))
+    return ort.InferenceSession(model.SerializeToString(), providers=chain).get_providers()
+
+
+def _vendor(directory: Path) -> list[str]:
+    """Unpack DIR/wheels/*.whl (tokenizers) onto sys.path where the module is not installed."""
+    wheels = sorted((directory / "wheels").glob("*.whl"))
+    names = [w for w in wheels if importlib.util.find_spec(w.name.split("-")[0]) is None]
+    if not names:
+        return []
+    site = Path(tempfile.mkdtemp(prefix="gpu-check-site-"))
+    for wheel in names:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(site)
+    sys.path.insert(0, str(site))
+    return [w.name for w in names]
+
+
+def check_artifact(directory: Path, provider: str, loader: str, record: dict, save=lambda: None) -> None:
+    """Exactness, placement, cache and latency of one artifact into ``record``; each part's failure is recorded, not
+    raised. ``record["stage"]`` names the part under way at each ``save()`` (removed when all are done)."""
+    from specdeploy.contract import Manifest
+
+    def stage(name: str) -> None:
+        record["stage"] = name
+        save()
+
+    record["manifest"] = _guard(lambda: {k: getattr(Manifest.read(directory).target, k) for k in SPEC_FIELDS})
+    stage("load")
+    usable = _guard(lambda: _readable_copy(directory, record))
+    if isinstance(usable, dict):
+        record["load"] = usable
+        return
+    loaded = {}
+    for side, name in (("reference", "cpu"), ("device", provider)):
+        start = time.perf_counter()
+        loaded[side] = _guard(lambda name=name: _pipeline(usable, name, loader))
+        record.setdefault("load", {})[side] = (loaded[side] if isinstance(loaded[side], dict) else
+                                               {"provider": name, "via": loaded[side][1],
+                                                "seconds": round(time.perf_counter() - start, 3)})
+    if any(isinstance(v, dict) for v in loaded.values()):
+        return
+    ref, dev = loaded["reference"][0], loaded["device"][0]
+    prompts = [np.random.default_rng(n).integers(4, 120, n).tolist() for n in PROMPT_LENGTHS]
+    stage("exactness")
+    record["exactness"] = exactness(ref, dev, prompts, provider)
+    stage("placement")
+    record["placement"] = _guard(lambda: placement(usable / dev.target.spec.file, dev.target.spec, provider))
+    stage("cache")
+    ids = np.random.default_rng(3).integers(0, dev.target.spec.vocab_size, (1, PAST + 5))
+    record["cache"] = _guard(lambda: cache_check(ref.target, dev.target, ids))
+    stage("latency")
+    record["latency"] = {"engine": _guard(lambda: engine_latency(dev.target))}
+    stage("latency with device-resident caches")
+    record["latency"]["device_cache"] = _guard(lambda: resident_latency(
+        usable / dev.target.spec.file, dev.target.spec, provider, ids, _last_logits(ref.target, ids)))
+    del record["stage"]
+
+
+def _readable_copy(directory: Path, record: dict) -> Path:
+    """``directory``, or a copy whose graphs carry an IR version this onnxruntime reads (manifest rehashed)."""
+    import onnxruntime as ort
+
+    from specdeploy.contract import Manifest, sha256_file
+
+    manifest = Manifest.read(directory)
+    try:
+        ort.InferenceSession(str(directory / manifest.target.file), providers=["CPUExecutionProvider"])
+        return directory
+    except Exception as exc:
+        if "IR version" not in str(exc):
+            raise
+        record["ir_lowered"] = str(exc).strip().splitlines()[-1][-200:]
+    copy = Path(tempfile.mkdtemp(prefix="gpu-check-ir-")) / directory.name
+    shutil.copytree(directory, copy)
+    for spec in manifest.models.values():
+        _lower_ir(copy / spec.file)
+        manifest.files[spec.file] = sha256_file(copy / spec.file)
+    manifest.write(copy)
+    return copy
+
+
+def _lower_ir(path: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)  # external weights stay where they are
+    model.ir_version = min(model.ir_version, IR_FLOOR)
+    onnx.save_model(model, str(path))
+
+
+class _IdTokenizer:
+    """Stands in for ``tokenizers.Tokenizer`` where that is missing: prompts are token ids, a text is its ids."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+    def token_to_id(self, token: str) -> None:
+        return None
+
+
+def _pipeline(directory: Path, provider: str, loader: str):
+    """(Pipeline, how it was made): ``Pipeline.load`` where ``tokenizers`` imports, else from its engines."""
+    from specdeploy import Pipeline
+
+    if loader == "pipeline" or (loader == "auto" and importlib.util.find_spec("tokenizers") is not None):
+        return Pipeline.load(directory, provider=provider), "Pipeline.load"
+    from specdeploy.contract import ContractError, Manifest, verify_files
+    from specdeploy.engines import load_engine
+
+    manifest = Manifest.read(directory)
+    problems = verify_files(directory, manifest)
+    if problems:
+        raise ContractError("; ".join(problems))
+    target = load_engine(directory, manifest, "target", provider)
+    draft = load_engine(directory, manifest, "draft", provider) if manifest.draft is not None else None
+    return Pipeline(manifest, _IdTokenizer(), target, draft, directory), "Pipeline(engines), token ids"
+
+
+def exactness(ref, dev, prompts: list[list[int]], provider: str) -> dict:
+    """Greedy tokens: plain CPU vs plain ``provider``; speculative vs plain on ``provider`` (and on the CPU)."""
+    from specdeploy import GenerationConfig
+
+    plain = GenerationConfig(max_new_tokens=NEW_TOKENS, drafter="none", ignore_eos=True)
+    names = {"reference": "cpu", "device": provider if provider != "cpu" else "cpu (2nd pipeline)"}
+    outputs = {side: _guard(lambda p=p: p.generate(prompts, plain)) for side, p in zip(("reference", "device"), (ref, dev))}
+    failed = {f"plain {names[side]}": o for side, o in outputs.items() if isinstance(o, dict)}
+    if failed:
+        return failed
+    plain_tokens = {side: [r.token_ids for r in results] for side, results in outputs.items()}
+    cases = {f"plain {names['reference']} vs {names['device']}":
+             _compare(ref, prompts, plain_tokens["reference"], outputs["device"], plain)}
+    runs = [(f"{case} {names['device']}", dev, "device", k, batch) for case, (k, batch) in SPECULATIVE.items()]
+    runs.append(("k4 cpu", ref, "reference", 4, None))
+    for label, pipeline, side, k, batch in runs:
+        config = GenerationConfig(max_new_tokens=NEW_TOKENS, k=k, policy="fixed", drafter="model", ignore_eos=True)
+        cases[f"spec {label} vs plain"] = _guard(lambda p=pipeline, c=config, s=side, b=batch: _compare(
+            p, prompts, plain_tokens[s], p.generate(prompts, c, batch_size=b), c))
+    return cases
+
+
+def _compare(pipeline, prompts, reference: list[list[int]], results, config) -> dict:
+    """Prompts whose tokens equal ``reference``; where each other one diverges, with the target's margin there."""
+    other = [r.token_ids for r in results]
+    case = {"equal": sum(a == b for a, b in zip(reference, other)), "of": len(prompts), "diverged": [], "tokens": other}
+    for i, (prompt, a, b) in enumerate(zip(prompts, reference, other)):
+        if a != b:
+            where = pipeline.first_divergence(prompt, a, b, config) or {"position": min(len(a), len(b)),
+                                                                         "lengths": [len(a), len(b)]}
+            case["diverged"].append({"prompt": i, **where})
+    errors = [r.error for r in results if r.error]
+    if errors:
+        case["row_errors"] = errors[:3]
+    accepted = [r.stats["mean_accepted_length"] for r in results if r.stats.get("cycles")]
+    if config.speculative and accepted:
+        case["mean_accepted_length"] = round(statistics.fmean(accepted), 3)
+    return case
+
+
+def placement(path: Path, spec, provider: str) -> dict:
+    """Nodes (of the optimised graph, as ONNX Runtime's profiler saw them run) per execution provider and op."""
+    import onnx
+
+    from specdeploy.engines.base import prefill
+    from specdeploy.engines.ort import OrtEngine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = OrtEngine(path, spec, provider=provider, profile=Path(tmp) / "profile")
+        cache = engine.allocate_cache(1, 64)
+        ids = np.arange(4, 24, dtype=np.int64)[None]
+        prefill(engine, cache, ids, [12])
+        engine.infer(ids[:, 12:13], np.array([12], np.int64), cache)
+        engine.infer(ids[:, 13:18], np.array([13], np.int64), cache)
+        events = json.loads(Path(engine.session.end_profiling()).read_text())
+        providers = engine.session.get_providers()
+    nodes = {e["name"][: -len("_kernel_time")]: (e.get("args", {}).get("provider", "?"), e.get("args", {}).get("op_name", "?"))
+             for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")}
+    ops: dict[str, Counter] = {}
+    for where, op in nodes.values():
+        ops.setdefault(where, Counter())[op] += 1
+    graph_nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
+    return {"session_providers": providers, "graph_nodes": graph_nodes,
+            "nodes_per_provider": {p: sum(c.values()) for p, c in ops.items()},
+            "ops_per_provider": {p: dict(c.most_common()) for p, c in ops.items()}}
+
+
+def cache_check(ref, dev, ids: np.ndarray) -> dict:
+    """Where ``dev``'s cache lives; ``ids`` [1, PAST + 5] run on both engines as a prefill of PAST tokens and one call
+    of 5: the call's logits and the caches compared."""
+    cache = dev.allocate_cache(1, CAPACITY)
+    info = {"handle": type(cache).__name__, "buffer": f"{type(cache.stacked).__module__}.{type(cache.stacked).__name__}",
+            "on_host": isinstance(cache.stacked, np.ndarray), "binds_by_copy": getattr(dev, "binds_by_copy", None)}
+    logits, caches = [], []
+    for engine, c in ((ref, ref.allocate_cache(1, CAPACITY)), (dev, cache)):
+        logits.append(_last_logits(engine, ids, c))
+        caches.append(np.asarray(c.stacked, np.float32))
+    valid = slice(0, PAST + 5)
+    beyond = caches[1][:, :, :, PAST + 5 :]
+    info.update(logits_max_abs_diff=float(np.abs(logits[0] - logits[1]).max()),
+                logits_max_abs=float(np.abs(logits[0]).max()),
+                cache_max_abs_diff=float(np.abs(caches[0][:, :, :, valid] - caches[1][:, :, :, valid]).max()),
+                new_slots_written=bool(np.abs(caches[1][:, :, :, PAST : PAST + 5]).max() > 0),
+                beyond_valid_nonzero=float((beyond != 0).mean()), beyond_valid_finite=bool(np.isfinite(beyond).all()))
+    return info
+
+
+def _last_logits(engine, ids: np.ndarray, cache=None) -> np.ndarray:
+    """Logits [1, 5, vocab] of ``ids``' last 5 tokens, called at once after a prefill of the others."""
+    from specdeploy.engines.base import prefill
+
+    cache = cache if cache is not None else engine.allocate_cache(1, ids.shape[1] + 8)
+    past = ids.shape[1] - 5
+    prefill(engine, cache, ids, [past])
+    logits = engine.infer(ids[:, past:], np.array([past], np.int64), cache).logits.copy()
+    cache.commit([ids.shape[1]])
+    return logits
+
+
+def engine_latency(engine, calls: int = CALLS, capacity: int = CAPACITY) -> dict:
+    """ms per ``engine.infer`` (wall, and the engine's own ``seconds``) at batch 1, T = 1 and 5, after PAST tokens."""
+    from specdeploy.engines.base import prefill
+
+    rng = np.random.default_rng(4)
+    cache = engine.allocate_cache(1, capacity)
+    prefill(engine, cache, rng.integers(0, engine.spec.vocab_size, (1, PAST)), [PAST])
+    past = np.array([PAST], np.int64)
+    timings = {}
+    for tokens in (1, 5):
+        ids = rng.integers(0, engine.spec.vocab_size, (1, tokens))
+        walls, inner = [], []
+        for i in range(calls + 5):  # 5 warm-up calls
+            start = time.perf_counter()
+            seconds = engine.infer(ids, past, cache).seconds
+            if i >= 5:
+                walls.append(time.perf_counter() - start)
+                inner.append(seconds)
+        timings[f"T{tokens}"] = {"median_ms": _ms(statistics.median(walls)), "p90_ms": _ms(np.percentile(walls, 90)),
+                                 "engine_seconds_median_ms": _ms(statistics.median(inner))}
+    return timings
+
+
+def resident_latency(path: Path, spec, provider: str, ids: np.ndarray, expected: np.ndarray | None,
+                     calls: int = CALLS, capacity: int = CAPACITY) -> dict:
+    """ms per call of the same graph with its caches bound once as OrtValues on the device (a fused graph's
+    present_* bound to the same values: shared past/present buffers), logits to the host. A fused graph first
+    runs ``ids`` as ``_last_logits`` does, its logits compared with ``expected``."""
+    import onnxruntime as ort
+
+    from specdeploy.engines.ort import PROVIDERS
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    chain = list(dict.fromkeys([PROVIDERS[provider], "CPUExecutionProvider"]))
+    session = ort.InferenceSession(str(path), options, providers=chain)
+    device = "cpu" if provider == "cpu" else "cuda"
+    dtype = np.float16 if spec.dtype == "float16" else np.float32
+    caches = [ort.OrtValue.ortvalue_from_shape_and_type(list(spec.cache_shape(1, capacity)), dtype, device, 0)
+              for _ in spec.cache_inputs]
+
+    def bound(tokens: np.ndarray, past: int):
+        binding = session.io_binding()
+        binding.bind_output("logits", "cpu")  # first: get_outputs() lists outputs in the order they were bound
+        for name, value in zip(spec.cache_inputs, caches):
+            binding.bind_ortvalue_input(name, value)
+        for i, name in enumerate(spec.outputs[1:]):
+            if spec.writes_cache:
+                binding.bind_ortvalue_output(name, caches[i])
+            else:
+                binding.bind_output(name, device)
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens))
+        binding.bind_cpu_input("past_len", np.array([past], np.int64))
+        if spec.trims_logits:
+            binding.bind_cpu_input("num_logits", np.array([tokens.shape[1]], np.int64))
+        return binding
+
+    timings = {}
+    if spec.writes_cache and expected is not None:  # the shared buffers are the cache: prefill, then the 5-token call
+        past = ids.shape[1] - 5
+        session.run_with_iobinding(bound(ids[:, :past], 0))
+        call = bound(ids[:, past:], past)
+        session.run_with_iobinding(call)
+        timings["logits_max_abs_diff"] = float(np.abs(call.get_outputs()[0].numpy() - expected).max())
+    rng = np.random.default_rng(5)
+    for tokens in (1, 5):
+        binding = bound(rng.integers(0, spec.vocab_size, (1, tokens)), PAST)
+        walls = []
+        for i in range(calls + 5):
+            start = time.perf_counter()
+            session.run_with_iobinding(binding)
+            if i >= 5:
+                walls.append(time.perf_counter() - start)
+        timings[f"T{tokens}"] = {"median_ms": _ms(statistics.median(walls)), "p90_ms": _ms(np.percentile(walls, 90))}
+    return timings
+
+
+def check_big(name: str, provider: str) -> dict:
+    """Write a Qwen2.5-shaped fused fp16 target with random weights (the exporter's fused writer, no transformers),
+    then time it as ``engine_latency`` and ``resident_latency`` do."""
+    import torch
+
+    from specdeploy.contract import ModelSpec
+    from specdeploy.engines.ort import OrtEngine
+    from specdeploy.exporter.fused import FusedGraph
+    from specdeploy.exporter.llama import LlamaVerify
+
+    shape = BIG[name]
+    dims = {"num_layers": shape["layers"], "num_heads": shape["heads"], "kv_heads": shape["kv_heads"],
+            "head_dim": shape["head_dim"], "vocab_size": shape["vocab"]}
+    pool = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float32) * 0.02
+
+    def tensor(*size):  # tiled from one random pool: random enough for timing, and fast
+        return torch.from_numpy(np.resize(pool, size))
+
+    hidden, q, kv = shape["hidden"], shape["heads"] * shape["head_dim"], shape["kv_heads"] * shape["head_dim"]
+    weights = {"model.embed_tokens.weight": tensor(shape["vocab"], hidden), "model.norm.weight": torch.ones(hidden)}
+    for i in range(shape["layers"]):
+        p = f"model.layers.{i}."
+        weights.update({f"{p}self_attn.q_proj.weight": tensor(q, hidden), f"{p}self_attn.k_proj.weight": tensor(kv, hidden),
+                        f"{p}self_attn.v_proj.weight": tensor(kv, hidden), f"{p}self_attn.q_proj.bias": tensor(q),
+                        f"{p}self_attn.k_proj.bias": tensor(kv), f"{p}self_attn.v_proj.bias": tensor(kv),
+                        f"{p}self_attn.o_proj.weight": tensor(hidden, q), f"{p}mlp.gate_proj.weight": tensor(shape["ffn"], hidden),
+                        f"{p}mlp.up_proj.weight": tensor(shape["ffn"], hidden),
+                        f"{p}mlp.down_proj.weight": tensor(hidden, shape["ffn"]),
+                        f"{p}input_layernorm.weight": torch.ones(hidden),
+                        f"{p}post_attention_layernorm.weight": torch.ones(hidden)})
+    config = SimpleNamespace(rms_norm_eps=1e-6, rope_theta=1e6)
+    record = {"shape": shape, "capacity": BIG_CAPACITY}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-big-") as tmp:
+        path = Path(tmp) / "target.onnx"
+        start = time.perf_counter()
+        with torch.no_grad():
+            module = LlamaVerify(config, weights, dims, streamed=True)
+            graph = FusedGraph(path, dims, dtype=np.float16)
+            graph.save(module.write_fused(graph, BIG_CAPACITY))
+        del module, weights
+        record["write_s"] = round(time.perf_counter() - start, 1)
+        record["bytes"] = sum(p.stat().st_size for p in Path(tmp).iterdir())
+        spec = ModelSpec(role="target", file=path.name, architecture="qwen2", dtype="float16", weights="full",
+                         capacity=BIG_CAPACITY, tokenizer_fingerprint="", graph="fused", trims_logits=True,
+                         **{k: dims[k] for k in ("num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size")})
+        start = time.perf_counter()
+        try:
+            engine = OrtEngine(path, spec, provider=provider)
+        except Exception as exc:
+            if "IR version" not in str(exc):
+                raise
+            record["ir_lowered"] = True
+            _lower_ir(path)
+            engine = OrtEngine(path, spec, provider=provider)
+        record["session_s"] = round(time.perf_counter() - start, 1)
+        ids = np.random.default_rng(3).integers(0, shape["vocab"], (1, PAST + 5))
+        expected = _guard(lambda: _last_logits(engine, ids))  # the device resident caches' logits against the engine's
+        record["engine_logits"] = expected if isinstance(expected, dict) else {"max_abs": float(np.abs(expected).max())}
+        record["engine"] = _guard(lambda: engine_latency(engine, capacity=BIG_CAPACITY))
+        record["device_cache"] = _guard(lambda: resident_latency(
+            path, spec, provider, ids, None if isinstance(expected, dict) else expected, capacity=BIG_CAPACITY))
+    return record
+
+
+def _guard(work):
+    """``work()``, or {"error": the exception and the traceback's last lines} if it raised."""
+    try:
+        return work()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:500]}",
+                "traceback": traceback.format_exc().strip().splitlines()[-6:]}
+
+
+def _ms(seconds: float) -> float:
+    return round(1000 * float(seconds), 3)
+
+
+def _failures(record: dict) -> list[str]:
+    """The parts of an artifact's record that raised or whose tokens differ."""
+    found = [key for key, value in record.items() if isinstance(value, dict) and "error" in value]
+    for case, result in record.get("exactness", {}).items():
+        if "error" in result or result.get("equal") != result.get("of"):
+            found.append(case)
+    for kind in ("engine", "device_cache"):
+        if "error" in record.get("latency", {}).get(kind, {}):
+            found.append(f"latency {kind}")
+    return found
+
+
+# --- compact printing -----------------------------------------------------------------------------------------
+
+
+def _print_environment(env: dict) -> None:
+    modules = " ".join(f"{m}={'y' if ok else 'n'}" for m, ok in env["modules"].items())
+    print(f"python {env['python']} {env['machine']} | numpy {env['numpy']} | onnx {env['onnx']} (IR {env['onnx_ir_version']}) | "
+          f"onnxruntime {env['onnxruntime']} {env['ort_device']} {env['available_providers']}")
+    print(f"gpu: {env['gpu'] or '-'} | preload_dlls: {env.get('preload_dlls', '-')} | probe session: "
+          f"{env['probe_session_providers']} | vendored: {env['vendored'] or '-'} | {modules}")
+
+
+def _print_artifact(name: str, record: dict) -> None:
+    load = record.get("load", {})
+    print(f"== {name}: " + "; ".join(f"{v['provider']} via {v['via']} {v['seconds']:.1f} s" if "via" in v else
+                                      f"{side} load FAILED {v.get('error')}" for side, v in load.items())
+          + (f" | IR lowered ({record['ir_lowered']})" if "ir_lowered" in record else ""))
+    cases = []
+    for case, r in record.get("exactness", {}).items():
+        if "error" in r:
+            cases.append(f"{case}: ERROR {r['error'][:160]}")
+            continue
+        text = f"{case}: {r['equal']}/{r['of']}"
+        if "mean_accepted_length" in r:
+            text += f" (acc {r['mean_accepted_length']:.2f})"
+        text += "".join(f" [p{d['prompt']}@{d.get('position')} margin {d.get('margin', float('nan')):.3g}]"
+                        for d in r["diverged"])
+        cases.append(text + (f" row errors: {r['row_errors']}" if "row_errors" in r else ""))
+    if cases:
+        print("  exact: " + " | ".join(cases))
+    place = record.get("placement", {})
+    if "error" in place:
+        print(f"  nodes: ERROR {place['error'][:200]}")
+    elif place:
+        print(f"  nodes ({place['graph_nodes']} in the graph): " + "; ".join(
+            f"{p.replace('ExecutionProvider', '')} {place['nodes_per_provider'][p]} "
+            f"{' '.join(f'{op}:{n}' for op, n in ops.items())}" for p, ops in place["ops_per_provider"].items()))
+    cache = record.get("cache", {})
+    if "error" in cache:
+        print(f"  cache: ERROR {cache['error'][:200]}")
+    elif cache:
+        print(f"  cache: {cache['buffer']} on_host={cache['on_host']} binds_by_copy={cache['binds_by_copy']} | "
+              f"vs cpu: logits {cache['logits_max_abs_diff']:.2g} (of {cache['logits_max_abs']:.2g}), "
+              f"cache {cache['cache_max_abs_diff']:.2g}, new slots written={cache['new_slots_written']}, "
+              f"beyond valid: nonzero {cache['beyond_valid_nonzero']:.2f} finite={cache['beyond_valid_finite']}")
+    for kind, timings in record.get("latency", {}).items():
+        print(f"  {kind} ms: " + _timings(timings))
+
+
+def _timings(timings: dict) -> str:
+    if "error" in timings:
+        return f"ERROR {timings['error'][:200]}"
+    parts = [f"{t} median {v['median_ms']:.3f} p90 {v['p90_ms']:.3f}"
+             + (f" (engine {v['engine_seconds_median_ms']:.3f})" if "engine_seconds_median_ms" in v else "")
+             for t, v in timings.items() if isinstance(v, dict)]
+    if "logits_max_abs_diff" in timings:
+        parts.append(f"logits vs reference {timings['logits_max_abs_diff']:.2g}")
+    return " | ".join(parts)
+
+
+def _print_big(name: str, record: dict) -> None:
+    if "error" in record or "skipped" in record:
+        print(f"== big {name}: {record.get('error') or record.get('skipped')}")
+        return
+    print(f"== big {name}: wrote {record['bytes'] / 1e9:.2f} GB in {record['write_s']} s, session {record['session_s']} s"
+          + (" (IR lowered)" if record.get("ir_lowered") else ""))
+    for kind in ("engine", "device_cache"):
+        print(f"  {kind} ms (past {PAST}, capacity {record['capacity']}): " + _timings(record[kind]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
