@@ -25,6 +25,10 @@ GRAPH_FORMS = ("explicit", "fused")
 INT8_REDUCED_RANGE_SINCE = (0, 3, 3)
 REEXPORT_INT8 = "re-export with specdeploy 0.3.3 or later (7-bit weights, same speed)"
 # The runtime prefills prompts in calls of at most this many tokens; TensorRT profiles cover it.
+# The ONNX IR version every exported graph declares: what the oldest onnxruntime the core admits (1.20) reads. onnx
+# 1.23 writes IR 14 unless told otherwise, and onnxruntime(-gpu) 1.31.1 refused such fused graphs on an H200
+# ("Unsupported model IR version: 14, max supported IR version: 13"; tools/gpu_check.py); traced graphs carry 10.
+IR_VERSION = 10
 PREFILL_CHUNK = 512
 
 

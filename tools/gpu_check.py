@@ -47,7 +47,6 @@ PAST = 256
 NEW_TOKENS = 24
 PROMPT_LENGTHS = (5, 9, 14)
 CALLS = 50
-IR_FLOOR = 10  # onnxruntime >= 1.20 reads IR 10; opset 18 needs only IR 8
 ARTIFACTS = {  # name -> export options
     "fused-fp32": {"graph": "fused", "dtype": "float32"},
     "fused-fp16": {"graph": "fused", "dtype": "float16"},
@@ -200,12 +199,13 @@ def _probe(provider: str) -> list[str]:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from specdeploy.contract import IR_VERSION
     from specdeploy.engines.ort import PROVIDERS
 
     value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in "xy"]
     model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", value[:1], value[1:]),
                               opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = IR_FLOOR
+    model.ir_version = IR_VERSION
     chain = list(dict.fromkeys([PROVIDERS[provider], "CPUExecutionProvider"]))
     return ort.InferenceSession(model.SerializeToString(), providers=chain).get_providers()
 
@@ -291,8 +291,10 @@ def _readable_copy(directory: Path, record: dict) -> Path:
 def _lower_ir(path: Path) -> None:
     import onnx
 
+    from specdeploy.contract import IR_VERSION
+
     model = onnx.load(str(path), load_external_data=False)  # external weights stay where they are
-    model.ir_version = min(model.ir_version, IR_FLOOR)
+    model.ir_version = min(model.ir_version, IR_VERSION)
     onnx.save_model(model, str(path))
 
 
@@ -547,14 +549,7 @@ def check_big(name: str, provider: str) -> dict:
                          capacity=BIG_CAPACITY, tokenizer_fingerprint="", graph="fused", trims_logits=True,
                          **{k: dims[k] for k in ("num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size")})
         start = time.perf_counter()
-        try:
-            engine = OrtEngine(path, spec, provider=provider)
-        except Exception as exc:
-            if "IR version" not in str(exc):
-                raise
-            record["ir_lowered"] = True
-            _lower_ir(path)
-            engine = OrtEngine(path, spec, provider=provider)
+        engine = OrtEngine(path, spec, provider=provider)  # written here, at the IR version every onnxruntime >= 1.20 reads
         record["session_s"] = round(time.perf_counter() - start, 1)
         ids = np.random.default_rng(3).integers(0, shape["vocab"], (1, PAST + 5))
         expected = _guard(lambda: _last_logits(engine, ids))  # the device resident caches' logits against the engine's
@@ -653,8 +648,7 @@ def _print_big(name: str, record: dict) -> None:
     if "error" in record or "skipped" in record:
         print(f"== big {name}: {record.get('error') or record.get('skipped')}")
         return
-    print(f"== big {name}: wrote {record['bytes'] / 1e9:.2f} GB in {record['write_s']} s, session {record['session_s']} s"
-          + (" (IR lowered)" if record.get("ir_lowered") else ""))
+    print(f"== big {name}: wrote {record['bytes'] / 1e9:.2f} GB in {record['write_s']} s, session {record['session_s']} s")
     for kind in ("engine", "device_cache"):
         print(f"  {kind} ms (past {PAST}, capacity {record['capacity']}): " + _timings(record[kind]))
 

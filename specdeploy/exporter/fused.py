@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..contract import input_names, output_names
-from .onnx_graph import EXTERNAL_DATA_BYTES, IR_VERSION, OPSET
+from ..contract import IR_VERSION, input_names, output_names
+from .onnx_graph import EXTERNAL_DATA_BYTES, OPSET
 
 MS = "com.microsoft"
 ALIGN = 4096  # external tensors start on page boundaries: ONNX Runtime may memory-map them

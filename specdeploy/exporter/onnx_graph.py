@@ -13,10 +13,6 @@ from ..contract import input_names, output_names
 from .registry import ExportError
 
 OPSET = 18
-# The IR version every graph declares: what the oldest onnxruntime the core admits (1.20) reads. onnx 1.23 writes
-# IR 14 unless told otherwise, and onnxruntime(-gpu) 1.31.1 refused such fused graphs on an H200 ("Unsupported model
-# IR version: 14, max supported IR version: 13"; tools/gpu_check.py); the traced explicit graphs carry 10.
-IR_VERSION = 10
 # Models past this size keep their weights as ONNX external data. Protobuf caps a file at 2 GB, and
 # ONNX Runtime memory-maps external tensors but parses inline ones out of the message: the 0.5B int4
 # draft (808 MB) opened in 1.7 s inline and in 0.3 s as external data (README, Load time).

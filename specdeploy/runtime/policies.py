@@ -305,8 +305,8 @@ class CostModel(Policy):
 
     def verify_costs(self, most: int) -> list[float]:
         """v(1) .. v(``most``), each as ``verify_cost`` prices it, in one pass: the policy prices every K at every cycle.
-        Priced one T at a time, a decision took 92 us and a catch-up judgement 218 us on this 2-core machine, and 0.7 ms
-        and 0.27 ms of a server's cycle: a fraction of a CPU's 95 ms target step, but what a GPU's draft step costs."""
+        Priced one T at a time, a decision took 92 us and a catch-up judgement 218 us of CPU on a 2-core machine (0.92 and
+        0.32 ms of a server's cycle in wall time): little beside a CPU's 95 ms target step, much beside a GPU's few ms."""
         own = {t: v for t, v in self.verify.items() if t in self.measured}
         warm = {t: v for t, v in own.items() if self._warm(t)}
         warm_line = _fit(warm) if len(warm) >= 2 else None

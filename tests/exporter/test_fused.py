@@ -10,10 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-from specdeploy.contract import Manifest
+from specdeploy.contract import IR_VERSION, Manifest
 from specdeploy.engines import EngineInputError, load_engine
 from specdeploy.exporter.fused import FusedGraph
-from specdeploy.exporter.onnx_graph import IR_VERSION
 from tests import tiny
 
 
