@@ -436,11 +436,13 @@ class Generation:
         # (tools/load_test.py: lookup alone ran at 0.55x plain decoding with 8 clients)
         alone = None
         single = len(state.active) == 1
+        sampled = 0.0  # seconds of a refused catch-up's sample (``Policy.catchup_sample``)
         if k > 0 and self._policy.weighs_catchup:
             behind = drafter.behind(state)
             if behind:
                 rows, lacking, to_come = self.joining()
                 if not self._policy.catchup_pays(len(state.active) + rows, behind + lacking, sum(remaining) + to_come):
+                    sampled = self._sample_catchup(state, drafter)
                     alone = drafter.without_catchup() if single and not rows else None
                     k = k if alone else 0
         elif k == 0 and self.k_cap and single and max(remaining) > 1:
@@ -469,9 +471,19 @@ class Generation:
                 draft_seconds=proposal.seconds, draft_steps=proposal.steps,
                 verify_seconds=verified.seconds, verify_tokens=k + 1, catchup_tokens=proposal.catchup_tokens,
                 first_draft_seconds=proposal.catchup_seconds))
-        self._record(state, k, proposal.limits, accepted, committed, proposal.seconds, verified.seconds,
+        self._record(state, k, proposal.limits, accepted, committed, proposal.seconds + sampled, verified.seconds,
                      self.cache_timer.seconds + verified.stage_seconds)  # staging the target's K/V is cache work
         return committed, finished
+
+    def _sample_catchup(self, state: BatchState, drafter: Drafter) -> float:
+        """Pay the sample of the draft's catch-up that the policy asks for after refusing it (none: 0); returns its seconds."""
+        tokens = self._policy.catchup_sample()
+        if not tokens:
+            return 0.0
+        began = time.perf_counter()
+        catchup_seconds, fed, step_seconds = drafter.sample(state, tokens)
+        self._policy.observe_sample(catchup_seconds, fed, step_seconds, len(state.active))
+        return time.perf_counter() - began
 
     def _accept_greedy(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
         """Each row keeps the drafts that equal the target's argmax, then emits the target's own token."""

@@ -94,6 +94,12 @@ class Drafter(ABC):
         drafting cycle leaves: prompts never seen, plain cycles since the last draft."""
         return 0
 
+    def sample(self, state: BatchState, tokens: int) -> tuple[float, int, float]:
+        """Catch each row up on at most ``tokens`` more of what it lacks, then make one call of one token a row (a
+        draft step's cost, its logits unused); both only add what the next ``propose`` would feed anyway. Returns
+        (the catch-up's seconds, tokens it fed for all rows together, the call's seconds; 0: no call)."""
+        return 0.0, 0, 0.0
+
     def merge(self, other: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
         """``other``'s rows (a drafter of the same kind, as far as it has seen them) join at the end of the batch."""
 
@@ -205,6 +211,19 @@ class ModelDrafter(Drafter):
 
     def behind(self, state: BatchState) -> int:
         return sum(max(0, length - 2 - past) for length, past in zip(state.lengths, self.cache.past_len.tolist()))
+
+    def sample(self, state: BatchState, tokens: int) -> tuple[float, int, float]:
+        seen, lengths = self.cache.past_len.tolist(), state.lengths
+        began = time.perf_counter()
+        fed = self.warm(state, [max(past, min(past + tokens, length - 2)) for past, length in zip(seen, lengths)])
+        caught_up = time.perf_counter()
+        step = 0.0
+        if any(past < length - 1 for past, length in zip(self.cache.past_len.tolist(), lengths)):
+            # one [batch, 1] call: a row with nothing left to feed re-feeds its last token (``feed``)
+            feed(self.engine, self.cache, state.tokens, [min(past + 1, length - 1) for past, length
+                                                          in zip(self.cache.past_len.tolist(), lengths)])
+            step = time.perf_counter() - caught_up
+        return caught_up - began, fed, step
 
     def merge(self, other: ModelDrafter) -> None:
         self.cache = self.cache.extend(other.cache)

@@ -73,6 +73,15 @@ class Policy(ABC):
     def observe_catchup(self, seconds: float, tokens: int) -> None:  # noqa: B027 (a default: nothing to do)
         """The draft caught up on ``tokens`` (all rows together) in ``seconds`` (only told when ``weighs_catchup``)."""
 
+    def catchup_sample(self) -> int:
+        """Asked after ``catchup_pays`` said no: tokens of each row's catch-up to pay now all the same, to re-measure
+        what a catch-up and a draft call cost (``observe_sample``); 0: none."""
+        return 0
+
+    def observe_sample(self, catchup_seconds: float, catchup_tokens: int, step_seconds: float, rows: int) -> None:  # noqa: B027 (a default: nothing to do)
+        """A ``catchup_sample`` was paid: ``catchup_tokens`` (all rows together) in ``catchup_seconds``, then one draft
+        call of one token per row for ``rows`` rows in ``step_seconds`` (0: not measured)."""
+
     def inherit(self, previous: Policy) -> None:  # noqa: B027 (a default: nothing to do)
         """Start from what ``previous``, the same kind of policy on the same engines, has learnt (a pipeline's
         earlier request)."""
@@ -110,6 +119,13 @@ class Adopted(Policy):
 
     def observe_catchup(self, seconds: float, tokens: int) -> None:
         self.policy.observe_catchup(seconds, tokens)
+
+    def catchup_sample(self) -> int:
+        return self.policy.catchup_sample() if hasattr(self.policy, "catchup_sample") else 0
+
+    def observe_sample(self, catchup_seconds: float, catchup_tokens: int, step_seconds: float, rows: int) -> None:
+        if hasattr(self.policy, "observe_sample"):
+            self.policy.observe_sample(catchup_seconds, catchup_tokens, step_seconds, rows)
 
 
 def adopt(policy) -> Policy:
@@ -186,7 +202,8 @@ class CostModel(Policy):
     nearly the 1.5B int8 target's cost per token on a CPU). ``catchup_pays`` weighs it with the costs
     measured at that batch size and the catch-up's measured seconds per token: the scheduler skips
     the draft's prefill of joining rows when it does not pay, and a cycle stays plain rather than pay it.
-    A "no" is paid now and then all the same (``revisit_budget``): only drafting re-measures what said no.
+    A "no" is paid now and then all the same (``revisit_budget``), or a sample of a long catch-up (``catchup_sample``):
+    only the draft's calls re-measure what said no.
 
     Acceptance belongs to the text, and a text changes as it goes (an answer's opening words, then its translation
     or its code): a text's first drafts are measured at the K that pays best at ``optimism`` (``explore_k``), from a
@@ -213,6 +230,7 @@ class CostModel(Policy):
     rate_tokens = 16  # catch-ups of fewer tokens do not teach ``catchup_rate``
     revisit_share = 0.05  # of the time decoded plainly, at most this modelled to be lost re-measuring a "no"
     revisit_halvings = 4  # ... halved after each revisit that left the "no" standing, down to 1/16 of it
+    sample_tokens = 32  # of each row's catch-up, what a revisit pays to re-measure its rate (``catchup_sample``)
     first_call_most = 3.0  # a first draft call measured dearer than this many later ones is a stall, not its cost
     probe_share = 0.2  # of what drafting would save if the text now accepted at ``optimism``, at most this paid to probe
     doubt = 1.0  # standard errors of benefit of the doubt a text's acceptance gets before drafting is ruled out ...
@@ -250,6 +268,7 @@ class CostModel(Policy):
         self.exploring = False  # the next drafting cycle measures acceptance at ``explore_k()`` drafts (``recall``)
         self.revisits_lost = 0  # revisits in a row whose drafting left the "no" standing (``_revisit``)
         self.revisit_measured: bool | None = None  # a revisit outstanding: has a drafting cycle measured it yet?
+        self.sample_due = 0  # tokens of each row's catch-up a revisit asks to be paid now (``catchup_sample``)
         self.probes_lost = 0  # probes of this text in a row whose drafting left the "no" standing (``catchup_pays``)
         self.probe_measured: bool | None = None  # a probe outstanding: has a drafting cycle measured it yet?
         # measurements taken in this process, by (batch size, "draft" | verify tokens | "catchup"): the first is cold
@@ -442,10 +461,16 @@ class CostModel(Policy):
             self.revisits_lost, self.revisit_measured = self.revisits_lost + 1, None
         # Paid from the plain decoding at this batch size only: funded by a server's busy stages (2-8 rows, where a
         # revisit's catch-up is dear), the lone client's revisits came at once, one each 1-client stage of a load test,
-        # each 4-10 % of the stage (tools/load_test.py)
-        if cost - saving <= self.revisit_budget() * self.plain_seconds.get(batch, 0.0):
+        # each 4-10 % of the stage (tools/load_test.py). A long catch-up is not paid whole to re-measure what said no:
+        # a sample of it is (``catchup_sample``), and the "no" judged again with what the sample measured.
+        sample = min(behind, self.sample_tokens * batch)
+        loss = sample * self.catchup_rate + (self.draft_step or 0.0) if sample < behind else cost - saving
+        if loss <= self.revisit_budget() * self.plain_seconds.get(batch, 0.0):
             self._revisit(batch)
-            return True
+            if sample == behind:
+                return True
+            self.sample_due = self.sample_tokens
+            return False
         # The text may have turned easier to draft since it was last measured (an answer's opening words, then its
         # translation or its code): a probe is paid while it costs a small share of what drafting would save over
         # the tokens to come if the text now accepted at ``optimism``; each probe in a row that left the "no"
@@ -460,6 +485,25 @@ class CostModel(Policy):
             return True
         return False
 
+    def catchup_sample(self) -> int:
+        due, self.sample_due = self.sample_due, 0
+        return due
+
+    def observe_sample(self, catchup_seconds: float, catchup_tokens: int, step_seconds: float, rows: int) -> None:
+        """What a revisit's sample measured, learned afresh as a revisit's drafting is (``_revisit``): the catch-up's rate,
+        and a draft call (a later one of a cycle: one token a row). The next "no" to a catch-up counts the revisit lost.
+
+        Paid whole, a revisit of a lone client's "no" cost a catch-up of its ~130-token prompt (1.66 s on a first-
+        generation EPYC) to re-measure what 32 of its tokens and one call measure (0.55 s and ~35 ms there), then drafted
+        at a loss (tools/load_test.py: 0.95x plain decoding in the stage that paid it)."""
+        self.observe_catchup(catchup_seconds, catchup_tokens)
+        if step_seconds > 0:
+            self._use_batch(rows)
+            self.draft_step = self._learn((self.batch, "draft"), self.draft_step, step_seconds, 0.1, "draft" in self.measured)
+            self.measured.add("draft")
+        if self.revisit_measured is False:
+            self.revisit_measured = True
+
     def revisit_budget(self) -> float:
         """The share of plain time a revisit may lose: ``revisit_share``, halved for each revisit in a row that
         left the "no" standing. Where drafting does not pay (2 busy rows on 2 cores), each revisit is a loss (in
@@ -469,8 +513,8 @@ class CostModel(Policy):
         return self.revisit_share / 2 ** min(self.revisits_lost, self.revisit_halvings)
 
     def _revisit(self, batch: int) -> None:
-        """Pay a refused catch-up and draft (``explore_k()``) to re-measure what refused it. A "no" is never revisited
-        by itself: only drafting measures the draft's costs and the text's acceptance. Measured under contention
+        """Pay a refused catch-up (of a long one, a sample: ``catchup_sample``) and draft (``explore_k()``) to re-measure
+        what refused it. A "no" is never revisited by itself: only the draft's calls measure its costs. Measured under contention
         (another process busy on the 2 cores while a server warmed up: a draft step of 27 ms against 10, a
         catch-up of 5.7 ms a token against 1.9), they kept a lone client plain for a whole load test. So a "no"
         is paid when its modelled loss is within ``revisit_budget()`` of the time decoded plainly at ``batch`` rows since
@@ -493,6 +537,7 @@ class CostModel(Policy):
         self.batch, self.catchup_rate, self.plain_seconds = previous.batch, previous.catchup_rate, dict(previous.plain_seconds)
         self.first_call = previous.first_call
         self.revisits_lost, self.revisit_measured = previous.revisits_lost, previous.revisit_measured
+        self.sample_due = previous.sample_due
         self.samples, self.firsts = dict(previous.samples), dict(previous.firsts)  # the same process: its calls are warm
         self.trusted = set(previous.trusted)
         self.by_batch = {b: (step, dict(verify), set(measured)) for b, (step, verify, measured) in previous.by_batch.items()}

@@ -163,3 +163,54 @@ def test_a_catch_up_inside_a_cycle_tells_the_policy_its_time_and_tokens(pipeline
     longest = max(len(pipeline.encode(p)) for p in PROMPTS[:2])
     (seconds, tokens), = judge.caught_up  # later cycles feed 1-2 tokens a row: not a catch-up
     assert seconds > 0 and tokens == 2 * (longest + 5)  # both rows, as wide as the row furthest behind: prompt + 5
+
+
+class _Sampler(Judge):
+    """Refuses the draft's catch-up ``refusals`` times, asking at the first for a sample of ``tokens`` a row; then pays."""
+
+    def __init__(self, tokens: int, refusals: int):
+        super().__init__(False)
+        self.tokens, self.refusals, self.samples = tokens, refusals, []
+
+    def catchup_pays(self, batch, behind, to_come):
+        super().catchup_pays(batch, behind, to_come)
+        self.refusals -= 1
+        return self.refusals < 0
+
+    def catchup_sample(self):
+        due, self.tokens = self.tokens, 0
+        return due
+
+    def observe_sample(self, catchup_seconds, catchup_tokens, step_seconds, rows):
+        self.samples.append((catchup_tokens, rows, catchup_seconds > 0, step_seconds > 0))
+
+
+@pytest.mark.parametrize("drafter", ["model", "hybrid"])
+def test_a_refused_catch_up_sampled_feeds_the_draft_that_much_and_one_call_and_every_row_decodes_as_alone(
+        pipeline, alone, drafter):
+    """A revisit of a long catch-up pays a sample of it (``Policy.catchup_sample``): each row's draft sees that many more
+    of its tokens, then one more in a single call that times a draft step. The sample is what the catch-up would feed
+    first: the cycle stays plain, the catch-up paid later feeds only the rest, and the output is the target's."""
+    config = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, drafter=drafter)
+    prompts = ["w1 w2 w3 w4 w5 w6 w7 w8 w9", *PROMPTS[:3]]
+    expected = [pipeline.generate(p, config)[0].token_ids for p in prompts]
+    judge = _Sampler(tokens=2, refusals=2)
+    run = pipeline.start(prompts, config, capacity=64)
+    run.policy = judge
+    while not run.prefill_chunk(64, draft=False):
+        pass
+    lengths = list(run.state.lengths)  # before the cycle
+    assert run.drafter.cache.past_len.tolist() == [0] * 4
+    run.step()  # refused, sampled
+    sampled = [min(2, max(0, n - 2)) for n in lengths]
+    assert run.drafter.cache.past_len.tolist() == [min(s + 1, n - 1) for s, n in zip(sampled, lengths)]
+    assert judge.samples == [(sum(sampled), 4, True, True)]
+    assert {r.k for row in run.rows for r in row.records} == {0}
+    seen = run.drafter.cache.past_len.tolist()
+    run.step()  # refused again: no second sample
+    assert run.drafter.cache.past_len.tolist() == seen and len(judge.samples) == 1
+    while not run.done:  # paid: the draft catches up on the rest and drafts
+        run.step()
+    assert [row.token_ids for row in run.rows] == expected
+    # paid at the third question (the hybrid asks again after its lookup cycles)
+    assert any(r.k > 0 for row in run.rows for r in row.records) and len(judge.asked) >= 3

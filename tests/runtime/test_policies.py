@@ -331,7 +331,9 @@ def test_cost_model_revisits_a_refused_catch_up_now_and_then():
         policy.observe(CycleOutcome(4, [4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
         policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
     policy.observe(CycleOutcome(4, [4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
-    policy.observe_catchup(0.6, 100)  # 6 ms a token: 80 tokens cost 0.48 s against ~0.4 s saved over 64
+    # 6 ms a token: 30 tokens cost 0.18 s against ~0.15 s saved over 24 (a catch-up of up to ``sample_tokens``: paid
+    # whole by a revisit; a longer one is sampled, test_a_long_refused_catch_up_is_revisited_by_a_sample_of_it)
+    policy.observe_catchup(0.6, 100)
 
     def loss(behind, to_come):
         rates = policy.expected_rate()  # the measured acceptance fades over plain cycles: judged anew at each
@@ -349,7 +351,7 @@ def test_cost_model_revisits_a_refused_catch_up_now_and_then():
         assert not policy.catchup_pays(1, behind, to_come)  # once: the count starts again
         return loss(behind, to_come) / policy.revisit_budget()
 
-    near_miss = refused_for(80, 64)
+    near_miss = refused_for(30, 24)
     assert 0 < near_miss < 2  # loss: the catch-up's cost less what drafting saves
     policy.observe(CycleOutcome(4, [4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
     assert not policy.exploring
@@ -357,12 +359,56 @@ def test_cost_model_revisits_a_refused_catch_up_now_and_then():
         policy.observe(CycleOutcome(4, [4], draft_seconds=0.4, draft_steps=4, verify_seconds=0.05, verify_tokens=5))
     policy.observe_catchup(3.0, 100)
     assert policy.expected_rate().argmax() == 0 and policy.draft_step > 0.01
-    stuck = refused_for(80, 64)  # a "no" that would lose more waits longer, but not for good
+    stuck = refused_for(30, 24)  # a "no" that would lose more waits longer, but not for good
     assert stuck > 10 * near_miss
     policy.observe(CycleOutcome(4, [4], draft_seconds=0.004, draft_steps=4, verify_seconds=0.010, verify_tokens=5))
     policy.observe_catchup(0.1, 100)  # measured afresh: a new measurement replaces a dearer estimate at once
     assert policy.draft_step == pytest.approx(0.001) and policy.verify[5] == pytest.approx(0.010)
     assert policy.catchup_rate == pytest.approx(0.001) and policy.expected_rate().argmax() > 0
+
+
+def test_a_long_refused_catch_up_is_revisited_by_a_sample_of_it():
+    """A revisit of a long catch-up pays ``sample_tokens`` of it and one draft call, not the whole prompt (a lone client's
+    ~130-token catch-up: 1.66 s on a first-generation EPYC, 4-10 % of a load test's stage), after plain decoding worth
+    what the sample costs over the revisit budget; the "no" is then judged with what the sample measured."""
+    policy = make_policy("cost", 4)
+    for _ in range(20):  # measured under contention: a draft step of 15 ms against a plain step's 9
+        policy.observe(CycleOutcome(4, [4], draft_seconds=0.06, draft_steps=4, verify_seconds=0.012, verify_tokens=5))
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+    policy.observe_catchup(2.0, 100)  # and a catch-up of 20 ms a token
+    behind, to_come = 130, 64
+    sample_loss = policy.sample_tokens * policy.catchup_rate + policy.draft_step
+    whole_loss = behind * policy.catchup_rate  # what paying it whole would lose at least (drafting saves nothing here)
+    assert whole_loss > 2 * sample_loss
+    plain = 0.0
+    while policy.catchup_pays(1, behind, to_come) is False and not policy.sample_due:
+        assert policy.catchup_sample() == 0  # refused, and nothing to sample yet
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+        plain += 0.009
+        assert plain < whole_loss / policy.revisit_share, "not revisited before a whole catch-up's budget"
+    assert plain == pytest.approx(sample_loss / policy.revisit_share, abs=0.01)
+    assert policy.catchup_sample() == policy.sample_tokens and policy.catchup_sample() == 0  # asked for once
+    assert policy.exploring and policy.plain_seconds[1] == 0.0
+
+    # the sample measures the machine quiet again: a catch-up of 2 ms a token, a draft call of 1 ms
+    policy.observe_sample(0.064, 32, 0.001, 1)
+    assert policy.catchup_rate == pytest.approx(0.002) and policy.draft_step == pytest.approx(0.001)
+    assert policy.catchup_pays(1, behind - 33, to_come) and policy.revisits_lost == 0
+
+
+def test_a_sample_that_measures_the_same_leaves_the_no_standing_and_halves_the_budget():
+    policy = make_policy("cost", 4)
+    for _ in range(20):
+        policy.observe(CycleOutcome(4, [4], draft_seconds=0.06, draft_steps=4, verify_seconds=0.012, verify_tokens=5))
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+    policy.observe_catchup(2.0, 100)
+    while not policy.sample_due:
+        assert not policy.catchup_pays(1, 130, 64)
+        policy.observe(CycleOutcome(0, [0], draft_seconds=0.0, draft_steps=0, verify_seconds=0.009, verify_tokens=1))
+    policy.observe_sample(0.64, policy.catchup_sample(), 0.015, 1)  # the same costs: the "no" stands
+    assert not policy.catchup_pays(1, 97, 63)
+    assert policy.revisits_lost == 1 and policy.revisit_budget() == pytest.approx(policy.revisit_share / 2)
+    assert policy.catchup_sample() == 0  # no second sample until the halved budget is earned
 
 
 def test_cost_model_never_prices_a_call_above_a_longer_one():

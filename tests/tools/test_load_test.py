@@ -42,6 +42,7 @@ def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
         assert len(versus["rounds"]) == 2 and all(r > 0 for r in versus["rounds"])
         assert versus["rounds_at_least"] == sum(r >= 1 for r in versus["rounds"])
     assert [v["concurrency"] for v in report["versus"]] == [1, 3]
+    assert len(report["client_pids"]) == 1 and report["server_pid"] not in report["client_pids"]  # clients apart
     assert "| 3 | " in done.stdout.split("better rival")[1]
 
 
