@@ -330,8 +330,7 @@ class CostModel(Policy):
         self.observe_catchup(catchup_seconds, catchup_tokens)
         if step_seconds > 0:
             self._use_batch(rows)
-            self.draft_step = self._learn((self.batch, "draft"), self.draft_step, step_seconds, 0.1, "draft" in self.measured)
-            self.measured.add("draft")
+            self._learn_draft_step(step_seconds, 0.1)
         if self.revisit_measured is False:
             self.revisit_measured = True
 
@@ -477,6 +476,11 @@ class CostModel(Policy):
         self.draft_step, self.verify, self.measured = estimates
         self.batch = batch
 
+    def _learn_draft_step(self, seconds: float, blend: float) -> None:
+        """A later draft call measured at this batch size (``_learn``)."""
+        self.draft_step = self._learn((self.batch, "draft"), self.draft_step, seconds, blend, "draft" in self.measured)
+        self.measured.add("draft")
+
     def _draft_call(self, outcome: CycleOutcome) -> float:
         """A later draft call's cost, from a drafting cycle: with 2 or more calls, the later ones' mean (and the first's
         ratio to it is learned); with one, the first call's priced down by that ratio."""
@@ -510,9 +514,7 @@ class CostModel(Policy):
         # would make drafting look dear and keep the policy from ever speculating again.
         self.plain_seconds[self.batch] = 0.0 if k > 0 else self.plain_seconds.get(self.batch, 0.0) + outcome.verify_seconds
         if outcome.draft_steps and outcome.catchup_tokens <= 2:
-            step = self._draft_call(outcome)
-            self.draft_step = self._learn((self.batch, "draft"), self.draft_step, step, blend, "draft" in self.measured)
-            self.measured.add("draft")
+            self._learn_draft_step(self._draft_call(outcome), blend)
         if outcome.verify_tokens:
             t, v = outcome.verify_tokens, outcome.verify_seconds
             self.verify[t] = self._learn((self.batch, t), self.verify.get(t), v, blend, t in self.measured)

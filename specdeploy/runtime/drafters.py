@@ -217,11 +217,9 @@ class ModelDrafter(Drafter):
         began = time.perf_counter()
         fed = self.warm(state, [max(past, min(past + tokens, length - 2)) for past, length in zip(seen, lengths)])
         caught_up = time.perf_counter()
-        step = 0.0
-        if any(past < length - 1 for past, length in zip(self.cache.past_len.tolist(), lengths)):
-            # one [batch, 1] call: a row with nothing left to feed re-feeds its last token (``feed``)
-            feed(self.engine, self.cache, state.tokens, [min(past + 1, length - 1) for past, length
-                                                          in zip(self.cache.past_len.tolist(), lengths)])
+        step, ends = 0.0, [min(past + 1, length - 1) for past, length in zip(self.cache.past_len.tolist(), lengths)]
+        if ends != self.cache.past_len.tolist():  # some row has a token left: one [batch, 1] call, in which a row with
+            feed(self.engine, self.cache, state.tokens, ends)  # nothing left re-feeds its last token (``feed``)
             step = time.perf_counter() - caught_up
         return caught_up - began, fed, step
 
