@@ -1,14 +1,32 @@
 """specdeploy: speculative decoding deployed on ONNX Runtime (and TensorRT) with a NumPy runtime.
 
 The public API: ``Pipeline.load(artifact_dir)``, ``pipeline.generate(prompts, GenerationConfig(...))``,
-``pipeline.stream(prompt, config)``; ``export`` (needs the ``export`` extra) writes artifacts.
+``pipeline.stream(prompt, config)``; ``export`` (needs the ``export`` extra) writes artifacts. Names load
+lazily (PEP 562): ``import specdeploy.contract`` does not load the runtime, and an export never does.
 """
 
-__version__ = "0.3.4"
+from __future__ import annotations
 
-from .contract import Manifest, ModelSpec  # noqa: E402
-from .runtime.config import GenerationConfig  # noqa: E402
-from .runtime.pipeline import GenerationResult, Pipeline  # noqa: E402
+import importlib
+
+_EXPORTS = {
+    "__version__": "specdeploy.version",
+    "Manifest": "specdeploy.contract",
+    "ModelSpec": "specdeploy.contract",
+    "GenerationConfig": "specdeploy.runtime.config",
+    "GenerationResult": "specdeploy.runtime.pipeline",
+    "Pipeline": "specdeploy.runtime.pipeline",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'specdeploy' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 def export(*args, **kwargs):

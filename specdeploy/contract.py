@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .digests import remembered_sha256, sha256_file
+
 CONTRACT = "verify-v1"
 MANIFEST = "manifest.json"
 ROLES = ("target", "draft")
@@ -275,15 +277,6 @@ def _check_relative(name: str, where: str) -> None:
         raise ContractError(f"{where}: file {name!r} must be a plain file name inside the artifact dir")
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def tokenizer_problems(tokenizer, manifest: Manifest, fingerprint: str | None = None) -> list[str]:
     """Where an artifact's tokenizer does not fit its models: another tokenizer at export, or more tokens
     than the vocabulary (ids it produces would be out of range). ``fingerprint``: the tokenizer's, when known."""
@@ -327,10 +320,7 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
 def verify_files(directory: Path, manifest: Manifest, remembered: bool = False) -> list[str]:
     """Compare every file the manifest lists with its sha256; return one problem per line (empty: all good).
     ``remembered``: a file unchanged since it was last hashed (``digests``) is not hashed again."""
-    if remembered:
-        from .digests import remembered_sha256 as digest_of
-    else:
-        digest_of = sha256_file
+    digest_of = remembered_sha256 if remembered else sha256_file
     problems = []
     directory = Path(directory)
     for name, expected in sorted(manifest.files.items()):

@@ -10,15 +10,24 @@ means hashing again. ``specdeploy doctor`` always hashes every byte.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
 from pathlib import Path
 
-from .contract import sha256_file
-
 RECORD = "digests.json"
 KEPT = 256  # files remembered; the oldest are forgotten
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
 
 
 def cache_dir() -> Path:

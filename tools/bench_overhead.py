@@ -7,7 +7,7 @@ new K/V into the cache (staging: the runtime's cache work, done inside ``Engine.
 <= 50 us per cycle at batch 1. Also printed: the part of engine time spent in ``Engine.infer``'s
 input checks, neither in the backend nor staging.
 
-    python tools/bench_overhead.py [--cycles 2000] [--k 4] [--engine ort|instant] [--drafters model]
+    python -m tools.bench_overhead [--cycles 2000] [--k 4] [--engine ort|instant] [--drafters model]
         [--temperatures 0] [--batches 1] [--policies fixed,cost]
 
 ``--policies``: the draft-length policies measured (the cost policy weighs every K at every cycle).
@@ -21,12 +21,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 class TimedEngine:

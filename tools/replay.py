@@ -159,6 +159,8 @@ class ReplayEngine(Engine):
                 keys[b, 0, 0, 1] = self._trace_of(input_ids[b]) + 1
             trace = int(keys[b, 0, 0, 1]) - 1
             keys[b, 0, start : start + tokens, 0] = input_ids[b]
+            if trace < 0:  # no recorded text (the pipeline's warm-up): its calls cost what the table says, nothing more
+                continue
             sequence, next_of = self.traces[trace].sequence, guess(self.traces[trace])
             on_until = start + _agree(input_ids[b], sequence[start:])  # slots before it hold the recorded text
             for j in range(kept):
@@ -186,7 +188,7 @@ class ReplayEngine(Engine):
         for start, index in self.by_start.items():
             if start[: len(key)] == key or key[: len(start)] == start:
                 return index
-        raise KeyError("a prompt that no trace starts with")
+        return -1  # a prompt that no trace starts with: the warm-up's
 
 
 def _agree(ids: np.ndarray, sequence: list[int]) -> int:
@@ -213,16 +215,15 @@ class _Remembered:
     """``RememberedCosts`` in memory: what one replayed process leaves for the next."""
 
     def __init__(self):
-        self.entries: dict[tuple, dict] = {}
+        self.record: dict | None = None
 
-    def recall(self, policy, slot: tuple) -> bool:
-        state = self.entries.get(slot)
-        return state is not None and policy.recall(json.loads(json.dumps(state)))  # as a record on disk reads
+    def recall(self):
+        from specdeploy.runtime.cost_policy import Costs
 
-    def remember(self, policy, slot: tuple) -> None:
-        state = policy.remembered()
-        if state is not None:
-            self.entries[slot] = state
+        return None if self.record is None else Costs.from_dict(json.loads(json.dumps(self.record)))  # as on disk
+
+    def remember(self, costs) -> None:
+        self.record = costs.to_dict()
 
 
 def record(pipeline, prompts, max_new_tokens: int, log=print) -> list[Trace]:

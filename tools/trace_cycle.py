@@ -1,10 +1,10 @@
 """Which of the package's modules and functions one greedy batch-1 cycle runs, from ``Generation.step``.
 
 What a newcomer follows to read one cycle (Python frames of ``specdeploy`` code, comprehensions
-folded into their function). Exports a tiny random Llama pair, prefills, runs three cycles to warm
-up, then traces the fourth.
+folded into their function), under the default speculation (the cost policy over the hybrid drafter) unless
+told otherwise. Exports a tiny random Llama pair, prefills, runs three cycles to warm up, then traces the fourth.
 
-    python tools/trace_cycle.py [--k 4] [--drafter model]
+    python tools/trace_cycle.py [--k 8] [--policy cost] [--drafter hybrid]
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def trace_step(run) -> dict[str, list[str]]:
@@ -40,13 +38,16 @@ def main() -> None:
     from specdeploy import GenerationConfig, Pipeline
     from tests import tiny
 
+    default = GenerationConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--drafter", default="model")
+    parser.add_argument("--k", type=int, default=default.k, help="the most drafts a cycle")
+    parser.add_argument("--policy", default=default.policy, help="draft-length policy")
+    parser.add_argument("--drafter", default=default.drafter, help="drafter")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = Pipeline.load(tiny.export_pair(Path(tmp), capacity=256), threads=1)
-        run = pipeline.start(["w5 w6 w7 w8 w5 w6"], GenerationConfig(k=args.k, drafter=args.drafter, ignore_eos=True))
+        config = GenerationConfig(k=args.k, policy=args.policy, drafter=args.drafter, ignore_eos=True)
+        run = pipeline.start(["w5 w6 w7 w8 w5 w6"], config)
         run.prefill()
         for _ in range(3):
             run.step()

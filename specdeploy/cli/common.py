@@ -13,25 +13,23 @@ console = Console(stderr=True)
 
 
 def speculation_options(k_help: str):
-    """--k, --policy, --drafter and --confidence-threshold, as ``generate`` and ``serve`` take them.
+    """--k, --policy, --drafter and --confidence-threshold, as ``generate`` and ``serve`` take them, with
+    ``GenerationConfig``'s defaults (one default everywhere: the cost policy over the hybrid drafter)."""
+    from ..runtime.config import GenerationConfig
+    from ..runtime.registry import DRAFTERS, POLICIES
 
-    The defaults are the configuration measured fastest in fresh processes and under load (README, The cost
-    policy in fresh processes): the cost policy drafting up to 8 tokens, by prompt lookup where the text repeats
-    and with the draft model elsewhere. ``GenerationConfig``'s own defaults stay the fixed-K draft model, whose
-    cycles are predictable: what tests and experiments build on."""
-    from ..runtime.drafters import DRAFTERS
-    from ..runtime.policies import POLICIES
-
+    default = GenerationConfig()
     options = [
-        click.option("--k", "--num-speculative-tokens", "k", type=int, default=8, show_default=True, help=k_help),
-        click.option("--policy", type=click.Choice(list(POLICIES)), default="cost", show_default=True,
+        click.option("--k", "--num-speculative-tokens", "k", type=int, default=default.k, show_default=True, help=k_help),
+        click.option("--policy", type=click.Choice(list(POLICIES)), default=default.policy, show_default=True,
                      help="Draft-length policy. cost: the length (0 = plain decoding) with the most tokens per second, "
                           "from measured engine costs and acceptance; fixed: always --k; confidence: up to --k, stopping "
                           "where the draft is unsure; heuristic: transformers' +2 / -1 schedule."),
-        click.option("--drafter", type=click.Choice(list(DRAFTERS)), default="hybrid", show_default=True,
+        click.option("--drafter", type=click.Choice(list(DRAFTERS)), default=default.drafter, show_default=True,
                      help="model: the artifact's draft; prompt-lookup: n-gram; hybrid: prompt lookup where the text repeats "
-                          "itself, the draft model elsewhere; none: plain target decoding."),
-        click.option("--confidence-threshold", type=float, default=0.4, show_default=True,
+                          "itself, the draft model elsewhere (lookup alone on an artifact without a draft model); none: plain "
+                          "target decoding."),
+        click.option("--confidence-threshold", type=float, default=default.confidence_threshold, show_default=True,
                      help="--policy confidence: stop drafting once the draft's top probability falls below this."),
     ]
 

@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import __version__
 from ..contract import DTYPES, GRAPH_FORMS, WEIGHT_FORMATS, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
+from ..version import __version__
 from . import onnx_graph
 from .checkpoint import gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
 from .fused import FusedGraph

@@ -16,8 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..runtime.config import GenerationConfig
-from ..runtime.drafters import DRAFTERS
-from ..runtime.policies import POLICIES
+from ..runtime.registry import DRAFTERS, POLICIES
 from ..runtime.telemetry import CycleRecord, acceptance_by_position, mean_accepted_length, time_split
 from ..workloads import Prompt
 from .analytic import predicted_speedup

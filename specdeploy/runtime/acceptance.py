@@ -8,6 +8,13 @@ Glossary (as in vLLM's rejection sampler):
 - *bonus* token: emitted when all K drafts are accepted, from the target's p_{K+1}.
 Every cycle emits n + 1 tokens: n accepted plus one recovered or bonus token.
 
+A seeded request uses *keyed* verification instead (``keyed_accept_row``): each position's token is drawn from
+noise keyed by its seed and position (``sampling.keyed_noise``); the draft proposes the token that same noise
+picks from q, and a draft is kept while it equals the token the noise picks from p. Every emitted token is then
+exactly the token plain seeded decoding emits at that position, whatever the draft length, drafter or batch
+mates: the same seed gives the same text. It keeps fewer drafts than the rule above (for p and q at total
+variation d, at least (1 - d) / (1 + d) against 1 - d).
+
 Outputs follow vLLM: ``accepted`` [batch] and ``emitted`` [batch, K + 1] padded with -1.
 Pure functions: no I/O, no timing, no globals; randomness comes from the caller's generators.
 """
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sampling import sample
+from .sampling import keyed_token, sample
 
 PAD = -1
 
@@ -92,6 +99,36 @@ def speculative_accept(
             # arithmetic, and p itself is the right fallback for what rounding left.
             target = residual if residual.sum() > 0 else target
         emitted[b, n] = sample(target, rngs[b])
+    return accepted, emitted
+
+
+def keyed_accept_row(p: np.ndarray, drafts: list[int], drafted: int, noise: list[np.ndarray]) -> tuple[int, list[int]]:
+    """Keyed verification of one seeded row: p [K + 1, vocab] its target probabilities (processed), ``drafted`` of
+    its K drafts real, ``noise`` K + 1 arrays [vocab] keyed by the positions they decide. Returns (accepted, the
+    target's keyed tokens [K + 1]): the drafts kept are those equal to the target's keyed tokens, and the row emits
+    those tokens up to the first that differs."""
+    target = [keyed_token(p[j], noise[j]) for j in range(len(noise))]
+    return min(greedy_accept_row(target, drafts), drafted), target
+
+
+def sampled_accept(p: np.ndarray, q: np.ndarray | None, drafts: np.ndarray, drafted: list[int],
+                   rngs: list[np.random.Generator], noises: list[list[np.ndarray] | None]) -> tuple[list[int], list[list[int]]]:
+    """Sampling verification of a batch: p [batch, K + 1, vocab], q [batch, K, vocab] or None, drafts [batch, K] of which
+    row b has ``drafted[b]``; a row with ``noises[b]`` (K + 1 keyed arrays: a seeded row) by ``keyed_accept_row``, the
+    others by ``speculative_accept`` with their generators. Returns (accepted, emitted tokens) per row."""
+    if all(noise is None for noise in noises):
+        accepted, emitted = speculative_accept(p, q, drafts, rngs, drafted)
+        return accepted.tolist(), emitted.tolist()
+    accepted, emitted = [], []
+    for b, noise in enumerate(noises):
+        if noise is not None:
+            n, tokens = keyed_accept_row(p[b], drafts[b].tolist(), drafted[b], noise)
+        else:
+            n, tokens = speculative_accept(p[b : b + 1], None if q is None else q[b : b + 1], drafts[b : b + 1], [rngs[b]],
+                                           [drafted[b]])
+            n, tokens = int(n[0]), tokens[0].tolist()
+        accepted.append(n)
+        emitted.append(tokens)
     return accepted, emitted
 
 

@@ -1,12 +1,11 @@
-"""What the cost policy measured, remembered from one process to the next.
+"""The cost table, remembered from one process to the next.
 
-A ``specdeploy generate`` run is a fresh process: without this, every run's cost policy starts from
-nothing, takes its first measurements while ONNX Runtime is still cold (first calls at a shape cost
-several times a warm one), and spends a short completion learning what the previous run already knew.
-The engines' costs belong to the models, the execution provider, the thread count and this machine, so
-they are kept per (artifact manifest, provider, threads, ONNX Runtime version, machine) and per
-(policy, k, drafter), in the user's cache (``$SPECDEPLOY_CACHE``, default ``~/.cache/specdeploy``).
-A record that is missing, unreadable or malformed only means starting cold, as before.
+A ``specdeploy generate`` run is a fresh process: it warms its shapes up and measures them
+(``Pipeline.warm_up``), but its cycles at other batch sizes, its catch-ups and its drift are what an
+earlier run already learned. The engines' costs belong to the models, the execution provider, the
+thread count and this machine, so they are kept per (artifact manifest, provider, threads, ONNX Runtime
+version, machine) in the user's cache (``$SPECDEPLOY_CACHE``, default ``~/.cache/specdeploy``). A
+record that is missing, unreadable or malformed only means starting from the warm-up's measurements.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import threading
 from pathlib import Path
 
 from ..digests import cache_dir, read_record, write_record
-from .policies import Policy
+from .cost_policy import Costs
 
 FOLDER = "costs"
 
@@ -35,27 +34,21 @@ def machine_key(directory: Path, provider: str, threads: int | None) -> str:
 
 
 class RememberedCosts:
-    """The record of one (artifact, provider, threads, machine): each policy's last state, by (policy, k, drafter)."""
+    """The cost table of one (artifact, provider, threads, ONNX Runtime, machine), kept in the user's cache."""
 
     def __init__(self, key: str):
         self.path = cache_dir() / FOLDER / f"{key}.json"
         self._lock = threading.Lock()
 
-    def recall(self, policy: Policy, slot: tuple) -> bool:
-        """Start ``policy`` from the state remembered for ``slot``; False where there is none (or it is unusable)."""
-        state = read_record(self.path).get(_name(slot))
-        return state is not None and policy.recall(state)
+    def recall(self) -> Costs | None:
+        """The table an earlier process kept; None where there is none or it is unusable (a cold start)."""
+        record = read_record(self.path)
+        try:
+            return Costs.from_dict(record["costs"]) if "costs" in record else None
+        except ValueError:
+            return None
 
-    def remember(self, policy: Policy, slot: tuple) -> None:
-        """Keep ``policy``'s state for ``slot`` (a policy that learns nothing across requests keeps none)."""
-        state = policy.remembered()
-        if state is None:
-            return
+    def remember(self, costs: Costs) -> None:
+        """Keep ``costs`` for the next process (a read-only home: the next run starts cold)."""
         with self._lock:
-            entries = read_record(self.path)
-            entries[_name(slot)] = state
-            write_record(self.path, entries)  # a read-only home: the next run starts cold
-
-
-def _name(slot: tuple) -> str:
-    return "/".join(map(str, slot))
+            write_record(self.path, {"costs": costs.to_dict()})

@@ -7,17 +7,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import ConfigError
+from .registry import DRAFTERS, POLICIES
+
 INT64_MAX = 2**63 - 1
 PENALTY_RANGE = (0.01, 100.0)  # beyond it a penalised logit over- or underflows to inf / 0 and the distribution to NaN
-
-
-class ConfigError(ValueError):
-    """A generation option outside its valid range."""
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
     """Decoding options. ``temperature`` 0 means greedy; ``k`` is the (maximum) draft length.
+
+    The speculation defaults (``k``, ``policy``, ``drafter``) are the CLI's and the server's too: the cost policy
+    prices each source of drafts (prompt lookup, the draft model) and plain decoding by what they cost on this
+    machine, and drafts at most ``k`` a cycle; on an artifact without a draft model it drafts by lookup alone.
 
     Every field is checked on construction and never coerced silently: NumPy integers and floats are
     taken as the Python numbers they hold; strings, bools where numbers belong, NaN and infinities
@@ -31,18 +34,15 @@ class GenerationConfig:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
-    k: int = 4
-    policy: str = "fixed"
-    drafter: str = "model"
+    k: int = 8
+    policy: str = "cost"
+    drafter: str = "hybrid"
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # stop like EOS, in addition to it
     confidence_threshold: float = 0.4
     ignore_eos: bool = False
 
     def __post_init__(self):
-        from .drafters import DRAFTERS  # the registries import this module's type for their signatures
-        from .policies import POLICIES
-
         def bad(name, expected):
             return ConfigError(f"{name}: got {getattr(self, name)!r}; expected {expected}")
 

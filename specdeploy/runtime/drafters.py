@@ -1,284 +1,212 @@
-"""Drafters propose tokens for the target to verify: a draft model, prompt lookup, or none.
+"""Drafters propose tokens for the target to verify: a draft model, prompt lookup, both, or none.
 
-A drafter reads the batch state, writes only what it owns (its cache, its draft buffer) and
-returns a ``Proposal``. Drafters are registered by name (``--drafter NAME``); what one needs is
-declared (``needs_model``), not probed.
+A drafter is a proposer (``propose``, ``rollback``): it reads the batch state and, for a draft model, the
+draft's cache (``engines.base.KVCache``, owned by the generation with the batch's other rows), and returns a
+``Proposal``. What a drafter can do is declared: ``uses_model`` (it has a draft model and its cache),
+``looks_up`` (it drafts by prompt lookup: drafts that cost no model call). How many drafts each source makes
+is the policy's choice (``k``, ``lookup_k``); each row drafts at most ``caps[b]`` (its own k and tokens left).
 """
 
 from __future__ import annotations
 
-import copy
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..engines.base import Engine, KVCache, feed, prefill
-from .config import GenerationConfig
-from .sampling import penalize, row_probabilities, sample
+from ..engines.base import Engine, KVCache, feed
+from .errors import ConfigError
+from .policies import CycleOutcome
+from .sampling import keyed_token, penalize, row_probabilities, sample
 
-if TYPE_CHECKING:  # the decoder imports the drafters
+if TYPE_CHECKING:
     from .decoder import BatchState
 
 
 @dataclass
 class Proposal:
-    drafts: np.ndarray  # [batch, k] int64; the drafter's buffer, valid until its next ``propose``
-    q: np.ndarray | None  # [batch, k, vocab] proposal distributions; None: deterministic (one-hot)
-    seconds: float  # drafting time, engine calls and their bookkeeping
-    steps: int  # draft engine calls
-    catchup_tokens: int = 1  # tokens the first call fed (more than 2 after cycles that did not draft)
-    limits: list[int] | None = None  # [batch] drafts row b really has (the rest fill its row); None: all k
-    catchup_seconds: float = 0.0  # the first call's time: with many tokens fed, what the draft's catch-up cost
-    without_model: bool = False  # drafted by lookup alone where a model could have: no news of the model's acceptance
+    """One cycle's drafts. A row's drafts beyond ``drafted[b]`` only fill its row (never kept)."""
+
+    drafts: np.ndarray  # [batch, width] int64
+    q: np.ndarray | None  # [batch, width, vocab] proposal distributions; None: deterministic (one-hot)
+    drafted: list[int]  # [batch] drafts row b really has
+    lookup: list[bool] = field(default_factory=list)  # [batch] row b's drafts came from prompt lookup
+    seconds: float = 0.0  # drafting: engine calls and their bookkeeping
+    first_call_seconds: float = 0.0  # the first draft call, which feeds what the draft had not seen
+    first_call_tokens: int = 0  # tokens a row that first call fed (the widest row's lag)
+    later_calls: int = 0  # draft calls after the first
+    later_call_seconds: float = 0.0
+
+    def outcome(self, accepted: list[int], verify_seconds: float) -> CycleOutcome:
+        """What the policy hears of the cycle these drafts were verified in: ``accepted`` drafts per row, the target's
+        call over K + 1 tokens a row in ``verify_seconds``."""
+        return CycleOutcome(len(self.drafted), self.drafted, accepted, self.lookup, self.first_call_seconds,
+                            self.first_call_tokens, self.later_call_seconds, self.later_calls, verify_seconds,
+                            self.drafts.shape[1] + 1)
 
     @classmethod
     def none(cls, batch: int) -> Proposal:
         """No drafts: the cycle is a plain decoding step."""
-        return cls(np.zeros((batch, 0), np.int64), None, 0.0, 0)
+        return cls(np.zeros((batch, 0), np.int64), None, [0] * batch, [False] * batch)
 
 
-DRAFTERS: dict[str, type[Drafter]] = {}  # name -> drafter class, in the order they are defined (and listed)
+class Drafter:
+    """Proposes drafts after each row's committed tokens. Without drafts (``NoDrafter``): plain decoding."""
+
+    uses_model = False
+    looks_up = False
+
+    def __init__(self, engine: Engine | None = None, stop_below: float | None = None, max_ngram: int = 3,
+                 min_ngram: int = 1):
+        # stop_below: a model row stops drafting once the draft's top probability falls below it (None: never);
+        # n-grams: prompt lookup continues the latest earlier match of the last n tokens, the longest n first
+        self.engine, self.stop_below, self.max_ngram, self.min_ngram = engine, stop_below, max_ngram, min_ngram
+
+    def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
+        """Up to ``k`` model drafts or ``lookup_k`` lookup drafts a row, row b at most ``caps[b]``."""
+        return Proposal.none(state.batch)
+
+    def rollback(self, cache: KVCache | None, lengths: list[int]) -> None:
+        """Tokens x[0:lengths[b]] stand (the verified prefix); anything the draft saw beyond them is forgotten."""
+        if cache is not None:
+            cache.commit([min(seen, length) for seen, length in zip(cache.past_len.tolist(), lengths)])
+
+    def behind(self, state: BatchState, cache: KVCache | None) -> int:
+        """Tokens (all rows together) the draft model must catch up on before drafting, beyond the one or two a
+        drafting cycle leaves it: prompts it never saw, plain cycles since it last drafted."""
+        if cache is None:
+            return 0
+        return sum(max(0, length - 2 - past) for length, past in zip(state.lengths, cache.past_len.tolist()))
 
 
-class Drafter(ABC):
-    """Proposes up to k tokens per row after each row's committed tokens. A subclass with a ``name`` is
-    registered under it (``--drafter NAME``, ``GenerationConfig.drafter``)."""
+class NoDrafter(Drafter):
+    """Plain target decoding: the baseline."""
 
-    name = ""
-    needs_model = False  # True: built on the artifact's draft model (``create(engine)``)
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("name"):  # its own name: a subclass of a registered class does not take its place
-            DRAFTERS[cls.name] = cls
+class PromptLookup(Drafter):
+    """Prompt lookup (n-gram) drafting, like transformers' ``prompt_lookup_num_tokens``: no model, proposals are
+    deterministic (q one-hot: sampling verification keeps a draft d with probability p(d))."""
 
-    @classmethod
-    def create(cls, engine: Engine | None) -> Drafter:
-        return cls()
+    looks_up = True
 
-    def start(self, batch: int, capacity: int, config: GenerationConfig, threshold: float | None) -> None:
-        """A new batch: ``threshold`` is the policy's confidence threshold (None: always draft k)."""
-        self.threshold = threshold
+    def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
+        began = time.perf_counter()
+        found = self._found(state, lookup_k, caps)
+        width = max(map(len, found))
+        if not width:
+            return Proposal.none(state.batch)
+        drafts = np.empty((state.batch, width), np.int64)
+        for b, cont in enumerate(found):
+            _fill(drafts[b], cont, state.tokens[b, state.lengths[b] - 1])
+        return Proposal(drafts, None, list(map(len, found)), [len(f) > 0 for f in found], time.perf_counter() - began)
 
-    @abstractmethod
-    def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
-        """Up to k drafts per row (every row gets as many); row b uses at most ``budgets[b]`` of them (its own
-        k and tokens left), and a row's random draws depend on its own budget alone, never on its batch mates'."""
-
-    def rollback(self, lengths: list[int]) -> None:  # noqa: B027 (a default: nothing to do)
-        """Tokens x[0:lengths[b]] stand (the verified prefix); anything seen beyond them is discarded."""
-
-    def select(self, rows: list[int]) -> None:  # noqa: B027 (a default: nothing to do)
-        """Keep only batch rows ``rows`` (finished rows left)."""
-
-    def row(self, b: int) -> Drafter:
-        """This drafter for row ``b`` alone (stateless drafters serve any row)."""
-        return self
-
-    def extend(self, rows: int) -> None:  # noqa: B027 (a default: nothing to do)
-        """``rows`` new rows join at the end of the batch, having seen nothing."""
-
-    def adopt(self, b: int, single: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
-        """Take back what a ``row(b)`` drafter committed."""
-
-    def warm(self, state: BatchState, goal: list[int]) -> int:
-        """See row b's first ``goal[b]`` tokens now (a prefill chunk), rather than on the next ``propose``;
-        returns the tokens fed (all rows together)."""
-        return 0
-
-    def behind(self, state: BatchState) -> int:
-        """Tokens (all rows together) the next ``propose`` must catch up on beyond the one or two a
-        drafting cycle leaves: prompts never seen, plain cycles since the last draft."""
-        return 0
-
-    def sample(self, state: BatchState, tokens: int) -> tuple[float, int, float]:
-        """Catch each row up on at most ``tokens`` more of what it lacks, then make one call of one token a row (a
-        draft step's cost, its logits unused); both only add what the next ``propose`` would feed anyway. Returns
-        (the catch-up's seconds, tokens it fed for all rows together, the call's seconds; 0: no call)."""
-        return 0.0, 0, 0.0
-
-    def merge(self, other: Drafter) -> None:  # noqa: B027 (a default: nothing to do)
-        """``other``'s rows (a drafter of the same kind, as far as it has seen them) join at the end of the batch."""
-
-    def cost_ratio(self, target_spec) -> float:
-        """A draft step's cost relative to the target's (0: drafting needs no model)."""
-        return 0.0
-
-    def without_catchup(self) -> Drafter | None:
-        """What drafts a cycle for which the policy finds the draft model not worth paying (its catch-up,
-        ``behind``, or its drafts: the policy chose plain decoding): a drafter that needs no model, or
-        None (a plain cycle)."""
-        return None
+    def _found(self, state: BatchState, lookup_k: int, caps: list[int]) -> list[np.ndarray]:
+        return [lookup(state.tokens[b, :length], min(lookup_k, cap), self.max_ngram, self.min_ngram)
+                for b, (length, cap) in enumerate(zip(state.lengths, caps))]
 
 
 class ModelDrafter(Drafter):
     """A draft model: catches up on committed tokens it has not seen, then proposes one call a token."""
 
-    name = "model"
-    needs_model = True
+    uses_model = True
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.cache: KVCache | None = None
+    def __init__(self, engine: Engine | None = None, stop_below: float | None = None, max_ngram: int = 3,
+                 min_ngram: int = 1):
+        if engine is None:
+            raise ConfigError(f"drafter: {type(self).__name__} needs a draft model, and this artifact has none; use "
+                              "drafter='hybrid' (prompt lookup without one), 'prompt-lookup' or 'none', or export "
+                              "with --draft")
+        super().__init__(engine, stop_below, max_ngram, min_ngram)
 
-    @classmethod
-    def create(cls, engine: Engine | None) -> Drafter:
-        return cls(engine)
+    def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
+        return self._model(state, cache, k, caps) if k else Proposal.none(state.batch)
 
-    def start(self, batch: int, capacity: int, config: GenerationConfig, threshold: float | None) -> None:
-        super().start(batch, capacity, config, threshold)
-        self.cache = self.engine.allocate_cache(batch, capacity)
-        self._buffers(batch, config.k)
-
-    def _buffers(self, batch: int, k: int) -> None:
-        # draft i of every row is row i of ``columns``: contiguous, so [batch, 1] views of it are the
-        # next draft call's input as they are
-        self.columns = np.zeros((max(k, 1), batch), np.int64)  # [k, batch]
-        self.inputs = [column[:, None] for column in self.columns]  # k views [batch, 1]
-
-    def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
+    def _model(self, state: BatchState, cache: KVCache, k: int, caps: list[int]) -> Proposal:
+        """Up to k drafts a row by the draft model: every row drafts (greedy rows draw nothing), a sampled row only
+        up to its cap, so that its random draws depend on its own settings alone, never on its batch mates'."""
         began = time.perf_counter()
-        cache, engine = self.cache, self.engine
-        lengths = state.lengths
-        configs = None if state.greedy and not state.penalized else state.configs()
-        # catch up on the committed tokens it has not seen: as many as the row furthest behind needed
-        logits, catchup_tokens = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]
+        engine, lengths = self.engine, state.lengths
+        logits, width = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]: the catch-up
         caught_up = time.perf_counter()
-        pasts = [np.array([at + i for at in lengths]) for i in range(k - 1)]  # each draft call's past_len
-        # sampled rows stop on their own (budget, confidence), so that their draws are theirs alone
-        limits = None if state.greedy else list(budgets or [k] * len(lengths))
+        columns = np.zeros((k, state.batch), np.int64)  # draft i of every row: row i, contiguous [batch, 1] inputs
+        configs = None if state.greedy and not state.penalized else state.configs()
+        limits = [min(k, cap) for cap in caps]
         qs, made = [], 0
-        while made < k:
+        while made < k and max(limits) > made:
             if state.penalized:
-                logits = self._penalized(logits, state, configs, made)
-            if state.greedy:
-                # greedy needs no distribution, only its top probability when a threshold asks for it
-                if self.threshold is not None and _top_probability(logits).max() < self.threshold:
+                logits = _penalized(logits, state, configs, columns[:made].T)
+            if state.greedy:  # no distribution needed, only its top probability when asked to stop on it
+                if self.stop_below is not None and _top_probability(logits).max() < self.stop_below:
                     break
-                logits.argmax(-1, out=self.columns[made])
+                logits.argmax(-1, out=columns[made])
             else:
                 q = row_probabilities(logits, configs)  # [batch, vocab]; one-hot for greedy rows
-                if self.threshold is not None:
-                    limits = [made if limit > made and top < self.threshold else limit
+                if self.stop_below is not None:
+                    limits = [made if limit > made and top < self.stop_below else limit
                               for limit, top in zip(limits, q.max(-1).tolist())]
                 if max(limits) <= made:
-                    break  # no row wants another draft
-                self.columns[made] = [sample(q[b], rng) if made < limit else 0  # 0: a filler no row keeps
-                                      for b, (rng, limit) in enumerate(zip(state.rngs(), limits))]
+                    break
+                columns[made] = [_draw(q[b], rng, state.noise(b, at + made, q.shape[-1])) if made < limit else 0
+                                 for b, (rng, limit, at) in enumerate(zip(state.rngs(), limits, lengths))]  # 0: a filler
                 qs.append(q)
             made += 1
             if made < k:
-                logits = engine.infer(self.inputs[made - 1], pasts[made - 1], cache).logits[:, 0]
-        steps = 1 + min(made, k - 1)  # the catch-up call, then one call per draft but the last
-        cache.commit([at + steps - 1 for at in lengths])
-        q_all = np.stack(qs, axis=1) if qs else None
-        limits = _limits(limits if limits is not None else budgets, made)
-        return Proposal(self.columns[:made].T, q_all, time.perf_counter() - began, steps, catchup_tokens, limits,
-                        caught_up - began)
-
-    def _penalized(self, logits: np.ndarray, state: BatchState, configs: list[GenerationConfig], made: int) -> np.ndarray:
-        so_far = self.columns[:made].T  # [batch, made]
-        return np.stack([penalize(logits[b], np.concatenate([state.tokens[b, :at], so_far[b]]), config.repetition_penalty)
-                         for b, (at, config) in enumerate(zip(state.lengths, configs))])
-
-    def rollback(self, lengths: list[int]) -> None:
-        self.cache.commit([min(seen, v) for seen, v in zip(self.cache.past_len.tolist(), lengths)])
-
-    def select(self, rows: list[int]) -> None:
-        self.cache = self.cache.select(rows)
-        self._buffers(len(rows), self.columns.shape[0])
-
-    def row(self, b: int) -> ModelDrafter:
-        single = copy.copy(self)  # the same kind and settings, over row b's cache
-        single.cache = self.cache.rows(b, b + 1)
-        single._buffers(1, self.columns.shape[0])
-        return single
-
-    def extend(self, rows: int) -> None:
-        self.cache = self.cache.extend(self.engine.allocate_cache(rows, self.cache.capacity))
-        self._buffers(self.cache.shape[1], self.columns.shape[0])
-
-    def adopt(self, b: int, single: ModelDrafter) -> None:
-        self.cache.commit_row(b, single.cache.past_len.item(0))
-
-    def warm(self, state: BatchState, goal: list[int]) -> int:
-        seen = sum(self.cache.past_len.tolist())
-        prefill(self.engine, self.cache, state.tokens, goal)
-        return sum(self.cache.past_len.tolist()) - seen
-
-    def behind(self, state: BatchState) -> int:
-        return sum(max(0, length - 2 - past) for length, past in zip(state.lengths, self.cache.past_len.tolist()))
-
-    def sample(self, state: BatchState, tokens: int) -> tuple[float, int, float]:
-        seen, lengths = self.cache.past_len.tolist(), state.lengths
-        began = time.perf_counter()
-        fed = self.warm(state, [max(past, min(past + tokens, length - 2)) for past, length in zip(seen, lengths)])
-        caught_up = time.perf_counter()
-        step, ends = 0.0, [min(past + 1, length - 1) for past, length in zip(self.cache.past_len.tolist(), lengths)]
-        if ends != self.cache.past_len.tolist():  # some row has a token left: one [batch, 1] call, in which a row with
-            feed(self.engine, self.cache, state.tokens, ends)  # nothing left re-feeds its last token (``feed``)
-            step = time.perf_counter() - caught_up
-        return caught_up - began, fed, step
-
-    def merge(self, other: ModelDrafter) -> None:
-        self.cache = self.cache.extend(other.cache)
-        self._buffers(self.cache.shape[1], self.columns.shape[0])
-
-    def cost_ratio(self, target_spec) -> float:
-        """Parameters of the draft over the target's: what a token costs each, to a first estimate."""
-        draft, target = self.engine.spec.parameters, target_spec.parameters
-        return draft / target if draft > 0 and target > 0 else 0.0
+                logits = engine.infer(columns[made - 1][:, None], np.array([at + made - 1 for at in lengths]), cache).logits[:, 0]
+        calls = 1 + min(made, k - 1)  # the catch-up call, then one a draft but the last
+        cache.commit([at + calls - 1 for at in lengths])
+        ended = time.perf_counter()
+        return Proposal(columns[:made].T, np.stack(qs, axis=1) if qs else None, [min(made, limit) for limit in limits],
+                        [False] * state.batch, ended - began, caught_up - began, width, calls - 1, ended - caught_up)
 
 
-def _limits(limits: list[int] | None, made: int) -> list[int] | None:
-    """Per-row draft counts, at most ``made``; None when every row has all ``made``."""
-    if limits is None or min(limits) >= made:
-        return None
-    return [min(limit, made) for limit in limits]
+class HybridDrafter(ModelDrafter, PromptLookup):
+    """Prompt lookup for rows whose final n-gram occurred before, the draft model for the others, in one cycle;
+    the policy prices each source (``lookup_k`` 0: no lookups; ``k`` 0: no model drafts). A row's choice reads
+    its own committed tokens alone, and lookup rows draw nothing, so no row's proposal depends on its batch mates'.
+    Without a draft model (a target-only artifact), it drafts by lookup alone."""
 
+    uses_model = looks_up = True
 
-def _top_probability(logits: np.ndarray) -> np.ndarray:
-    """max softmax(logits) per row, without forming the distribution.  # [batch]"""
-    return 1.0 / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)
+    def __init__(self, engine: Engine | None = None, stop_below: float | None = None, max_ngram: int = 3,
+                 min_ngram: int = 2):
+        Drafter.__init__(self, engine, stop_below, max_ngram, min_ngram)
+        self.uses_model = engine is not None
 
-
-class PromptLookup(Drafter):
-    """Prompt lookup (n-gram) drafting: continue the latest earlier match of the last n tokens.
-
-    No model; like transformers' ``prompt_lookup_num_tokens``. Proposals are deterministic, so q is
-    one-hot and sampling verification accepts a draft d with probability p(d).
-    """
-
-    name = "prompt-lookup"
-
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-
-    def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
-        began = time.perf_counter()
-        budgets = budgets or [k] * state.batch
-        found = [self._lookup(state.tokens[b, :length], budget) for b, (length, budget) in enumerate(zip(state.lengths, budgets))]
-        made = max(len(f) for f in found)
-        drafts = np.empty((state.batch, made), np.int64)
-        for b, (length, cont) in enumerate(zip(state.lengths, found)):
-            drafts[b, : len(cont)] = cont
-            if len(cont) < made:  # rows without a (long enough) match repeat their last token: any proposal is lossless
-                drafts[b, len(cont) :] = cont[-1] if len(cont) else state.tokens[b, length - 1]
-        # greedy rows may keep a repeated token that happens to match; a sampled row's draws count its own drafts only
-        limits = _limits(budgets if state.greedy else [len(f) for f in found], made)
-        return Proposal(drafts, None, time.perf_counter() - began, 0, limits=limits)
-
-    def _lookup(self, seq: np.ndarray, k: int) -> np.ndarray:
-        return lookup(seq, k, self.max_ngram, self.min_ngram)
+    def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
+        found = self._found(state, lookup_k, caps) if lookup_k else [np.zeros(0, np.int64)] * state.batch
+        hits = [len(f) > 0 for f in found]
+        if not any(hits):
+            return self._model(state, cache, k, caps) if k and self.uses_model else Proposal.none(state.batch)
+        lengths = state.lengths
+        if k and self.uses_model and not all(hits):  # lookup rows get no model drafts; the draft keeps their prefix
+            modelled = self._model(state, cache, k, [0 if hit else cap for hit, cap in zip(hits, caps)])
+            cache.commit([length if hit else past for hit, length, past in zip(hits, lengths, cache.past_len.tolist())])
+        else:  # no model call: the draft falls behind, and catches up when it next drafts
+            modelled = Proposal.none(state.batch)
+        began, made = time.perf_counter(), modelled.drafts.shape[1]
+        drafted = [len(f) if hit else n for hit, f, n in zip(hits, found, modelled.drafted)]
+        drafts = np.empty((state.batch, max(drafted + [made])), np.int64)
+        for b, (hit, cont) in enumerate(zip(hits, found)):
+            _fill(drafts[b], cont if hit else modelled.drafts[b, : drafted[b]], state.tokens[b, lengths[b] - 1])
+        q = None
+        if modelled.q is not None:  # sampled rows: the model's q where it drafted, one-hot elsewhere
+            q = np.zeros((*drafts.shape, modelled.q.shape[-1]), modelled.q.dtype)
+            q[:, :made] = modelled.q
+            for b, hit in enumerate(hits):
+                first = 0 if hit else made
+                q[b, np.arange(first, drafts.shape[1]), drafts[b, first:]] = 1.0
+        modelled.drafts, modelled.q, modelled.drafted, modelled.lookup = drafts, q, drafted, hits
+        modelled.seconds += time.perf_counter() - began
+        return modelled
 
 
 def lookup(seq: np.ndarray, k: int, max_ngram: int, min_ngram: int = 1) -> np.ndarray:
     """Up to k tokens that followed the latest earlier occurrence of ``seq``'s final n-gram, the longest
-    n in [min_ngram, max_ngram] that has one; empty when none has."""
+    n in [min_ngram, max_ngram] that has one; empty when none has (or k is 0)."""
     length = len(seq)
+    if k <= 0:
+        return seq[:0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         # starts j < length - n where seq[j : j + n] equals the final n-gram
         match = seq[: length - n] == seq[length - n]
@@ -291,15 +219,22 @@ def lookup(seq: np.ndarray, k: int, max_ngram: int, min_ngram: int = 1) -> np.nd
     return seq[:0]
 
 
-class NoDrafter(Drafter):
-    """Plain target decoding: the baseline."""
-
-    name = "none"
-
-    def propose(self, state: BatchState, k: int, budgets: list[int] | None = None) -> Proposal:
-        return Proposal.none(state.batch)
+def _draw(q: np.ndarray, rng: np.random.Generator, noise: np.ndarray | None) -> int:
+    """A sampled row's draft from q [vocab]: the token its keyed noise picks (a seeded row), else a draw by its generator."""
+    return sample(q, rng) if noise is None else keyed_token(q, noise)
 
 
-from .hybrid import HybridDrafter  # noqa: E402 (registers "hybrid"; it builds on the drafters above)
+def _fill(row: np.ndarray, drafts: np.ndarray, last: int) -> None:
+    """``row`` takes ``drafts``, then repeats the last of them (or ``last``, the row's last token): fillers only."""
+    row[: len(drafts)] = drafts
+    row[len(drafts) :] = drafts[-1] if len(drafts) else last
 
-__all__ = ["DRAFTERS", "Drafter", "HybridDrafter", "ModelDrafter", "NoDrafter", "PromptLookup", "Proposal", "lookup"]
+
+def _penalized(logits: np.ndarray, state: BatchState, configs, so_far: np.ndarray) -> np.ndarray:
+    return np.stack([penalize(logits[b], np.concatenate([state.tokens[b, :at], so_far[b]]), config.repetition_penalty)
+                     for b, (at, config) in enumerate(zip(state.lengths, configs))])
+
+
+def _top_probability(logits: np.ndarray) -> np.ndarray:
+    """max softmax(logits) per row, without forming the distribution.  # [batch]"""
+    return 1.0 / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)

@@ -18,14 +18,18 @@ from .cache import EXPORTED, cache_bytes, plan_batch
 from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
 from .config import ConfigError, GenerationConfig, is_integer
-from .decoder import Generation, RowResult, RowSpec
+from .cost_policy import CostPolicy, Costs
+from .decoder import Generation
 from .divergence import first_divergence
-from .drafters import DRAFTERS, Drafter
-from .policies import Policy, make_policy
+from .drafters import Drafter, NoDrafter
+from .policies import CycleOutcome, Policy
+from .registry import make_drafter, make_policy
+from .rows import RowResult, RowSettings
 from .stops import StopStrings
 from .streaming import TextStream
 from .telemetry import CycleRecord, FinishReason, summarize
 
+CATCHUP_TOKENS = 32  # a draft catch-up long enough to time a rate, not a call
 CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
 
 
@@ -66,9 +70,11 @@ class Pipeline:
             raise ConfigError(f"max_cache_bytes: got {_short(max_cache_bytes)}; expected an integer >= 1, or None")
         self.max_cache_bytes = max_cache_bytes
         self._ids = itertools.count()
-        self._policies: dict[tuple, Policy] = {}  # (policy, k, drafter) -> the latest request's policy
-        self._policies_lock = threading.Lock()
         self._remembered = remembered_costs
+        # what each call costs on this machine: the engines', so shared by every request's cost policy
+        self.costs = (remembered_costs.recall() if remembered_costs else None) or Costs()
+        self._warmed: set[int] = set()  # the k whose shapes ``warm_up`` has run
+        self._warm_lock = threading.Lock()
 
     @classmethod
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
@@ -94,24 +100,41 @@ class Pipeline:
         """
         return cache_bytes(self._specs(speculative), batch, capacity)
 
-    def warm_up(self, k: int, prompt_tokens: int = PREFILL_CHUNK) -> float:
-        """Throwaway calls of the shapes a request makes first, at batch 1: a prompt of ``prompt_tokens``, then
-        T = 1 .. k + 1 in the target and T = 1, 2 in the draft (none with ``k`` = 0); returns the seconds taken.
+    def warm_up(self, k: int, prompt_tokens: int = 0) -> float:
+        """Bring the shapes a request of at most ``k`` drafts calls at batch 1 into ``costs``: T = 1 .. k + 1 in the
+        target, and in the draft its one- and two-token calls and a catch-up of ``CATCHUP_TOKENS`` (none with
+        ``k`` = 0). A shape the table lacks is called twice and the second call measured; one it has (recalled from
+        an earlier process) is left to the requests. With ``prompt_tokens``, each model first prefills that many
+        tokens (a server's chunk), so that its first request's prefill is warm too. Returns the seconds taken.
 
-        ONNX Runtime grows its buffers at the first call that needs them: on the real pair a cold 100-token
-        prefill took 1.02 s in the target and 0.38 s in the draft, 0.56 s and 0.18 s the second time. A server
-        warms up before its first request, so that neither that request nor the cost policy, which learns
-        from its first measurements, pays it (``tools/load_test.py``: its lone client stayed plain).
-        """
-        began = time.perf_counter()
-        engines = [(self.target, k + 1)] + ([(self.draft, min(k, 1) + 1)] if k > 0 and self.draft is not None else [])
-        for engine, widest in engines:
-            prompt = max(1, min(prompt_tokens, PREFILL_CHUNK, engine.spec.capacity - widest))
-            cache = engine.allocate_cache(1, prompt + widest)
-            feed(engine, cache, np.zeros((1, prompt), np.int64), [prompt])  # the prompt, as a prefill chunk runs
-            for tokens in range(1, widest + 1):
-                engine.infer(np.zeros((1, tokens), np.int64), np.array([prompt], np.int64), cache)
-        return time.perf_counter() - began
+        ONNX Runtime grows its buffers at the first call that needs them (on the real pair a cold 100-token prefill
+        took 1.02 s in the target, 0.56 s the second time): the cost policy prices its first cycle with warm calls'
+        costs. ``start`` runs it once per k."""
+        with self._warm_lock:
+            began = time.perf_counter()
+            policy = CostPolicy(k, self.costs)  # what it measures, the cost policy learns as from a cycle
+            shapes = [(self.target, t, None) for t in range(1, k + 2)]
+            if k and self.draft is not None:
+                shapes += [(self.draft, t, 1) for t in (1, 2, CATCHUP_TOKENS)]
+            for engine in dict.fromkeys(engine for engine, _, _ in shapes):  # the target first
+                room = engine.spec.capacity - k - 2
+                prompt = min(prompt_tokens, PREFILL_CHUNK, room)
+                cache = engine.allocate_cache(1, engine.spec.capacity)
+                if prompt > 0:
+                    feed(engine, cache, np.zeros((1, prompt), np.int64), [prompt])
+                for _, tokens, last in [shape for shape in shapes if shape[0] is engine]:
+                    past = max(0, min(prompt, room - tokens))
+                    known = self.costs.verify if last is None else self.costs.draft
+                    if (1, tokens) in known or tokens > room:
+                        continue
+                    for _ in range(2):
+                        seconds = engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache,
+                                               last).seconds
+                    policy.observe(CycleOutcome(1, verify_seconds=seconds, verify_tokens=tokens) if last is None else
+                                   CycleOutcome(1, first_call_seconds=seconds, first_call_tokens=tokens) if tokens > 1 else
+                                   CycleOutcome(1, later_call_seconds=seconds, later_calls=1))
+            self._warmed.add(k)
+            return time.perf_counter() - began
 
     def _specs(self, with_draft: bool) -> dict:
         specs = {"target": self.target.spec}
@@ -177,44 +200,37 @@ class Pipeline:
         ids = [self.encode(p) for p in prompts]
         for row in {config, *row_configs}:
             self.check_stop_tokens(row)
-        drafter = self.drafter_for(config)
+        policy = self.policy_for(config)
+        drafter = self.drafter_for(config, policy.stop_below)
         limit = min(s.capacity for s in self.manifest.models.values())
         if capacity is not None and (not is_integer(capacity) or not 1 <= capacity <= limit):
             raise ConfigError(f"capacity: got {_short(capacity)}; expected an integer in [1, {limit}] (the artifact's)")
         longest = max(row_configs, key=lambda c: c.max_new_tokens)
         needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens),
-                            capacity or limit, self._specs(drafter.needs_model), self.max_cache_bytes,
+                            capacity or limit, self._specs(drafter.uses_model), self.max_cache_bytes,
                             why="capacity is {limit} slots a row (as asked)" if capacity else EXPORTED)
         request_ids = [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
-        specs = [self.row_spec(row, 0 if mine else i) for i, row in enumerate(row_configs)]
-        return Generation(self.target, drafter, self.policy_for(config), config, ids, request_ids,
-                          capacity=capacity or needed, specs=specs)
+        settings = [self.row_settings(row, 0 if mine else i) for i, row in enumerate(row_configs)]
+        if config.speculative and config.k not in self._warmed:
+            self.warm_up(config.k)
+        return Generation(self.target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
+                          settings=settings)
 
     def policy_for(self, config: GenerationConfig) -> Policy:
-        """A new request's policy, started from what the last request with the same policy and k learnt
-        (``Policy.inherit``): the engines' costs are this pipeline's, not the request's."""
-        policy = make_policy(config.policy, config.k, config.confidence_threshold)
-        key = (config.policy, config.k, config.drafter)
-        with self._policies_lock:
-            previous = self._policies.get(key)
-            if previous is not None:
-                policy.inherit(previous)
-            elif self._remembered is not None:
-                self._remembered.recall(policy, key)
-            self._policies[key] = policy
-        return policy
+        """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
+        belongs to the text: each request starts its own)."""
+        return make_policy(config.policy, config.k, config.confidence_threshold, self.costs)
 
-    def _keep_costs(self, config: GenerationConfig) -> None:
-        """Remember what the latest request under ``config``'s policy measured, for the next process."""
-        key = (config.policy, config.k, config.drafter)
-        if self._remembered is not None and key in self._policies:
-            self._remembered.remember(self._policies[key], key)
+    def _keep_costs(self) -> None:
+        """Remember what this pipeline's calls cost, for the next process (``remember_costs``)."""
+        if self._remembered is not None:
+            self._remembered.remember(self.costs)
 
-    def row_spec(self, config: GenerationConfig, stream: int = 0) -> RowSpec:
+    def row_settings(self, config: GenerationConfig, seed_stream: int = 0) -> RowSettings:
         """How one request decodes in any batch: ``config``'s settings, its stop strings on this tokenizer,
         and its seed's stream (prompt i of one ``generate`` call draws from stream i)."""
-        return RowSpec(config, StopStrings(config.stop, self.decode).check if config.stop else None, stream)
+        return RowSettings(config, StopStrings(config.stop, self.decode).check if config.stop else None, seed_stream)
 
     def check_stop_tokens(self, config: GenerationConfig) -> None:
         vocab = self.target.spec.vocab_size
@@ -237,8 +253,8 @@ class Pipeline:
             run = self.start(prompts[first : first + batch_size], config)
             while not run.done:
                 run.step()
-            results += [self.result(row, spec.config) for row, spec in zip(run.rows, run.state.specs)]
-        self._keep_costs(config)
+            results += [self.result(row, settings.config) for row, settings in zip(run.rows, run.state.settings)]
+        self._keep_costs()
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StreamChunk]:
@@ -259,7 +275,7 @@ class Pipeline:
                     raise GenerationError(f"{row.request_id}: {row.error}")
                 if run.done:
                     result = self.result(row, config)
-                    self._keep_costs(config)
+                    self._keep_costs()
                     yield StreamChunk(text.finish(result.text), new, result)
                     return
                 yield StreamChunk(text.push(new), new)
@@ -287,15 +303,12 @@ class Pipeline:
     def _cut_at_stop(text: str, config: GenerationConfig) -> str:
         return StopStrings(config.stop, None).cut(text) if config.stop else text
 
-    def drafter_for(self, config: GenerationConfig) -> Drafter:
-        """The drafter ``config`` names, on this artifact's draft model where it needs one."""
+    def drafter_for(self, config: GenerationConfig, stop_below: float | None = None) -> Drafter:
+        """The drafter ``config`` names, on this artifact's draft model (the hybrid drafter without one drafts by
+        lookup alone; the model drafter without one is refused); ``stop_below``: the policy's confidence stop."""
         if not config.speculative:
-            return DRAFTERS["none"].create(None)
-        drafter = DRAFTERS[config.drafter]
-        if drafter.needs_model and self.draft is None:
-            raise ConfigError(f"drafter: {config.drafter!r} needs a draft model, and this artifact has none; "
-                              "use drafter='prompt-lookup' or 'none', or export with --draft")
-        return drafter.create(self.draft)
+            return NoDrafter()
+        return make_drafter(config.drafter, self.draft, stop_below)
 
 
 def _token_ids(prompt, vocab: int) -> np.ndarray:

@@ -6,9 +6,12 @@ Temperature 0 means greedy: the processed distribution is one-hot on the argmax.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from .config import GenerationConfig
+if TYPE_CHECKING:
+    from .config import GenerationConfig
 
 
 def penalize(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
@@ -32,6 +35,14 @@ def penalize_positions(logits: np.ndarray, history: np.ndarray, drafts: np.ndarr
     if penalty == 1.0:
         return logits
     return np.stack([penalize(logits[t], np.concatenate([history, drafts[:t]]), penalty) for t in range(len(logits))])
+
+
+def penalize_rows(logits: np.ndarray, tokens: np.ndarray, lengths: list[int], drafts: np.ndarray,
+                  configs: list[GenerationConfig]) -> np.ndarray:
+    """``penalize_positions`` for each row b of a verification: logits [batch, K + 1, vocab], its committed
+    tokens[b, :lengths[b]] and drafts [batch, K], under its own config's penalty."""
+    return np.stack([penalize_positions(logits[b], tokens[b, :at], drafts[b], config.repetition_penalty)
+                     for b, (at, config) in enumerate(zip(lengths, configs))])
 
 
 def probabilities(logits: np.ndarray, config: GenerationConfig) -> np.ndarray:
@@ -79,6 +90,23 @@ def _sampling_key(config: GenerationConfig) -> tuple:
 def _softmax(x: np.ndarray) -> np.ndarray:
     shifted = np.exp(x - x.max(-1, keepdims=True))
     return shifted / shifted.sum(-1, keepdims=True)
+
+
+def unseeded_generator() -> np.random.Generator:
+    """The generator of a request without a seed: fresh entropy (tests replace it to make such runs repeatable)."""
+    return np.random.default_rng()
+
+
+def keyed_noise(seed: int, stream: int, position: int, vocab: int) -> np.ndarray:
+    """Exp(1) noise [vocab] for the token at ``position`` of a seeded request: drawn from (seed, stream, position) alone,
+    so that what decides a position's token depends on nothing else (draft length, drafter, batch mates)."""
+    return np.random.default_rng([seed, stream, position]).standard_exponential(vocab, dtype=np.float32)
+
+
+def keyed_token(probs: np.ndarray, noise: np.ndarray) -> int:
+    """The token of ``probs`` [vocab] that ``noise`` (``keyed_noise``) picks: argmax p_i / E_i, an exact draw from
+    ``probs`` for E_i ~ Exp(1) (the exponential race, the Gumbel-max trick's twin)."""
+    return int(np.argmax(probs / noise))
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -53,6 +53,7 @@ class CycleRecord(NamedTuple):
     accept_s: float
     cache_s: float
     batch_size: int
+    lookup: bool = False  # its drafts came from prompt lookup (no draft-model call), not the draft model
 
     def to_dict(self) -> dict:
         return self._asdict()

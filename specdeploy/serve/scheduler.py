@@ -22,7 +22,6 @@ import numpy as np
 from ..runtime.cache import CapacityError
 from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.decoder import Generation, RowResult
-from ..runtime.policies import make_policy
 from ..runtime.telemetry import FinishReason
 
 DEFAULT_CONTEXT = 2048
@@ -70,7 +69,7 @@ class Scheduler:
         self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
         self.on_finish = on_finish  # called on the scheduler's thread with (ticket, row) when a request ends
         # one policy for the server's life: what it learned (acceptance, costs per batch size) outlives a batch
-        self.policy = make_policy(config.policy, config.k, config.confidence_threshold)
+        self.policy = pipeline.policy_for(config)
         self.queue: deque[Ticket] = deque()
         self.tickets: dict[str, Ticket] = {}  # request id -> ticket, for every request admitted and not finished
         self.running: Generation | None = None
@@ -232,15 +231,13 @@ class Scheduler:
         Asked after the target's first chunk of these rows: the clients of a burst arrive a few ms apart, so
         the first request was admitted alone, and judged alone the draft prefilled it (~0.25 s on the real
         pair) for a batch of 4 that then decoded plainly (tools/load_test.py)."""
-        if not self.policy.weighs_catchup:
-            return True
-        if not staged.drafter.behind(staged.state):  # nothing of theirs to prefill
+        if not staged.drafter.behind(staged.state, staged.draft_cache):  # nothing of theirs to prefill
             return True
         rows, lacking, to_come = self._joining(staged)  # theirs and the queued requests'
         if self.running is not None and not self.running.done:
             rows += self.running.state.batch
-            lacking += self.running.drafter.behind(self.running.state)
-            to_come += sum(self.running.state.remaining())
+            lacking += self.running.drafter.behind(self.running.state, self.running.draft_cache)
+            to_come += sum(self.running.state.left())
         return self.policy.catchup_pays(rows, lacking, to_come)
 
     def _joining(self, staged: Generation | None) -> tuple[int, int, int]:
@@ -248,7 +245,8 @@ class Scheduler:
         count, the prompt tokens the draft lacks of them, and their tokens to come (``Generation.joining``)."""
         rows = lacking = to_come = 0
         if staged is not None and not staged.done:
-            rows, lacking, to_come = staged.state.batch, staged.drafter.behind(staged.state), sum(staged.state.remaining())
+            rows, to_come = staged.state.batch, sum(staged.state.left())
+            lacking = staged.drafter.behind(staged.state, staged.draft_cache)
         with self._wake:
             queued = list(itertools.islice(self.queue, max(0, self.max_batch - self.rows)))
         rows += len(queued)

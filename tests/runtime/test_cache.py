@@ -8,21 +8,17 @@ import pytest
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.engines.base import KVCache
 from specdeploy.runtime.cache import CapacityError, plan_capacity
+from specdeploy.runtime.policies import Policy
 
 
-class RandomK:
-    """A policy that drafts a random number of tokens each cycle (0 included)."""
+class RandomK(Policy):
+    """A policy that drafts a random number of tokens each cycle (0 included), by each source."""
 
-    confidence_threshold = None
+    def __init__(self, most, seed):
+        self.most, self.rng = most, np.random.default_rng(seed)
 
-    def __init__(self, k_max, seed):
-        self.k_max, self.rng = k_max, np.random.default_rng(seed)
-
-    def next_k(self):
-        return int(self.rng.integers(0, self.k_max + 1))
-
-    def observe(self, outcome):
-        pass
+    def next_k(self, batch, lookup=False):
+        return int(self.rng.integers(0, self.most + 1))
 
 
 def _fresh_prefill(engine, tokens):
@@ -43,7 +39,7 @@ def test_committed_prefix_equals_fresh_prefill(pair_dir, seed, temperature):
         run.step()
     # the target has seen every committed token but the last; the draft at most all of them
     np.testing.assert_array_equal(run.cache.past_len, run.lengths - 1)
-    for cache, engine in ((run.cache, pipeline.target), (run.drafter.cache, pipeline.draft)):
+    for cache, engine in ((run.cache, pipeline.target), (run.draft_cache, pipeline.draft)):
         for b in range(len(run.active)):
             n = int(cache.past_len[b])
             assert n <= run.lengths[b]

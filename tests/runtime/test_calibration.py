@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.calibration import FOLDER, RememberedCosts, machine_key
+from specdeploy.runtime.cost_policy import Costs
 
-CONFIG = GenerationConfig(max_new_tokens=24, ignore_eos=True, k=4, policy="cost")
+CONFIG = GenerationConfig(max_new_tokens=24, ignore_eos=True, k=4)
 
 
 def _record(cache) -> dict:
@@ -21,20 +24,18 @@ def test_a_new_process_starts_from_the_costs_the_last_one_measured(pair_dir, tmp
     plain = Pipeline.load(pair_dir).generate(["w5 w6"], GenerationConfig(max_new_tokens=24, ignore_eos=True,
                                                                           drafter="none"))[0]
     first = Pipeline.load(pair_dir, remember_costs=True)
-    assert first.policy_for(CONFIG).draft_step is None  # nothing remembered yet: a cold start
+    assert first.costs == Costs()  # nothing remembered yet
     out = first.generate(["w5 w6"], CONFIG)[0]
-    kept = first._policies[("cost", 4, "model")]
-    assert _record(tmp_path)["cost/4/model"]["verify"] == {str(t): v for t, v in kept.verify.items()}
+    kept = first.costs.to_dict()
+    assert _record(tmp_path)["costs"] == kept and kept["verify"] and kept["draft"]
 
     second = Pipeline.load(pair_dir, remember_costs=True)  # as a new process would: nothing in memory
-    recalled = second.policy_for(CONFIG)
-    assert recalled.draft_step == kept.draft_step and recalled.verify == kept.verify and 1 in recalled.verify
+    assert second.costs.to_dict() == kept
     streamed = list(second.stream("w5 w6", CONFIG))[-1].result
     assert out.token_ids == streamed.token_ids == plain.token_ids  # lossless whatever the policy starts from
-    assert _record(tmp_path)["cost/4/model"]["verify"] != {str(t): v for t, v in kept.verify.items()}  # updated
+    assert _record(tmp_path)["costs"] != kept  # updated by what the second process measured
 
-    off = Pipeline.load(pair_dir)  # the default for the Python API: a process learns its own
-    assert off.policy_for(CONFIG).draft_step is None
+    assert Pipeline.load(pair_dir).costs == Costs()  # the default for the Python API: a process learns its own
 
 
 def test_remembered_costs_belong_to_their_artifact_provider_and_threads(pair_dir, self_dir):
@@ -43,16 +44,19 @@ def test_remembered_costs_belong_to_their_artifact_provider_and_threads(pair_dir
     assert len(keys) == 4 and machine_key(pair_dir, "cpu", 2) == machine_key(pair_dir, "cpu", 2)
 
 
-def test_an_unreadable_record_means_a_cold_start_and_is_replaced(pair_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("junk", ["{not json", "[1, 2]", json.dumps({"costs": {"verify": "fast"}}),
+                                  json.dumps({"costs": {"verify": [[1, 1, -0.5]]}}),
+                                  json.dumps({"costs": {"draft": [[0, 1, 0.1]]}}),
+                                  json.dumps({"costs": {"draft": {"1": 0.1}}})])
+def test_an_unreadable_record_means_starting_from_the_warm_up_and_is_replaced(pair_dir, tmp_path, monkeypatch, junk):
     monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
     record = RememberedCosts(machine_key(pair_dir, "cpu", None)).path
     record.parent.mkdir(parents=True)
-    for junk in ("{not json", "[1, 2]", json.dumps({"cost/4/model": {"k_max": 4, "verify": "fast"}})):
-        record.write_text(junk)
-        pipeline = Pipeline.load(pair_dir, remember_costs=True)
-        assert pipeline.policy_for(CONFIG).draft_step is None
+    record.write_text(junk)
+    pipeline = Pipeline.load(pair_dir, remember_costs=True)
+    assert pipeline.costs == Costs()
     pipeline.generate(["w5 w6"], CONFIG)
-    assert _record(tmp_path)["cost/4/model"]["k_max"] == 4
+    assert Costs.from_dict(_record(tmp_path)["costs"]) == pipeline.costs
 
 
 def test_generate_cli_remembers_costs_unless_told_not_to(pair_dir, tmp_path, monkeypatch):
@@ -66,7 +70,4 @@ def test_generate_cli_remembers_costs_unless_told_not_to(pair_dir, tmp_path, mon
     assert not (tmp_path / FOLDER).exists()
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert "cost/8/hybrid" in _record(tmp_path)
-    result = CliRunner().invoke(main, [*args, "--k", "4", "--drafter", "model"])
-    assert result.exit_code == 0, result.output
-    assert {"cost/8/hybrid", "cost/4/model"} <= set(_record(tmp_path))
+    assert {batch for batch, _, _ in _record(tmp_path)["costs"]["draft"]} == {1}

@@ -45,7 +45,8 @@ def test_the_draft_scores_the_kept_tokens_as_before_and_the_rest_minus_infinity(
 @pytest.mark.parametrize("policy", ["fixed", "cost"])
 def test_greedy_output_is_the_targets_and_outside_tokens_are_never_drafted(trimmed, k, policy):
     plain = trimmed.generate(PROMPTS, GenerationConfig(drafter="none", max_new_tokens=NEW, ignore_eos=True))
-    spec = trimmed.generate(PROMPTS, GenerationConfig(k=k, policy=policy, max_new_tokens=NEW, ignore_eos=True))
+    spec = trimmed.generate(PROMPTS, GenerationConfig(k=k, policy=policy, drafter="model", max_new_tokens=NEW,
+                                                       ignore_eos=True))
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
     assert any(t >= KEPT for r in plain for t in r.token_ids)  # the target does emit tokens the draft leaves out
     drafted = [r for result in spec for r in result.records if r.k > 0]
@@ -63,7 +64,7 @@ def test_greedy_output_is_the_targets_and_outside_tokens_are_never_drafted(trimm
 def test_sampled_output_follows_the_targets_distribution(trimmed):
     prompt = "w30 w31 w30 w31 w30"
     plain = _end_to_end_counts(trimmed, GenerationConfig(drafter="none", seed=11, **SAMPLED), prompt)
-    spec = _end_to_end_counts(trimmed, GenerationConfig(k=3, seed=12, **SAMPLED), prompt)
+    spec = _end_to_end_counts(trimmed, GenerationConfig(k=3, policy="fixed", drafter="model", seed=12, **SAMPLED), prompt)
     for position in (0, 1):
         a, b = [x[position] for x in plain], [x[position] for x in spec]
         tokens = sorted(set(a) | set(b))

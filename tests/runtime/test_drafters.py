@@ -11,7 +11,7 @@ from specdeploy import GenerationConfig
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
 from specdeploy.runtime.decoder import BatchState
-from specdeploy.runtime.drafters import HybridDrafter, ModelDrafter, PromptLookup
+from specdeploy.runtime.drafters import HybridDrafter, ModelDrafter, PromptLookup, lookup
 
 
 def _state(tokens, lengths, config=None):
@@ -62,7 +62,7 @@ def _reference(seq, k, max_ngram=3):
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=30), st.integers(1, 6))
 def test_lookup_matches_reference(seq, k):
-    assert list(PromptLookup()._lookup(np.array(seq), k)) == _reference(seq, k)
+    assert list(lookup(np.array(seq), k, 3)) == _reference(seq, k)
 
 
 def test_propose_pads_rows_without_a_match_and_writes_drafts():
@@ -70,11 +70,12 @@ def test_propose_pads_rows_without_a_match_and_writes_drafts():
     tokens[0, :6] = [1, 2, 3, 9, 1, 2]  # "1 2" seen before, followed by "3 9"
     tokens[1, :3] = [4, 5, 6]  # no repeat: no match
     state = _state(tokens, [6, 3])
-    proposal = PromptLookup().propose(state, 3)
+    proposal = PromptLookup().propose(state, None, 0, 3, [3, 3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1], [6, 6, 6]])
+    assert proposal.drafted == [3, 0] and proposal.lookup == [True, False]
     state.verify_inputs(proposal.drafts)  # the state places them for the target
     np.testing.assert_array_equal(tokens[0, 6:9], [3, 9, 1])
-    assert proposal.q is None and proposal.steps == 0
+    assert proposal.q is None and proposal.later_calls == 0
 
 
 @pytest.mark.parametrize("threshold", [None, 0.3])
@@ -83,31 +84,29 @@ def test_greedy_drafts_equal_one_token_a_call(pair_dir, threshold):
     engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
     rng = np.random.default_rng(0)
     config = GenerationConfig(k=5)
-    drafter = ModelDrafter(engine)
-    drafter.start(1, 64, config, threshold)
+    drafter, cache = ModelDrafter(engine, stop_below=threshold), engine.allocate_cache(1, 64)
     reference = OneTokenACall(engine, 64)
     token_buffers = [np.zeros((1, 64), np.int64) for _ in range(2)]
     length, made_total, stopped_early = 7, 0, False
     for cycle in range(6):
-        fresh = rng.integers(0, 128, length - int(drafter.cache.past_len[0]))  # tokens it has not seen
+        fresh = rng.integers(0, 128, length - int(cache.past_len[0]))  # tokens it has not seen
         for tokens in token_buffers:
             tokens[0, length - len(fresh) : length] = fresh
         state = _state(token_buffers[0], [length], config)
-        proposal = drafter.propose(state, 5)
-        state.verify_inputs(proposal.drafts)
+        fast = drafter.propose(state, cache, 5, 0, [5])
+        state.verify_inputs(fast.drafts)
         drafts, steps, catchup = reference.propose(token_buffers[1], length, 5, threshold)
-        fast, general = proposal, type(proposal)(drafts, None, 0.0, steps, catchup)
-        np.testing.assert_array_equal(fast.drafts, general.drafts)  # before the buffers change
-        assert (fast.steps, fast.catchup_tokens) == (general.steps, general.catchup_tokens)
+        np.testing.assert_array_equal(fast.drafts, drafts)  # before the buffers change
+        assert (1 + fast.later_calls, fast.first_call_tokens) == (steps, catchup)
         np.testing.assert_array_equal(token_buffers[0], token_buffers[1])
-        past = int(drafter.cache.past_len[0])
+        past = int(cache.past_len[0])
         assert past == int(reference.cache.past_len[0])
-        np.testing.assert_array_equal(drafter.cache.stacked[..., :past, :], reference.cache.stacked[..., :past, :])
+        np.testing.assert_array_equal(cache.stacked[..., :past, :], reference.cache.stacked[..., :past, :])
         made_total += fast.drafts.shape[1]
         stopped_early |= fast.drafts.shape[1] < 5
         accepted = cycle % 3  # then the target keeps some drafts and adds one token
-        for each in (drafter, reference):
-            each.rollback([length + accepted])
+        drafter.rollback(cache, [length + accepted])
+        reference.rollback([length + accepted])
         length += accepted + 1
     assert made_total > 0 and stopped_early == (threshold is not None)
 
@@ -122,13 +121,12 @@ def test_proposals_leave_the_batch_state_as_it_was(pair_dir, temperature):
     state = _state(tokens, [5, 3], config)
     state.generators = [np.random.default_rng(i) for i in range(2)]
     before = tokens.copy()
-    drafter = ModelDrafter(engine)
-    drafter.start(2, 32, config, None)
-    proposal = drafter.propose(state, 4)
+    drafter, cache = ModelDrafter(engine), engine.allocate_cache(2, 32)
+    proposal = drafter.propose(state, cache, 4, 0, [4, 4])
     assert proposal.drafts.shape == (2, 4) and (proposal.q is None) == (temperature == 0)
     np.testing.assert_array_equal(state.tokens, before)
     assert state.lengths == [5, 3]
-    assert drafter.cache.past_len.tolist() == [5 + 3, 3 + 3]  # caught up, then fed all drafts but the last
+    assert cache.past_len.tolist() == [5 + 3, 3 + 3]  # caught up, then fed all drafts but the last
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -145,14 +143,13 @@ def test_hybrid_rows_take_lookup_or_the_model_each_on_their_own(pair_dir, temper
     for kind in (HybridDrafter, ModelDrafter):
         state = _state(tokens.copy(), [7, 3], config)
         state.generators = [np.random.default_rng(i) for i in range(2)]
-        drafter = kind(engine)
-        drafter.start(2, 32, config, None)
-        proposal = drafter.propose(state, 4)
-        results[kind] = proposal, drafter.cache.past_len.tolist(), [g.random() for g in state.generators]
+        drafter, cache = kind(engine), engine.allocate_cache(2, 32)
+        proposal = drafter.propose(state, cache, 4, 3, [4, 4])  # lookups of at most 3
+        results[kind] = proposal, cache.past_len.tolist(), [g.random() for g in state.generators]
     (hybrid, hybrid_past, hybrid_next), (model, model_past, model_next) = results[HybridDrafter], results[ModelDrafter]
-    np.testing.assert_array_equal(hybrid.drafts[0, :3], [3, 9, 4])  # a first lookup: one more than its prior gain
+    np.testing.assert_array_equal(hybrid.drafts[0, :3], [3, 9, 4])  # the lookup's 3, as the policy allowed
     np.testing.assert_array_equal(hybrid.drafts[1], model.drafts[1])
-    assert hybrid.steps == model.steps == 4
+    assert hybrid.later_calls == model.later_calls == 3 and hybrid.lookup == [True, False]
     assert hybrid_past == [7, model_past[1]]  # the lookup row's model drafts were never its tokens
     assert hybrid_next[1] == model_next[1]  # the model row drew as the model alone draws
     if temperature:
@@ -160,7 +157,7 @@ def test_hybrid_rows_take_lookup_or_the_model_each_on_their_own(pair_dir, temper
         np.testing.assert_array_equal(hybrid.q[0].argmax(-1)[:3], [3, 9, 4])
         np.testing.assert_array_equal(hybrid.q[0].max(-1), 1.0)
         np.testing.assert_allclose(hybrid.q[1], model.q[1])
-        assert hybrid.limits == [3, 4]  # the filler after the lookup's 3 is not the row's
+        assert hybrid.drafted == [3, 4]  # the filler after the lookup's 3 is not the row's
     else:
         assert hybrid.q is None
 
@@ -171,9 +168,26 @@ def test_hybrid_without_a_model_row_calls_no_model(pair_dir):
     tokens = np.zeros((1, 32), np.int64)
     tokens[0, :6] = [1, 2, 3, 9, 1, 2]
     state = _state(tokens, [6])
-    drafter = HybridDrafter(engine)
-    drafter.start(1, 32, GenerationConfig(k=3), None)
-    proposal = drafter.propose(state, 3)
+    drafter, cache = HybridDrafter(engine), engine.allocate_cache(1, 32)
+    proposal = drafter.propose(state, cache, 3, 3, [3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1]])
-    assert proposal.steps == 0 and proposal.without_model and drafter.cache.past_len.tolist() == [0]
-    assert drafter.behind(state) == 4
+    assert proposal.first_call_seconds == 0 and proposal.lookup == [True] and cache.past_len.tolist() == [0]
+    assert drafter.behind(state, cache) == 4
+
+
+def test_hybrid_without_a_draft_model_drafts_by_lookup_alone():
+    """On a target-only artifact the hybrid drafter is prompt lookup: it asks for no draft cache."""
+    tokens = np.zeros((2, 32), np.int64)
+    tokens[0, :6], tokens[1, :3] = [1, 2, 3, 9, 1, 2], [4, 5, 6]
+    drafter = HybridDrafter(None)
+    assert not drafter.uses_model and drafter.looks_up
+    proposal = drafter.propose(_state(tokens, [6, 3]), None, 4, 3, [3, 3])
+    np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1], [6, 6, 6]])
+    assert proposal.drafted == [3, 0] and proposal.later_calls == 0
+
+
+def test_the_model_drafter_without_a_draft_model_is_refused():
+    from specdeploy.runtime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        ModelDrafter(None)

@@ -10,7 +10,7 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.cache import CapacityError
 from specdeploy.runtime.pipeline import GenerationError
 
-CONFIG = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True)
+CONFIG = GenerationConfig(k=3, policy="fixed", drafter="model", max_new_tokens=16, ignore_eos=True)
 
 
 def test_cache_memory_is_reported_and_limited(pair_dir):
@@ -96,7 +96,8 @@ def test_transient_fault_is_retried_without_changing_outputs(pair_dir, fail_at):
 
 def test_sampled_rows_keep_their_randomness_through_a_retry(pair_dir):
     pipeline = Pipeline.load(pair_dir)
-    sampled = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, temperature=1.0, seed=3)
+    sampled = GenerationConfig(k=3, policy="fixed", drafter="model", max_new_tokens=16, ignore_eos=True, temperature=1.0,
+                               seed=3)
     reference = [r.token_ids for r in pipeline.generate(PROMPTS, sampled)]
     pipeline.target = FailingEngine(pipeline.target, fail_at=4)
     assert [r.token_ids for r in pipeline.generate(PROMPTS, sampled)] == reference

@@ -1,5 +1,5 @@
-"""The hybrid drafter's choices: lookup rows that stop paying give way to the model, and a policy that finds the
-model's catch-up or drafting not worth paying leaves the rows to lookup alone, never to a wrong token."""
+"""The hybrid drafter under a policy: each source drafts as the policy prices it (the model's drafts, its catch-up,
+prompt lookup's drafts), and whatever it chooses, the output is the target's."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
 from specdeploy.runtime.drafters import HybridDrafter
+from specdeploy.runtime.policies import Policy
 
 from .test_drafters import _state
 
@@ -28,103 +29,74 @@ def baseline(pipeline):
                                                                                ignore_eos=True))]
 
 
-class Recorder:
-    """A policy that never wants the draft model: ``catch_up`` False refuses its catch-up as well."""
+class Recorder(Policy):
+    """Drafts ``model`` tokens by the draft model and ``lookup`` by prompt lookup; ``catch_up`` answers catch-ups."""
 
-    learns = True
+    def __init__(self, model: int, lookup: int, catch_up: bool = True):
+        self.model, self.lookup, self.catch_up, self.outcomes, self.asked = model, lookup, catch_up, [], []
 
-    def __init__(self, k: int, catch_up: bool | None = None):
-        self.k, self.outcomes = k, []
-        self.weighs_catchup = catch_up is not None
-
-    def next_k(self) -> int:
-        return self.k
+    def next_k(self, batch: int, lookup: bool = False) -> int:
+        return self.lookup if lookup else self.model
 
     def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
-        return False
+        self.asked.append((batch, behind, to_come))
+        return self.catch_up
 
     def observe(self, outcome) -> None:
         self.outcomes.append(outcome)
 
 
-@pytest.mark.parametrize("catch_up", [None, False], ids=["plain", "no-catchup"])
-def test_a_row_left_to_lookup_alone_never_calls_the_model(pipeline, baseline, catch_up):
-    """A single row's plain cycles (the policy's k = 0) and refused catch-ups become lookup cycles: the
-    model is never called, the output is the target's, and the policy learns no acceptance from them."""
-    verified = []
-    for prompt, expected in zip(PROMPTS[:2], baseline[:2]):  # (a 1-token prompt leaves nothing to catch up on)
-        policy = Recorder(0 if catch_up is None else 4, catch_up)
-        run = pipeline.start([prompt], GenerationConfig(k=4, drafter="hybrid", max_new_tokens=NEW, ignore_eos=True))
-        run.policy = policy
-        while not run.done:
-            run.step()
-            assert not run.drafter.cache.past_len.any()  # the model has seen nothing: never called
-        assert run.rows[0].token_ids == expected
-        assert all(o.proposed == 0 and o.draft_steps == 0 for o in policy.outcomes)
-        verified.append(max(o.verify_tokens for o in policy.outcomes))
-    assert min(verified) > 1  # the repeating prompts' lookup drafts were verified
-
-
-def test_rows_of_a_batch_stay_plain_where_the_policy_says_so(pipeline, baseline):
-    """From 2 rows on, a row's lookup drafts would cost about what a plain step costs the whole batch:
-    the policy's plain cycles stay plain."""
-    policy = Recorder(0)
-    run = pipeline.start(PROMPTS, GenerationConfig(k=4, drafter="hybrid", max_new_tokens=NEW, ignore_eos=True))
+def _run(pipeline, prompts, policy):
+    run = pipeline.start(prompts, GenerationConfig(k=4, drafter="hybrid", max_new_tokens=NEW, ignore_eos=True))
     run.policy = policy
+    calls = []
     while not run.done:
         run.step()
+        calls.append(run.draft_cache.past_len.tolist())
+    return run, calls
+
+
+@pytest.mark.parametrize("model,catch_up", [(0, True), (4, False)], ids=["model refused", "catch-up refused"])
+def test_a_row_left_to_lookup_never_calls_the_model(pipeline, baseline, model, catch_up):
+    """The policy refuses the draft model (its drafts, or its catch-up on the prompt) but not lookup: the model
+    is never called, the output is the target's, and the policy hears lookup drafts only."""
+    for prompt, expected in zip(PROMPTS[:2], baseline[:2]):
+        policy = Recorder(model, 4, catch_up)
+        run, seen = _run(pipeline, [prompt], policy)
+        assert not any(any(past) for past in seen)  # the model has seen nothing: never called
+        assert run.rows[0].token_ids == expected
+        drafted = [o for o in policy.outcomes if any(o.drafted)]
+        assert drafted and all(all(o.lookup) and o.first_call_seconds == 0 for o in drafted)
+        assert bool(policy.asked) == (model > 0)  # a refused catch-up was asked about; a refused model never got there
+
+
+def test_a_batch_stays_plain_where_the_policy_refuses_both_sources(pipeline, baseline):
+    policy = Recorder(0, 0)
+    run, _ = _run(pipeline, PROMPTS, policy)
     assert [row.token_ids for row in run.rows] == baseline
     assert {o.verify_tokens for o in policy.outcomes} == {1}
 
 
-def test_a_row_whose_lookups_are_rejected_drafts_with_the_model_then_retries(pair_dir):
-    engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
-    tokens = np.zeros((1, 64), np.int64)
-    tokens[0, :6] = [1, 2, 3, 9, 1, 2]  # "1 2" seen before
-    drafter = HybridDrafter(engine)
-    drafter.start(1, 64, GenerationConfig(k=3), None)
-    state = _state(tokens, [6])
-    assert drafter.propose(state, 3).without_model  # a first lookup is tried
-    drafter.rollback([6])  # and nothing of it accepted
-    assert drafter.gains[0] < drafter.min_gain
-    proposal = drafter.propose(state, 3)
-    assert proposal.steps > 0 and not proposal.without_model  # the model drafts instead
-    drafter.rollback([5])  # (the state stays at 6 tokens: the model keeps 5, as after a cycle it is one behind)
-    skipped = 1
-    while drafter.propose(state, 3).steps:  # each skipped match brings a retry nearer
-        drafter.rollback([5])
-        skipped += 1
-    assert 2 <= skipped <= 1 / drafter.retry
-    drafter.rollback([6 + 3])  # the retried lookup accepted all 3
-    assert drafter.gains[0] >= drafter.min_gain
+def test_rows_draft_by_lookup_or_the_model_in_one_cycle_and_the_policy_hears_which(pipeline, baseline):
+    policy = Recorder(3, 2)
+    run, _ = _run(pipeline, PROMPTS, policy)
+    assert [row.token_ids for row in run.rows] == baseline
+    mixed = [o for o in policy.outcomes if any(o.lookup) and not all(o.lookup)]
+    assert mixed  # some cycle had a lookup row beside a model row
+    for outcome in mixed:
+        for drafted, by_lookup in zip(outcome.drafted, outcome.lookup):
+            assert drafted <= (2 if by_lookup else 3)
 
 
-def test_a_row_whose_lookups_pay_keeps_them(pair_dir):
-    engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
-    tokens = np.zeros((1, 64), np.int64)
-    tokens[0, :6] = [1, 2, 3, 9, 1, 2]
-    drafter = HybridDrafter(engine)
-    drafter.start(1, 64, GenerationConfig(k=3), None)
-    for _ in range(5):
-        assert drafter.propose(_state(tokens, [6]), 3).without_model
-        drafter.rollback([6 + 2])  # two of three accepted each time
-    assert drafter.gains[0] >= 1.9
-
-
-
-@pytest.mark.parametrize("model", [True, False], ids=["with the model", "lookup alone"])
-def test_a_lookup_is_as_long_as_its_record_whatever_k_the_policy_chose_for_the_model(pair_dir, model):
-    """A lookup costs no model call: the K a policy chooses for the model's drafts (1, where a model draft is dear)
-    does not cut it. Capped at that K, lookups that copied a retrieved passage 4 tokens a cycle were cut to 1
-    (tools/replay.py). It stays within the request's k and the tokens the row has left."""
+@pytest.mark.parametrize("model_k", [0, 1])
+def test_a_lookup_is_as_long_as_the_policy_prices_it_whatever_k_the_model_got(pair_dir, model_k):
+    """A lookup costs no model call: the K chosen for the model's drafts (1, where a model draft is dear) does not
+    cut it. It stays within the row's cap (its k and tokens left)."""
     engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
     tokens = np.zeros((1, 64), np.int64)
     tokens[0, :10] = [1, 2, 3, 9, 4, 5, 6, 7, 1, 2]  # "1 2" seen before, followed by 3 9 4 5 6 7
-    drafter = HybridDrafter(engine)
-    drafter.start(1, 64, GenerationConfig(k=4, max_new_tokens=32), None)
-    drafter.gains[0] = 3.0  # its lookups have been gaining 3 tokens: the next proposes 4
-    proposal = drafter.propose(_state(tokens, [10], GenerationConfig(k=4, max_new_tokens=32)), 1, model=model)
-    assert proposal.without_model and proposal.drafts.tolist() == [[3, 9, 4, 5]]
-    assert proposal.limits is None  # all four may be kept
-    short = _state(tokens, [10], GenerationConfig(k=4, max_new_tokens=3))  # 3 tokens left: 2 drafts and the target's
-    assert drafter.propose(short, 1, model=model).drafts.tolist() == [[3, 9]]
+    drafter, cache = HybridDrafter(engine), engine.allocate_cache(1, 64)
+    state = _state(tokens, [10], GenerationConfig(k=4, max_new_tokens=32))
+    proposal = drafter.propose(state, cache, model_k, 4, [4])
+    assert proposal.lookup == [True] and proposal.drafts.tolist() == [[3, 9, 4, 5]] and proposal.drafted == [4]
+    assert drafter.propose(state, cache, model_k, 4, [2]).drafts.tolist() == [[3, 9]]  # 3 tokens left: 2 drafts

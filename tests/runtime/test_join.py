@@ -10,7 +10,7 @@ from specdeploy.runtime.telemetry import FinishReason
 
 from .stubs import Judge
 
-CONFIG = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True)
+CONFIG = GenerationConfig(k=3, policy="fixed", drafter="model", max_new_tokens=16, ignore_eos=True)
 PROMPTS = ["w5 w6 w7", "w10 w11 w12 w13 w14", "w20", "w30 w31 w30 w31"]
 
 
@@ -47,7 +47,7 @@ def test_a_cancelled_request_leaves_and_frees_its_rows(pipeline, alone):
         run.step()
     run.cancel(1)
     assert run.rows[1].finish_reason == FinishReason.CANCELLED and list(run.active) == [0, 2, 3]
-    assert run.cache.shape[1] == 3 and run.drafter.cache.shape[1] == 3
+    assert run.cache.shape[1] == 3 and run.draft_cache.shape[1] == 3
     run.cancel(1)  # leaving twice changes nothing
     while not run.done:
         run.step()
@@ -78,11 +78,11 @@ def test_requests_prefilled_a_chunk_at_a_time_between_cycles_then_merged_decode_
         chunks += 1
         cycles += len(run.step()) > 0  # the running rows go on between chunks
         if drafter == "model":  # the draft prefills beside the target, a chunk at a time
-            assert staging.drafter.cache.past_len.tolist() == staging.cache.past_len.tolist() == [
+            assert staging.draft_cache.past_len.tolist() == staging.cache.past_len.tolist() == [
                 min(chunks, len(pipeline.encode(p)) - 1) for p in PROMPTS[2:]]
     assert chunks >= 2 and cycles == chunks and staging.prefill_seconds > 0
     if drafter == "model":  # the draft has seen the newcomers' prompts too: no long catch-up in the batch
-        assert staging.drafter.cache.past_len.tolist() == [len(pipeline.encode(p)) - 1 for p in PROMPTS[2:]]
+        assert staging.draft_cache.past_len.tolist() == [len(pipeline.encode(p)) - 1 for p in PROMPTS[2:]]
     run.merge(staging)
     assert len(run.active) == 4 and run.cache.shape[1] == 4
     while not run.done:
@@ -111,10 +111,10 @@ def test_rows_prefilled_without_the_draft_decode_plainly_or_catch_up_as_the_poli
     staging.policy = judge
     while not staging.prefill_chunk(2, draft=False):
         pass
-    assert staging.drafter.cache.past_len.tolist() == [0, 0] and judge.fed == fed and judge.asked == []
+    assert staging.draft_cache.past_len.tolist() == [0, 0] and judge.fed == fed and judge.asked == []
     run.merge(staging)
-    merged_at, lengths, to_come = run.cycle, run.state.lengths, sum(run.state.remaining())
-    behind = sum(max(0, n - 2 - past) for n, past in zip(lengths, run.drafter.cache.past_len.tolist()))
+    merged_at, lengths, to_come = run.cycle, run.state.lengths, sum(run.state.left())
+    behind = sum(max(0, n - 2 - past) for n, past in zip(lengths, run.draft_cache.past_len.tolist()))
     while not run.done:
         run.step()
     assert [row.token_ids for row in run.rows] == [alone[p] for p in PROMPTS]
@@ -128,12 +128,14 @@ def test_rows_prefilled_without_the_draft_decode_plainly_or_catch_up_as_the_poli
 
 
 def test_a_draft_prefill_tells_the_policy_what_it_fed(pipeline):
+    """Each chunk of the draft's prefill reports its time and its widest row's tokens: a catch-up's cost by width."""
     judge = Judge(True)
     staging = pipeline.start(PROMPTS[2:], CONFIG, capacity=64)
     staging.policy = judge
     while not staging.prefill_chunk(2):
         pass
-    assert sum(judge.fed) == sum(len(pipeline.encode(p)) - 1 for p in PROMPTS[2:])
+    assert all(0 < fed <= 2 for fed in judge.fed)
+    assert sum(judge.fed) == max(len(pipeline.encode(p)) - 1 for p in PROMPTS[2:])
 
 
 class _PlainThenDraft(Judge):
@@ -143,12 +145,13 @@ class _PlainThenDraft(Judge):
         super().__init__(True)
         self.plain_steps, self.caught_up = plain_steps, []
 
-    def next_k(self):
-        self.plain_steps -= 1
-        return 0 if self.plain_steps >= 0 else 3
+    def next_k(self, batch, lookup=False):
+        self.plain_steps -= 0 if lookup else 1
+        return 0 if lookup or self.plain_steps >= 0 else 3
 
-    def observe_catchup(self, seconds, tokens):
-        self.caught_up.append((seconds, tokens))
+    def observe(self, outcome):
+        if outcome.verify_tokens and outcome.first_call_tokens > 2:
+            self.caught_up.append((outcome.first_call_seconds, outcome.first_call_tokens))
 
 
 def test_a_catch_up_inside_a_cycle_tells_the_policy_its_time_and_tokens(pipeline, alone):
@@ -162,55 +165,4 @@ def test_a_catch_up_inside_a_cycle_tells_the_policy_its_time_and_tokens(pipeline
     assert [row.token_ids for row in run.rows] == [alone[p] for p in PROMPTS[:2]]
     longest = max(len(pipeline.encode(p)) for p in PROMPTS[:2])
     (seconds, tokens), = judge.caught_up  # later cycles feed 1-2 tokens a row: not a catch-up
-    assert seconds > 0 and tokens == 2 * (longest + 5)  # both rows, as wide as the row furthest behind: prompt + 5
-
-
-class _Sampler(Judge):
-    """Refuses the draft's catch-up ``refusals`` times, asking at the first for a sample of ``tokens`` a row; then pays."""
-
-    def __init__(self, tokens: int, refusals: int):
-        super().__init__(False)
-        self.tokens, self.refusals, self.samples = tokens, refusals, []
-
-    def catchup_pays(self, batch, behind, to_come):
-        super().catchup_pays(batch, behind, to_come)
-        self.refusals -= 1
-        return self.refusals < 0
-
-    def catchup_sample(self):
-        due, self.tokens = self.tokens, 0
-        return due
-
-    def observe_sample(self, catchup_seconds, catchup_tokens, step_seconds, rows):
-        self.samples.append((catchup_tokens, rows, catchup_seconds > 0, step_seconds > 0))
-
-
-@pytest.mark.parametrize("drafter", ["model", "hybrid"])
-def test_a_refused_catch_up_sampled_feeds_the_draft_that_much_and_one_call_and_every_row_decodes_as_alone(
-        pipeline, alone, drafter):
-    """A revisit of a long catch-up pays a sample of it (``Policy.catchup_sample``): each row's draft sees that many more
-    of its tokens, then one more in a single call that times a draft step. The sample is what the catch-up would feed
-    first: the cycle stays plain, the catch-up paid later feeds only the rest, and the output is the target's."""
-    config = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, drafter=drafter)
-    prompts = ["w1 w2 w3 w4 w5 w6 w7 w8 w9", *PROMPTS[:3]]
-    expected = [pipeline.generate(p, config)[0].token_ids for p in prompts]
-    judge = _Sampler(tokens=2, refusals=2)
-    run = pipeline.start(prompts, config, capacity=64)
-    run.policy = judge
-    while not run.prefill_chunk(64, draft=False):
-        pass
-    lengths = list(run.state.lengths)  # before the cycle
-    assert run.drafter.cache.past_len.tolist() == [0] * 4
-    run.step()  # refused, sampled
-    sampled = [min(2, max(0, n - 2)) for n in lengths]
-    assert run.drafter.cache.past_len.tolist() == [min(s + 1, n - 1) for s, n in zip(sampled, lengths)]
-    assert judge.samples == [(sum(sampled), 4, True, True)]
-    assert {r.k for row in run.rows for r in row.records} == {0}
-    seen = run.drafter.cache.past_len.tolist()
-    run.step()  # refused again: no second sample
-    assert run.drafter.cache.past_len.tolist() == seen and len(judge.samples) == 1
-    while not run.done:  # paid: the draft catches up on the rest and drafts
-        run.step()
-    assert [row.token_ids for row in run.rows] == expected
-    # paid at the third question (the hybrid asks again after its lookup cycles)
-    assert any(r.k > 0 for row in run.rows for r in row.records) and len(judge.asked) >= 3
+    assert seconds > 0 and tokens == longest + 5  # as wide as the row furthest behind: its prompt + 5

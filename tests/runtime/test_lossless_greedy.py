@@ -67,14 +67,14 @@ def test_hybrid_drafter_is_lossless(pipelines, baseline, k, policy, draft):
 def test_hybrid_drafter_mixes_lookup_and_model_rows_losslessly(pipelines, baseline):
     """The batch's cycles include some where rows that repeat themselves draft by lookup while the others
     draft with the model, and some with lookup alone: the output is still the target's."""
-    run = pipelines["close"].start(PROMPTS, GenerationConfig(k=4, drafter="hybrid", max_new_tokens=NEW,
+    run = pipelines["close"].start(PROMPTS, GenerationConfig(k=4, policy="fixed", drafter="hybrid", max_new_tokens=NEW,
                                                                ignore_eos=True))
     kinds, propose = [], run.drafter.propose
 
-    def spy(state, k, budgets=None):
-        hits = [len(lookup(state.tokens[b, :length], k, 3, 2)) > 0 for b, length in enumerate(state.lengths)]
+    def spy(state, cache, k, lookup_k, caps):
+        hits = [len(lookup(state.tokens[b, :length], lookup_k, 3, 2)) > 0 for b, length in enumerate(state.lengths)]
         kinds.append("mixed" if 0 < sum(hits) < len(hits) else "lookup" if all(hits) else "model")
-        return propose(state, k, budgets)
+        return propose(state, cache, k, lookup_k, caps)
 
     run.drafter.propose = spy
     while not run.done:
@@ -85,7 +85,8 @@ def test_hybrid_drafter_mixes_lookup_and_model_rows_losslessly(pipelines, baseli
 
 def test_ragged_acceptance_happens(pipelines):
     """The close pair really exercises ragged rows: in some cycle, rows accept different counts."""
-    run = pipelines["close"].start(PROMPTS, GenerationConfig(k=4, max_new_tokens=NEW, ignore_eos=True))
+    run = pipelines["close"].start(PROMPTS, GenerationConfig(k=4, policy="fixed", drafter="model", max_new_tokens=NEW,
+                                                                      ignore_eos=True))
     ragged = False
     while not run.done:
         run.step()
@@ -96,7 +97,7 @@ def test_ragged_acceptance_happens(pipelines):
 
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_draft_equal_to_target_accepts_every_token(pipelines, k):
-    config = GenerationConfig(k=k, max_new_tokens=NEW, ignore_eos=True)
+    config = GenerationConfig(k=k, policy="fixed", drafter="model", max_new_tokens=NEW, ignore_eos=True)
     for result in pipelines["self"].generate(PROMPTS, config):
         verified = [r for r in result.records if r.k > 0]
         assert verified and all(r.accepted == r.k and r.final == "bonus" for r in verified)
@@ -104,7 +105,8 @@ def test_draft_equal_to_target_accepts_every_token(pipelines, k):
 
 
 def test_noise_draft_is_mostly_rejected_yet_output_is_identical(pipelines, baseline):
-    results = pipelines["noise"].generate(PROMPTS, GenerationConfig(k=4, max_new_tokens=NEW, ignore_eos=True))
+    results = pipelines["noise"].generate(PROMPTS, GenerationConfig(k=4, policy="fixed", drafter="model", max_new_tokens=NEW,
+                                                                    ignore_eos=True))
     assert [r.token_ids for r in results] == baseline
     assert max(r.stats["acceptance_rate"] for r in results) < 0.5
 

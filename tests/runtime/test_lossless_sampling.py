@@ -1,7 +1,8 @@
 """Speculative sampling emits exactly the target's distribution (after the same logit processing).
 
-Chi-square tests on seeded runs, each with a negative control: the same test applied to a wrong
-rule (resampling from p instead of the residual max(0, p - q)) must reject it.
+Both rules are tested: rejection sampling (requests without a seed) and keyed verification (seeded requests,
+each position drawn from noise keyed by its seed and position). Chi-square tests on repeatable runs, each with
+a negative control: the same test applied to a wrong rule must reject it.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency, chisquare
 
+import specdeploy.runtime.acceptance as acceptance
+import specdeploy.runtime.decoder as decoder
 from specdeploy import GenerationConfig, Pipeline
-from specdeploy.runtime.acceptance import speculative_accept
-from specdeploy.runtime.sampling import sample
+from specdeploy.runtime.acceptance import keyed_accept_row, speculative_accept
+from specdeploy.runtime.sampling import keyed_noise, keyed_token, sample
 
 ALPHA = 1e-3
 VOCAB, K, TRIALS = 6, 3, 20000
@@ -73,6 +76,46 @@ def test_negative_control_wrong_residual_is_caught():
     assert chisquare(counts, p[0] * TRIALS).pvalue < ALPHA
 
 
+def _keyed_first_tokens(rule, seed=0):
+    """The first emitted token over TRIALS seeds, in one fixed situation: the draft proposes from q by the same keyed
+    noise, the target verifies by ``rule``."""
+    rng = np.random.default_rng(seed)
+    p, q = _random_dists(rng, (K + 1,)), _random_dists(rng, (K,))
+    first, kept = [], []
+    for trial in range(TRIALS // 4):
+        noise = [keyed_noise(trial, 0, position, VOCAB) for position in range(K + 1)]
+        drafts = [keyed_token(q[i], noise[i]) for i in range(K)]
+        accepted, tokens = rule(p, drafts, K, noise)
+        first.append(tokens[0] if accepted == 0 else drafts[0])
+        kept.append(accepted)
+    return p, np.array(first), np.array(kept)
+
+
+def _keyed_wrong_rule(p, drafts, drafted, noise):
+    """Keep every draft: the emitted tokens follow q, not p."""
+    return drafted, list(drafts) + [keyed_token(p[drafted], noise[drafted])]
+
+
+def test_keyed_verification_emits_the_targets_distribution_and_catches_a_wrong_rule():
+    p, first, kept = _keyed_first_tokens(keyed_accept_row)
+    assert chisquare(np.bincount(first, minlength=VOCAB), p[0] * len(first)).pvalue >= ALPHA
+    assert 0 < kept.mean() < K  # both kept and rejected drafts
+    p, first, _ = _keyed_first_tokens(_keyed_wrong_rule)
+    assert chisquare(np.bincount(first, minlength=VOCAB), p[0] * len(first)).pvalue < ALPHA
+
+
+def test_keyed_verification_keeps_fewer_drafts_than_rejection_sampling_and_at_least_its_bound():
+    """The price of reproducible seeds: at total variation d between p and q a draft is kept with probability at
+    least (1 - d) / (1 + d), where rejection sampling keeps it with probability 1 - d."""
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        p, q = _random_dists(rng, (1,))[0], _random_dists(rng, (1,))[0]
+        d = 0.5 * np.abs(p - q).sum()
+        kept = np.mean([keyed_token(p, noise) == keyed_token(q, noise)
+                        for noise in (keyed_noise(t, 0, 0, VOCAB) for t in range(4000))])
+        assert (1 - d) / (1 + d) - 0.03 <= kept <= 1 - d + 0.03
+
+
 def test_never_emits_a_token_the_target_gives_zero_probability():
     rng = np.random.default_rng(3)
     p = _random_dists(rng, (500, K + 1))
@@ -118,16 +161,21 @@ def noise_pipeline(request, form):
                          else request.getfixturevalue("noise_dir"))
 
 
-@pytest.mark.parametrize("draft,drafter,policy", [
-    ("close", "model", "fixed"), ("noise", "model", "fixed"), ("close", "prompt-lookup", "fixed"),
-    ("close", "model", "confidence"), ("close", "hybrid", "fixed"), ("noise", "hybrid", "fixed"),
-])
-def test_pipeline_sampling_matches_plain_sampling(pair_pipeline, noise_pipeline, draft, drafter, policy):
-    pipeline = pair_pipeline if draft == "close" else noise_pipeline
-    prompt = "w30 w31 w30 w31 w30"
-    plain = _end_to_end_counts(pipeline, GenerationConfig(drafter="none", seed=11, **SAMPLED), prompt)
-    spec = _end_to_end_counts(pipeline, GenerationConfig(drafter=drafter, policy=policy, k=3, seed=12, **SAMPLED),
-                              prompt)
+@pytest.fixture(params=["keyed", "rejection"])
+def rule(request, monkeypatch):
+    """Seeded rows (keyed verification), or rows without a seed (rejection sampling) whose generators are made
+    repeatable here: the seed a test passes is then only the generators' base."""
+    if request.param == "rejection":
+        seeds = iter(range(10**9))
+        monkeypatch.setattr(decoder, "unseeded_generator", lambda: np.random.default_rng([99, next(seeds)]))
+    return request.param
+
+
+def _sampled(rule, seed, **settings):
+    return GenerationConfig(seed=seed if rule == "keyed" else None, **settings, **SAMPLED)
+
+
+def _same_distribution(plain, spec) -> None:
     for position in (0, 1):
         a = [x[position] for x in plain]
         b = [x[position] for x in spec]
@@ -136,6 +184,18 @@ def test_pipeline_sampling_matches_plain_sampling(pair_pipeline, noise_pipeline,
         table = table[:, table.sum(0) >= 5]  # chi-square needs non-tiny cells
         assert table.shape[1] >= 2, "the processed distribution should not be degenerate"
         assert chi2_contingency(table).pvalue >= ALPHA, f"position {position}: {table}"
+
+
+@pytest.mark.parametrize("draft,drafter,policy", [
+    ("close", "model", "fixed"), ("noise", "model", "fixed"), ("close", "prompt-lookup", "fixed"),
+    ("close", "model", "confidence"), ("close", "hybrid", "fixed"), ("noise", "hybrid", "fixed"),
+])
+def test_pipeline_sampling_matches_plain_sampling(pair_pipeline, noise_pipeline, rule, draft, drafter, policy):
+    pipeline = pair_pipeline if draft == "close" else noise_pipeline
+    prompt = "w30 w31 w30 w31 w30"
+    plain = _end_to_end_counts(pipeline, _sampled(rule, 11, drafter="none"), prompt)
+    spec = _end_to_end_counts(pipeline, _sampled(rule, 12, drafter=drafter, policy=policy, k=3), prompt)
+    _same_distribution(plain, spec)
 
 
 def test_same_seed_same_output(pair_pipeline):
@@ -147,14 +207,32 @@ def test_same_seed_same_output(pair_pipeline):
     assert [r.token_ids for r in a] != [r.token_ids for r in c]
 
 
-def test_pipeline_negative_control_wrong_rule_is_caught(pair_pipeline, monkeypatch):
-    """The end-to-end test has the power to catch a wrong rule through the whole pipeline."""
-    import specdeploy.runtime.decoder as decoder
+@pytest.mark.parametrize("drafter,policy,k", [("none", "fixed", 0), ("model", "fixed", 1), ("model", "fixed", 6),
+                                              ("hybrid", "cost", 8), ("prompt-lookup", "heuristic", 4)])
+def test_a_seeded_request_gives_the_same_text_whatever_the_speculation(pair_pipeline, drafter, policy, k):
+    """A seeded row's draws are keyed by its seed and positions: plain decoding, any drafter, policy and K, alone or
+    beside other rows, give one text."""
+    sampled = dict(temperature=0.9, top_k=20, seed=21, max_new_tokens=24, ignore_eos=True)
+    plain = pair_pipeline.generate(["w30 w31 w30 w31"], GenerationConfig(drafter="none", **sampled))[0].token_ids
+    config = GenerationConfig(drafter=drafter, policy=policy, k=k, **sampled)
+    assert pair_pipeline.generate(["w30 w31 w30 w31"], config)[0].token_ids == plain
+    mates = GenerationConfig(drafter=drafter, policy=policy, k=k, max_new_tokens=24, ignore_eos=True)
+    run = pair_pipeline.start(["w5 w6", "w30 w31 w30 w31", "w9"], mates, [mates, config, GenerationConfig(
+        temperature=1.2, max_new_tokens=10, ignore_eos=True)])
+    while not run.done:
+        run.step()
+    assert run.rows[1].token_ids == plain
 
+
+def test_pipeline_negative_control_wrong_rule_is_caught(pair_pipeline, rule, monkeypatch):
+    """The end-to-end test has the power to catch a wrong rule, of either kind, through the whole pipeline."""
     prompt = "w30 w31 w30 w31 w30"
-    plain = _end_to_end_counts(pair_pipeline, GenerationConfig(drafter="none", seed=11, **SAMPLED), prompt)
-    monkeypatch.setattr(decoder, "speculative_accept", _wrong_rule)
-    spec = _end_to_end_counts(pair_pipeline, GenerationConfig(k=3, seed=12, **SAMPLED), prompt)
+    plain = _end_to_end_counts(pair_pipeline, _sampled(rule, 11, drafter="none"), prompt)
+    if rule == "keyed":
+        monkeypatch.setattr(acceptance, "keyed_accept_row", _keyed_wrong_rule)
+    else:
+        monkeypatch.setattr(acceptance, "speculative_accept", _wrong_rule)
+    spec = _end_to_end_counts(pair_pipeline, _sampled(rule, 12, k=3, policy="fixed", drafter="model"), prompt)
     a, b = [x[0] for x in plain], [x[0] for x in spec]
     tokens = sorted(set(a) | set(b))
     table = np.array([[a.count(t) for t in tokens], [b.count(t) for t in tokens]])

@@ -12,6 +12,7 @@ from specdeploy.contract import ContractError
 from specdeploy.runtime.cache import CapacityError
 from specdeploy.runtime.config import ConfigError
 from specdeploy.runtime.decoder import Generation
+from specdeploy.runtime.policies import Policy
 from tests import tiny
 
 GOOD = GenerationConfig(k=3, max_new_tokens=12, ignore_eos=True)
@@ -80,7 +81,7 @@ def test_bad_input_is_refused_and_pipeline_stays_usable(pipeline, prompt, config
     ("min_p", 1.0, "min_p"),
     ("max_new_tokens", 0, "max_new_tokens"),
     ("k", -2, "k: got -2"),
-    ("policy", "greedy", "policy: got 'greedy'; expected one of fixed, confidence, heuristic, cost"),
+    ("policy", "greedy", "policy: got 'greedy'; expected one of cost, fixed, confidence, heuristic"),
     ("drafter", "eagle", "drafter"),
     ("repetition_penalty", 0, "repetition_penalty"),
     ("seed", 1.5, "seed"),
@@ -161,38 +162,32 @@ def test_first_divergence_reports_the_targets_own_margin(pipeline):
     assert found["margin"] > 0  # replayed as plain decoding ran it, the token plain decoding chose leads
 
 
-class _Recording:
-    """A policy from outside the package: no ``learns`` attribute, so it must be told every cycle."""
-
-    confidence_threshold = None
+class _Recording(Policy):
+    """Drafts 3 by either source and hears every cycle."""
 
     def __init__(self):
         self.told = []
 
-    def next_k(self) -> int:
+    def next_k(self, batch, lookup=False) -> int:
         return 3
 
     def observe(self, outcome) -> None:
-        self.told.append((outcome.proposed, list(outcome.accepted)))
+        self.told.append((list(outcome.drafted), list(outcome.accepted), list(outcome.lookup)))
 
 
-class _LearnsNothing(_Recording):
-    learns = False
-
-
-def test_policies_are_told_each_cycle_unless_they_learn_nothing(pipeline):
-    for policy in (_Recording(), _LearnsNothing()):
-        run = Generation(pipeline.target, pipeline.drafter_for(GOOD), policy, GOOD,
-                         [pipeline.encode("w5 w6 w7"), pipeline.encode("w9")], ["a", "b"])
-        while not run.done:
-            run.step()
-        by_cycle = {}  # cycle -> records of the rows it served, in batch order
-        for row in run.rows:
-            for record in row.records:
-                by_cycle.setdefault(record.cycle, []).append(record)
-        expected = [(records[0].k, [r.accepted for r in records]) for _, records in sorted(by_cycle.items())]
-        assert len(expected) > 2
-        assert policy.told == ([] if isinstance(policy, _LearnsNothing) else expected)
+def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
+    policy = _Recording()
+    run = Generation(pipeline.target, pipeline.drafter_for(GOOD), policy, GOOD,
+                     [pipeline.encode("w5 w6 w7"), pipeline.encode("w9")], ["a", "b"])
+    while not run.done:
+        run.step()
+    by_cycle = {}  # cycle -> records of the rows it served, in batch order
+    for row in run.rows:
+        for record in row.records:
+            by_cycle.setdefault(record.cycle, []).append(record)
+    expected = [([r.k for r in records], [r.accepted for r in records], [r.lookup for r in records])
+                for _, records in sorted(by_cycle.items())]
+    assert len(expected) > 2 and policy.told == expected
 
 
 @pytest.mark.parametrize("call,match", [
@@ -265,12 +260,14 @@ def test_a_huge_prompt_is_refused_from_its_first_part(pipeline):
     assert len(pipeline.generate("w5 " * 20, GOOD)[0].token_ids) == 12  # a long but fitting prompt still runs
 
 
-def test_warm_up_calls_each_engine_at_the_shapes_a_request_starts_with(pair_dir):
-    """A prompt-sized call, then T = 1 .. k + 1 in the target and T = 1, 2 in the draft, each once, on throwaway
-    caches: the next request's output is the same as without it."""
-    loaded = Pipeline.load(pair_dir)
-    alone = loaded.generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids
-    calls = []
+def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_second(pair_dir):
+    """T = 1 .. k + 1 in the target, then T = 1, 2 and a catch-up in the draft, each twice (the first call at a shape is
+    cold), on throwaway caches, after a prefill of ``prompt_tokens`` in each; the second calls are the cost table's first
+    entries; a shape the table has is not called again; the next request's output is the same as without it."""
+    from specdeploy.runtime.pipeline import CATCHUP_TOKENS
+
+    alone = Pipeline.load(pair_dir).generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids
+    loaded, calls = Pipeline.load(pair_dir), []
     for name, engine in (("target", loaded.target), ("draft", loaded.draft)):
         infer = engine.infer
 
@@ -279,11 +276,30 @@ def test_warm_up_calls_each_engine_at_the_shapes_a_request_starts_with(pair_dir)
             return infer(input_ids, past_len, cache, last)
 
         engine.infer = recorded
-    assert loaded.warm_up(3, prompt_tokens=10) > 0
-    # the prompt as prefill calls it, asking for its last position's logits alone
-    assert calls == [("target", 10, 0, 1), *(("target", t, 10, None) for t in range(1, 5)),
-                     ("draft", 10, 0, 1), ("draft", 1, 10, None), ("draft", 2, 10, None)]
+    assert loaded.warm_up(3, prompt_tokens=20) > 0
+    twice = [call for call in [*(("target", t, 20, None) for t in range(1, 5)),
+                               *(("draft", t, 20, 1) for t in (1, 2, CATCHUP_TOKENS))] for _ in range(2)]
+    assert calls == [("target", 20, 0, 1), *twice[:8], ("draft", 20, 0, 1), *twice[8:]]
+    costs = loaded.costs
+    assert set(costs.verify) == {(1, t) for t in range(1, 5)}
+    assert set(costs.draft) == {(1, 1), (1, 2), (1, CATCHUP_TOKENS)}
     calls.clear()
-    loaded.warm_up(0, prompt_tokens=10_000)  # plain decoding: the target alone, its prompt within the capacity
-    assert calls == [("target", loaded.target.spec.capacity - 1, 0, 1), ("target", 1, loaded.target.spec.capacity - 1, None)]
+    loaded.warm_up(4)  # only what the table lacks: a verification of 5
+    assert calls == [("target", 5, 0, None)] * 2 and (1, 5) in costs.verify
+    calls.clear()
     assert loaded.generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids == alone
+    assert ("target", 1, 20, None) not in calls  # k = 3 is warm: a request does not warm it again
+
+
+def test_a_target_only_artifact_decodes_by_default_with_lookup_or_plainly(checkpoints, tmp_path):
+    """The default speculation drafts by prompt lookup where the artifact has no draft model, instead of failing;
+    asking for the draft model there is refused, naming what to do."""
+    single = Pipeline.load(tiny.export_cli(tmp_path / "single", checkpoints["target"]))
+    prompt = "w5 w6 w7 w5 w6 w7 w5 w6"
+    plain = single.generate([prompt], GenerationConfig(drafter="none", max_new_tokens=16, ignore_eos=True))[0]
+    default = single.generate([prompt], GenerationConfig(max_new_tokens=16, ignore_eos=True))[0]
+    assert default.token_ids == plain.token_ids and single.draft is None
+    fixed = single.generate([prompt], GenerationConfig(policy="fixed", max_new_tokens=16, ignore_eos=True))[0]
+    assert fixed.token_ids == plain.token_ids and any(r.lookup and r.k for r in fixed.records)
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        single.generate([prompt], GenerationConfig(drafter="model"))

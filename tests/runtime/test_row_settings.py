@@ -13,11 +13,12 @@ from specdeploy.runtime.sampling import sample
 from .test_hardening import FailingEngine
 
 ALPHA = 1e-3
-BATCH = GenerationConfig(k=4, max_new_tokens=24, ignore_eos=True)  # the batch's speculation
-GREEDY = GenerationConfig(k=4, max_new_tokens=24, ignore_eos=True)
-SAMPLED = GenerationConfig(k=4, max_new_tokens=20, temperature=0.9, top_p=0.95, seed=5, ignore_eos=True)
-OTHER = GenerationConfig(k=4, max_new_tokens=12, temperature=1.3, top_k=20, seed=9, ignore_eos=True)
-CAPPED = GenerationConfig(k=1, max_new_tokens=24, ignore_eos=True)
+FIXED = dict(policy="fixed", drafter="model")  # the batch drafts a known K, so that rows' draws are comparable
+BATCH = GenerationConfig(k=4, **FIXED, max_new_tokens=24, ignore_eos=True)  # the batch's speculation
+GREEDY = GenerationConfig(k=4, **FIXED, max_new_tokens=24, ignore_eos=True)
+SAMPLED = GenerationConfig(k=4, **FIXED, max_new_tokens=20, temperature=0.9, top_p=0.95, seed=5, ignore_eos=True)
+OTHER = GenerationConfig(k=4, **FIXED, max_new_tokens=12, temperature=1.3, top_k=20, seed=9, ignore_eos=True)
+CAPPED = GenerationConfig(k=1, **FIXED, max_new_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +53,10 @@ def test_a_seeded_row_is_the_same_whatever_its_batch_mates_and_their_faults(pipe
     """#16: under sampling with a draft model, rows A and C of [A, B, C] and of [A, faulty, C] and alone agree."""
     configs = [SAMPLED, OTHER, GenerationConfig(**{**SAMPLED.__dict__, "seed": 6})]
     prompts = ["w5 w6 w7", "w10 w11 w12", "w30 w31 w30"]
-    clean = [r.token_ids for r in _run(pipeline, prompts, configs)]
-    used = {t for ids in clean for t in ids} | {int(t) for p in prompts for t in pipeline.encode(p)}
+    drafted = []
+    clean = [r.token_ids for r in _run(pipeline, prompts, configs, drafted)]
+    # the poison must be nowhere in A's and C's tokens: not in what they emit, nor in what is drafted for them
+    used = {t for ids in clean for t in ids} | {int(t) for p in prompts for t in pipeline.encode(p)} | set(drafted)
     poison = next(t for t in range(4, 120) if t not in used)
     original = getattr(pipeline, role)
     setattr(pipeline, role, FailingEngine(original, poison=poison))
@@ -68,8 +71,18 @@ def test_a_seeded_row_is_the_same_whatever_its_batch_mates_and_their_faults(pipe
     assert others[2].token_ids == clean[2] == _alone(pipeline, prompts[2], configs[2]).token_ids
 
 
-def _run(pipeline, prompts, configs):
+def _run(pipeline, prompts, configs, drafted=None):
+    """The rows of one batch of ``prompts`` under ``configs``; ``drafted`` collects every token drafted."""
     run = pipeline.start(prompts, BATCH, configs)
+    propose = run.drafter.propose
+
+    def recorded(*args):
+        proposal = propose(*args)
+        if drafted is not None:
+            drafted.extend(proposal.drafts.ravel().tolist())
+        return proposal
+
+    run.drafter.propose = recorded
     while not run.done:
         run.step()
     return run.rows
@@ -101,8 +114,8 @@ def test_mixed_rows_sample_the_target_distribution_end_to_end(pipeline):
     sampled = dict(temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=4, ignore_eos=True)
     rows, prompt = 1200, "w30 w31 w30 w31 w30"
     plain = pipeline.generate([prompt] * rows, GenerationConfig(drafter="none", seed=11, **sampled))
-    configs = [GenerationConfig(k=1 + b % 3, seed=12 + b, **sampled) if b % 4 else GREEDY for b in range(rows)]
-    run = pipeline.start([prompt] * rows, GenerationConfig(k=3, max_new_tokens=24, ignore_eos=True), configs)
+    configs = [GenerationConfig(k=1 + b % 3, **FIXED, seed=12 + b, **sampled) if b % 4 else GREEDY for b in range(rows)]
+    run = pipeline.start([prompt] * rows, GenerationConfig(k=3, **FIXED, max_new_tokens=24, ignore_eos=True), configs)
     while not run.done:
         run.step()
     spec = [row for b, row in enumerate(run.rows) if b % 4]
@@ -137,7 +150,7 @@ def test_bad_row_settings_are_refused_naming_the_argument(pipeline, call, match)
 @pytest.mark.parametrize("role", ["target", "draft"])
 def test_one_seeded_config_for_a_batch_gives_a_and_c_the_same_tokens_beside_a_faulty_b(pipeline, role):
     """The issue's case as reported: generate([A, B, C], one config with a seed) against [A, faulty, C]."""
-    config = GenerationConfig(k=4, max_new_tokens=24, temperature=1.0, seed=7, ignore_eos=True)
+    config = GenerationConfig(k=4, **FIXED, max_new_tokens=24, temperature=1.0, seed=7, ignore_eos=True)
     prompts = ["w5 w6 w7", "w10 w11 w12", "w30 w31 w30"]
     clean = [r.token_ids for r in pipeline.generate(prompts, config)]
     used = {t for ids in clean for t in ids} | {int(t) for p in prompts for t in pipeline.encode(p)}

@@ -1,4 +1,4 @@
-"""The batch state: rows join and leave, subsets write through, snapshots undo, drafts are placed for the target."""
+"""The batch state: rows join and leave, a row alone writes through, snapshots undo, drafts are placed for the target."""
 
 from __future__ import annotations
 
@@ -40,22 +40,22 @@ def test_verify_inputs_place_drafts_after_each_rows_committed_tokens():
 def test_commit_keeps_accepted_drafts_then_the_emitted_token_and_stops_rows():
     state = _state([[5, 6, 7], [8, 9]], GenerationConfig(max_new_tokens=3))
     state.verify_inputs(np.array([[20, 21], [30, 31]]))
-    committed, finished = state.commit([2, 0], [[20, 21, 22], [40, -1, -1]], remaining=[3, 3])
+    committed, finished = state.commit([2, 0], [[20, 21, 22], [40, -1, -1]], left=[3, 3])
     assert committed == [(0, [20, 21, 22]), (1, [40])] and finished == [0]
     assert state.rows[0].finish_reason == FinishReason.LENGTH == "length" and not state.rows[1].finish_reason
     assert state.lengths == [6, 3]
     np.testing.assert_array_equal(state.tokens[0, :6], [5, 6, 7, 20, 21, 22])
     np.testing.assert_array_equal(state.tokens[1, :3], [8, 9, 40])
-    state.commit([0, 1], [[2, -1], [41, 2]], remaining=[0, 2])  # row 1 reaches EOS (2): cut after it
+    state.commit([0, 1], [[2, -1], [41, 2]], left=[0, 2])  # row 1 reaches EOS (2): cut after it
     assert state.rows[1].token_ids == [40, 41, 2] and state.rows[1].finish_reason == "eos"
 
 
-def test_subset_writes_through_to_the_batch():
+def test_a_row_alone_writes_through_to_the_batch():
     state = _state([[5, 6, 7], [8, 9]])
-    single = state.subset(1)
+    single = state.row(1)
     single.verify_inputs(np.array([[30]]))
-    single.commit([1], [[30, 31]], remaining=[10])
-    state.adopt(1, single)
+    single.commit([1], [[30, 31]], left=[10])
+    state.lengths[1] = single.lengths[0]
     assert state.lengths == [3, 4] and state.rows[1].token_ids == [30, 31]
     np.testing.assert_array_equal(state.tokens[1, :4], [8, 9, 30, 31])
 

@@ -49,10 +49,10 @@ def recorded(fused_dirs):
 
 
 @pytest.mark.parametrize("config", [
-    GenerationConfig(k=3, max_new_tokens=24),
-    GenerationConfig(k=1, max_new_tokens=24),
-    GenerationConfig(k=4, drafter="hybrid", max_new_tokens=24),
-    GenerationConfig(k=4, drafter="prompt-lookup", max_new_tokens=24),
+    GenerationConfig(k=3, policy="fixed", drafter="model", max_new_tokens=24),
+    GenerationConfig(k=1, policy="fixed", drafter="model", max_new_tokens=24),
+    GenerationConfig(k=4, policy="fixed", drafter="hybrid", max_new_tokens=24),
+    GenerationConfig(k=4, policy="fixed", drafter="prompt-lookup", max_new_tokens=24),
 ], ids=["model k=3", "model k=1", "hybrid k=4", "lookup k=4"])
 def test_a_replay_keeps_the_drafts_a_real_run_keeps_and_emits_its_text(recorded, config):
     """Under a fixed K a cycle's drafts depend on the text alone: the replay must keep, cycle by cycle, exactly the

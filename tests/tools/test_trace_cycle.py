@@ -1,25 +1,25 @@
-"""One greedy batch-1 cycle reads in a handful of modules (tools/trace_cycle.py lists them)."""
+"""One greedy batch-1 cycle under the default speculation reads in a handful of modules (tools/trace_cycle.py)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import trace_cycle  # noqa: E402
-
-from specdeploy import GenerationConfig, Pipeline  # noqa: E402
+from specdeploy import GenerationConfig, Pipeline
+from specdeploy.runtime.cost_policy import CostPolicy
+from tools import trace_cycle
 
 
-def test_a_greedy_cycle_visits_at_most_six_modules(pair_dir):
-    run = Pipeline.load(pair_dir).start(["w5 w6 w7 w8"], GenerationConfig(k=4, max_new_tokens=40, ignore_eos=True))
+def test_a_default_cycle_visits_at_most_six_modules(pair_dir):
+    """The CLI's, the server's and GenerationConfig's default: the cost policy over the hybrid drafter. A cycle after a
+    drafting one reads the policy, the drafters, the target, acceptance and the commit."""
+    run = Pipeline.load(pair_dir).start(["w5 w6 w7 w8"], GenerationConfig(max_new_tokens=40, ignore_eos=True))
+    assert isinstance(run.policy, CostPolicy) and run.drafter.uses_model and run.drafter.looks_up
     run.prefill()
-    run.step()
+    for _ in range(3):  # the draft's cache checked once, at its first call; the costs warm
+        run.step()
     visited = trace_cycle.trace_step(run)
     assert len(visited) <= 6, visited
-    # the cycle's named steps all ran: policy, drafter, target, acceptance, commit
-    assert visited["specdeploy.runtime.policies"] == ["FixedK.next_k"]
-    assert "ModelDrafter.propose" in visited["specdeploy.runtime.drafters"]
+    assert "CostPolicy.next_k" in visited["specdeploy.runtime.cost_policy"]
+    assert "CostPolicy.observe" in visited["specdeploy.runtime.cost_policy"]
+    assert "HybridDrafter.propose" in visited["specdeploy.runtime.drafters"]
     assert "greedy_accept_row" in visited["specdeploy.runtime.acceptance"]
-    assert {"Generation._cycle", "BatchState.commit"} <= set(visited["specdeploy.runtime.decoder"])
+    assert {"Generation.cycle_rows", "BatchState.commit"} <= set(visited["specdeploy.runtime.decoder"])
     assert "Engine.infer" in visited["specdeploy.engines.base"]

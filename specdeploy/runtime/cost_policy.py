@@ -1,0 +1,244 @@
+"""The cost policy: the draft length with the most expected tokens per second, plain decoding included.
+
+It prices a cycle of K drafts with a table of what each call costs on this machine (``Costs``, by batch size and
+tokens a row: measured when the pipeline warms its shapes up, then as it runs) and the acceptance the text has
+shown (``acceptance``), for each source of drafts apart: the draft model, whose drafts cost calls, and prompt
+lookup, whose drafts cost only a longer verification. Before the draft model drafts, it may have a prompt to
+catch up on: ``catchup_pays`` weighs that against what drafting would save over the tokens to come. What it
+refuses it re-measures now and then from one exploration budget: a share of the time decoded without that
+source, halved each time a "no" is confirmed.
+
+Each estimate is a pure function below; ``tools/replay.py`` judges the whole on recorded traces.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .policies import CycleOutcome, Policy
+
+# Each chosen by replaying recorded real-pair traces at three cost tables (tools/replay.py; docs/runtime.md).
+PRIOR = 0.7  # acceptance a position is assumed to have before the text has shown its own ...
+PRIOR_WEIGHT = 4.0  # ... worth this many verified drafts: one rejected first draft must not end drafting for good
+DECAY = 0.97  # per cycle, what a text accepted weighs less: a text changes as it goes (a translation's opening words)
+BLEND = 0.1  # of each new measurement of a cost, what enters its estimate: costs drift slowly (load, cache growth)
+EXPLORE_SHARE = 0.05  # of the time decoded without a source, at most this spent re-measuring it; halved per "no"
+
+SOURCES = ("model", "lookup")  # who drafts: the draft model, or prompt lookup (no model call)
+
+
+@dataclass
+class Costs:
+    """Seconds of each call on this machine by (batch, tokens a row): what the cost policy prices a cycle with. One
+    table per pipeline (its engines' costs), shared by its requests and kept across processes (``to_dict``)."""
+
+    verify: dict[tuple[int, int], float] = field(default_factory=dict)  # target calls keeping every position's logits
+    draft: dict[tuple[int, int], float] = field(default_factory=dict)  # draft calls keeping the last position's:
+    # 1 token (a cycle's later drafts), 2 (its first call, after a drafting cycle), many (a catch-up)
+
+    def learn(self, table: dict, key: tuple[int, int], seconds: float) -> None:
+        """Blend a measurement into ``table[key]`` (the first is taken whole)."""
+        table[key] = seconds if key not in table else (1 - BLEND) * table[key] + BLEND * seconds
+
+    def verify_cost(self, batch: int, tokens: int) -> float | None:
+        """A target call of ``tokens`` a row at ``batch`` rows (``estimate``); None: nothing measured."""
+        return estimate(self.verify, batch, tokens)
+
+    def draft_cost(self, batch: int, k: int) -> float | None:
+        """The draft calls of a cycle of ``k`` drafts: a first call of two tokens, then k - 1 of one."""
+        if k == 0:
+            return 0.0
+        first, later = estimate(self.draft, batch, 2), estimate(self.draft, batch, 1)
+        return None if first is None else first + (k - 1) * later
+
+    def catchup_cost(self, batch: int, tokens: int) -> float | None:
+        """The draft catching up on ``tokens`` (all ``batch`` rows together), as one call of their share a row."""
+        return estimate(self.draft, batch, max(1, -(-tokens // batch)))
+
+    def to_dict(self) -> dict:
+        return {name: [[b, t, v] for (b, t), v in sorted(table.items())]
+                for name, table in (("verify", self.verify), ("draft", self.draft))}
+
+    @classmethod
+    def from_dict(cls, data) -> Costs:
+        """The table ``to_dict`` wrote; ValueError naming what is malformed (a hand-edited or foreign record)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"costs: expected an object, got {type(data).__name__}")
+        tables = []
+        for name in ("verify", "draft"):
+            entries = data.get(name, [])
+            if not isinstance(entries, list):
+                raise ValueError(f"costs.{name}: expected a list, got {type(entries).__name__}")
+            table = {}
+            for entry in entries:
+                if not isinstance(entry, list) or len(entry) != 3:
+                    raise ValueError(f"costs.{name}: expected [batch, tokens, seconds], got {entry!r}")
+                table[_count(entry[0]), _count(entry[1])] = _seconds(entry[2])
+            tables.append(table)
+        return cls(*tables)
+
+
+def estimate(table: dict[tuple[int, int], float], batch: int, tokens: int) -> float | None:
+    """A call of ``tokens`` a row at ``batch`` rows: measured, else a line through the sizes measured at that batch,
+    else the nearest batch's line with calls of several tokens scaled by the rows (the fused form runs such a batch
+    row by row: the dearest it can be), at this batch's level where it has one size measured. None: nothing measured."""
+    if (batch, tokens) in table:
+        return table[batch, tokens]
+    own = {t: v for (b, t), v in table.items() if b == batch}
+    if len(own) >= 2:
+        return _line(own, tokens)
+    sizes = [b for b, _ in table]
+    shaped = {b for b in sizes if b != batch and sizes.count(b) >= 2}
+    if not shaped:  # one point at most: flat (drafting looks cheap, and drafting measures it)
+        return next(iter(own.values()), next(iter(table.values()), None))
+    nearest = min(shaped, key=lambda b: (abs(b - batch), b))
+
+    def scaled(t: int) -> float:
+        return estimate(table, nearest, t) * (batch / nearest if t > 1 else 1.0)
+
+    (t0, v0), = own.items() if own else ((1, scaled(1)),)
+    return scaled(tokens) * v0 / scaled(t0)
+
+
+def acceptance(tried: Sequence[float], kept: Sequence[float], prior: float = PRIOR, weight: float = PRIOR_WEIGHT) -> list[float]:
+    """a_i, the rate draft i is kept given drafts 1..i-1 were, i = 1..len(tried), from decayed counts of drafts
+    verified (``tried``) and kept at each position; each shrunk towards the one before it (a_1 towards ``prior``)
+    by ``weight`` drafts' worth: a position seldom verified inherits its neighbour's rate."""
+    rates, previous = [], prior
+    for k, t in zip(kept, tried):
+        previous = (k + weight * previous) / (t + weight)
+        rates.append(previous)
+    return rates
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """E[tokens | K = k] = sum_{j = 0..k} prod_{i <= j} a_i: the drafts kept and the token after them."""
+    return sum(math.prod(rates[:j]) for j in range(k + 1))
+
+
+def expected_rates(rates: Sequence[float], costs: Costs, batch: int, model: bool) -> list[float] | None:
+    """Expected tokens per second a row for K = 0..len(rates): E[tokens | K] / (draft calls + v(K + 1)) (Leviathan
+    et al. 2023); ``model``: the drafts cost draft calls (prompt lookup's none). None: a cost is not measured."""
+    out = []
+    for k in range(len(rates) + 1):
+        verify, draft = costs.verify_cost(batch, k + 1), costs.draft_cost(batch, k) if model else 0.0
+        if verify is None or draft is None:
+            return None
+        out.append(expected_tokens(rates, k) / (draft + verify))
+    return out
+
+
+def best_k(rates: Sequence[float]) -> int:
+    """The K of the highest rate, the fewest drafts on a tie."""
+    return max(range(len(rates)), key=lambda k: (rates[k], -k))
+
+
+class CostPolicy(Policy):
+    """For each source of drafts, the K with the most expected tokens per second (``expected_rates``); a source
+    whose best K is 0, or lookup that does not beat the model, drafts only when the exploration budget pays for it."""
+
+    def __init__(self, k: int, costs: Costs | None = None):
+        self.k, self.costs = k, costs if costs is not None else Costs()
+        self.tried = {source: [0.0] * k for source in SOURCES}  # decayed drafts verified, by source and position
+        self.kept = {source: [0.0] * k for source in SOURCES}
+        self.budget = dict.fromkeys(SOURCES, 0.0)  # seconds each source may lose to being re-measured
+        self.share = dict.fromkeys(SOURCES, EXPLORE_SHARE)
+        self.exploring: dict[str, float | None] = dict.fromkeys(SOURCES)  # an outstanding re-measure: what it may lose
+
+    def acceptance(self, source: str) -> list[float]:
+        return acceptance(self.tried[source], self.kept[source])
+
+    def rates(self, source: str, batch: int) -> list[float] | None:
+        """Expected tokens per second a row for K = 0..k drafted by ``source`` at ``batch`` rows."""
+        return expected_rates(self.acceptance(source), self.costs, batch, source == "model")
+
+    def next_k(self, batch: int, lookup: bool = False) -> int:
+        source = SOURCES[lookup]
+        rates = self.rates(source, batch)
+        if rates is None or not self.k:  # costs not measured yet (no warm-up): drafting is how they are measured
+            return self.k
+        # what a row does otherwise: plain decoding, or for a lookup, the model's drafts (a row has one source a cycle;
+        # without a draft model, the model's calls have no price)
+        model = self.rates("model", batch) if lookup else None
+        otherwise = max(model) if model else rates[0]
+        best = best_k(rates)
+        if best and rates[best] >= otherwise:
+            return best
+        trial = best or best_k(rates[1:]) + 1
+        tokens = expected_tokens(self.acceptance(source), trial)
+        return trial if self._affords(source, tokens / rates[trial] - tokens / otherwise) else 0
+
+    def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
+        rates = self.rates("model", batch)
+        price = self.costs.catchup_cost(batch, behind)
+        if behind <= 0 or price is None or rates is None:
+            return True  # nothing to pay, or its price unknown: drafting is how it gets measured
+        saving = to_come / batch * (1 / rates[0] - 1 / max(rates))  # a batch's token takes 1 / (rate * rows) s
+        loss = price - saving
+        return loss <= 0 or self._affords("model", loss)
+
+    def _affords(self, source: str, loss: float) -> bool:
+        """Whether the budget pays to re-measure a refused ``source`` at a modelled ``loss`` (seconds); paid (and
+        judged) once that source has drafted (a lookup may find no match to draft from)."""
+        if loss > self.budget[source]:
+            return False
+        self.exploring[source] = max(loss, 0.0)
+        return True
+
+    def observe(self, outcome: CycleOutcome) -> None:
+        self._learn_costs(outcome)
+        if not outcome.verify_tokens:
+            return
+        for source, by_lookup in zip(SOURCES, (False, True)):
+            rows = [(d, n) for d, n, lookup in zip(outcome.drafted, outcome.accepted, outcome.lookup)
+                    if d and lookup == by_lookup]
+            self._count(source, rows)  # plain cycles too: a refused source is forgotten as the text moves on
+            if not rows:  # time this source did not draft: a share of it pays for re-measuring it
+                self.budget[source] += self.share[source] * outcome.verify_seconds
+            elif self.exploring[source] is not None:  # re-measured: still refused halves its share, paying resets it
+                self.budget[source] -= self.exploring[source]
+                self.exploring[source] = None
+                rates = self.rates(source, outcome.batch)
+                pays = rates is not None and best_k(rates) > 0
+                self.share[source] = EXPLORE_SHARE if pays else self.share[source] / 2
+
+    def _count(self, source: str, rows: list[tuple[int, int]]) -> None:
+        tried, kept = self.tried[source], self.kept[source]
+        for i in range(self.k):
+            tried[i] *= DECAY
+            kept[i] *= DECAY
+        for drafted, accepted in rows:
+            for i in range(min(accepted + 1, drafted)):  # drafts 1..n kept, n + 1 rejected (if it was drafted)
+                tried[i] += 1
+                kept[i] += i < accepted
+
+    def _learn_costs(self, outcome: CycleOutcome) -> None:
+        costs, batch = self.costs, outcome.batch
+        if outcome.first_call_tokens:
+            costs.learn(costs.draft, (batch, outcome.first_call_tokens), outcome.first_call_seconds)
+        if outcome.later_calls:
+            costs.learn(costs.draft, (batch, 1), outcome.later_call_seconds / outcome.later_calls)
+        if outcome.verify_tokens:
+            costs.learn(costs.verify, (batch, outcome.verify_tokens), outcome.verify_seconds)
+
+
+def _line(points: dict[int, float], tokens: int) -> float:
+    """v(tokens) from measured points: a least-squares line, never below the cheapest point."""
+    mean_t, mean_v = sum(points) / len(points), sum(points.values()) / len(points)
+    slope = sum((t - mean_t) * (v - mean_v) for t, v in points.items()) / sum((t - mean_t) ** 2 for t in points)
+    return max(mean_v + slope * (tokens - mean_t), min(points.values()))
+
+
+def _count(value) -> int:
+    text = str(value)
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not text.isdigit() or int(text) < 1:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return int(text)
+
+
+def _seconds(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"expected a positive finite time in seconds, got {value!r}")
+    return float(value)

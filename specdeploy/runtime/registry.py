@@ -1,0 +1,32 @@
+"""The policies and drafters by name (``--policy NAME``, ``--drafter NAME``, ``GenerationConfig``)."""
+
+from __future__ import annotations
+
+from ..engines.base import Engine
+from .cost_policy import CostPolicy, Costs
+from .drafters import Drafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookup
+from .policies import ConfidenceStop, FixedK, Heuristic, Policy
+
+# name -> (k, confidence threshold, the pipeline's cost table) -> policy
+POLICIES = {
+    "cost": lambda k, threshold, costs: CostPolicy(k, costs),
+    "fixed": lambda k, threshold, costs: FixedK(k),
+    "confidence": lambda k, threshold, costs: ConfidenceStop(k, threshold),
+    "heuristic": lambda k, threshold, costs: Heuristic(k),
+}
+DRAFTERS: dict[str, type[Drafter]] = {"hybrid": HybridDrafter, "model": ModelDrafter, "prompt-lookup": PromptLookup,
+                                      "none": NoDrafter}
+
+
+def make_policy(name: str, k: int, confidence_threshold: float = 0.4, costs: Costs | None = None) -> Policy:
+    """The policy called ``name`` with at most ``k`` drafts a cycle, pricing by ``costs`` (the pipeline's table)."""
+    if name not in POLICIES:
+        raise ValueError(f"policy {name!r} is unknown; expected one of {', '.join(POLICIES)}")
+    return POLICIES[name](k, confidence_threshold, costs if costs is not None else Costs())
+
+
+def make_drafter(name: str, engine: Engine | None, stop_below: float | None = None) -> Drafter:
+    """The drafter called ``name`` over the draft model ``engine`` (None: the artifact has none)."""
+    if name not in DRAFTERS:
+        raise ValueError(f"drafter {name!r} is unknown; expected one of {', '.join(DRAFTERS)}")
+    return DRAFTERS[name](engine, stop_below)
