@@ -12,6 +12,17 @@ from __future__ import annotations
 import numpy as np
 
 
+class Transfers:
+    """Bytes this process has copied between host and device memory through the engines (inputs in, outputs read):
+    what a cycle moves across PCIe, for tools/gpu_check.py. K/V never crosses: no engine path copies a cache."""
+
+    def __init__(self):
+        self.to_device = self.to_host = 0
+
+
+transfers = Transfers()
+
+
 def address(array) -> int:
     """The address of an array's first element, host (``__array_interface__``) or device (``__cuda_array_interface__``)."""
     interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
@@ -20,7 +31,10 @@ def address(array) -> int:
 
 def on_host(array) -> np.ndarray:
     """``array`` in host memory: itself when it is a NumPy array, else a copy (a CuPy array's ``get``)."""
-    return array if isinstance(array, np.ndarray) else array.get()
+    if isinstance(array, np.ndarray):
+        return array
+    transfers.to_host += array.nbytes
+    return array.get()
 
 
 def settle(array) -> None:
@@ -77,6 +91,7 @@ class CudaMemory:
     def upload(self, buffer, values: np.ndarray) -> None:
         """Copy host ``values`` into device ``buffer`` on the session's stream (a few bytes a call: ids, lengths)."""
         buffer.set(np.ascontiguousarray(values, dtype=buffer.dtype), stream=self.stream)
+        transfers.to_device += buffer.nbytes
         if not self.shared_stream:
             self.stream.synchronize()
 
