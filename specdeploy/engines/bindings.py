@@ -18,11 +18,15 @@ from .graphs import PLAIN, GraphIds, run_options
 
 def cache_key(cache) -> tuple:
     """Where a cache's tensors are, as a hashable key: for a ``KVCache`` its one array's address, shape and strides
-    (tensor i is element i), for a list of tensors each one's."""
+    (tensor i is element i; kept on the handle, whose array never changes), for a list of tensors each one's."""
+    key = getattr(cache, "binding_key", None)
+    if key is not None:
+        return key
     stacked = getattr(cache, "stacked", None)
-    if stacked is not None:
-        return address(stacked), stacked.shape, stacked.strides
-    return tuple((address(buf), buf.shape, buf.strides) for buf in cache)
+    if stacked is None:
+        return tuple((address(buf), buf.shape, buf.strides) for buf in cache)
+    cache.binding_key = key = (address(stacked), stacked.shape, stacked.strides)
+    return key
 
 
 def allocation(buffer) -> int:
@@ -56,6 +60,8 @@ class ShapeBuffers:
         self.session, self.spec, self.memory, self.graphs, self.captured = session, spec, memory, graphs, captured
         self.input_ids = memory.empty((batch, tokens), np.int64)
         self.lengths = memory.empty((batch,), np.int32 if spec.takes_seqlens_k else np.int64)
+        # each call's lengths are computed into this host array (the bound buffer itself on the CPU), then uploaded
+        self.host_lengths = self.lengths if isinstance(self.lengths, np.ndarray) else np.empty((batch,), self.lengths.dtype)
         self.kept = np.array([kept], np.int64)  # read on the host by the graph (Slice's starts): bound there
         self.logits = memory.empty((batch, kept, spec.vocab_size), np.float32)
         self.ids = memory.empty((batch, kept), np.int64) if spec.argmax_ids else None
@@ -100,11 +106,15 @@ class ShapeBuffers:
             bind(binding, "ids", device, self.ids, output=True)
         return binding
 
-    def run(self, binding, options, input_ids: np.ndarray, lengths: np.ndarray) -> None:
-        """Copy the call's ids and lengths into their bound buffers and run. A CUDA graph that fails to capture is
-        given up for plain runs, said once (``GraphIds.refuse``)."""
+    def run(self, binding, options, input_ids: np.ndarray, past_len: np.ndarray) -> None:
+        """Copy the call's ids and lengths (past_len, or GroupQueryAttention's seqlens_k: the index of each row's last new
+        token) into their bound buffers and run. A CUDA graph that fails to capture is given up for plain runs, said
+        once (``GraphIds.refuse``)."""
         self.memory.upload(self.input_ids, input_ids)
-        self.memory.upload(self.lengths, lengths)
+        offset = input_ids.shape[1] - 1 if self.spec.takes_seqlens_k else 0
+        np.add(past_len, offset, out=self.host_lengths, casting="unsafe")
+        if self.host_lengths is not self.lengths:
+            self.memory.upload(self.lengths, self.host_lengths)
         try:
             self.session.run_with_iobinding(binding, options)
         except Exception as exc:

@@ -113,12 +113,24 @@ class OrtEngine(Engine):
         def create(graphs: bool):
             device_options = self.memory.provider_options() | ({"enable_cuda_graph": "1"} if graphs else {})
             chain = [(wanted, device_options)] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
-            return ort.InferenceSession(str(path), options, providers=chain)
+            try:
+                return ort.InferenceSession(str(path), options, providers=chain)
+            except Exception as exc:
+                if "user_compute_stream" not in str(exc):
+                    raise
+                self.memory.shared_stream = False  # a build that takes no user stream: inputs uploaded and waited for
+                return create(graphs)
 
         self.session, captures = open_session(create, cuda_graphs, str(path))
         active = self.session.get_providers()
         if active[0] != wanted:
             raise ProviderError(f"provider {wanted} was requested but the session fell back to {active}")
+        # ONNX Runtime's Python API retries an EP that refused its options without them ("EP Error ... Falling back"):
+        # what counts is what the EP took
+        applied = self.session.get_provider_options().get(wanted, {})
+        if isinstance(self.memory, CudaMemory) and applied.get("has_user_compute_stream", "1") != "1":
+            self.memory.shared_stream = False
+        captures = captures and applied.get("enable_cuda_graph", "1") == "1"
         self.spec = spec
         self.graphs = GraphIds(str(path)) if captures else None
         self._check_graph()
@@ -153,8 +165,7 @@ class OrtEngine(Engine):
         shape = self._buffers((batch, tokens, kept))
         buffers = cache.buffers if isinstance(cache, KVCache) else list(cache)  # a list's contents may change
         binding, options = shape.binding(cache, buffers)
-        # seqlens_k: GroupQueryAttention's own convention, the index of each row's last new token
-        shape.run(binding, options, input_ids, past_len + (tokens - 1) if self.spec.takes_seqlens_k else past_len)
+        shape.run(binding, options, input_ids, past_len)
         return shape.logits, shape.new_kv, shape.ids
 
     def _buffers(self, shape: tuple[int, int, int]) -> ShapeBuffers:

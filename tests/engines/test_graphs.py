@@ -82,8 +82,8 @@ def test_a_capture_refused_while_running_falls_back_to_plain_runs_and_says_so_on
 
 
 def test_a_session_that_refuses_cuda_graphs_is_opened_without_them_once_said():
-    """ONNX Runtime refuses, at session creation, to capture a graph with a node on the CPU EP; any other error is
-    the caller's."""
+    """ONNX Runtime refuses, at session creation, to capture a graph with a node on the CPU EP: the session is made
+    without CUDA graphs; an error of the session itself comes from that plain try."""
     refusal = ("[ONNXRuntimeError] : 1 : FAIL : This session cannot use the CUDA Graph feature as requested by the user "
                " as all compute graph nodes have not been partitioned to the CUDA EP.")
     asked = []
@@ -101,10 +101,13 @@ def test_a_session_that_refuses_cuda_graphs_is_opened_without_them_once_said():
     assert open_session(create, False, "target.onnx") == ("session", False) and asked == [False]
 
     def broken(graphs: bool):
-        raise RuntimeError("[ONNXRuntimeError] : 7 : INVALID_PROTOBUF")
+        asked.append(graphs)
+        raise RuntimeError(f"[ONNXRuntimeError] : 7 : INVALID_PROTOBUF ({graphs})")
 
-    with pytest.raises(RuntimeError, match="INVALID_PROTOBUF"):
+    asked.clear()
+    with pytest.raises(RuntimeError, match=r"INVALID_PROTOBUF \(False\)"):  # the session's own error, from the plain try
         open_session(broken, True, "target.onnx")
+    assert asked == [True, False]
 
 
 def test_cuda_graphs_are_refused_off_cuda(fused_dirs):

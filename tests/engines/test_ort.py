@@ -297,7 +297,7 @@ class _DeviceArray:
     """Stands in for a CuPy array: a host array behind ``get`` (the copy to the host), counting the copies."""
 
     def __init__(self, array, copies: list):
-        self.array, self.copies = array, copies
+        self.array, self.copies, self.nbytes = array, copies, array.nbytes
 
     def get(self):
         self.copies.append(self.array.shape)
@@ -309,15 +309,17 @@ class _DeviceArray:
 
 def test_device_outputs_reach_the_host_only_when_read_and_ids_alone_when_only_ids_are():
     from specdeploy.engines import EngineOutput
+    from specdeploy.engines.device import transfers
 
     logits = np.random.default_rng(3).standard_normal((2, 5, 40)).astype(np.float32)
-    copies = []
+    copies, before = [], transfers.to_host
     out = EngineOutput(_DeviceArray(logits, copies), None, 0.0, ids=_DeviceArray(logits.argmax(-1), copies))
     assert copies == []
     np.testing.assert_array_equal(out.ids, logits.argmax(-1))
-    assert copies == [(2, 5)]  # ten integers, not the logits
+    assert copies == [(2, 5)] and transfers.to_host - before == 80  # ten integers, not the logits
     np.testing.assert_array_equal(out.logits, logits)
     assert out.logits is out.logits and copies == [(2, 5), (2, 5, 40)]  # copied once
+    assert transfers.to_host - before == 80 + logits.nbytes
     graphless = EngineOutput(_DeviceArray(logits, copies := []), None, 0.0)
     np.testing.assert_array_equal(graphless.ids, logits.argmax(-1))
     assert copies == [(2, 5)]  # the argmax taken where the logits are
