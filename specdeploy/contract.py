@@ -81,10 +81,26 @@ class ModelSpec:
     # only: a prefill chunk or a draft's catch-up needs one position's, and the head over every position was a
     # quarter of a 128-token prefill's time on the real pair (exporter 0.3.2's fused form)
     trims_logits: bool = False
+    # The fused graph takes GroupQueryAttention's own ``seqlens_k`` (int32 [batch]: past_len + tokens - 1, filled by
+    # the engine) in place of ``past_len``, and reads total_sequence_length off the cache's capacity: no length
+    # arithmetic in the graph, so every node runs on the CUDA EP and each shape can be captured as a CUDA graph
+    # (older fused graphs, whose manifests lack the field, compute the lengths from past_len: on the CPU EP)
+    takes_seqlens_k: bool = False
+    # The graph also outputs ``ids`` (int64 [batch, kept]): each position's argmax token, so that greedy acceptance
+    # reads a few integers instead of [batch, kept, vocab] logits (fused graphs; absent from older manifests: false)
+    argmax_ids: bool = False
 
     @property
     def inputs(self) -> list[str]:
-        return input_names(self.num_layers) + (["num_logits"] if self.trims_logits else [])
+        names = input_names(self.num_layers)
+        if self.takes_seqlens_k:
+            names[1] = "seqlens_k"
+        return names + (["num_logits"] if self.trims_logits else [])
+
+    @property
+    def lengths_input(self) -> str:
+        """The graph input that says where each row's new tokens go: ``past_len`` or ``seqlens_k``."""
+        return "seqlens_k" if self.takes_seqlens_k else "past_len"
 
     @property
     def cache_inputs(self) -> list[str]:
@@ -93,7 +109,12 @@ class ModelSpec:
 
     @property
     def outputs(self) -> list[str]:
-        return output_names(self.num_layers, self.graph)
+        return output_names(self.num_layers, self.graph) + (["ids"] if self.argmax_ids else [])
+
+    @property
+    def cache_outputs(self) -> list[str]:
+        """new_key.i / new_value.i (explicit form) or present_key.i / present_value.i (fused form) per layer."""
+        return output_names(self.num_layers, self.graph)[1:]
 
     @property
     def writes_cache(self) -> bool:
@@ -264,11 +285,15 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
         if values["role"] != "draft":
             raise ContractError(f"{where}: vocab_kept {kept} on the {values['role']} model; only a draft may leave tokens "
                                 "out (the target's distribution is the one decoding must follow)")
-    trims = data.get("trims_logits", False)
-    if not isinstance(trims, bool):
-        raise ContractError(f"{where}: trims_logits must be true or false, got {_shown(trims)}")
+    flags = {}
+    for name in ("trims_logits", "takes_seqlens_k", "argmax_ids"):  # absent from older manifests: false
+        flags[name] = data.get(name, False)
+        if not isinstance(flags[name], bool):
+            raise ContractError(f"{where}: {name} must be true or false, got {_shown(flags[name])}")
+    if flags["takes_seqlens_k"] and graph != "fused":
+        raise ContractError(f"{where}: takes_seqlens_k on a {graph} graph; only the fused form takes seqlens_k")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
-                     graph=graph, vocab_kept=kept, trims_logits=trims)
+                     graph=graph, vocab_kept=kept, **flags)
 
 
 def _check_relative(name: str, where: str) -> None:
@@ -300,9 +325,9 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
     A dynamic dim agrees with anything; a fixed one must be the manifest's (kv_heads, head_dim, vocab_size).
     """
     kv = [None, spec.kv_heads, None, spec.head_dim]
-    expected = {"input_ids": ("int64", [None, None]), "past_len": ("int64", [None]),
-                spec.outputs[0]: ("float32", [None, None, spec.vocab_size])}
-    expected |= {name: (spec.dtype, kv) for name in spec.cache_inputs + spec.outputs[1:]}
+    expected = {"input_ids": ("int64", [None, None]), "past_len": ("int64", [None]), "seqlens_k": ("int32", [None]),
+                spec.outputs[0]: ("float32", [None, None, spec.vocab_size]), "ids": ("int64", [None, None])}
+    expected |= {name: (spec.dtype, kv) for name in spec.cache_inputs + spec.cache_outputs}
     expected["num_logits"] = ("int64", [1])
     problems = []
     for name, (dtype, dims) in expected.items():

@@ -17,15 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def profile(path: Path, spec, token_counts: list[int], past: int, rounds: int, threads: int, workdir: Path) -> dict:

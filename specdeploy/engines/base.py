@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 import weakref
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..contract import PREFILL_CHUNK, ModelSpec
+from .device import address, on_host, settle
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -22,27 +22,51 @@ class EngineInputError(ValueError):
     """An input that does not fit the engine's verify contract."""
 
 
-@dataclass
 class EngineOutput:
-    """One call's results. They may live in buffers the engine reuses: valid until the engine's next
-    call on the same thread with the same batch and token count; copy what must outlive that."""
+    """One call's results. They may live in buffers the engine reuses: valid until the engine's next call on the same
+    thread with the same batch and token count; copy what must outlive that.
 
-    logits: np.ndarray  # [batch, tokens, vocab] float32
-    # The new tokens' K/V as the graph returned them, already written into the cache by ``infer``:
-    # [2 * layers, batch, kv_heads, tokens, head_dim] (explicit graphs; None where the graph writes in place:
-    # the fused form, whose new K/V are in the cache at past_len ..)
-    new_kv: np.ndarray | list[np.ndarray] | None
-    seconds: float  # the backend's call, without input checks and K/V staging
-    stage_seconds: float = 0.0  # writing the new K/V into the cache
+    ``logits`` and ``ids`` are host arrays; where the engine computes on a device they are copied to the host when
+    first read, so a caller that needs only the argmax ids (greedy acceptance) moves [batch, kept] integers, not
+    [batch, kept, vocab] floats.
+    """
+
+    def __init__(self, logits, new_kv, seconds: float, stage_seconds: float = 0.0, ids=None):
+        self._logits = logits  # [batch, kept, vocab] float32, host or device
+        self._ids = ids  # [batch, kept] int64, host or device: the graph's argmax output, where it has one
+        # The new tokens' K/V as the graph returned them, already written into the cache by ``infer``:
+        # [2 * layers, batch, kv_heads, tokens, head_dim] (explicit graphs; None where the graph writes in place:
+        # the fused form, whose new K/V are in the cache at past_len ..)
+        self.new_kv = new_kv
+        self.seconds = seconds  # the backend's call, without input checks and K/V staging
+        self.stage_seconds = stage_seconds  # writing the new K/V into the cache
+
+    @property
+    def logits(self) -> np.ndarray:
+        """Next-token logits after each kept position, [batch, kept, vocab] float32, in host memory."""
+        if not isinstance(self._logits, np.ndarray):
+            self._logits = on_host(self._logits)
+        return self._logits
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Each kept position's argmax token, [batch, kept] int64, in host memory: the graph's own ``ids`` output
+        where it has one, else the argmax of the logits (taken where they are: on a device only the ids move)."""
+        if self._ids is None:
+            self._ids = self._logits.argmax(-1)
+        if not isinstance(self._ids, np.ndarray):
+            self._ids = on_host(self._ids)
+        return self._ids
 
 
 class KVCache:
     """The K/V buffers of one model for a batch, owned by the engine that computes on them, and
     each row's valid length ``past_len`` (slots at and beyond it are ignored, so rollback moves a length).
 
-    Host engines keep one NumPy array [2 * layers, batch, kv_heads, capacity, head_dim]: element i
-    is cache tensor i (``buffers``), and writing a call's new K/V into every layer is one copy. The
-    handle reads like that array (``len``, iteration, indexing, ``shape``).
+    One array [2 * layers, batch, kv_heads, capacity, head_dim] where the session computes (NumPy on the CPU, CuPy
+    on a GPU; the engine binds each element to its session by address): element i is cache tensor i (``buffers``),
+    and writing a call's new K/V into every layer is one copy. The handle reads like that array (``len``, iteration,
+    indexing, ``shape``). Rows joining and leaving move where the array is; only ``past_len`` lives on the host.
     """
 
     def __init__(self, stacked: np.ndarray, rows_held: np.ndarray | None = None):
@@ -82,15 +106,16 @@ class KVCache:
 
     def stage(self, new_kv, start: np.ndarray) -> None:
         """Write new K/V (2 * layers of [batch, kv_heads, T, head_dim]) at slots start[b] .. start[b] + T."""
-        if not isinstance(new_kv, np.ndarray):  # engines may return a list; ONNX Runtime returns one stacked array
-            new_kv = np.asarray(new_kv)
+        if isinstance(new_kv, (list, tuple)):  # engines may return a list; ONNX Runtime's engine one stacked array
+            new_kv = np.stack(new_kv)  # NumPy's, or CuPy's for device arrays (NEP 18 dispatch)
         s = start.item(0)
         if len(start) == 1 or (start == s).all():
             self.stacked[:, :, :, s : s + new_kv.shape[3]] = new_kv  # every layer and row in one copy
-            return
-        tokens = new_kv.shape[3]
-        for b, s in enumerate(start.tolist()):
-            self.stacked[:, b, :, s : s + tokens] = new_kv[:, b]
+        else:
+            tokens = new_kv.shape[3]
+            for b, s in enumerate(start.tolist()):
+                self.stacked[:, b, :, s : s + tokens] = new_kv[:, b]
+        settle(self.stacked)
 
     def select(self, rows) -> KVCache:
         """A cache of only ``rows`` (finished rows leave the batch; in order), lengths along, on the same memory:
@@ -101,7 +126,7 @@ class KVCache:
         rows = [int(r) for r in rows]
         lengths = self.past_len[rows]
         in_place = rows == sorted(rows) and self._first_rows()
-        to = self.stacked if in_place else np.zeros_like(self.stacked[:, : len(rows)])
+        to = self.stacked if in_place else np.zeros_like(self.stacked[:, : len(rows)])  # CuPy's for device arrays
         _copy_prefixes(to, range(len(rows)), self.stacked, rows, lengths)
         kept = KVCache(self.held[:, : len(rows)], self.held) if in_place else KVCache(to)
         kept.commit(lengths)
@@ -109,7 +134,7 @@ class KVCache:
 
     def _first_rows(self) -> bool:
         """Whether these rows are the first of their allocation, which the next rows may use."""
-        return self.held is not None and (self.held is self.stacked or self.stacked.ctypes.data == self.held.ctypes.data)
+        return self.held is not None and (self.held is self.stacked or address(self.stacked) == address(self.held))
 
     def rows(self, start: int, stop: int) -> KVCache:
         """Rows start .. stop - 1 alone, on views of the batch buffers: what they write lands in the batch
@@ -128,7 +153,7 @@ class KVCache:
         else:
             shape = list(self.stacked.shape)
             shape[1] = batch + joining
-            joined = KVCache(np.zeros(shape, self.stacked.dtype))  # zeros: never-written slots hold no NaN
+            joined = KVCache(np.zeros_like(self.stacked, shape=shape))  # zeros: never-written slots hold no NaN
             _copy_prefixes(joined.stacked, range(batch), self.stacked, range(batch), self.past_len)
         _copy_prefixes(joined.stacked, range(batch, batch + joining), other.stacked, range(joining), other.past_len)
         joined.commit(np.concatenate([self.past_len, other.past_len]))
@@ -141,6 +166,7 @@ def _copy_prefixes(to: np.ndarray, to_rows, source: np.ndarray, rows, lengths) -
     for to_row, row, n in zip(to_rows, rows, np.asarray(lengths).tolist()):
         if n and not (to is source and to_row == row):
             to[:, to_row, :, :n] = source[:, row, :, :n]
+    settle(to)
 
 
 class Engine(ABC):
@@ -176,8 +202,9 @@ class Engine(ABC):
                 kept = min(last, kept)
         start = time.perf_counter()
         if self.spec.graph == "fused":  # spec.writes_cache, read as a field: no call on the hot path
-            return EngineOutput(self._infer_in_place(input_ids, past_len, cache, kept), None, time.perf_counter() - start)
-        logits, new_kv = self.infer_impl(input_ids, past_len, cache, kept)
+            logits, ids = self._infer_in_place(input_ids, past_len, cache, kept)
+            return EngineOutput(logits, None, time.perf_counter() - start, ids=ids)
+        logits, new_kv, *ids = self.infer_impl(input_ids, past_len, cache, kept)
         ran = time.perf_counter()
         if isinstance(cache, KVCache):
             cache.stage(new_kv, past_len)
@@ -185,26 +212,35 @@ class Engine(ABC):
             for buf, new in zip(cache, new_kv):
                 for b, s in enumerate(past_len.tolist()):
                     buf[b, :, s : s + new.shape[2]] = new[b]
-        return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran)
+            settle(cache[0])
+        return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran, ids=ids[0] if ids else None)
 
-    def _infer_in_place(self, input_ids, past_len, cache, kept: int) -> np.ndarray:
-        """A graph that writes its cache itself (fused form). GroupQueryAttention takes several new tokens
-        after a past only at batch 1, so such calls at a larger batch run row by row, on views of the rows'
-        buffers (each row of a layer's cache is one contiguous block)."""
+    def _infer_in_place(self, input_ids, past_len, cache, kept: int):
+        """A graph that writes its cache itself (fused form): (logits, argmax ids or None). GroupQueryAttention takes
+        several new tokens after a past only at batch 1, so such calls at a larger batch run row by row, on views of
+        the rows' buffers (each row of a layer's cache is one contiguous block)."""
         batch, tokens = input_ids.shape
         if batch == 1 or tokens == 1:
-            return self.infer_impl(input_ids, past_len, cache, kept)[0]
-        logits = np.empty((batch, kept, self.spec.vocab_size), np.float32)
+            logits, _, *ids = self.infer_impl(input_ids, past_len, cache, kept)
+            return logits, ids[0] if ids else None
+        logits = ids = None
         for b in range(batch):
             rows = cache.rows(b, b + 1) if isinstance(cache, KVCache) else [buf[b : b + 1] for buf in cache]
-            logits[b] = self.infer_impl(input_ids[b : b + 1], past_len[b : b + 1], rows, kept)[0][0]
-        return logits
+            row_logits, _, *row_ids = self.infer_impl(input_ids[b : b + 1], past_len[b : b + 1], rows, kept)
+            if logits is None:  # where the rows' outputs are: host or device (CuPy's for device arrays)
+                logits = np.empty_like(row_logits, shape=(batch, *row_logits.shape[1:]))
+                ids = np.empty_like(row_ids[0], shape=(batch, kept)) if row_ids else None
+            logits[b] = row_logits[0]
+            if ids is not None:
+                ids[b] = row_ids[0][0]
+        return logits, ids
 
     @abstractmethod
-    def infer_impl(self, input_ids, past_len, cache, kept: int) -> tuple[np.ndarray, np.ndarray | list[np.ndarray]]:
+    def infer_impl(self, input_ids, past_len, cache, kept: int) -> tuple:
         """Run the backend on checked inputs; return the logits of each row's last ``kept`` tokens (all of them
         unless ``spec.trims_logits``) and the new K/V per layer (None where the graph writes them into the cache
-        itself)."""
+        itself), and, where the graph computes them, each kept position's argmax ids [batch, kept]. Outputs may be
+        device arrays (``EngineOutput`` copies what is read to the host)."""
 
     def _check(self, input_ids, past_len, cache) -> None:
         role = self.spec.role

@@ -1,4 +1,8 @@
-"""ONNX Runtime engine: CPU by default; CUDA or TensorRT execution providers when present."""
+"""ONNX Runtime engine: CPU by default; CUDA or TensorRT execution providers when present.
+
+The engine's caches, inputs and outputs live where the session computes (``device``) and are bound once by address
+(``bindings``); on CUDA each call shape can run as a captured CUDA graph (``graphs``).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 
-import numpy as np
-
 from ..contract import ModelSpec, io_problems
 from .base import Engine, KVCache
+from .bindings import ShapeBuffers
+from .device import CudaMemory, HostMemory
+from .graphs import GraphIds, open_session
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -30,6 +35,7 @@ _pool_lock = threading.Lock()  # sessions may be created on several threads at o
 # logits buffer per shape would cost hundreds of MB.
 REUSED_OUTPUT_TOKENS = 16
 REUSED_SHAPES = 8
+TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64", "tensor(int32)": "int32"}
 
 
 def shared_thread_pool(threads: int) -> None:
@@ -53,16 +59,21 @@ def shared_thread_pool(threads: int) -> None:
 
 
 class OrtEngine(Engine):
-    """A verify-v1 graph in an ONNX Runtime InferenceSession, driven through IOBinding."""
+    """A verify-v1 graph in an ONNX Runtime InferenceSession, driven through IOBinding, its buffers where the session
+    computes: NumPy arrays on the CPU, CuPy arrays on a GPU (``device``). No K/V byte crosses between host and device
+    in a call: the inputs' few integers go in, and the logits or argmax ids come out only when read."""
 
     def __init__(self, path: Path, spec: ModelSpec, provider: str = "cpu", threads: int | None = None,
-                 optimization: str = "all", profile: Path | None = None):
+                 optimization: str = "all", profile: Path | None = None, cuda_graphs: bool | None = None):
         """``profile``: a file prefix; ONNX Runtime's profiler then records every node's time, written (as
-        JSON) by ``self.session.end_profiling()`` (``tools/profile_ops.py``)."""
+        JSON) by ``self.session.end_profiling()`` (``tools/profile_ops.py``). ``cuda_graphs``: capture each call shape
+        as a CUDA graph (provider "cuda" only; default: on where every node can run on the GPU, a fused graph that
+        takes seqlens_k, and no profile is asked for)."""
         import onnxruntime as ort
 
         if provider not in PROVIDERS:
             raise ProviderError(f"provider {provider!r} is unknown; expected one of {', '.join(PROVIDERS)}")
+        check_provider(path, spec, provider)  # what the artifact must change is said first, wherever it is run
         wanted = PROVIDERS[provider]
         available = ort.get_available_providers()
         if wanted not in available:
@@ -71,6 +82,10 @@ class OrtEngine(Engine):
                 "CUDA and TensorRT need onnxruntime-gpu in place of onnxruntime (the two overwrite each other's "
                 "files): pip uninstall -y onnxruntime && pip install onnxruntime-gpu 'specdeploy[gpu]'"
             )
+        if cuda_graphs and provider != "cuda":
+            raise ProviderError(f"{path}: cuda_graphs needs provider 'cuda', got {provider!r}")
+        if cuda_graphs is None:
+            cuda_graphs = provider == "cuda" and spec.takes_seqlens_k and profile is None
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.graph_optimization_level = {
@@ -92,18 +107,33 @@ class OrtEngine(Engine):
             # stopped, docs/bench_thread_pool.txt). No process-wide pool unless asked for (``threads``):
             # once one exists, ONNX Runtime refuses every later session a pool of its own, the user's too.
             options.add_session_config_entry("session.force_spinning_stop", "1")
-        chain = [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
-        self.session = ort.InferenceSession(str(path), options, providers=chain)
+        # TensorRT's EP takes no user stream (ONNX Runtime's Python API passes one to the CUDA EP alone)
+        self.memory = HostMemory() if wanted == "CPUExecutionProvider" else CudaMemory(shared_stream=provider == "cuda")
+
+        def create(graphs: bool):
+            device_options = self.memory.provider_options() | ({"enable_cuda_graph": "1"} if graphs else {})
+            chain = [(wanted, device_options)] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
+            try:
+                return ort.InferenceSession(str(path), options, providers=chain)
+            except Exception as exc:
+                if "user_compute_stream" not in str(exc):
+                    raise
+                self.memory.shared_stream = False  # a build that takes no user stream: inputs uploaded and waited for
+                return create(graphs)
+
+        self.session, captures = open_session(create, cuda_graphs, str(path))
         active = self.session.get_providers()
         if active[0] != wanted:
             raise ProviderError(f"provider {wanted} was requested but the session fell back to {active}")
+        # ONNX Runtime's Python API retries an EP that refused its options without them ("EP Error ... Falling back"):
+        # what counts is what the EP took
+        applied = self.session.get_provider_options().get(wanted, {})
+        if isinstance(self.memory, CudaMemory) and applied.get("has_user_compute_stream", "1") != "1":
+            self.memory.shared_stream = False
+        captures = captures and applied.get("enable_cuda_graph", "1") == "1"
         self.spec = spec
-        # On a device EP, ONNX Runtime copies a bound host input to the device when it is bound: the
-        # runtime's in-place cache updates made afterwards would never reach the graph, so the caches
-        # are rebound on every call there (a copy per call until the caches live on the device).
-        self.binds_by_copy = wanted != "CPUExecutionProvider"
+        self.graphs = GraphIds(str(path)) if captures else None
         self._check_graph()
-        self._outputs = spec.outputs
         self._local = threading.local()
 
     def _check_graph(self) -> None:
@@ -118,61 +148,58 @@ class OrtEngine(Engine):
                 f"({len(self.spec.inputs)}), {self.spec.outputs[:3]}… ({len(self.spec.outputs)})"
                 + _differences(got_in + got_out, self.spec.inputs + self.spec.outputs)
             )
-        types = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
-        declared = {t.name: (types.get(t.type, t.type), t.shape)
+        declared = {t.name: (TYPES.get(t.type, t.type), t.shape)
                     for t in self.session.get_inputs() + self.session.get_outputs()}
         problems = io_problems(self.spec, declared)
         if problems:
             raise ProviderError(f"{self.spec.file}: graph disagrees with the manifest: " + "; ".join(problems[:3]))
 
+    def allocate_cache(self, batch: int, capacity: int) -> KVCache:
+        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim], where the
+        session computes: host memory on the CPU, the GPU's on CUDA."""
+        shape = self.spec.cache_shape(batch, capacity)
+        return KVCache(self.memory.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype))
+
     def infer_impl(self, input_ids, past_len, cache, kept):
-        call = self._call((*input_ids.shape, kept))
-        # The caches are preallocated and updated in place, so on the CPU they stay bound across calls
-        # and are rebound only when the runtime hands over another cache (a new request, rows leaving).
-        if call.bound is not cache or not isinstance(cache, KVCache) or self.binds_by_copy:
-            buffers = cache.buffers if isinstance(cache, KVCache) else list(cache)  # a list's contents may change
-            if (self.binds_by_copy or len(call.buffers) != len(buffers)
-                    or not all(map(_same_memory, call.buffers, buffers))):
-                self._forget_other_caches(buffers)
-                for name, buf in zip(self.spec.cache_inputs, buffers):
-                    call.binding.bind_cpu_input(name, buf)
-                if self.spec.writes_cache:  # present_* is the cache itself: the graph writes the new K/V in place
-                    for name, buf in zip(self.spec.outputs[1:], buffers):
-                        call.binding.bind_output(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
-            call.bound, call.buffers = cache, buffers
-        call.binding.bind_cpu_input("input_ids", input_ids)
-        call.binding.bind_cpu_input("past_len", past_len)
-        self.session.run_with_iobinding(call.binding)
-        return call.logits, call.new_kv
+        batch, tokens = input_ids.shape
+        shape = self._buffers((batch, tokens, kept))
+        buffers = cache.buffers if isinstance(cache, KVCache) else list(cache)  # a list's contents may change
+        binding, options = shape.binding(cache, buffers)
+        shape.run(binding, options, input_ids, past_len)
+        return shape.logits, shape.new_kv, shape.ids
 
-    def _call(self, shape: tuple[int, int, int]) -> _BoundCall:
-        """The IOBinding for calls of ``shape`` (batch, tokens, logits kept) on this thread, outputs bound to numpy
-        arrays.
+    def _buffers(self, shape: tuple[int, int, int]) -> ShapeBuffers:
+        """The buffers (and bindings) of calls of ``shape`` (batch, tokens, logits kept) on this thread.
 
-        One binding per shape and thread (a binding holds per-call state; a session may be shared),
-        so a cycle's alternating shapes (draft steps of 1 token, verification of K + 1) never rebind.
+        One set per shape and thread (a binding holds per-call state; a session may be shared), kept for the REUSED_SHAPES
+        shapes last used, so a cycle's alternating shapes (draft steps of 1 token, verification of K + 1) never
+        rebind; a longer call (a prefill chunk) gets fresh ones.
         """
-        calls = getattr(self._local, "calls", None)
-        if calls is None:
-            calls = self._local.calls = OrderedDict()
-        call = calls.get(shape)
-        if call is not None:
-            calls.move_to_end(shape)
-            return call
-        call = _BoundCall(self.session.io_binding(), self.spec, shape, self.cache_dtype)
-        if shape[1] <= REUSED_OUTPUT_TOKENS:
-            calls[shape] = call
-            if len(calls) > REUSED_SHAPES:
-                calls.popitem(last=False)
-        return call
+        shapes = getattr(self._local, "shapes", None)
+        if shapes is None:
+            shapes = self._local.shapes = OrderedDict()
+        found = shapes.get(shape)
+        if found is not None:
+            shapes.move_to_end(shape)
+            return found
+        reused = shape[1] <= REUSED_OUTPUT_TOKENS
+        made = ShapeBuffers(self.session, self.spec, self.memory, shape, self.cache_dtype, self.graphs, captured=reused)
+        if reused:
+            shapes[shape] = made
+            if len(shapes) > REUSED_SHAPES:
+                shapes.popitem(last=False)
+        return made
 
-    def _forget_other_caches(self, cache) -> None:
-        """Drop this thread's bindings still bound to other caches: they would keep a finished request's
-        buffers (hundreds of MB on a real model) alive for as long as their shape goes unused."""
-        calls = self._local.calls
-        for shape, call in list(calls.items()):
-            if call.buffers and not _same_memory(call.buffers[0], cache[0]):
-                del calls[shape]
+
+def check_provider(path: Path, spec: ModelSpec, provider: str) -> None:
+    """Refuse, before any session is made, a graph that cannot run on ``provider``: a fused float32 graph on CUDA,
+    where ONNX Runtime's GroupQueryAttention kernel takes float16 or bfloat16 only (it would run on the CPU EP,
+    with every layer's activations copied across)."""
+    if provider == "cuda" and spec.graph == "fused" and spec.dtype == "float32":
+        raise ProviderError(
+            f"{path}: the {spec.role} model is a fused graph in float32; on CUDA, ONNX Runtime's GroupQueryAttention "
+            "takes float16 or bfloat16 only (got float32, expected float16): re-export it with --dtype float16 "
+            "--graph fused, or run it on the CPU")
 
 
 def _differences(got: list[str], expected: list[str]) -> str:
@@ -180,27 +207,3 @@ def _differences(got: list[str], expected: list[str]) -> str:
     extra, missing = [n for n in got if n not in expected], [n for n in expected if n not in got]
     return (f"; the graph has {extra[:4]} the manifest does not list" if extra else "") + (
         f"; the manifest lists {missing[:4]} the graph lacks" if missing else "")
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    """Two array objects over the same buffer (views of one cache made apart, e.g. by iterating it)."""
-    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
-
-
-class _BoundCall:
-    """An IOBinding with its outputs bound to preallocated arrays: ONNX Runtime writes the results there."""
-
-    def __init__(self, binding, spec: ModelSpec, shape: tuple[int, int, int], cache_dtype: np.dtype):
-        batch, tokens, kept = shape
-        self.binding, self.bound, self.buffers = binding, None, []
-        if spec.trims_logits:
-            self.kept = np.array([kept], np.int64)  # bound once: a binding serves one shape
-            binding.bind_cpu_input("num_logits", self.kept)
-        self.logits = np.empty((batch, kept, spec.vocab_size), np.float32)
-        binding.bind_output(spec.outputs[0], "cpu", 0, np.float32, list(self.logits.shape), self.logits.ctypes.data)
-        if spec.writes_cache:  # the cache outputs are bound with the cache inputs
-            self.new_kv = None
-            return
-        self.new_kv = np.empty((2 * spec.num_layers, *spec.cache_shape(batch, tokens)), cache_dtype)
-        for name, buf in zip(spec.outputs[1:], self.new_kv):
-            binding.bind_output(name, "cpu", 0, cache_dtype, list(buf.shape), buf.ctypes.data)

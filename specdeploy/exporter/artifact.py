@@ -105,11 +105,15 @@ def export_artifact(
             # quantizer that comes next needs.
             isolated = _is_large(source) if isolate is None else isolate
             fmt = weights if role == "target" else (draft_weights or weights)
+            # a fused graph is written in its dtype (float16 from the start: no fp32 copy of the model, and no
+            # converter's casts), but for int8, whose rewrite reads fp32 graphs
+            fused_dtype = dtype if graph == "fused" and fmt != "int8" else "float32"
             form = Form(graph, (block_size, accuracy_level) if graph == "fused" and fmt == "int4" else None,
-                        draft_vocab if role == "draft" else None)
+                        draft_vocab if role == "draft" else None, fused_dtype)
             facts = (_trace_in_child if isolated else _trace)(role, source, staging, capacity, progress, form)
             written = "full" if form.int4 else fmt  # a fused int4 graph is quantized as it is written
-            _compress(role, staging / f"{role}.onnx", dtype, written, (block_size, accuracy_level), progress)
+            _compress(role, staging / f"{role}.onnx", dtype, written, (block_size, accuracy_level), progress,
+                      converted=fused_dtype != dtype)
             specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, graph=graph, **facts)
         if capacity is None:  # each model's own limit; the pair serves what both allow
             least = min(spec.capacity for spec in specs.values())
@@ -167,6 +171,7 @@ class Form:
     graph: str = "explicit"
     int4: tuple[int, int] | None = None
     vocab_kept: int | None = None  # a draft's head cut to the first tokens (``draft_vocab``)
+    dtype: str = "float32"  # what a fused graph is written in (an explicit graph is traced in float32)
 
 
 def _trace(role: str, source, staging: Path, capacity: int | None, progress: Progress, form: Form = Form()) -> dict:
@@ -196,6 +201,8 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         "parameters": checkpoint.parameters,
         "vocab_kept": form.vocab_kept,
         "trims_logits": form.graph == "fused",
+        "takes_seqlens_k": form.graph == "fused",
+        "argmax_ids": form.graph == "fused",
     }
     progress(f"{role}: building the verify graph ({arch.name}, {dims['num_layers']} layers)")
     with torch.no_grad():
@@ -203,7 +210,7 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         module = arch.build(checkpoint.config, checkpoint.weights, capacity, streamed=form.graph == "fused")
         if form.graph == "fused":
             progress(f"{role}: writing the fused graph" + (" (int4 weights)" if form.int4 else ""))
-            graph = FusedGraph(staging / f"{role}.onnx", dims, int4=form.int4, vocab_kept=form.vocab_kept,
+            graph = FusedGraph(staging / f"{role}.onnx", dims, dtype=form.dtype, int4=form.int4, vocab_kept=form.vocab_kept,
                                progress=lambda step: progress(f"{role}: {step}"))
             graph.save(module.write_fused(graph, capacity))
         else:
@@ -212,7 +219,7 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
             onnx_graph.export_graph(module, dims, staging / f"{role}.onnx")
     del module, checkpoint
     gc.collect()
-    traced = ModelSpec(role=role, file=f"{role}.onnx", dtype="float32", weights="full", graph=form.graph, **facts)
+    traced = ModelSpec(role=role, file=f"{role}.onnx", dtype=form.dtype, weights="full", graph=form.graph, **facts)
     problems = io_problems(traced, onnx_graph.declared_io(staging / f"{role}.onnx"))
     if problems:  # a config that disagrees with its own weights (vocab_size, heads, head_dim)
         raise ExportError(f"{role}: the checkpoint's config.json disagrees with its weights: " + "; ".join(problems[:3]))
@@ -268,20 +275,23 @@ def _is_large(source) -> bool:
     return True
 
 
-def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int], progress: Progress) -> None:
-    """int8 / int4 weights and fp16, rewriting the traced graph at ``path`` in place."""
+def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int], progress: Progress,
+              converted: bool = True) -> None:
+    """int8 / int4 weights and fp16, rewriting the traced graph at ``path`` in place. ``converted``: the graph was
+    written in float32 and float16 comes from converting it (false where it was written in float16)."""
     if fmt == "int8":
         progress(f"{role}: quantizing MatMul weights to int8 (per column; activations per row)")
         try:
             to_int8_per_row(path, onnx_graph.EXTERNAL_DATA_BYTES, lambda message: progress(f"{role}: {message}"))
         except Int8Error as exc:
             raise ExportError(f"{role}: {exc}") from None
-    if fmt == "int4" or dtype == "float16":
+    to_float16 = dtype == "float16" and converted
+    if fmt == "int4" or to_float16:
         model = onnx_graph.load(path)
         if fmt == "int4":
             progress(f"{role}: quantizing MatMul weights to int4 (MatMulNBits, block {quant[0]}, accuracy {quant[1]})")
             model = onnx_graph.to_int4(model, block_size=quant[0], accuracy_level=quant[1])
-        if dtype == "float16":
+        if to_float16:
             progress(f"{role}: converting to float16")
             model = onnx_graph.to_float16(model)
         progress(f"{role}: writing {role}.onnx")

@@ -9,6 +9,14 @@ the external-data file one tensor at a time, so a model is never held twice.
 
 GroupQueryAttention takes several new tokens after a past only at batch 1 ("batch_size must be 1 when
 sequence_length > 1 and past context is given"): engines run such calls row by row.
+
+Every node runs on ONNX Runtime's CUDA EP (fp16 graphs), with no copy between host and device inside a call, so
+each call shape can be captured as a CUDA graph: the graph takes GroupQueryAttention's ``seqlens_k`` as an input the
+engine fills (``ModelSpec.takes_seqlens_k``), and its ``total_sequence_length``, which the op reads on the host, is
+the cache's capacity, read off the cache's shape, as onnxruntime-genai's graphs read it off their static
+[batch, max_length] attention mask under CUDA graphs. Lengths computed from ``past_len`` in the graph (int64 Add,
+Sub, ReduceMax, Cast) were placed on the CPU EP by ONNX Runtime's ``GetCpuPreferredNodes`` (they feed the op's
+host input), and their seqlens_k then needed a host-to-device copy, which rules capture out.
 """
 
 from __future__ import annotations
@@ -46,11 +54,12 @@ class FusedGraph:
         elem = helper.np_dtype_to_tensor_dtype(self.dtype)
         cache = ["batch", kv_heads, "capacity", head_dim]
         self.inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
-                       helper.make_tensor_value_info("past_len", TensorProto.INT64, ["batch"])]
+                       helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"])]  # ModelSpec.takes_seqlens_k
         self.inputs += [helper.make_tensor_value_info(name, elem, cache) for name in input_names(layers)[2:]]
         self.inputs += [helper.make_tensor_value_info("num_logits", TensorProto.INT64, [1])]  # ModelSpec.trims_logits
         self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "kept", dims["vocab_size"]])]
         self.outputs += [helper.make_tensor_value_info(name, elem, cache) for name in output_names(layers, "fused")[1:]]
+        self.outputs += [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "kept"])]  # ModelSpec.argmax_ids
 
     def name(self, stem: str, taken: dict[str, int] | None = None) -> str:
         """A fresh value (or, with ``taken=self._node_names``, node) name starting with ``stem``."""
@@ -132,14 +141,14 @@ class FusedGraph:
         return self.node("Pad", [logits, pads, self.constant("minus_inf", np.array(-np.inf, self.dtype))])[0]
 
     def lengths(self) -> tuple[str, str]:
-        """GroupQueryAttention's ``seqlens_k`` (past_len + T - 1 per row, int32) and ``total_sequence_length``
-        (the longest row's past_len + T, an int32 scalar), from ``past_len`` and the token count."""
-        tokens = self.node("Shape", ["input_ids"], start=1, end=2)[0]
-        total = self.node("Add", ["past_len", tokens])[0]
-        last = self.node("Sub", [total, self.constant("one", np.array([1], np.int64))])[0]
-        seqlens = self.node("Cast", [last], to=TensorProto.INT32)[0]
-        longest = self.node("ReduceMax", [total], keepdims=0)[0]
-        return seqlens, self.node("Cast", [longest], to=TensorProto.INT32)[0]
+        """GroupQueryAttention's ``seqlens_k`` (the graph input: past_len + T - 1 per row, int32) and
+        ``total_sequence_length`` (an int32 scalar the op reads on the host): the cache's capacity. Shape, Gather and
+        Cast of a shape run on the host and feed the op's host input, so no value crosses to the device. The op's
+        rotary positions and attention span come from seqlens_k alone; a total above the longest row's only makes
+        a call of T > 1 tokens a "subsequent prompt", which is how the engines run them anyway (row by row)."""
+        shape = self.node("Shape", ["cache_key.0"])[0]
+        capacity = self.node("Gather", [shape, self.constant("capacity_axis", np.array(2, np.int64))], axis=0)[0]
+        return "seqlens_k", self.node("Cast", [capacity], to=TensorProto.INT32)[0]
 
     def attention(self, qkv: str, layer: int, lengths: tuple[str, str], rotary: tuple[str, str] | None) -> str:
         """GroupQueryAttention over packed q/k/v [batch, T, (heads + 2 kv_heads) * head_dim], cache in place."""
@@ -153,8 +162,10 @@ class FusedGraph:
         return self.node("GroupQueryAttention", inputs, outputs, domain=MS, label=f"layers.{layer}.attention", **attributes)[0]
 
     def save(self, logits: str) -> list[Path]:
-        """Write the graph (weights inline when small, as ``onnx_graph.save`` does); return the files written."""
+        """Write the graph (weights inline when small, as ``onnx_graph.save`` does); return the files written.
+        ``ids`` is the argmax of the float32 logits (the first of equal maxima, as NumPy's argmax picks)."""
         self.node("Cast", [logits], ["logits"], to=TensorProto.FLOAT)
+        self.node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0)
         self.data.close()
         graph = helper.make_graph(self.nodes, "verify", self.inputs, self.outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import torch
+from onnx import TensorProto
 from torch import nn
 
 from .fused import MS, FusedGraph, skip_outputs
@@ -45,9 +46,12 @@ class Gpt2Verify(nn.Module):
     def write_fused(self, graph: FusedGraph, capacity: int) -> str:
         """The same forward as fused ONNX Runtime ops (nine nodes a layer); returns the logits' name."""
         lengths = graph.lengths()
-        start = graph.node("Unsqueeze", ["past_len", graph.constant("axis1", np.array([1], np.int64))])[0]
-        tokens = graph.node("Squeeze", [graph.node("Shape", ["input_ids"], start=1, end=2)[0]])[0]
-        steps = graph.node("Range", [graph.constant("zero", np.array(0, np.int64)), tokens,
+        count = graph.node("Shape", ["input_ids"], start=1, end=2)[0]
+        # learned positions are absolute: each row's first new token sits at seqlens_k + 1 - T (its past_len)
+        last = graph.node("Cast", [lengths[0]], to=TensorProto.INT64)[0]
+        past = graph.node("Sub", [graph.node("Add", [last, graph.constant("one", np.array([1], np.int64))])[0], count])[0]
+        start = graph.node("Unsqueeze", [past, graph.constant("axis1", np.array([1], np.int64))])[0]
+        steps = graph.node("Range", [graph.constant("zero", np.array(0, np.int64)), graph.node("Squeeze", [count])[0],
                                      graph.constant("step", np.array(1, np.int64))])[0]
         positions = graph.node("Add", [start, steps])[0]  # [batch, tokens]
         residual = graph.node("Add", [graph.node("Gather", [graph.constant("wte", self.wte), "input_ids"])[0],

@@ -1,4 +1,5 @@
-"""The ONNX Runtime engine: input checks that name the tensor, providers, graph/manifest agreement."""
+"""The ONNX Runtime engine: input checks that name the tensor, providers, graph/manifest agreement, buffers bound once
+where the session computes, argmax ids."""
 
 from __future__ import annotations
 
@@ -184,69 +185,159 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
-class _CopyOnBind:
-    """An IOBinding that behaves as ONNX Runtime's does on a device EP: a host input is copied when it is
-    bound, so writes made to the host array afterwards never reach the graph."""
-
-    def __init__(self, binding):
-        self.binding, self.copies = binding, {}
-
-    def bind_cpu_input(self, name, array):
-        self.copies[name] = copy = np.array(array)  # the "device" copy, kept alive as ONNX Runtime keeps its own
-        self.binding.bind_cpu_input(name, copy)
-
-    def __getattr__(self, name):
-        return getattr(self.binding, name)
-
-
-class _DeviceLikeSession:
-    def __init__(self, session):
-        self.session = session
-
-    def io_binding(self):
-        return _CopyOnBind(self.session.io_binding())
-
-    def run_with_iobinding(self, binding, *args):
-        return self.session.run_with_iobinding(binding.binding, *args)
-
-    def __getattr__(self, name):
-        return getattr(self.session, name)
-
-
-def _device_like(engine, binds_by_copy=True):
-    engine.session, engine.binds_by_copy = _DeviceLikeSession(engine.session), binds_by_copy
-    return engine
-
-
-def _decode_logits(engine, ids):
+def _decode_logits(engine, ids, cache=None):
     """Each step's logits when ``ids`` are fed one token a call through one cache."""
-    cache, out = engine.allocate_cache(1, len(ids)), []
+    cache, out = cache if cache is not None else engine.allocate_cache(1, len(ids)), []
     for i, token in enumerate(ids):
         out.append(engine.infer(np.array([[token]]), np.array([i]), cache).logits[0, -1].copy())
         cache.commit([i + 1])
     return np.array(out)
 
 
-def test_an_engine_that_copies_at_bind_time_still_sees_every_cache_update(pair_dir):
-    """The stale-cache bug of device EPs, on the CPU: caches bound once and updated in place afterwards
-    are invisible to a binding that copied them; such an engine must rebind them on every call."""
-    manifest, ids = Manifest.read(pair_dir), [3, 17, 42, 8, 99, 5]
-    reference = _decode_logits(load_engine(pair_dir, manifest, "target"), ids)
-    stale = _decode_logits(_device_like(load_engine(pair_dir, manifest, "target"), binds_by_copy=False), ids)
-    assert np.abs(stale[1:] - reference[1:]).max() > 1e-2  # the simulation reproduces the bug
-    rebound = _decode_logits(_device_like(load_engine(pair_dir, manifest, "target")), ids)
-    np.testing.assert_allclose(rebound, reference, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("form", ["explicit", "fused"])
+def test_a_requests_calls_bind_every_buffer_once_by_address_and_copy_nothing_at_bind_time(pair_dir, fused_dirs, form):
+    """A device EP copies a host array when it is bound (``bind_cpu_input``): later in-place updates would never reach
+    the graph. The engine binds every cache tensor, input and output by address where the session computes, once per
+    (shape, cache): a request's draft steps and verifications rebind nothing, each row run alone keeps its own binding,
+    and the results are the unrecorded engine's."""
+    from tests.engines.recording import record
+
+    directory = pair_dir if form == "explicit" else fused_dirs["close"]
+    manifest = Manifest.read(directory)
+    reference = load_engine(directory, manifest, "target")
+    engine = load_engine(directory, manifest, "target")
+    session = record(engine)
+    ids = np.random.default_rng(0).integers(0, 128, (2, 12))
+    caches = [engine.allocate_cache(2, 16), reference.allocate_cache(2, 16)]
+    for e, cache in zip((engine, reference), caches):
+        e.infer(ids[:, :4], np.zeros(2, np.int64), cache)
+    outputs = []
+    for step in range(3):  # a cycle's shapes: one-token steps, then a ragged verification of 3 tokens
+        past = np.array([4 + 4 * step, 3 + 4 * step])
+        for e, cache in zip((engine, reference), caches):
+            one = e.infer(ids[:, 4:5], past, cache).logits.copy()
+            three = e.infer(ids[:, 5:8], past + 1, cache).logits.copy()
+            outputs.append((one, three))
+    for (ours, theirs) in zip(outputs[::2], outputs[1::2]):
+        np.testing.assert_array_equal(ours[0], theirs[0])
+        np.testing.assert_array_equal(ours[1], theirs[1])
+    assert all(not b.copied for b in session.bindings)
+    per_binding = {}
+    for run in session.runs:
+        per_binding.setdefault(id(run.binding), set()).add(run.binds)
+    assert all(len(counts) == 1 for counts in per_binding.values())  # bound once, never again between its runs
+    cache = caches[0]
+    rows = 2 if form == "fused" else 1  # a fused graph runs several tokens row by row: each row its own binding
+    assert len(session.bindings) == rows + 1 + rows  # the prefill's, the one-token steps', the verification's
+    for run in session.runs:
+        keys = {name: bound for name, bound in run.bound.items() if name.startswith("cache_key.")}
+        batch = run.bound["input_ids"][2][0]
+        assert len(keys) == manifest.target.num_layers
+        assert all(device == "cpu" for device, _, _ in run.bound.values())
+        if batch == 2:
+            assert keys["cache_key.0"][1] == cache.buffers[0].ctypes.data
+        else:
+            assert keys["cache_key.0"][1] in (cache.rows(0, 1).buffers[0].ctypes.data,
+                                              cache.rows(1, 2).buffers[0].ctypes.data)
+        if form == "fused":  # the cache is its own present_*: the graph writes the new K/V in place
+            assert run.bound["present_key.0"][1] == keys["cache_key.0"][1]
 
 
-@pytest.mark.parametrize("k", [0, 3])
-def test_greedy_decoding_on_engines_that_copy_at_bind_time_equals_the_cpus(pair_dir, k):
-    """Plain and speculative greedy output through copy-on-bind engines (target and draft) equals the
-    CPU engines' token for token."""
-    from specdeploy import GenerationConfig, Pipeline
+@pytest.mark.parametrize("form", ["explicit", "fused"])
+def test_rows_leaving_and_joining_keep_their_valid_prefixes_for_the_engine(pair_dir, fused_dirs, form):
+    """After rows leave (``select``, in place) and join (``extend``, into the memory they left), the engine's next
+    call computes for each row what the row computes alone."""
+    directory = pair_dir if form == "explicit" else fused_dirs["close"]
+    engine = load_engine(directory, Manifest.read(directory), "target")
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 128, n) for n in (5, 9, 3, 7)]
 
-    config = GenerationConfig(max_new_tokens=12, ignore_eos=True, k=k, policy="fixed")
-    prompts = ["w5 w6", "w9 w1 w3", "w2"]
-    expected = [r.token_ids for r in Pipeline.load(pair_dir).generate(prompts, config)]
-    pipeline = Pipeline.load(pair_dir)
-    _device_like(pipeline.target), _device_like(pipeline.draft)
-    assert [r.token_ids for r in pipeline.generate(prompts, config)] == expected
+    def alone(prompt, token):
+        cache = engine.allocate_cache(1, 16)
+        engine.infer(prompt[None], np.zeros(1, np.int64), cache)
+        return engine.infer(np.array([[token]]), np.array([len(prompt)]), cache).logits[0, -1].copy()
+
+    cache = engine.allocate_cache(3, 16)
+    for b in range(3):
+        row = cache.rows(b, b + 1)
+        engine.infer(prompts[b][None], np.zeros(1, np.int64), row)
+    cache.commit([len(p) for p in prompts[:3]])
+    kept = cache.select([0, 2])  # row 1 leaves; row 2 moves up over it
+    assert kept.stacked.ctypes.data == cache.stacked.ctypes.data
+    joining = engine.allocate_cache(1, 16)
+    engine.infer(prompts[3][None], np.zeros(1, np.int64), joining)
+    joining.commit([len(prompts[3])])
+    joined = kept.extend(joining)  # into the row that left
+    assert joined.stacked.ctypes.data == cache.stacked.ctypes.data and joined.past_len.tolist() == [5, 3, 7]
+    tokens = np.array([[11], [12], [13]])
+    got = engine.infer(tokens, joined.past_len, joined).logits[:, -1]
+    for b, prompt in enumerate((prompts[0], prompts[2], prompts[3])):
+        np.testing.assert_allclose(got[b], alone(prompt, tokens[b, 0]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["explicit", "fused"])
+def test_greedy_acceptance_reads_argmax_ids(pair_dir, fused_dirs, form):
+    """``EngineOutput.ids`` is each kept position's argmax token: the fused graph's own ``ids`` output, else the argmax
+    of the logits."""
+    from tests.engines.recording import record
+
+    directory = pair_dir if form == "explicit" else fused_dirs["close"]
+    manifest = Manifest.read(directory)
+    engine = load_engine(directory, manifest, "target")
+    session = record(engine)
+    assert manifest.target.argmax_ids == (form == "fused")
+    ids = np.random.default_rng(2).integers(0, 128, (2, 6))
+    out = engine.infer(ids, np.array([0, 0]), engine.allocate_cache(2, 8))
+    assert out.ids.shape == (2, 6) and out.ids.dtype == np.int64
+    np.testing.assert_array_equal(out.ids, out.logits.argmax(-1))
+    assert ("ids" in session.runs[-1].bound) == (form == "fused")
+
+
+class _DeviceArray:
+    """Stands in for a CuPy array: a host array behind ``get`` (the copy to the host), counting the copies."""
+
+    def __init__(self, array, copies: list):
+        self.array, self.copies, self.nbytes = array, copies, array.nbytes
+
+    def get(self):
+        self.copies.append(self.array.shape)
+        return self.array.copy()
+
+    def argmax(self, axis):
+        return _DeviceArray(self.array.argmax(axis), self.copies)
+
+
+def test_device_outputs_reach_the_host_only_when_read_and_ids_alone_when_only_ids_are():
+    from specdeploy.engines import EngineOutput
+    from specdeploy.engines.device import transfers
+
+    logits = np.random.default_rng(3).standard_normal((2, 5, 40)).astype(np.float32)
+    copies, before = [], transfers.to_host
+    out = EngineOutput(_DeviceArray(logits, copies), None, 0.0, ids=_DeviceArray(logits.argmax(-1), copies))
+    assert copies == []
+    np.testing.assert_array_equal(out.ids, logits.argmax(-1))
+    assert copies == [(2, 5)] and transfers.to_host - before == 80  # ten integers, not the logits
+    np.testing.assert_array_equal(out.logits, logits)
+    assert out.logits is out.logits and copies == [(2, 5), (2, 5, 40)]  # copied once
+    assert transfers.to_host - before == 80 + logits.nbytes
+    graphless = EngineOutput(_DeviceArray(logits, copies := []), None, 0.0)
+    np.testing.assert_array_equal(graphless.ids, logits.argmax(-1))
+    assert copies == [(2, 5)]  # the argmax taken where the logits are
+
+
+def test_a_fused_fp32_artifact_is_refused_on_cuda_before_any_session(fused_dirs, monkeypatch):
+    import onnxruntime
+
+    def no_session(*args, **kwargs):
+        raise AssertionError("a session was created")
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", no_session)
+    directory = fused_dirs["close"]
+    manifest = Manifest.read(directory)
+    assert manifest.target.dtype == "float32" and manifest.target.graph == "fused"
+    for role in ("target", "draft"):
+        with pytest.raises(ProviderError) as caught:
+            load_engine(directory, manifest, role, provider="cuda")
+        message = str(caught.value)
+        assert str(directory) in message and f"the {role} model" in message
+        assert "got float32, expected float16" in message and "--dtype float16 --graph fused" in message

@@ -162,3 +162,100 @@ def test_inspect_shows_the_logits_input_where_the_graph_has_it(fused_and_explici
     assert all("[batch, kv_heads, capacity, head_dim]" in result.output for result in shown.values())
     assert "num_logits" in shown["fused"].output and "[batch, min(tokens, num_logits), vocab]" in shown["fused"].output
     assert "num_logits" not in shown["explicit"].output and "[batch, tokens, vocab]" in shown["explicit"].output
+
+
+@pytest.fixture(scope="module")
+def fp16_graphs(checkpoint, tmp_path_factory):
+    """The fused float16 forms a GPU runs: full weights with a draft scoring half the vocabulary (its head ends in a Pad),
+    and int4 weights."""
+    out = tmp_path_factory.mktemp("fp16")
+    full = tiny.export_cli(out / "full", checkpoint, checkpoint, "--graph", "fused", "--dtype", "float16",
+                           "--draft-vocab", str(tiny.VOCAB // 2))
+    int4 = tiny.export_cli(out / "int4", checkpoint, None, "--graph", "fused", "--dtype", "float16", "--weights", "int4")
+    return {"target": full / "target.onnx", "trimmed draft": full / "draft.onnx", "int4 target": int4 / "target.onnx"}
+
+
+def test_every_node_of_the_fused_fp16_graph_runs_on_the_cuda_ep_with_no_copy_inside(fp16_graphs):
+    """As onnxruntime-genai's builder ensures for its graphs: each node has a CUDA kernel for its types, and the only
+    nodes ONNX Runtime moves to the CPU EP are host-side shape reads whose results stay on the host (the capacity, for
+    GroupQueryAttention's total_sequence_length; num_logits, for Slice's starts), so no value is copied to the device
+    inside a call and the session can be captured as a CUDA graph (tests/exporter/cuda_placement.py says where each
+    rule comes from)."""
+    from tests.exporter.cuda_placement import placement
+
+    for name, path in fp16_graphs.items():
+        model = onnx.load(str(path), load_external_data=False)
+        found = placement(model)
+        assert found["no_kernel"] == [] and found["copies"] == [], (name, found)
+        assert sorted(op.split(":")[0] for op in found["cpu"]) == ["Cast", "Gather", "Neg"], (name, found["cpu"])
+        assert found["host_inputs"] == ["num_logits"]  # bound on the host by the engine, read there by the graph
+        ops = {node.op_type for node in model.graph.node}
+        assert "GroupQueryAttention" in ops and "ArgMax" in ops and ("MatMulNBits" in ops) == ("int4" in name)
+        assert ("Pad" in ops) == ("trimmed" in name)
+        inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+        assert inputs["seqlens_k"] == onnx.TensorProto.INT32 and "past_len" not in inputs
+        assert inputs["cache_key.0"] == onnx.TensorProto.FLOAT16
+
+
+def test_the_placement_check_finds_the_length_arithmetic_of_older_fused_graphs(fp16_graphs):
+    """Exporter 0.3.4's fused graphs computed GroupQueryAttention's lengths from past_len in the graph: ONNX Runtime put
+    Add, Sub, ReduceMax and two Casts on the CPU EP (as measured on an H200, docs/gpu_check.log) and copied seqlens_k to
+    the device, which ruled out CUDA graphs; the check sees exactly that."""
+    from tests.exporter.cuda_placement import placement
+
+    model = _with_lengths_from_past_len(onnx.load(str(fp16_graphs["target"]), load_external_data=False))
+    found = placement(model)
+    assert sorted(op.split(":")[0] for op in found["cpu"] if "legacy" in op) == ["Add", "Cast", "Cast", "ReduceMax", "Sub"]
+    assert {reader.split(":")[0] for _, reader in found["copies"]} == {"GroupQueryAttention"}
+    assert found["no_kernel"] == []
+
+
+def test_a_fused_fp32_graph_has_no_cuda_attention_kernel(fused_and_explicit):
+    """GroupQueryAttention's CUDA kernel takes float16 or bfloat16: a fused float32 graph would run it on the CPU EP,
+    which is why the engine refuses such an artifact on CUDA (tests/engines/test_ort.py)."""
+    from tests.exporter.cuda_placement import placement
+
+    model = onnx.load(str(fused_and_explicit["fused"] / "target.onnx"), load_external_data=False)
+    assert {op.split(":")[0] for op in placement(model)["no_kernel"]} == {"GroupQueryAttention"}
+
+
+def _with_lengths_from_past_len(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph as exporter 0.3.4 wrote it: past_len in, seqlens_k and total_sequence_length computed from it."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    total = gqa[0].input[6]
+    kept = [n for n in graph.node if total not in n.output and not (set(n.output) & _ancestors(graph, total))]
+    legacy = [helper.make_node("Shape", ["input_ids"], ["/tokens"], name="legacy/Shape", start=1, end=2),
+              helper.make_node("Add", ["past_len", "/tokens"], ["/total"], name="legacy/Add"),
+              helper.make_node("Sub", ["/total", "legacy/one"], ["/last"], name="legacy/Sub"),
+              helper.make_node("Cast", ["/last"], ["legacy/seqlens_k"], name="legacy/Cast", to=TensorProto.INT32),
+              helper.make_node("ReduceMax", ["/total"], ["/longest"], name="legacy/ReduceMax", keepdims=0),
+              helper.make_node("Cast", ["/longest"], [total], name="legacy/Cast_1", to=TensorProto.INT32)]
+    for node in kept:
+        for i, value in enumerate(node.input):
+            if value == "seqlens_k":
+                node.input[i] = "legacy/seqlens_k"
+    del graph.node[:]
+    graph.node.extend(legacy + kept)
+    graph.initializer.append(helper.make_tensor("legacy/one", TensorProto.INT64, [1], [1]))
+    inputs = [helper.make_tensor_value_info("past_len", TensorProto.INT64, ["batch"]) if i.name == "seqlens_k" else i
+              for i in graph.input]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    return model
+
+
+def _ancestors(graph, value: str) -> set[str]:
+    """The values ``value`` is computed from, within the graph's nodes."""
+    producer = {out: n for n in graph.node for out in n.output}
+    found, pending = set(), [value]
+    while pending:
+        node = producer.get(pending.pop())
+        if node is not None:
+            for v in node.input:
+                if v and v not in found:
+                    found.add(v)
+                    pending.append(v)
+    return found

@@ -1,0 +1,130 @@
+"""The printed lines and the results files of tools/gpu_check.py (imported by it: this folder is first on sys.path)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_results(report: dict, folder: Path, commit: str) -> Path:
+    """The report as ``folder/<gpu>-<commit>.json`` and a one-screen summary beside it (.md), naming the GPU, its driver
+    and the commit."""
+    env = report["environment"]
+    found = env.get("gpu", "")
+    gpu, driver = (found.split(", ") + ["?", "?"])[:2] if found and not found.startswith("nvidia-smi") else ("no GPU", "-")
+    stem = f"{gpu.replace(' ', '-').lower()}-{commit[:12] or 'unknown'}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps({"commit": commit, **report}, indent=1, default=str))
+    lines = [f"# GPU check: {gpu}, driver {driver}, commit {commit or 'unknown'}", "",
+             f"onnxruntime {env['onnxruntime']} ({env['available_providers'][0]}), numpy {env['numpy']}, "
+             f"{report['seconds']:.0f} s; command: tools/gpu_check.py (its docstring)", ""]
+    lines += ["| shape | mode | T1 ms | T5 ms | T9 ms |", "|---|---|---|---|---|"]
+    for source, records in (("ours", report["big"]), ("peer", report["peer"])):
+        for name, record in records.items():
+            for mode in ("plain", "cuda graphs"):
+                timing = record.get(mode, {})
+                timing = timing.get("latency", timing)
+                if all(f"T{t}" in timing for t in (1, 5, 9)):
+                    lines.append(f"| {source} {name} | {mode} | " + " | ".join(f"{timing[f'T{t}']['median_ms']:.3f}"
+                                                                        for t in (1, 5, 9)) + " |")
+    for name, pair in report["pairs"].items():
+        speedups = pair.get("replay", {}).get("speedup_over_plain", {})
+        lines.append(f"\n{name}: cycle bytes {pair.get('cycle_bytes')}; replayed speedup over plain {speedups}")
+    (folder / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    return folder / f"{stem}.json"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def print_environment(env: dict) -> None:
+    modules = " ".join(f"{m}={'y' if ok else 'n'}" for m, ok in env["modules"].items())
+    print(f"python {env['python']} {env['machine']} | numpy {env['numpy']} | onnx {env['onnx']} (IR {env['onnx_ir_version']}) | "
+          f"onnxruntime {env['onnxruntime']} {env['ort_device']} {env['available_providers']}")
+    print(f"gpu: {env['gpu'] or '-'} | preload_dlls: {env.get('preload_dlls', '-')} | probe session: "
+          f"{env['probe_session_providers']} | vendored: {env['vendored'] or '-'} | {modules}")
+
+
+def print_artifact(name: str, record: dict) -> None:
+    load = record.get("load", {})
+    print(f"== {name}: " + "; ".join(f"{v['provider']} via {v['via']} {v['seconds']:.1f} s" if "via" in v else
+                                      f"{side} load FAILED {v.get('error')}" for side, v in load.items())
+          + (f" | IR lowered ({record['ir_lowered']})" if "ir_lowered" in record else ""))
+    cases = []
+    for case, r in record.get("exactness", {}).items():
+        if "error" in r:
+            cases.append(f"{case}: ERROR {r['error'][:160]}")
+            continue
+        text = f"{case}: {r['equal']}/{r['of']}"
+        if "mean_accepted_length" in r:
+            text += f" (acc {r['mean_accepted_length']:.2f})"
+        text += "".join(f" [p{d['prompt']}@{d.get('position')} margin {d.get('margin', float('nan')):.3g}]"
+                        for d in r["diverged"])
+        cases.append(text + (f" row errors: {r['row_errors']}" if "row_errors" in r else ""))
+    if cases:
+        print("  exact: " + " | ".join(cases))
+    place = record.get("placement", {})
+    if "error" in place:
+        print(f"  nodes: ERROR {place['error'][:200]}")
+    elif place:
+        print(f"  nodes ({place['graph_nodes']} in the graph): " + "; ".join(
+            f"{p.replace('ExecutionProvider', '')} {place['nodes_per_provider'][p]} "
+            f"{' '.join(f'{op}:{n}' for op, n in ops.items())}" for p, ops in place["ops_per_provider"].items()))
+    cache = record.get("cache", {})
+    if "error" in cache:
+        print(f"  cache: ERROR {cache['error'][:200]}")
+    elif cache:
+        print(f"  cache: {cache['buffer']} on_host={cache['on_host']} memory={cache['memory']} | "
+              f"vs cpu: logits {cache['logits_max_abs_diff']:.2g} (of {cache['logits_max_abs']:.2g}), "
+              f"cache {cache['cache_max_abs_diff']:.2g}, new slots written={cache['new_slots_written']}, "
+              f"beyond valid: nonzero {cache['beyond_valid_nonzero']:.2f} finite={cache['beyond_valid_finite']}")
+    if "refused" in record:
+        print(f"  refused: {record['refused'][:300]}")
+    for kind, timings in record.get("latency", {}).items():
+        if isinstance(timings, dict):
+            print(f"  {kind} ms: " + _timings(timings))
+
+
+def _timings(timings: dict) -> str:
+    if "error" in timings:
+        return f"ERROR {timings['error'][:200]}"
+    return " | ".join(f"{t} median {v['median_ms']:.3f} p90 {v['p90_ms']:.3f}"
+                      + (f" (engine {v['engine_seconds_median_ms']:.3f}; bytes in {v['to_device_bytes']}, "
+                         f"out {v['to_host_bytes']})" if "engine_seconds_median_ms" in v else "")
+                      for t, v in timings.items() if isinstance(v, dict))
+
+
+def print_big(name: str, record: dict) -> None:
+    if "error" in record or "skipped" in record:
+        print(f"== big {name}: {record.get('error') or record.get('skipped')}")
+        return
+    print(f"== big {name}: wrote {record['bytes'] / 1e9:.2f} GB in {record['write_s']} s; logits max {record.get('logits_max_abs')}"
+          f", CUDA graphs vs plain {record.get('graphs_vs_plain_max_abs_diff', '-')}")
+    for mode in ("plain", "cuda graphs"):
+        if mode in record:
+            entry = record[mode]
+            print(f"  {mode} ms (past {record['past']}, capacity {record['capacity']}; session {entry.get('session_s')} s, "
+                  f"captures {entry.get('captures')}): " + _timings(entry.get("latency", entry)))
+
+
+def print_pair(name: str, pair: dict) -> None:
+    replayed = pair.get("replay", {})
+    print(f"== pair {name}: cycle bytes {pair.get('cycle_bytes')} | replayed tokens/s {replayed.get('tokens_per_s')} "
+          f"| speedup over plain {replayed.get('speedup_over_plain', replayed.get('error'))}")
+
+
+def print_peer(name: str, record: dict) -> None:
+    if "error" in record or "skipped" in record:
+        print(f"== peer {name}: {record.get('error') or record.get('skipped')}")
+        return
+    print(f"== peer {name}: built in {record['build_s']} s")
+    for mode in ("plain", "cuda graphs"):
+        if mode in record:
+            print(f"  {mode} ms (past {record['past']}, capacity {record['capacity']}): " + _timings(record[mode]))
