@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..engines.base import Engine, KVCache
+from ..engines.base import Engine, EngineOutput, KVCache
 from .acceptance import greedy_accept_row, sampled_accept
 from .batching import isolate, join, merge, plan_rows, prefill_chunk, prefill_rows
 from .config import GenerationConfig
@@ -297,7 +297,7 @@ class Generation:
         proposal = self.drafter.propose(state, draft_cache, k, lookup_k, caps) if k or lookup_k else Proposal.none(state.batch)
         verified = self.target.infer(*state.verify_inputs(proposal.drafts), cache)  # logits [batch, K + 1, vocab]
         began = time.perf_counter()
-        accepted, emitted = self.accept(verified.logits, proposal, state)
+        accepted, emitted = self.accept(verified, proposal, state)
         accepted_at = time.perf_counter()
         seen = [length + n for length, n in zip(state.lengths, accepted)]  # what the target has now seen
         cache.commit(seen)
@@ -323,19 +323,26 @@ class Generation:
                 k = 0
         return k, lookup_k
 
-    def accept(self, logits: np.ndarray, proposal: Proposal, state: BatchState) -> tuple[list[int], list[list[int]]]:
-        """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy."""
+    def accept(self, verified: EngineOutput, proposal: Proposal, state: BatchState) -> tuple[list[int], list[list[int]]]:
+        """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy, from the
+        target's argmax ids alone (on a GPU, K + 1 integers a row reach the host, not K + 1 rows of logits)."""
+        if state.greedy and not state.penalized:
+            return self._keep_argmax(proposal, verified.ids.tolist())
+        logits = verified.logits
         if state.penalized:
             logits = penalize_rows(logits, state.tokens, state.lengths, proposal.drafts, state.configs())
-        if state.greedy:  # each row keeps the drafts equal to the target's argmax, then emits the target's own token
-            target = logits.argmax(-1).tolist()  # [batch][K + 1]
-            return [min(greedy_accept_row(t, d), n) for t, d, n
-                    in zip(target, proposal.drafts.tolist(), proposal.drafted)], target
+        if state.greedy:
+            return self._keep_argmax(proposal, logits.argmax(-1).tolist())
         p = row_probabilities(logits, state.configs())  # [batch, K + 1, vocab]
         width, vocab = proposal.drafts.shape[1], p.shape[-1]
         noises = [[state.noise(b, at + j, vocab) for j in range(width + 1)] if state.is_keyed(b) else None
                   for b, at in enumerate(state.lengths)]  # seeded rows' draws keyed by position
         return sampled_accept(p, proposal.q, proposal.drafts, proposal.drafted, state.rngs(), noises)
+
+    @staticmethod
+    def _keep_argmax(proposal: Proposal, target: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+        """Each row keeps the drafts equal to the target's argmax ``target`` [batch][K + 1], then emits its own token."""
+        return [min(greedy_accept_row(t, d), n) for t, d, n in zip(target, proposal.drafts.tolist(), proposal.drafted)], target
 
     def prefill(self) -> None:
         """The target sees every prompt token but the last (each cycle starts from x[L - 1]); the first
