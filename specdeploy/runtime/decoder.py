@@ -277,6 +277,10 @@ class Generation:
         # tokens to come). A catch-up is judged for the batch they make: drafting there needs theirs too. Asked
         # only when a catch-up is judged, not every cycle.
         self.joining: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+        # (logits [batch, k + 1, vocab] of a verification, what each row committed from it: (request index, tokens)):
+        # called right after the commit, before the next engine call reuses the logits' buffer. Token j of a row's
+        # committed tokens was drawn from logits[b, j] (a server's logprobs); None: nobody asks.
+        self.on_verified: Callable[[np.ndarray, list[tuple[int, list[int]]]], None] | None = None
 
     def accept(self, logits: np.ndarray, proposal: Proposal, state: BatchState):
         """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy."""
@@ -464,6 +468,8 @@ class Generation:
             cache.commit(seen)
             drafter.rollback(seen)
             committed, finished = state.commit(accepted, emitted, remaining)
+        if self.on_verified is not None:
+            self.on_verified(verified.logits, committed)
         if self._policy.learns:  # the policy weighs the draft model: drafts made without it teach it a verification's cost alone
             without = proposal.without_model
             self._policy.observe(CycleOutcome(
