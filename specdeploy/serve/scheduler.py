@@ -137,7 +137,8 @@ class Scheduler:
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
 
     @property
     def rows(self) -> int:
@@ -251,6 +252,7 @@ class Scheduler:
             self.warm_up_error = f"{type(exc).__name__}: {exc}"
             log.warning("warming up the engines failed: %s", self.warm_up_error)
             return
+        log.info("ready: the engines warmed up in %.2f s", self.warm_up_seconds)
         self.ready.set()
 
     def _drop_cancelled(self) -> None:

@@ -15,7 +15,7 @@ import pytest
 from specdeploy import GenerationConfig
 
 from ..runtime.stubs import Judge
-from .conftest import serving
+from .conftest import metrics, serving
 
 GREEDY = dict(temperature=0, max_tokens=24, extra_body={"ignore_eos": True})
 
@@ -123,7 +123,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row(client, server):
     while scheduler.rows and time.monotonic() < deadline:
         time.sleep(0.01)
     assert scheduler.rows == 0 and not scheduler.tickets
-    assert _metrics(url)['specdeploy_requests_total{finish_reason="cancelled"}'] == 1  # it left; it did not finish
+    assert metrics(url)['specdeploy_requests_total{finish_reason="cancelled"}'] == 1  # it left; it did not finish
     for _ in range(3):  # and the server goes on
         assert client.completions.create(model="tiny", prompt="w8 w9", **GREEDY).choices[0].finish_reason == "length"
 
@@ -198,16 +198,10 @@ def test_bad_chat_requests(server, client):
 
 def test_metrics_count_requests_and_speculation(server, client):
     client.completions.create(model="tiny", prompt="w5 w6 w7", **GREEDY)
-    values = _metrics(server[0])
+    values = metrics(server[0])
     assert values['specdeploy_requests_total{finish_reason="length"}'] >= 1
     assert values["specdeploy_drafted_tokens_total"] >= values['specdeploy_accepted_tokens_total{position="1"}'] > 0
     assert "specdeploy_running_rows" in values and "specdeploy_queued_requests" in values
-
-
-def _metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{url}/metrics") as response:
-        text = response.read().decode()
-    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and line[0] != "#"}
 
 
 @pytest.mark.parametrize("pays", [False, True])
