@@ -41,9 +41,9 @@ def context_slots(pipeline, asked: int | None, k: int = 0) -> int:
     one-token prompt, one new token and the ``k`` + 1 speculative slots must fit."""
     limit = min(spec.capacity for spec in pipeline.manifest.models.values())
     if asked is not None and asked > limit:
-        raise ConfigError(f"--context: got {asked}; the artifact was exported with capacity {limit}")
+        raise ConfigError(f"--max-model-len/--context: got {asked}; the artifact was exported with capacity {limit}")
     if asked is not None and asked < k + 3:
-        raise ConfigError(f"--context: got {asked}; expected at least {k + 3} (a 1-token prompt, 1 new token and "
+        raise ConfigError(f"--max-model-len/--context: got {asked}; expected at least {k + 3} (a 1-token prompt, 1 new token and "
                           f"k + 1 = {k + 1} speculative slots), or every request would be refused")
     return asked or min(limit, DEFAULT_CONTEXT)
 
