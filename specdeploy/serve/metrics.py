@@ -90,8 +90,8 @@ class ServerMetrics:
     def finished(self, ticket, row) -> None:
         """The scheduler's ``on_finish`` (its thread): counted on the request's event loop, before its responder
         hears that it ended, so that the decode loop pays nothing for it."""
-        ended = time.perf_counter()
-        ticket.loop.call_soon_threadsafe(self._observe, ticket, row, ended)
+        if not ticket.loop.is_closed():
+            ticket.loop.call_soon_threadsafe(self._observe, ticket, row, time.perf_counter())
 
     def _observe(self, ticket, row, ended: float) -> None:
         reason = "abort" if ticket.ended_by else str(row.finish_reason)

@@ -88,7 +88,8 @@ class Ticket:
     ended_by: str = ""  # why the server ended it early (a drain's deadline); empty when it ran its course
 
     def put(self, event: Event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        if not self.loop.is_closed():  # a server that has stopped listens no more
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
 class Scheduler:
