@@ -23,7 +23,7 @@ from specdeploy.runtime.chat import ChatTemplate
 
 from .conftest import serving
 
-SLOW = "{% for i in range(4000) %}{% for j in range(4000) %}{% if i * j == -1 %}x{% endif %}{% endfor %}{% endfor %}"
+SLOW = "{% for i in range(6000) %}{% for j in range(6000) %}{% if i * j == -1 %}x{% endif %}{% endfor %}{% endfor %}"
 # the first message's content picks the template's misbehaviour; any other conversation renders plainly
 HOSTILE_TEMPLATE = ("{% if messages[0]['content'] == 'w99' %}" + SLOW + "{% endif %}"
                     "{% if messages[0]['content'] == 'w98' %}{{ 1 // 0 }}{% endif %}"
@@ -40,7 +40,7 @@ def hostile_pipeline(pair_dir):
 
 @pytest.fixture(scope="module")
 def hostile(hostile_pipeline):
-    with serving(hostile_pipeline, template_seconds=0.2) as (url, scheduler):
+    with serving(hostile_pipeline, template_seconds=0.5) as (url, scheduler):
         yield url
 
 
@@ -89,7 +89,7 @@ def _chat(content: str) -> dict:
 def test_a_template_that_runs_too_long_is_the_artifacts_500_and_health_goes_on(hostile, hostile_pipeline):
     (status, body), answered = _health_while(hostile, lambda: _post(hostile, _chat("w99"), "/v1/chat/completions"))
     error = _error(status, body, 500)
-    assert "chat template did not finish within 0.2 s" in error["message"] and error["type"] == "server_error"
+    assert "chat template did not finish within 0.5 s" in error["message"] and error["type"] == "server_error"
     assert answered >= 2  # the event loop answered while the template rendered
     _serves_normally(hostile, hostile_pipeline)
     status, body = _post(hostile, _chat("w5 w6"), "/v1/chat/completions")  # other conversations render as ever
