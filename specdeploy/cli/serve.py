@@ -1,7 +1,16 @@
-"""``specdeploy serve``: an OpenAI-compatible HTTP server over an artifact, with continuous batching."""
+"""``specdeploy serve``: an OpenAI-compatible HTTP server over an artifact, with continuous batching.
+
+Flags are named as ``vllm serve`` names them where it has one (``--served-model-name``, ``--max-num-seqs``,
+``--max-model-len``, ``--chat-template``, ``--seed``, ``--api-key``, ``--ssl-keyfile``/``--ssl-certfile``,
+``--root-path``, ``--allowed-origins``), with specdeploy's older names kept as aliases. docs/serving.md is
+the operator's page.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import sys
 from pathlib import Path
 
 import click
@@ -9,40 +18,67 @@ import click
 from ..engines.ort import PROVIDERS
 from .common import speculation_options, threads_option
 
+TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a template
+
 
 @click.command()
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on.")
-@click.option("--model-name", default=None, help="The model id clients send (default: the artifact directory's name).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on; 0 picks a free one (printed once bound).")
+@click.option("--served-model-name", "--model-name", "model_name", default=None,
+              help="The model id clients send (default: the artifact directory's name).")
 @click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
 @threads_option
-@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--max-num-seqs", "--max-batch", "max_batch", type=click.IntRange(min=1), default=8, show_default=True,
               help="Requests decoded together at most; more wait in the queue.")
-@click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
+@click.option("--max-queue", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests waiting for a row at most; beyond it the server answers 429 with Retry-After.")
-@click.option("--context", type=click.IntRange(min=2), default=None,
+@click.option("--max-model-len", "--context", "context", type=click.IntRange(min=2), default=None,
               help="Cache slots per request: prompt + max_tokens + k + 1 (default: the artifact's capacity, at most 2048).")
 @click.option("--max-cache-bytes", type=click.IntRange(min=1), default=None,
-              help="Refuse to start if --max-batch rows of --context slots need more KV-cache memory than this.")
+              help="Refuse to start if --max-num-seqs rows of --max-model-len slots need more KV-cache memory than this.")
 @click.option("--prefill-chunk", type=click.IntRange(min=1), default=256, show_default=True,
               help="Prompt tokens a joining request prefills between two cycles of the running batch.")
-@click.option("--default-max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
-              help="max_tokens of a request that gives none.")
+@click.option("--default-max-tokens", type=click.IntRange(min=1), default=None,
+              help="max_tokens of a request that gives none (default: the room its prompt leaves in the context).")
 @speculation_options("Draft length (the maximum, for adaptive policies); a request may ask for fewer.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 * 2**20, show_default=True,
-              help="Larger request bodies are refused with 413.")
+              help="Larger request bodies are refused with 413, whatever their transfer encoding.")
+@click.option("--api-key", envvar="SPECDEPLOY_API_KEY", default=None,
+              help="Clients must send 'Authorization: Bearer KEY' (all routes but /health* and /metrics). "
+                   "Also read from SPECDEPLOY_API_KEY, which keeps it out of the process list.")
+@click.option("--chat-template", default=None,
+              help="A Jinja chat template (a file, or the template itself) in place of the artifact's.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None,
+              help="Requests without a seed draw theirs from this one in turn: a sequence of requests is reproducible.")
+@click.option("--ssl-keyfile", type=click.Path(exists=True, dir_okay=False), default=None, help="Serve HTTPS with this key.")
+@click.option("--ssl-certfile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Serve HTTPS with this certificate.")
+@click.option("--root-path", default="", help="The path prefix a proxy serves this server under (ASGI root_path).")
+@click.option("--allowed-origins", multiple=True,
+              help="Browser origins allowed cross-origin requests (CORS): repeat it, separate with commas, or give a JSON "
+                   "list, as vllm serve takes it; '*' for any.")
+@click.option("--drain-seconds", type=click.FloatRange(min=0), default=25.0, show_default=True,
+              help="On SIGTERM: how long running requests may go on before they are ended (each with a final event).")
+@click.option("--access-log/--no-access-log", default=True, show_default=True,
+              help="One line per request on stderr, with its request id.")
+@click.option("--template-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="How long a chat template may render, or a prompt tokenize, before the request fails with 500.")
 @click.option("--ray-replicas", type=click.IntRange(min=1), default=None,
               help="Run this many replicas under Ray Serve (a local Ray instance; needs ray[serve]), same API.")
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
-          prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, max_body_bytes, ray_replicas):
+          prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, max_body_bytes, api_key,
+          chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins, drain_seconds, access_log,
+          template_seconds, ray_replicas):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
-    not), /v1/models, /health and /metrics."""
+    not), /v1/models, /health (readiness), /health/live and /metrics."""
     try:
         import uvicorn
 
         from ..serve.app import create_app
+        from ..serve.lifecycle import DrainingServer
     except ImportError as exc:
         raise click.ClickException(f"serve needs the 'serve' extra: pip install 'specdeploy[serve]' ({exc})") from exc
     from .. import GenerationConfig, Pipeline
@@ -51,36 +87,111 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     from ..runtime.config import ConfigError
     from ..serve.scheduler import Scheduler, context_slots
 
+    if bool(ssl_keyfile) != bool(ssl_certfile):
+        raise click.ClickException("--ssl-keyfile and --ssl-certfile: got one of them; expected both, or neither")
+    if api_key is not None and not api_key.strip():
+        raise click.ClickException("--api-key: got an empty key; expected a non-empty one (or no --api-key)")
+    origins = _origins(allowed_origins)
     try:
         config = GenerationConfig(k=k, policy=policy, drafter=drafter, confidence_threshold=confidence_threshold)
         pipeline = Pipeline.load(directory, provider=provider, threads=threads)
         pipeline.drafter_for(config)  # a drafter that needs a draft model the artifact lacks: refused now
-        context = context_slots(pipeline, context)
+        if chat_template is not None:
+            pipeline.chat_template = _chat_template(pipeline.chat_template, chat_template)
+        context = context_slots(pipeline, context, config.k if config.speculative else 0)
         sizes = pipeline.cache_bytes(max_batch, context, speculative=config.speculative)
         if max_cache_bytes is not None and sizes["total"] > max_cache_bytes:
-            raise ConfigError(f"--max-batch {max_batch} rows x --context {context} slots need "
+            raise ConfigError(f"--max-num-seqs {max_batch} rows x --max-model-len {context} slots need "
                               f"{sizes['total'] / 2**20:.1f} MiB of KV cache, over --max-cache-bytes "
                               f"({max_cache_bytes / 2**20:.1f} MiB); lower one of them")
     except (ConfigError, ContractError, ProviderError) as exc:
         raise click.ClickException(str(exc)) from exc
     name = model_name or directory.resolve().name
+    app_settings = dict(default_max_tokens=default_max_tokens, max_body_bytes=max_body_bytes, api_key=api_key,
+                        allowed_origins=origins, template_seconds=template_seconds)
     if ray_replicas:
         del pipeline  # each replica loads its own
         _serve_on_ray(directory, name, host, port, threads, ray_replicas, config,
                       dict(max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk, context=context,
-                           default_max_tokens=default_max_tokens, max_body_bytes=max_body_bytes))
+                           seed=seed, **app_settings))
         return
+    _log_to_stderr(access_log)
     scheduler = Scheduler(pipeline, config, context, max_batch=max_batch, max_queue=max_queue,
-                          prefill_chunk=prefill_chunk)
-    app = create_app(pipeline, scheduler, name, default_max_tokens, max_body_bytes)
-    scheduler.start()
-    click.echo(f"serving {directory} as {name!r} on http://{host}:{port}/v1 "
-               f"(batch {max_batch}, queue {max_queue}, context {context}, KV cache up to "
-               f"{sizes['total'] / 2**20:.0f} MiB)", err=True)
+                          prefill_chunk=prefill_chunk, seed=seed)
+    app = create_app(pipeline, scheduler, name, **app_settings)
+    settings = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, root_path=root_path,
+                              ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, timeout_graceful_shutdown=5)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        socket = settings.bind_socket()
+    except (OSError, SystemExit) as exc:  # uvicorn exits on a port in use
+        raise click.ClickException(f"--host {host} --port {port}: cannot listen there ({exc})") from exc
+    bound = socket.getsockname()[1]
+    scheduler.start()
+    scheme = "https" if ssl_certfile else "http"
+    click.echo(f"serving {directory} as {name!r} on {scheme}://{host}:{bound}{root_path}/v1 "
+               f"(batch {max_batch}, queue {max_queue}, context {context}, KV cache up to "
+               f"{sizes['total'] / 2**20:.0f} MiB{', API key required' if api_key else ''}); "
+               f"ready once /health answers 200", err=True)
+    try:
+        DrainingServer(settings, app.state.lifecycle, drain_seconds).run(sockets=[socket])
     finally:
         scheduler.stop()
+
+
+def _origins(given: tuple[str, ...]) -> list[str]:
+    """--allowed-origins as given: repeated, comma-separated, or a JSON list (vllm serve's form)."""
+    origins = []
+    for value in given:
+        if value.lstrip().startswith("["):
+            try:
+                parsed = json.loads(value)
+            except ValueError as exc:
+                raise click.ClickException(f"--allowed-origins: got {value[:60]!r}; expected a JSON list of origins") from exc
+            if not isinstance(parsed, list) or not all(isinstance(o, str) for o in parsed):
+                raise click.ClickException(f"--allowed-origins: got {value[:60]!r}; expected a JSON list of strings")
+            origins += parsed
+        else:
+            origins += [o.strip() for o in value.split(",") if o.strip()]
+    return origins
+
+
+def _chat_template(artifact, value: str):
+    """--chat-template: a file's template, or the template given inline; the artifact's BOS/EOS settings kept.
+    A template that does not compile is refused here, not at the first request."""
+    from jinja2 import TemplateSyntaxError
+
+    from ..runtime.chat import ChatTemplate
+    from ..runtime.config import ConfigError
+
+    path = Path(value)
+    if path.is_file():
+        if path.stat().st_size > TEMPLATE_FILE_LIMIT:
+            raise ConfigError(f"--chat-template: {path} is {path.stat().st_size:,} bytes; expected a template of at most "
+                              f"{TEMPLATE_FILE_LIMIT:,}")
+        text = path.read_text(encoding="utf-8")
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ConfigError(f"--chat-template: got {value[:80]!r}; expected a template file, or a Jinja template")
+    template = ChatTemplate({"chat_template": text, "bos_token": artifact.bos_token, "eos_token": artifact.eos_token,
+                             "add_bos_token": artifact.add_bos_token})
+    try:
+        template.render([{"role": "user", "content": "hello"}])
+    except ConfigError as exc:
+        if isinstance(exc.__cause__, TemplateSyntaxError):
+            raise ConfigError(f"--chat-template: {exc.__cause__} (line {exc.__cause__.lineno})") from exc
+    return template
+
+
+def _log_to_stderr(access: bool) -> None:
+    """The server's log lines (readiness, drain, one per request unless ``access`` is off) on stderr."""
+    logger = logging.getLogger("specdeploy")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logging.getLogger("specdeploy.serve.access").setLevel(logging.INFO if access else logging.WARNING)
 
 
 def _serve_on_ray(directory, name, host, port, threads, replicas, config, options) -> None:

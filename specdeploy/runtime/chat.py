@@ -31,16 +31,17 @@ class ChatTemplate:
     def read(cls, path: Path) -> ChatTemplate:
         return cls(json.loads(Path(path).read_text(encoding="utf-8")))
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
         """The prompt text of ``messages`` ([{"role": ..., "content": ...}, ...]), ending with the assistant's
-        turn opened when ``add_generation_prompt``."""
+        turn opened when ``add_generation_prompt``; ``tools`` (JSON schemas, as transformers takes them) go to the
+        template as its ``tools`` variable."""
         from jinja2.exceptions import SecurityError, TemplateError
 
         if self.template is None:
             raise ConfigError("messages: this artifact's tokenizer has no chat template; give a plain prompt instead")
         messages = _checked(messages)
         try:
-            return self._template().render(messages=messages, add_generation_prompt=add_generation_prompt, tools=None,
+            return self._template().render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                            documents=None, bos_token=self.bos_token, eos_token=self.eos_token)
         except SecurityError as exc:
             raise ConfigError(f"chat template: refused by the sandbox ({exc})") from exc

@@ -254,6 +254,10 @@ class Generation:
         # rows about to join (a server's prefilling and queued requests): () -> (rows, prompt tokens the draft lacks,
         # tokens to come). A catch-up is judged for the batch they make: drafting there needs theirs too.
         self.joining: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+        # (logits [batch, K + 1, vocab] of a verification, (request index, tokens) each row committed from it), called
+        # after the commit, before the next call reuses the logits' buffer: token j of a row was drawn from logits[b, j]
+        # (a server's logprobs). None: nobody asks, and on a GPU the logits never leave it.
+        self.on_verified: Callable[[np.ndarray, list[tuple[int, list[int]]]], None] | None = None
 
     rows = property(lambda self: self.state.rows)  # list[RowResult], by request index
     done = property(lambda self: self.state.batch == 0)
@@ -303,6 +307,8 @@ class Generation:
         cache.commit(seen)
         self.drafter.rollback(draft_cache, seen)
         committed, finished = state.commit(accepted, emitted, left)
+        if self.on_verified is not None:
+            self.on_verified(verified.logits, committed)
         self.policy.observe(proposal.outcome(accepted, verified.seconds))
         self._record(state, proposal, accepted, committed, verified, accepted_at - began, time.perf_counter() - accepted_at)
         return committed, finished

@@ -157,10 +157,11 @@ class Pipeline:
             raise ConfigError("prompt: encodes to no tokens; expected at least one")
         return ids
 
-    def chat_prompt(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         """Token ids of ``messages`` rendered with the tokenizer's chat template, as transformers'
-        ``apply_chat_template(messages, tokenize=True)`` gives them (the template places BOS itself)."""
-        return self._tokenize(self.chat_template.render(messages, add_generation_prompt))
+        ``apply_chat_template(messages, tools=tools, tokenize=True)`` gives them (the template places BOS itself)."""
+        return self._tokenize(self.chat_template.render(messages, add_generation_prompt, tools))
 
     def chat(self, messages: Sequence[dict], config: GenerationConfig | None = None) -> GenerationResult:
         """The assistant's reply to ``messages`` ([{"role": "system" | "user" | "assistant", "content": ...}])."""

@@ -1,251 +1,206 @@
-"""The OpenAI-compatible HTTP API over a scheduler: completions, chat, models, health, metrics.
+"""The OpenAI-compatible HTTP API over a scheduler: completions, chat, models, health probes, metrics.
 
-Errors have OpenAI's shape ({"error": {"message", "type", "param", "code"}}): 400 for a bad request
-(naming the field), 404 for an unknown model, 413 for a body over the limit, 429 with Retry-After when
-the queue is full. Streams are Server-Sent Events ending in ``data: [DONE]``; a client that goes away
-mid-stream is cancelled and its cache rows are freed.
+Every error has OpenAI's shape ({"error": {"message", "type", "param", "code"}}), from the middleware
+(401 without the API key, 413 for a body over the limit) to the routes (400 naming the field, 404 for an
+unknown model or path, 405, 415 for a body that is not JSON, 429 with Retry-After when the queue is full,
+500 naming the artifact's chat template when it fails, 503 while draining). Prompts are made off the event
+loop (``prompts``), so that no request's template or tokenization holds up the others. Streams are
+Server-Sent Events ending in ``data: [DONE]``; a client that goes away, streaming or not, is cancelled and
+its cache rows are freed on the scheduler's next turn.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
+import threading
 import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from sse_starlette import EventSourceResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+from prometheus_client import make_asgi_app
+from pydantic import BaseModel, ValidationError
+from starlette.routing import Route
 
 from ..runtime.cache import CapacityError
 from ..runtime.config import ConfigError
-from ..runtime.streaming import TextStream
-from ..runtime.telemetry import FinishReason
+from . import errors
+from .errors import ApiError, short
+from .lifecycle import Lifecycle
 from .metrics import ServerMetrics
-from .protocol import OPENAI_NAMES, ChatRequest, CompletionRequest, Sampling
-from .scheduler import Overloaded, Scheduler, Ticket
+from .middleware import ApiKey, BodyLimit, RequestLog
+from .prompts import PromptTimeout, PromptWorkers
+from .protocol import ChatRequest, CompletionRequest, Sampling
+from .responses import Reply, refusal
+from .scheduler import Overloaded, Scheduler, ShuttingDown
+from .sse import EventStream, watch_disconnect
 
-DRAIN_LIMIT = 64 * 2**20
-FINISH = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code, self.headers = status, message, param, kind, code, headers
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/health/live", "/health/ready", "/metrics")
 
 
-def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: int = 256,
-               max_body_bytes: int = 4 * 2**20) -> FastAPI:
-    app = FastAPI(title="specdeploy", docs_url=None, redoc_url=None)
-    metrics = ServerMetrics(scheduler)
+def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: int | None = None,
+               max_body_bytes: int = 4 * 2**20, api_key: str | None = None, allowed_origins: Sequence[str] = (),
+               template_seconds: float = 10.0) -> FastAPI:
+    """The server's ASGI app. ``default_max_tokens``: a request without max_tokens gets this many at most (None:
+    the room its prompt leaves in the context); ``api_key``: every route but the probes and /metrics needs it;
+    ``allowed_origins``: browsers' cross-origin requests allowed from these (CORS); ``template_seconds``: how
+    long a chat template may render (or a prompt tokenize) before the request is answered with a 500."""
+    app = FastAPI(title="specdeploy", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = ServerMetrics(scheduler, model, ROUTES)
     scheduler.on_finish = metrics.finished
-    app.state.scheduler, app.state.metrics = scheduler, metrics
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError):
-        metrics.refused(exc.status)
-        return exc.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        metrics.refused(400)
-        first = exc.errors()[0]
-        where = [str(part) for part in first.get("loc", ()) if part != "body"]
-        if first.get("type") == "json_invalid":
-            return ApiError(400, f"the body is not valid JSON: {first.get('msg')}", None).response()
-        got = first.get("input")
-        got = f"; got {_short(got)}" if "input" in first and first.get("type") != "missing" else ""
-        return ApiError(400, f"{'.'.join(where) or 'body'}: {first.get('msg')}{got}", ".".join(where) or None).response()
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
-            metrics.refused(413)
-            drained = 0  # read what was sent (up to a bound) so that the client sees the answer, not a reset
-            async for part in request.stream():
-                drained += len(part)
-                if drained > DRAIN_LIMIT:
-                    break
-            return ApiError(413, f"the body is {length} bytes, over this server's limit of {max_body_bytes} bytes",
-                            None).response()
-        return await call_next(request)
-
+    workers = PromptWorkers(template_seconds)
+    lifecycle = Lifecycle(scheduler, _warm_template(pipeline))
+    app.state.scheduler, app.state.metrics, app.state.lifecycle = scheduler, metrics, lifecycle
+    errors.install(app, ", ".join(ROUTES))
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    if api_key:
+        app.add_middleware(ApiKey, key=api_key)
+    app.add_middleware(RequestLog, observe=metrics.responded)
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])
+    app.router.routes.append(Route("/metrics", _Asgi(make_asgi_app(metrics.registry)), methods=["GET"]))
     server_id = uuid.uuid4().hex[:12]  # tells replicas apart behind a load balancer
 
     @app.get("/health")
-    async def health():
-        return {"status": "ok", "rows": scheduler.rows, "queued": len(scheduler.queue), "server": server_id}
+    @app.get("/health/ready")
+    async def ready():
+        status = lifecycle.status()
+        body = {"status": status, "rows": scheduler.rows, "queued": len(scheduler.queue), "server": server_id}
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    @app.get("/health/live")
+    async def live():
+        return {"status": "alive", "server": server_id}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "specdeploy"}]}
-
-    @app.get("/metrics")
-    async def prometheus():
-        body, content_type = metrics.exposition()
-        return Response(body, media_type=content_type)
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "specdeploy",
+                                            "max_model_len": scheduler.capacity}]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        prompt = _encode(lambda: pipeline.encode(body.prompt))
-        return await _serve(body, prompt, chat=False)
+    async def completions(request: Request):
+        body = await _parse(request, CompletionRequest)
+        _check(body)
+        prompts = await _prepare(workers, lambda: [pipeline.encode(p) for p in body.prompts()], "prompt",
+                                 "tokenizing the prompt")
+        return await _serve(request, body, prompts, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest):
-        messages = [message.model_dump(exclude_none=True) for message in body.messages]
-        prompt = _encode(lambda: np.array(pipeline.chat_prompt(messages), np.int64))
-        return await _serve(body, prompt, chat=True)
+    async def chat(request: Request):
+        body = await _parse(request, ChatRequest)
+        _check(body)
+        messages, tools = body.template_messages(), body.template_tools()
+        prompt = await _prepare(workers, lambda: np.array(pipeline.chat_prompt(messages, tools=tools), np.int64),
+                                "messages", "the artifact's chat template")
+        return await _serve(request, body, [prompt], chat=True)
 
-    async def _serve(body: Sampling, prompt: np.ndarray, chat: bool):
+    def _check(body: Sampling) -> None:
+        """What can be refused before any prompt is made: the model's name, what this server does not do, a drain."""
         if body.model != model:
-            raise ApiError(404, f"model: got {body.model!r}; this server serves {model!r} (GET /v1/models)", "model",
+            raise ApiError(404, f"model: got {short(body.model)}; this server serves {model!r} (GET /v1/models)", "model",
                            code="model_not_found")
         refused = body.unsupported(scheduler.config)
         if refused is not None:
             raise ApiError(400, f"{refused[0]}: {refused[1]}", refused[0])
+        if lifecycle.draining:
+            raise ApiError(503, "the server is shutting down: it takes no new requests; retry on another replica",
+                           code="shutting_down")
+
+    async def _serve(request: Request, body: Sampling, prompts: list[np.ndarray], chat: bool):
+        asked = body.requested_max_tokens()
+        seed = body.seed if body.seed is not None else scheduler.next_seed()
+        choices = []
         try:
-            config = body.generation_config(scheduler.config, default_max_tokens)
-            ticket = scheduler.submit(prompt, config, asyncio.get_running_loop())
-        except ConfigError as exc:
-            field = str(exc).split(":", 1)[0]
-            name = OPENAI_NAMES.get(field, field)
-            raise ApiError(400, str(exc).replace(field, name, 1), name) from None
-        except CapacityError as exc:
-            raise ApiError(400, str(exc), "max_tokens", code="context_length_exceeded") from None
-        except Overloaded as exc:
-            raise ApiError(429, str(exc), None, kind="rate_limit_error", code="overloaded",
-                           headers={"Retry-After": str(int(np.ceil(exc.retry_after)))}) from None
-        response = _Response(pipeline, body, ticket, chat, model)
+            for prompt in prompts:
+                room = scheduler.room(len(prompt))
+                if room < 1:
+                    raise ApiError(400, f"{'messages' if chat else 'prompt'}: {len(prompt)} tokens, and this server's "
+                                   f"context is {scheduler.capacity} tokens per request with {scheduler.speculative_slots} "
+                                   "of them speculative slots: no room for a new token; shorten it",
+                                   "messages" if chat else "prompt", code="context_length_exceeded")
+                new = asked or min(room, default_max_tokens or room)  # left out: the room left, as vLLM does
+                choices += [(prompt, config) for config in body.generation_configs(scheduler.config, new, seed)]
+            tickets = scheduler.submit_choices(choices, asyncio.get_running_loop(), body.top_logprobs_count())
+        except (ConfigError, CapacityError, Overloaded, ShuttingDown) as exc:
+            raise refusal(exc) from None
+        lifecycle.open += 1
+
+        def closed(unfinished) -> None:
+            lifecycle.open -= 1
+            if unfinished:  # a stream that failed, or a client that left: nobody will read them
+                scheduler.cancel(unfinished)
+
+        reply = Reply(pipeline, body, tickets, chat, model, request.scope.get("specdeploy.request_id", ""), closed)
         if body.stream:
-            return EventSourceResponse(response.chunks(scheduler), ping=15)
-        return await response.whole(scheduler)
+            return EventStream(reply.chunks(), lambda: scheduler.cancel(tickets))
+        async with watch_disconnect(request.receive, lambda: scheduler.cancel(tickets)):
+            return await reply.whole()
 
     return app
 
 
-def _encode(encode) -> np.ndarray:
+async def _parse(request: Request, model: type[BaseModel]):
+    """The body as ``model``: JSON (any other declared Content-Type is refused with 415), parsed and checked by
+    pydantic in one pass (its parser stops at 200 levels of nesting: a 100,000-deep body is a 400, not a crash)."""
+    kind = request.headers.get("content-type")
+    media = (kind or "application/json").split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, f"Content-Type: got {short(kind, 60)}; expected application/json "
+                       "(with curl: -H 'Content-Type: application/json')", code="unsupported_media_type")
     try:
-        return encode()
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: ValidationError) -> ApiError:
+    first = exc.errors(include_url=False)[0]
+    where = [str(part) for part in first.get("loc", ())]
+    if first.get("type") == "json_invalid":
+        return ApiError(400, f"the body is not valid JSON: {first.get('msg')}")
+    if not where:
+        return ApiError(400, f"the body: {first.get('msg')}; expected a JSON object of the request's fields")
+    got = f"; got {short(first['input'], 60)}" if "input" in first and first.get("type") != "missing" else ""
+    return ApiError(400, f"{'.'.join(where)}: {first.get('msg')}{got}", where[0])
+
+
+async def _prepare(workers: PromptWorkers, job: Callable, param: str, what: str):
+    """``job()`` (a prompt's tokens) off the event loop. The client's own mistakes (``ConfigError``) are a 400
+    naming ``param``; anything else, or running past the time limit, is ``what``'s (the artifact's) fault: a 500."""
+    try:
+        return await workers.run(job)
     except ConfigError as exc:
-        raise ApiError(400, str(exc), "prompt") from None
-    except Exception as exc:  # the chat template raised (e.g. a role order it refuses)
-        raise ApiError(400, f"messages: {exc}", "messages") from None
+        raise ApiError(400, str(exc), param) from None
+    except PromptTimeout as exc:
+        raise ApiError(500, f"{what} {exc} (a limit of this server)", kind="server_error", code="prompt_timeout") from None
+    except Exception as exc:  # the template's own fault (ChatTemplateError, RecursionError, ZeroDivisionError, ...)
+        raise ApiError(500, f"{what} failed: {type(exc).__name__}: {short(str(exc), 300)[1:-1]}", kind="server_error",
+                       code="chat_template_error" if param == "messages" else "prompt_error") from None
 
 
-class _Response:
-    """One request's answer, whole or as chunks, in the completions or chat shape."""
+def _warm_template(pipeline) -> Future:
+    """Compile the chat template before the server says it is ready (its first render compiles it)."""
+    warmed: Future = Future()
 
-    def __init__(self, pipeline, body: Sampling, ticket: Ticket, chat: bool, model: str):
-        self.pipeline, self.body, self.ticket, self.chat, self.model = pipeline, body, ticket, chat, model
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        self.created = int(time.time())
-        self.first_token: float | None = None
-
-    async def whole(self, scheduler: Scheduler) -> JSONResponse:
+    def warm() -> None:
         try:
-            while True:
-                kind, payload = await self.ticket.events.get()
-                if kind == "done":
-                    break
-                if kind == "error":
-                    raise ApiError(500, payload, None, kind="server_error")
-                self.first_token = self.first_token or time.perf_counter()
-        except asyncio.CancelledError:
-            scheduler.cancel(self.ticket)
-            raise
-        result = self._result(payload)
-        choice = {"index": 0, "finish_reason": FINISH.get(result.finish_reason, "stop"), "logprobs": None}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": result.text}
-        else:
-            choice["text"] = result.text
-        return JSONResponse({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                             "created": self.created, "model": self.model, "choices": [choice],
-                             "usage": self._usage(result), "speculative": self._speculative(result)})
+            pipeline.chat_template.render([{"role": "user", "content": "hello"}])
+        except Exception:  # a template may refuse this conversation (or there is none): compiled all the same
+            pass
+        warmed.set_result(None)
 
-    async def chunks(self, scheduler: Scheduler):
-        text, finished = TextStream(self.pipeline.tokenizer, self.ticket.config.stop), False
-        try:
-            if self.chat:
-                yield _event(self._chunk({"role": "assistant", "content": ""}, None))
-            while True:
-                kind, payload = await self.ticket.events.get()
-                if kind == "tokens":
-                    self.first_token = self.first_token or time.perf_counter()
-                    delta = text.push(payload)
-                    if delta:
-                        yield _event(self._chunk(delta, None))
-                    continue
-                finished = True
-                if kind == "done" and payload.finish_reason == FinishReason.ERROR:
-                    kind, payload = "error", f"the request failed while decoding: {payload.error}"
-                if kind == "error":
-                    yield _event({"error": {"message": payload, "type": "server_error"}})
-                    return
-                result = self._result(payload)
-                final = self._chunk(text.finish(result.text), FINISH.get(result.finish_reason, "stop"))
-                yield _event({**final, "speculative": self._speculative(result)})
-                if self.body.stream_options is not None and self.body.stream_options.include_usage:
-                    yield _event({**self._chunk("", None), "choices": [], "usage": self._usage(result)})
-                yield {"data": "[DONE]"}
-                return
-        finally:
-            if not finished:  # the client went away: free its row now
-                scheduler.cancel(self.ticket)
-
-    def _chunk(self, text, finish_reason) -> dict:
-        if self.chat:
-            delta = text if isinstance(text, dict) else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-            kind = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-            kind = "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
-
-    def _result(self, row):
-        if row.finish_reason == FinishReason.ERROR:
-            raise ApiError(500, f"the request failed while decoding: {row.error}", None, kind="server_error")
-        return self.pipeline.result(row, self.ticket.config)
-
-    @staticmethod
-    def _usage(result) -> dict:
-        prompt = int(result.stats["prompt_tokens"])
-        return {"prompt_tokens": prompt, "completion_tokens": len(result.token_ids),
-                "total_tokens": prompt + len(result.token_ids)}
-
-    def _speculative(self, result) -> dict:
-        """What speculation did for this request (llama.cpp's server reports draft_n / draft_n_accepted)."""
-        records = result.records
-        k = max((r.k for r in records), default=0)
-        by_position = [sum(r.accepted >= i for r in records) for i in range(1, k + 1)]
-        stats = result.stats
-        queued = (self.first_token - self.ticket.submitted) if self.first_token else None
-        return {"drafted_tokens": int(sum(r.k for r in records)), "accepted_tokens": int(sum(r.accepted for r in records)),
-                "accepted_by_position": by_position, "cycles": len(records),
-                "mean_accepted_length": _finite(stats["mean_accepted_length"]),
-                "decode_tokens_per_s": _finite(stats["tokens_per_s"]), "prefill_s": _finite(stats["prefill_s"]),
-                "first_token_s": _finite(queued)}
+    threading.Thread(target=warm, name="specdeploy-template", daemon=True).start()
+    return warmed
 
 
-def _event(payload: dict) -> dict:
-    """One Server-Sent Event carrying ``payload`` as JSON."""
-    return {"data": json.dumps(payload)}
+class _Asgi:
+    """An ASGI app as a route's endpoint (Starlette takes a plain function for a request/response handler)."""
 
+    def __init__(self, app):
+        self.app = app
 
-def _finite(value):
-    return None if value is None or not np.isfinite(value) else round(float(value), 6)
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
+    async def __call__(self, scope, receive, send):
+        await self.app(scope, receive, send)

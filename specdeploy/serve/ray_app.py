@@ -17,8 +17,9 @@ def application(artifact: str | Path, replicas: int = 2, model: str | None = Non
                 cpus_per_replica: float = 1.0, options: dict | None = None, config: dict | None = None):
     """A Ray Serve application of ``replicas`` servers over ``artifact``.
 
-    ``options`` go to each replica's ``Scheduler`` (max_batch, max_queue, prefill_chunk), plus ``context``,
-    ``default_max_tokens`` and ``max_body_bytes``; ``config`` to its ``GenerationConfig`` (k, policy, drafter).
+    ``options`` go to each replica's ``Scheduler`` (max_batch, max_queue, prefill_chunk, seed), plus ``context``
+    and ``create_app``'s settings (default_max_tokens, max_body_bytes, api_key, allowed_origins, template_seconds);
+    ``config`` to its ``GenerationConfig`` (k, policy, drafter).
     """
     from ray import serve
 
@@ -34,7 +35,8 @@ def application(artifact: str | Path, replicas: int = 2, model: str | None = Non
         pipeline = Pipeline.load(artifact, threads=threads)
         settings = dict(options)
         context = context_slots(pipeline, settings.pop("context", None))
-        app_settings = {name: settings.pop(name) for name in ("default_max_tokens", "max_body_bytes") if name in settings}
+        app_settings = {name: settings.pop(name) for name in ("default_max_tokens", "max_body_bytes", "api_key",
+                                                              "allowed_origins", "template_seconds") if name in settings}
         scheduler = Scheduler(pipeline, GenerationConfig(**config), context, **settings)
         scheduler.start()
         return create_app(pipeline, scheduler, model, **app_settings)

@@ -5,6 +5,10 @@ are admitted as a *staging* batch while the running batch has room; the staging 
 prefilled one chunk per turn (so running rows never wait for a whole long prompt) and, once
 prefilled, merged into the running batch; then the running batch runs one cycle. Every row keeps its
 own sampling settings, stop strings, seed and max_tokens (``Pipeline.start(row_configs=...)``).
+
+A request that the runtime refuses at admission (an id outside the vocabulary, say) fails alone: the
+others admitted with it are started without it. Before the first turn the engines warm up (``ready``);
+``close`` stops admitting and ``abort`` ends every request still open (a server's drain).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -23,16 +29,21 @@ from ..runtime.cache import CapacityError
 from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.decoder import Generation, RowResult
 from ..runtime.telemetry import FinishReason
+from .logprobs import TokenLogprob, token_logprobs
 
 DEFAULT_CONTEXT = 2048
 log = logging.getLogger(__name__)
 
 
-def context_slots(pipeline, asked: int | None) -> int:
-    """Cache slots per request: ``asked``, else the artifact's capacity up to DEFAULT_CONTEXT."""
+def context_slots(pipeline, asked: int | None, k: int = 0) -> int:
+    """Cache slots per request: ``asked``, else the artifact's capacity up to DEFAULT_CONTEXT. At least a
+    one-token prompt, one new token and the ``k`` + 1 speculative slots must fit."""
     limit = min(spec.capacity for spec in pipeline.manifest.models.values())
     if asked is not None and asked > limit:
-        raise ConfigError(f"--context: got {asked}; the artifact was exported with capacity {limit}")
+        raise ConfigError(f"--max-model-len/--context: got {asked}; the artifact was exported with capacity {limit}")
+    if asked is not None and asked < k + 3:
+        raise ConfigError(f"--max-model-len/--context: got {asked}; expected at least {k + 3} (a 1-token prompt, 1 new token and "
+                          f"k + 1 = {k + 1} speculative slots), or every request would be refused")
     return asked or min(limit, DEFAULT_CONTEXT)
 
 
@@ -44,27 +55,56 @@ class Overloaded(RuntimeError):
         self.retry_after = retry_after
 
 
+class ShuttingDown(RuntimeError):
+    """The server is draining or stopping: no new requests (HTTP 503), or an open one ended early."""
+
+
+class Event(NamedTuple):
+    """What the scheduler's thread tells a request's responder, on the ticket's ``events`` queue."""
+
+    kind: str  # "tokens": new token ids; "done": the finished RowResult; "error": the exception that refused it
+    choice: int  # which of the request's choices (n, or a list of prompts) it is about
+    payload: Any
+    logprobs: list[TokenLogprob] | None = None  # with "tokens", when the request asked for them
+
+
 @dataclass
 class Ticket:
-    """One request: the scheduler's thread puts ("tokens", ids) and finally ("done", row) on ``events``."""
+    """One choice of a request: the scheduler's thread puts its ``Event``s on ``events`` (shared by the choices
+    of one request) and stamps its times (``time.perf_counter()``)."""
 
     prompt: np.ndarray
     config: GenerationConfig
     loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    choice: int = 0
+    top_logprobs: int | None = None  # alternatives listed with each token's logprob; None: no logprobs
     request_id: str = ""
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
     submitted: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None  # left the queue for a batch
+    token_times: list[float] = field(default_factory=list)  # when each cycle's new tokens were committed
     cancelled: bool = False
+    ended_by: str = ""  # why the server ended it early (a drain's deadline); empty when it ran its course
 
-    def put(self, event: tuple) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+    def put(self, event: Event) -> None:
+        if not self.loop.is_closed():  # a server that has stopped listens no more
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
 class Scheduler:
-    """Owns a pipeline's engines: at most ``max_batch`` rows decode together and ``max_queue`` wait."""
+    """Owns a pipeline's engines: at most ``max_batch`` rows decode together and ``max_queue`` wait.
+
+    ``seed``: requests that give no seed draw theirs from it in turn (``next_seed``), so that a sequence of
+    requests is reproducible as vLLM's --seed makes it; without it they draw from the OS's entropy.
+    """
 
     def __init__(self, pipeline, config: GenerationConfig, capacity: int, max_batch: int = 8, max_queue: int = 64,
-                 prefill_chunk: int = 256, on_finish=None):
+                 prefill_chunk: int = 256, on_finish=None, seed: int | None = None):
+        k = config.k if config.speculative else 0
+        for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 1), ("prefill_chunk", prefill_chunk, 1),
+                                 ("capacity", capacity, k + 3)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"{name}: got {value!r}; expected an integer >= {low}")
         self.pipeline, self.config, self.capacity = pipeline, config, capacity
         self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
         self.on_finish = on_finish  # called on the scheduler's thread with (ticket, row) when a request ends
@@ -76,11 +116,19 @@ class Scheduler:
         self.staging: Generation | None = None
         self.staging_drafts: bool | None = None  # whether the draft prefills the staging rows (None: not asked yet)
         self._ids = itertools.count()
+        self._seeds = None if seed is None else np.random.SeedSequence(seed)
         self._wake = threading.Condition()
         self._stopping = False
+        self._closed = False  # no new requests (a drain)
+        self._abort = ""  # why every open request must end now
+        self._logprobs: dict[str, list[TokenLogprob]] = {}  # request id -> this cycle's, until its tokens are sent
+        self._asking_logprobs = 0  # requests in flight that asked for them: none, and a cycle costs nothing more
         self._thread = threading.Thread(target=self._serve, name="specdeploy-scheduler", daemon=True)
         self.cycle_seconds = 0.05  # a running estimate, for the retry hint
-        self.warm_up_seconds: float | None = None  # set once the engines are warm
+        self.cached_tokens = 0  # tokens the rows' caches hold, after the last turn
+        self.ready = threading.Event()  # set once the engines have warmed up
+        self.warm_up_seconds: float | None = None
+        self.warm_up_error = ""  # why warming up failed, if it did
 
     def start(self) -> None:
         self._thread.start()
@@ -89,36 +137,81 @@ class Scheduler:
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
 
     @property
     def rows(self) -> int:
         """Rows decoding or prefilling now."""
         return sum(g.state.batch for g in (self.running, self.staging) if g is not None)
 
-    def submit(self, prompt: np.ndarray, config: GenerationConfig, loop: asyncio.AbstractEventLoop) -> Ticket:
-        """Queue a request; raises ``CapacityError`` when it cannot fit a row, ``Overloaded`` when
-        ``max_queue`` requests already wait."""
-        k = self.config.k if self.config.speculative else 0
-        needed = len(prompt) + config.max_new_tokens + k + 1
-        if needed > self.capacity:
-            raise CapacityError(f"prompt ({len(prompt)} tokens) + max_tokens ({config.max_new_tokens}) + "
-                                f"{k + 1} speculative slots = {needed} tokens, over this server's context of "
-                                f"{self.capacity} tokens per request; shorten the prompt or lower max_tokens")
-        ticket = Ticket(prompt, config, loop, f"cmpl-{next(self._ids)}")
+    @property
+    def busy(self) -> bool:
+        """Requests are queued or running."""
+        return bool(self.queue or self.tickets)
+
+    @property
+    def speculative_slots(self) -> int:
+        return self.config.k + 1 if self.config.speculative else 1
+
+    def room(self, prompt_tokens: int) -> int:
+        """New tokens a prompt of ``prompt_tokens`` leaves room for in this server's context (< 1: it does not fit)."""
+        return self.capacity - prompt_tokens - self.speculative_slots
+
+    def next_seed(self) -> int | None:
+        """A seed for a request that gives none: the next of the server's --seed, or None (the OS's entropy)."""
+        if self._seeds is None:
+            return None
         with self._wake:
-            if len(self.queue) >= self.max_queue:
-                wait = (len(self.queue) / max(self.max_batch, 1) + 1) * self.cycle_seconds * config.max_new_tokens
+            child = self._seeds.spawn(1)[0]
+        return int(child.generate_state(1, np.uint64)[0]) >> 1
+
+    def submit(self, prompt: np.ndarray, config: GenerationConfig, loop: asyncio.AbstractEventLoop) -> Ticket:
+        """Queue one request of one choice (``submit_choices``)."""
+        return self.submit_choices([(prompt, config)], loop)[0]
+
+    def submit_choices(self, requests: Sequence[tuple[np.ndarray, GenerationConfig]], loop: asyncio.AbstractEventLoop,
+                       top_logprobs: int | None = None) -> list[Ticket]:
+        """Queue the choices of one request, (prompt ids, settings) each, all or none; they share one events queue.
+        Raises ``CapacityError`` when one cannot fit a row, ``Overloaded`` when ``max_queue`` requests would be
+        waiting, ``ShuttingDown`` once the server stops admitting."""
+        for prompt, config in requests:
+            needed = len(prompt) + config.max_new_tokens + self.speculative_slots
+            if needed > self.capacity:
+                raise CapacityError(f"prompt ({len(prompt)} tokens) + max_tokens ({config.max_new_tokens}) + "
+                                    f"{self.speculative_slots} speculative slots = {needed} tokens, over this server's "
+                                    f"context of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
+        events: asyncio.Queue = asyncio.Queue()
+        tickets = [Ticket(prompt, config, loop, events, choice, top_logprobs, f"cmpl-{next(self._ids)}")
+                   for choice, (prompt, config) in enumerate(requests)]
+        with self._wake:
+            if self._closed or self._stopping:
+                raise ShuttingDown("the server is shutting down: it takes no new requests; retry on another replica")
+            if len(self.queue) + len(tickets) > self.max_queue:
+                longest = max(config.max_new_tokens for _, config in requests)
+                wait = (len(self.queue) / self.max_batch + 1) * self.cycle_seconds * longest
                 raise Overloaded(f"{len(self.queue)} requests are queued (--max-queue {self.max_queue}); retry later",
                                  retry_after=max(1.0, round(wait, 1)))
-            self.queue.append(ticket)
+            self.queue.extend(tickets)
             self._wake.notify()
-        return ticket
+        return tickets
 
-    def cancel(self, ticket: Ticket) -> None:
-        """The client went away: the request leaves its batch (or the queue) on the next turn."""
+    def cancel(self, tickets: Sequence[Ticket]) -> None:
+        """The client went away: its requests leave their batch (or the queue) on the next turn."""
         with self._wake:
-            ticket.cancelled = True
+            for ticket in tickets:
+                ticket.cancelled = True
+            self._wake.notify()
+
+    def close(self) -> None:
+        """Admit no new requests (``submit`` raises ``ShuttingDown``); those queued and running go on."""
+        with self._wake:
+            self._closed = True
+
+    def abort(self, reason: str) -> None:
+        """End every queued and running request on the next turn, each with ``reason`` (``Ticket.ended_by``)."""
+        with self._wake:
+            self._closed, self._abort = True, reason
             self._wake.notify()
 
     def _serve(self) -> None:
@@ -129,6 +222,9 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopping:
                     break
+                if self._abort:
+                    for ticket in [*self.queue, *self.tickets.values()]:
+                        ticket.cancelled, ticket.ended_by = True, self._abort
                 self._drop_cancelled()
                 admitted = self._admit()
             try:
@@ -141,19 +237,27 @@ class Scheduler:
                             row.finish_reason, row.error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
                             self._finish(row)
                 self.running = self.staging = None
+            self.cached_tokens = sum(sum(g.state.lengths) for g in (self.running, self.staging) if g is not None)
         for ticket in [*self.queue, *self.tickets.values()]:
-            ticket.put(("error", "the server is shutting down"))
+            ticket.put(Event("error", ticket.choice, ShuttingDown("the server is shutting down")))
 
     def _warm_up(self) -> None:
         """Before the first request (those that come meanwhile wait in the queue): ONNX Runtime's first calls
-        at a shape are dear, and the cost policy learns from its first measurements (``Pipeline.warm_up``)."""
+        at a shape are dear, and the cost policy learns from its first measurements (``Pipeline.warm_up``).
+        ``ready`` is set once it is done; a failure is kept in ``warm_up_error`` and the server stays unready."""
         k = self.config.k if self.config.speculative else 0
         try:
             self.warm_up_seconds = self.pipeline.warm_up(k, self.prefill_chunk)
         except Exception as exc:  # an engine that fails here fails requests too, each with its error
-            log.warning("warming up the engines failed: %s: %s", type(exc).__name__, exc)
+            self.warm_up_error = f"{type(exc).__name__}: {exc}"
+            log.warning("warming up the engines failed: %s", self.warm_up_error)
+            return
+        log.info("ready: the engines warmed up in %.2f s", self.warm_up_seconds)
+        self.ready.set()
 
     def _drop_cancelled(self) -> None:
+        for ticket in [t for t in self.queue if t.cancelled]:  # never admitted: each ends with an empty row
+            self._end(ticket, RowResult(ticket.request_id, ticket.prompt, finish_reason=FinishReason.CANCELLED))
         self.queue = deque(t for t in self.queue if not t.cancelled)
         for generation in (self.running, self.staging):
             if generation is None:
@@ -172,23 +276,16 @@ class Scheduler:
             return []
         room = self.max_batch - self.rows
         admitted = [self.queue.popleft() for _ in range(min(room, len(self.queue)))]
+        now = time.perf_counter()
         for ticket in admitted:
+            ticket.admitted = now
             self.tickets[ticket.request_id] = ticket
+            self._asking_logprobs += ticket.top_logprobs is not None
         return admitted
 
     def _turn(self, admitted: list[Ticket]) -> None:
         if admitted:
-            try:
-                self.staging = self.pipeline.start([t.prompt for t in admitted], self.config,
-                                                   [t.config for t in admitted], capacity=self.capacity)
-            except Exception as exc:  # submit checked each request: nothing here is the client's fault
-                for ticket in admitted:
-                    self.tickets.pop(ticket.request_id, None)
-                    ticket.put(("error", f"{type(exc).__name__}: {exc}"))
-                return
-            for ticket, row in zip(admitted, self.staging.state.rows):
-                row.request_id = ticket.request_id
-            self.staging.policy = self.policy  # it hears what the draft's prefill costs
+            self.staging = self._start(admitted)
             self.staging_drafts = None
         if self.staging is not None and self.staging.prefill_chunk(self.prefill_chunk, draft=self._staging_drafts):
             staged, self.staging = self.staging, None
@@ -204,18 +301,66 @@ class Scheduler:
         if self.running is not None and not self.running.done:
             began = time.perf_counter()
             committed = self.running.step()
-            self.cycle_seconds = 0.9 * self.cycle_seconds + 0.1 * (time.perf_counter() - began)
+            now = time.perf_counter()
+            self.cycle_seconds = 0.9 * self.cycle_seconds + 0.1 * (now - began)
             rows = self.running.state.rows
             for index, new in committed:
                 row = rows[index]
                 if new:
-                    self.tickets[row.request_id].put(("tokens", new))
+                    ticket = self.tickets[row.request_id]
+                    ticket.token_times.append(now)
+                    ticket.put(Event("tokens", ticket.choice, new, self._logprobs.pop(row.request_id, None)))
                 if row.finish_reason:
                     self._finish(row)
                     self.running.state.release(index)
             # An emptied batch stays, to lend its cache memory to the next rows: allocated afresh for each wave of
             # requests, 8 rows of the real pair's caches (470 MB of target K/V, 200 MB of the draft's) took 1.4 s
             # a merge, page faults and copies (tools/load_test.py, 8 clients).
+
+    def _start(self, admitted: list[Ticket]) -> Generation | None:
+        """The admitted requests as a staging batch. One the runtime refuses (say, a prompt with an id outside the
+        vocabulary: ``submit`` cannot know every check ``Pipeline.start`` makes) fails alone, with its error; the
+        others start without it. None when none could."""
+        try:
+            return self._generation(admitted)
+        except Exception:  # find whose it is: each alone, on the failure's path only
+            refused = {}
+            for ticket in admitted:
+                try:
+                    self.pipeline.start([ticket.prompt], self.config, [ticket.config], capacity=self.capacity)
+                except Exception as exc:
+                    refused[ticket.request_id] = exc
+            admitted = [t for t in admitted if t.request_id not in refused] if refused else []
+            try:
+                staged = self._generation(admitted) if admitted else None
+            except Exception as exc:  # not one request's fault after all: each fails with it
+                refused.update((t.request_id, exc) for t in admitted)
+                staged = None
+            for request_id, exc in refused.items():
+                ticket = self.tickets.pop(request_id)
+                self._asking_logprobs -= ticket.top_logprobs is not None
+                ticket.put(Event("error", ticket.choice, exc))
+            return staged
+
+    def _generation(self, tickets: list[Ticket]) -> Generation:
+        staged = self.pipeline.start([t.prompt for t in tickets], self.config, [t.config for t in tickets],
+                                     capacity=self.capacity)
+        for ticket, row in zip(tickets, staged.state.rows):
+            row.request_id = ticket.request_id
+        staged.policy = self.policy  # it hears what the draft's prefill costs
+        staged.on_verified = lambda logits, committed: self._keep_logprobs(staged, logits, committed)
+        return staged
+
+    def _keep_logprobs(self, generation: Generation, logits: np.ndarray, committed: list[tuple[int, list[int]]]) -> None:
+        """The logprobs of each committed token of the rows that asked for them, from the verification's logits
+        (``Generation.on_verified``); sent with the tokens once the cycle ends."""
+        if not self._asking_logprobs:
+            return
+        rows = generation.state.rows
+        for b, (index, new) in enumerate(committed):
+            ticket = self.tickets.get(rows[index].request_id) if new else None
+            if ticket is not None and ticket.top_logprobs is not None:
+                self._logprobs[ticket.request_id] = token_logprobs(logits[b, : len(new)], new, ticket.top_logprobs)
 
     def _staging_drafts(self) -> bool:
         """Asked once per staging batch, after the target's first chunk of it (``_drafting_pays``)."""
@@ -256,8 +401,12 @@ class Scheduler:
 
     def _finish(self, row: RowResult) -> None:
         ticket = self.tickets.pop(row.request_id, None)
-        if ticket is None:
-            return
+        if ticket is not None:
+            self._asking_logprobs -= ticket.top_logprobs is not None
+            self._logprobs.pop(row.request_id, None)
+            self._end(ticket, row)
+
+    def _end(self, ticket: Ticket, row: RowResult) -> None:
         if self.on_finish is not None:
             self.on_finish(ticket, row)
-        ticket.put(("done", row))
+        ticket.put(Event("done", ticket.choice, row))

@@ -13,26 +13,57 @@ CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }} {% endfo
                  "{% if add_generation_prompt %}w3 {% endif %}")
 
 
+APP_OPTIONS = ("default_max_tokens", "max_body_bytes", "api_key", "allowed_origins", "template_seconds")
+
+
 @contextlib.contextmanager
 def serving(pipeline, start_scheduler: bool = True, model: str = "tiny", **options):
-    """Yield (base URL, scheduler) of a running server; ``options`` go to the Scheduler (max_batch, ...)."""
+    """Yield (base URL, scheduler) of a running server; ``options`` go to the Scheduler (max_batch, ...) and to
+    ``create_app`` (APP_OPTIONS; by default 16 max_tokens and a 1 MiB body limit)."""
     from specdeploy.serve.app import create_app
     from specdeploy.serve.background import serve_in_thread
     from specdeploy.serve.scheduler import Scheduler
 
     config = options.pop("config", GenerationConfig(k=3))
     capacity = options.pop("capacity", 96)
-    body = options.pop("max_body_bytes", 2**20)
+    app_options = {"default_max_tokens": 16, "max_body_bytes": 2**20}
+    app_options.update({name: options.pop(name) for name in APP_OPTIONS if name in options})
     scheduler = Scheduler(pipeline, config, capacity, **options)
-    app = create_app(pipeline, scheduler, model, default_max_tokens=16, max_body_bytes=body)
+    app = create_app(pipeline, scheduler, model, **app_options)
     if start_scheduler:
         scheduler.start()
     try:
         with serve_in_thread(app) as url:
             yield url, scheduler
     finally:
-        if start_scheduler:
-            scheduler.stop()
+        scheduler.stop()
+
+
+@contextlib.contextmanager
+def slowed(pipeline, seconds: float):
+    """Each target call of ``pipeline`` takes ``seconds`` more while the block runs: requests that last."""
+    import time
+
+    infer_impl = pipeline.target.infer_impl
+
+    def slow(*args):
+        time.sleep(seconds)
+        return infer_impl(*args)
+
+    pipeline.target.infer_impl = slow
+    try:
+        yield
+    finally:
+        del pipeline.target.infer_impl  # the class's method again
+
+
+def metrics(url: str) -> dict[str, float]:
+    """/metrics as {series with its labels: value}."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics") as response:
+        text = response.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and line[0] != "#"}
 
 
 @pytest.fixture(scope="module")

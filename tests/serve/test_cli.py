@@ -45,10 +45,24 @@ def test_serve_answers_from_its_own_process(pair_dir):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--context", "5000"], "--context: got 5000; the artifact was exported with capacity 96"),
+    (["--context", "5000"], "--max-model-len/--context: got 5000; the artifact was exported with capacity 96"),
     (["--max-cache-bytes", "1000"], "over --max-cache-bytes"),
     (["--k", "-1"], "k: got -1; expected an integer >= 0"),
 ])
 def test_serve_refuses_bad_settings_before_listening(pair_dir, args, message):
+    result = CliRunner().invoke(main, ["serve", str(pair_dir), *args])
+    assert result.exit_code != 0 and message in result.output, result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-queue", "0"], "0 is not in the range x>=1"),
+    (["--context", "2"], "--max-model-len/--context: got 2; expected at least 11"),
+    (["--max-model-len", "5", "--k", "3"], "--max-model-len/--context: got 5; expected at least 6"),
+    (["--ssl-keyfile", __file__], "expected both, or neither"),
+    (["--chat-template", "no-such-template"], "--chat-template: got 'no-such-template'; expected a template file"),
+    (["--chat-template", "{% for m in messages %}{{ m }}"], "--chat-template: Unexpected end of template"),
+    (["--allowed-origins", "[not json"], "--allowed-origins: got '[not json'; expected a JSON list"),
+])
+def test_serve_refuses_settings_that_would_fail_every_request(pair_dir, args, message):
     result = CliRunner().invoke(main, ["serve", str(pair_dir), *args])
     assert result.exit_code != 0 and message in result.output, result.output

@@ -15,7 +15,7 @@ import pytest
 from specdeploy import GenerationConfig
 
 from ..runtime.stubs import Judge
-from .conftest import serving
+from .conftest import metrics, serving
 
 GREEDY = dict(temperature=0, max_tokens=24, extra_body={"ignore_eos": True})
 
@@ -123,7 +123,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row(client, server):
     while scheduler.rows and time.monotonic() < deadline:
         time.sleep(0.01)
     assert scheduler.rows == 0 and not scheduler.tickets
-    assert _metrics(url)['specdeploy_requests_total{outcome="cancelled"}'] == 1  # it left; it did not finish
+    assert metrics(url)['specdeploy_requests_total{finish_reason="cancelled"}'] == 1  # it left; it did not finish
     for _ in range(3):  # and the server goes on
         assert client.completions.create(model="tiny", prompt="w8 w9", **GREEDY).choices[0].finish_reason == "length"
 
@@ -168,8 +168,9 @@ def _post(url: str, body: bytes, content_type: str = "application/json"):
     (json.dumps({"model": "tiny", "prompt": "w5", "max_tokens": "5"}).encode(), 400, "max_tokens", "valid integer"),
     (json.dumps({"model": "tiny", "prompt": "w5", "max_tokens": -3}).encode(), 400, "max_tokens", "greater than or equal to 1"),
     (json.dumps({"model": "tiny", "prompt": "w5", "temperature": "hot"}).encode(), 400, "temperature", "valid number"),
-    (json.dumps({"model": "tiny", "prompt": "w5", "n": 2}).encode(), 400, "n", "one choice"),
-    (json.dumps({"model": "tiny", "prompt": "w5", "best_of": 3}).encode(), 400, "best_of", "Extra inputs"),
+    (json.dumps({"model": "tiny", "prompt": "w5", "n": 17}).encode(), 400, "n", "less than or equal to 16"),
+    (json.dumps({"model": "tiny", "prompt": "w5", "best_of": 3}).encode(), 400, "best_of", "every choice"),
+    (json.dumps({"model": "tiny", "prompt": "w5", "best_Of": 3}).encode(), 400, "best_Of", "Extra inputs"),
     (json.dumps({"model": "tiny", "prompt": "w5", "num_speculative_tokens": 9}).encode(), 400, "num_speculative_tokens",
      "at most 3"),
     (json.dumps({"model": "tiny", "prompt": ""}).encode(), 400, "prompt", "empty"),
@@ -177,8 +178,8 @@ def _post(url: str, body: bytes, content_type: str = "application/json"):
     (json.dumps({"model": "tiny", "prompt": "w5 " * 80, "max_tokens": 40}).encode(), 400, "max_tokens", "context"),
     (json.dumps({"model": "gpt-4", "prompt": "w5"}).encode(), 404, "model", "serves 'tiny'"),
     (json.dumps({"prompt": "w5"}).encode(), 400, "model", "Field required"),
-    (b"[1, 2]", 400, None, "valid dictionary"),
-    (json.dumps({"model": "tiny", "prompt": "w5 " * 3_500_000}).encode(), 413, None, "over this server's limit"),
+    (b"[1, 2]", 400, None, "expected a JSON object"),
+    (json.dumps({"model": "tiny", "prompt": "w5 " * 3_500_000}).encode(), 413, None, "takes bodies of at most"),
 ])
 def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(server, client, body, status, param, words):
     got, answer = _post(server[0], body)
@@ -197,16 +198,10 @@ def test_bad_chat_requests(server, client):
 
 def test_metrics_count_requests_and_speculation(server, client):
     client.completions.create(model="tiny", prompt="w5 w6 w7", **GREEDY)
-    values = _metrics(server[0])
-    assert values['specdeploy_requests_total{outcome="length"}'] >= 1
+    values = metrics(server[0])
+    assert values['specdeploy_requests_total{finish_reason="length"}'] >= 1
     assert values["specdeploy_drafted_tokens_total"] >= values['specdeploy_accepted_tokens_total{position="1"}'] > 0
     assert "specdeploy_running_rows" in values and "specdeploy_queued_requests" in values
-
-
-def _metrics(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{url}/metrics") as response:
-        text = response.read().decode()
-    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and line[0] != "#"}
 
 
 @pytest.mark.parametrize("pays", [False, True])

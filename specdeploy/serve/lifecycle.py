@@ -1,0 +1,86 @@
+"""Readiness and a graceful stop.
+
+Ready (``/health``, ``/health/ready`` answer 200) once the engines have warmed up the shapes the server
+runs (``Scheduler.ready``) and the chat template has been compiled; alive (``/health/live``) as long as
+the process answers. On SIGTERM (or Ctrl-C) the server drains: it stops admitting (new requests and
+the readiness probe get 503), lets the requests it holds finish for up to ``--drain-seconds``, ends any
+still open with a final event that says so (``Reply``), then exits. A second signal stops it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from concurrent.futures import Future
+
+import uvicorn
+
+from .scheduler import Scheduler
+
+log = logging.getLogger("specdeploy.serve")
+LAST_EVENTS_SECONDS = 5.0  # after a drain's deadline, for the responders to send their final events
+
+
+class Lifecycle:
+    """The server's state for its probes: warming up, ready, draining; and the drain itself."""
+
+    def __init__(self, scheduler: Scheduler, template_warmed: Future | None = None):
+        self.scheduler, self.template_warmed = scheduler, template_warmed
+        self.draining = False
+        self.open = 0  # responses being sent
+
+    def status(self) -> str:
+        """ok (ready), draining, failed (warming up raised: the reason follows), or warming_up."""
+        if self.draining:
+            return "draining"
+        if self.scheduler.warm_up_error:
+            return f"failed: warming up the engines raised {self.scheduler.warm_up_error}"
+        if self.scheduler.ready.is_set() and (self.template_warmed is None or self.template_warmed.done()):
+            return "ok"
+        return "warming_up"
+
+    async def drain(self, seconds: float) -> None:
+        """Stop admitting, wait up to ``seconds`` for the open requests, end those left, wait for their last events."""
+        self.draining = True
+        self.scheduler.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        log.info("draining: %d requests open, up to %g s", len(self.scheduler.tickets) + len(self.scheduler.queue), seconds)
+        while (self.scheduler.busy or self.open) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if self.scheduler.busy:
+            left = len(self.scheduler.tickets) + len(self.scheduler.queue)
+            log.warning("draining: ending %d requests still open after %g s", left, seconds)
+            self.scheduler.abort(f"the server is shutting down: this request was still running after its "
+                                 f"--drain-seconds ({seconds:g} s) and was ended")
+        deadline = loop.time() + LAST_EVENTS_SECONDS
+        while self.open and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, whose first SIGTERM or SIGINT drains (``Lifecycle.drain``) before it stops, and exits
+    with status 0 when the drain ends; a second signal stops it at once, as uvicorn would."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, drain_seconds: float):
+        super().__init__(config)
+        self.lifecycle, self.drain_seconds = lifecycle, drain_seconds
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_begun = False
+        self._drain: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self._drain_begun or self._loop is None or self.should_exit:
+            return super().handle_exit(sig, frame)
+        self._drain_begun = True  # nothing more here: a signal handler may interrupt the loop's thread anywhere
+        self._loop.call_soon_threadsafe(self._begin_drain, signal.Signals(sig).name)
+
+    def _begin_drain(self, name: str) -> None:
+        log.info("%s: draining for up to %g s (a second signal stops at once)", name, self.drain_seconds)
+        self._drain = asyncio.ensure_future(self.lifecycle.drain(self.drain_seconds))
+        self._drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
