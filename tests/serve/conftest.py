@@ -24,7 +24,9 @@ def serving(pipeline, start_scheduler: bool = True, model: str = "tiny", **optio
     from specdeploy.serve.background import serve_in_thread
     from specdeploy.serve.scheduler import Scheduler
 
-    config = options.pop("config", GenerationConfig(k=3))
+    # drafting at a known K, so that speculation is exercised on these tiny models, where a draft call costs what a
+    # target call does (the default, the cost policy, would find drafting by the model does not pay)
+    config = options.pop("config", GenerationConfig(k=3, policy="fixed", drafter="model"))
     capacity = options.pop("capacity", 96)
     app_options = {"default_max_tokens": 16, "max_body_bytes": 2**20}
     app_options.update({name: options.pop(name) for name in APP_OPTIONS if name in options})

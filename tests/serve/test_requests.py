@@ -147,7 +147,8 @@ def test_logprobs_are_the_targets_and_stream_as_they_come(roles_client, roles_pi
     streamed = [item for chunk in roles_client.chat.completions.create(
         model="tiny", messages=messages, logprobs=True, top_logprobs=2, stream=True, **GREEDY)
         if chunk.choices and chunk.choices[0].logprobs for item in chunk.choices[0].logprobs.content]
-    assert [(i.token, i.logprob) for i in streamed] == [(i.token, i.logprob) for i in content]
+    assert [i.token for i in streamed] == [i.token for i in content]  # the same text; each verification's arithmetic
+    assert np.allclose([i.logprob for i in streamed], [i.logprob for i in content], atol=1e-4)  # differs in the last bits
     plain = roles_client.chat.completions.create(model="tiny", messages=messages, **GREEDY)
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == chat.choices[0].message.content
 
@@ -207,7 +208,7 @@ def test_responses_are_valid_openai_objects(roles_server):
 
     url = roles_server[0]
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 6, "logprobs": True,
-            "top_logprobs": 1, "n": 2}
+            "top_logprobs": 1, "n": 2, "ignore_eos": True}  # sampled (temperature 1): EOS must not end a choice early
     status, body = _post(f"{url}/v1/chat/completions", chat)
     assert status == 200 and ChatCompletion.model_validate(body, strict=False).choices[1].index == 1
     status, body = _post(f"{url}/v1/completions", {"model": "tiny", "prompt": "w5", "max_tokens": 6, "logprobs": 2})
