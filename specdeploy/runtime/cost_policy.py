@@ -121,12 +121,13 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
 def expected_rates(rates: Sequence[float], costs: Costs, batch: int, model: bool) -> list[float] | None:
     """Expected tokens per second a row for K = 0..len(rates): E[tokens | K] / (draft calls + v(K + 1)) (Leviathan
     et al. 2023); ``model``: the drafts cost draft calls (prompt lookup's none). None: a cost is not measured."""
-    out = []
+    out, tokens, survive = [], 0.0, 1.0
     for k in range(len(rates) + 1):
+        tokens, survive = tokens + survive, survive * rates[k] if k < len(rates) else survive  # E[tokens | K = k]
         verify, draft = costs.verify_cost(batch, k + 1), costs.draft_cost(batch, k) if model else 0.0
         if verify is None or draft is None:
             return None
-        out.append(expected_tokens(rates, k) / (draft + verify))
+        out.append(tokens / (draft + verify))
     return out
 
 
@@ -146,13 +147,18 @@ class CostPolicy(Policy):
         self.budget = dict.fromkeys(SOURCES, 0.0)  # seconds each source may lose to being re-measured
         self.share = dict.fromkeys(SOURCES, EXPLORE_SHARE)
         self.exploring: dict[str, float | None] = dict.fromkeys(SOURCES)  # an outstanding re-measure: what it may lose
+        self._rates: dict[tuple[str, int], list[float] | None] = {}  # ``rates`` until the next observation
 
     def acceptance(self, source: str) -> list[float]:
         return acceptance(self.tried[source], self.kept[source])
 
     def rates(self, source: str, batch: int) -> list[float] | None:
-        """Expected tokens per second a row for K = 0..k drafted by ``source`` at ``batch`` rows."""
-        return expected_rates(self.acceptance(source), self.costs, batch, source == "model")
+        """Expected tokens per second a row for K = 0..k drafted by ``source`` at ``batch`` rows (priced once a cycle:
+        a decision is made at every cycle, and on a GPU a cycle is a few milliseconds)."""
+        key = (source, batch)
+        if key not in self._rates:
+            self._rates[key] = expected_rates(self.acceptance(source), self.costs, batch, source == "model")
+        return self._rates[key]
 
     def next_k(self, batch: int, lookup: bool = False) -> int:
         source = SOURCES[lookup]
@@ -188,6 +194,7 @@ class CostPolicy(Policy):
         return True
 
     def observe(self, outcome: CycleOutcome) -> None:
+        self._rates.clear()
         self._learn_costs(outcome)
         if not outcome.verify_tokens:
             return

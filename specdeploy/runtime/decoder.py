@@ -168,6 +168,10 @@ class BatchState:
         """New tokens each active row may still commit, in batch order."""
         return [self.settings[i].config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active]
 
+    def caps(self, left: list[int]) -> list[int]:
+        """The most drafts each active row may have: its own k, and one fewer than the tokens it has ``left``."""
+        return [max(0, min(self.settings[i].config.k, n - 1)) for i, n in zip(self.active, left)]
+
     def verify_inputs(self, drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Place ``drafts`` [batch, K] after each row's committed tokens; return the target's input.
 
@@ -297,8 +301,8 @@ class Generation:
         """One cycle, as the module's docstring has it; the policy hears what it cost and what it kept."""
         left = state.left()
         k, lookup_k = self._draft_lengths(state, draft_cache, left)
-        caps = [max(0, min(config.k, n - 1)) for config, n in zip(state.configs(), left)]
-        proposal = self.drafter.propose(state, draft_cache, k, lookup_k, caps) if k or lookup_k else Proposal.none(state.batch)
+        proposal = (self.drafter.propose(state, draft_cache, k, lookup_k, state.caps(left)) if k or lookup_k
+                    else Proposal.none(state.batch))
         verified = self.target.infer(*state.verify_inputs(proposal.drafts), cache)  # logits [batch, K + 1, vocab]
         began = time.perf_counter()
         accepted, emitted = self.accept(verified, proposal, state)

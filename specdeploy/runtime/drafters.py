@@ -130,10 +130,11 @@ class ModelDrafter(Drafter):
         logits, width = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]: the catch-up
         caught_up = time.perf_counter()
         columns = np.zeros((k, state.batch), np.int64)  # draft i of every row: row i, contiguous [batch, 1] inputs
+        pasts = [np.array([at + i for at in lengths]) for i in range(k - 1)]  # where draft call i + 1 feeds draft i
         configs = None if state.greedy and not state.penalized else state.configs()
         limits = [min(k, cap) for cap in caps]
-        qs, made = [], 0
-        while made < k and max(limits) > made:
+        qs, made, most, calls = [], 0, max(limits), 1  # the catch-up call, then one a draft but the last
+        while made < most:
             if state.penalized:
                 logits = _penalized(logits, state, configs, columns[:made].T)
             if state.greedy:  # no distribution needed, only its top probability when asked to stop on it
@@ -145,15 +146,16 @@ class ModelDrafter(Drafter):
                 if self.stop_below is not None:
                     limits = [made if limit > made and top < self.stop_below else limit
                               for limit, top in zip(limits, q.max(-1).tolist())]
-                if max(limits) <= made:
+                    most = max(limits)
+                if most <= made:
                     break
                 columns[made] = [_draw(q[b], rng, state.noise(b, at + made, q.shape[-1])) if made < limit else 0
                                  for b, (rng, limit, at) in enumerate(zip(state.rngs(), limits, lengths))]  # 0: a filler
                 qs.append(q)
             made += 1
-            if made < k:
-                logits = engine.infer(columns[made - 1][:, None], np.array([at + made - 1 for at in lengths]), cache).logits[:, 0]
-        calls = 1 + min(made, k - 1)  # the catch-up call, then one a draft but the last
+            if made < most:
+                logits = engine.infer(columns[made - 1][:, None], pasts[made - 1], cache).logits[:, 0]
+                calls += 1
         cache.commit([at + calls - 1 for at in lengths])
         ended = time.perf_counter()
         return Proposal(columns[:made].T, np.stack(qs, axis=1) if qs else None, [min(made, limit) for limit in limits],
