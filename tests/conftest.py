@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests import tiny
 
 
 @pytest.fixture(scope="session", autouse=True)
+def export_cache(tmp_path_factory):
+    """One directory of tiny exports for the whole run, shared by every xdist worker (``tiny.export_cli``)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's basetemp sits in the run's own
+        root = root.parent
+    tiny.EXPORT_CACHE = root / "tiny-exports"
+    tiny.EXPORT_CACHE.mkdir(exist_ok=True)
+    yield tiny.EXPORT_CACHE
+    tiny.EXPORT_CACHE = None
+
+
+@pytest.fixture(scope="session", autouse=True)
 def user_cache(tmp_path_factory):
     """The tests' own SPECDEPLOY_CACHE (remembered digests): never the user's, and inherited by the CLI runs."""
-    import os
-
     path = tmp_path_factory.mktemp("user-cache")
     previous, os.environ["SPECDEPLOY_CACHE"] = os.environ.get("SPECDEPLOY_CACHE"), str(path)
     yield path
