@@ -26,11 +26,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check specdeploy tests tools
 
 bench: $(STAMP)
-	$(BIN)/python tools/bench_verify_cost.py
-	$(BIN)/python tools/bench_overhead.py
+	$(BIN)/python -m tools.bench_verify_cost
+	$(BIN)/python -m tools.bench_overhead
 
 demo: $(STAMP)
-	$(BIN)/python tools/demo.py
+	$(BIN)/python -m tools.demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -28,7 +28,6 @@ def test_each_artifact_and_model_is_timed_and_their_last_logits_agree(fused_dirs
     assert all(r["warm_ms"] > 0 and r["cold_ms"] > 0 for r in rows)
     # the fused graph's last position, computed alone, is the explicit graph's, computed among all of them
     assert all(r["max_logit_difference"] < 1e-3 for r in rows), [r["max_logit_difference"] for r in rows]
-    assert "| 1 | target | yes | 40 |" in done.stdout
 
 
 def test_lengths_the_models_cannot_hold_are_refused(fused_dirs):
