@@ -65,7 +65,7 @@ CASES = (Case("code completion: new code, which only the draft model can guess",
          Case("code edit: the answer copies most of its input", EDIT_PROMPT, chat=True))
 # The fused int4 pair decodes and speculates fastest on this CPU, end to end (README, Measuring)
 TARGET_WEIGHTS, DRAFT_WEIGHTS, BLOCK_SIZE, GRAPH = "int4", "int4", "128", "fused"
-PLAIN = "target alone"
+PLAIN, DEFAULT, LOOKUP, MODEL = "target alone", "default", "prompt lookup alone", "draft model alone"
 PAYS, COSTS = 1.10, 0.90  # a shared machine's run-to-run spread is about +-10 %: within it, a run is even
 
 
@@ -110,10 +110,8 @@ def cli_default() -> GenerationConfig:
 def configurations(default: GenerationConfig, max_new_tokens: int) -> dict[str, GenerationConfig]:
     """The target alone, the default, and the default with each drafter alone (same policy and K)."""
     default = replace(default, max_new_tokens=max_new_tokens, temperature=0.0)
-    name = f"speculative ({default.drafter}, {default.policy}, K <= {default.k})"
-    return {PLAIN: replace(default, drafter="none"), name: default,
-            "prompt lookup alone": replace(default, drafter="prompt-lookup"),
-            "draft model alone": replace(default, drafter="model")}
+    return {PLAIN: replace(default, drafter="none"), DEFAULT: default, LOOKUP: replace(default, drafter="prompt-lookup"),
+            MODEL: replace(default, drafter="model")}
 
 
 def measure(pipeline: Pipeline, cases: Sequence[Case], configs: dict[str, GenerationConfig],
@@ -162,51 +160,61 @@ def reasons(measured: dict[str, Measured], configs: dict[str, GenerationConfig])
     """Why each drafter alone did what it did, from its per-cycle records."""
     plain = measured[PLAIN]
     target_step = statistics.fmean(r.verify_s for r in plain.records) if plain.records else 0.0
-    lookup, model = measured["prompt lookup alone"], measured["draft model alone"]
+    lookup, model = measured[LOOKUP], measured[MODEL]
     lines = [f"prompt lookup alone, {lookup.rate / plain.rate:.2f}x: a repeat of the text to draft from in "
              f"{lookup.drafted} of {len(lookup.records)} cycles, {lookup.accepted_per_drafted_cycle():.1f} drafts "
              "accepted per drafted cycle"]
     line = f"the draft model alone, {model.rate / plain.rate:.2f}x: "
+    policy, refused = configs[MODEL].policy, len(model.records) - model.drafted
     if model.drafted:
         ratio = model.draft_seconds_per_token() / target_step if target_step else float("nan")
         line += (f"a drafted token costs {ratio:.2f} of a target step, {model.accepted_per_drafted_cycle():.1f} drafts "
                  f"accepted per drafted cycle, {model.drafted} of {len(model.records)} cycles drafted")
+        if refused and policy != "fixed":
+            line += f"; the {policy} policy chose plain steps in {refused}: it priced the model's drafts above their gain"
+    elif policy != "fixed":
+        line += f"the {policy} policy chose plain steps in all {refused} cycles: it priced the model's drafts above their gain"
     else:
-        line += f"no cycle drafted, {len(model.records)} plain steps"
-    policy = configs["draft model alone"].policy
-    refused = len(model.records) - model.drafted
-    if refused and policy != "fixed":
-        line += f"; the {policy} policy chose plain steps in {refused} cycles: it priced the model's drafts above their gain"
+        line += f"no cycle drafted, {refused} plain steps"
     return lines + [line]
 
 
 def show(case: Case, measured: dict[str, Measured], configs: dict[str, GenerationConfig], console: Console) -> None:
     """The completion, one row per configuration, the verdict and its reasons."""
     plain = measured[PLAIN]
-    default = next(name for name in configs if name.startswith("speculative"))
     console.rule(case.title)
     if case.chat:
         console.print(f"[bold cyan]user:[/] {escape(case.prompt)}\n[bold cyan]assistant:[/] ", end="")
     else:  # the completion continues the prompt's text
         console.print(f"[bold cyan]{escape(case.prompt)}[/]", end="")
-    console.print(measured[default].text, markup=False)
-    table = Table("configuration", "tok/s", "speedup", "output", "cycles drafted / plain", "tokens per target call")
+    console.print(measured[DEFAULT].text, markup=False)
+    default = configs[DEFAULT]
+    names = {DEFAULT: f"{default.drafter}, {default.policy}, K<={default.k} (default)"}
+    table = Table()
+    table.add_column("configuration", no_wrap=True)  # a name, whole: the figures' headers wrap instead
+    for header in ("tok/s", "speedup", "output", "cycles drafted / plain", "tokens per target call"):
+        table.add_column(header, no_wrap=header == "output")
     for name, m in measured.items():
-        same = "-" if name == PLAIN else "identical" if m.identical else _differs(m.divergence)
-        table.add_row(name, f"{m.rate:.1f}", f"{m.rate / plain.rate:.2f}x", same,
+        same = "-" if name == PLAIN else "identical" if m.identical else "differs *"
+        table.add_row(names.get(name, name), f"{m.rate:.1f}", f"{m.rate / plain.rate:.2f}x", same,
                       f"{m.drafted} / {len(m.records) - m.drafted}",
                       f"{m.tokens / len(m.records):.2f}" if m.records else "-")
     console.print(table)
-    console.print(verdict(measured[default].rate / plain.rate, measured["prompt lookup alone"].rate / plain.rate,
-                          measured["draft model alone"].rate / plain.rate), style="bold", highlight=False)
+    for name, m in measured.items():
+        if not m.identical:
+            console.print(f"* {names.get(name, name)}: {_differs(m.divergence)}", highlight=False)
+    console.print(verdict(measured[DEFAULT].rate / plain.rate, measured[LOOKUP].rate / plain.rate,
+                          measured[MODEL].rate / plain.rate), style="bold", highlight=False)
     for line in reasons(measured, configs):
         console.print(f"  - {line}", highlight=False)
 
 
 def _differs(divergence: dict | None) -> str:
     if divergence is None:
-        return "differs"
-    return f"differs from token {divergence['position']} (target's margin {divergence['margin']:.2f})"
+        return "differs from the target's output"
+    return (f"differs from the target's output at token {divergence['position']}, where the target's own margin between "
+            f"the two tokens is {divergence['margin']:.2f} (a small margin is a near-tie that a compressed target's "
+            "arithmetic can tip: verifying K + 1 tokens at once is not bit-identical to decoding one)")
 
 
 def prepare(cache: Path) -> Path:

@@ -19,8 +19,9 @@ CASES = (demo.Case("new text", "w5 w6 w7", chat=False),
 def test_every_configuration_runs_each_round_and_is_the_targets_own_output(pair_dir):
     pipeline = Pipeline.load(pair_dir)
     configs = demo.configurations(GenerationConfig(k=3, policy="fixed", drafter="hybrid"), max_new_tokens=12)
-    assert list(configs) == [demo.PLAIN, "speculative (hybrid, fixed, K <= 3)", "prompt lookup alone", "draft model alone"]
-    assert configs["draft model alone"] == replace(configs["speculative (hybrid, fixed, K <= 3)"], drafter="model")
+    assert list(configs) == [demo.PLAIN, demo.DEFAULT, demo.LOOKUP, demo.MODEL]
+    assert configs[demo.MODEL] == replace(configs[demo.DEFAULT], drafter="model")
+    assert configs[demo.LOOKUP] == replace(configs[demo.DEFAULT], drafter="prompt-lookup")
     results = demo.measure(pipeline, CASES, configs, rounds=2)
     for case in CASES:
         plain = pipeline.generate([case.prompt], configs[demo.PLAIN])[0].token_ids
@@ -29,14 +30,14 @@ def test_every_configuration_runs_each_round_and_is_the_targets_own_output(pair_
             assert measured.tokens == 2 * len(plain) and measured.seconds > 0  # both rounds pooled
             assert sum(r.emitted for r in measured.records) == measured.tokens
         assert results[case.title][demo.PLAIN].drafted == 0
-        assert results[case.title]["draft model alone"].drafted > 0  # the fixed policy drafts every cycle it can
+        assert results[case.title][demo.MODEL].drafted > 0  # the fixed policy drafts every cycle it can
 
 
 def test_a_draft_that_is_the_target_costs_a_target_step_and_is_always_accepted(self_dir, tmp_path):
     pipeline = Pipeline.load(self_dir)
     configs = demo.configurations(GenerationConfig(k=3, policy="fixed", drafter="hybrid"), max_new_tokens=13)
     measured = demo.measure(pipeline, CASES[:1], configs, rounds=1)[CASES[0].title]
-    model = measured["draft model alone"]
+    model = measured[demo.MODEL]
     assert model.accepted_per_drafted_cycle() == 3.0  # 13 tokens: three cycles of 3 drafts + 1, then a plain step
     lines = demo.reasons(measured, configs)
     assert lines[1].startswith(f"the draft model alone, {model.rate / measured[demo.PLAIN].rate:.2f}x: a drafted token costs")
@@ -79,7 +80,8 @@ def test_an_output_that_leaves_the_targets_is_located_once_with_the_targets_marg
     pipeline = _Scripted()
     configs = demo.configurations(GenerationConfig(k=2, policy="fixed", drafter="hybrid"), max_new_tokens=4)
     measured = demo.measure(pipeline, CASES[:1], configs, rounds=2)[CASES[0].title]
-    assert [name for name, m in measured.items() if not m.identical] == ["draft model alone"]
-    assert measured["draft model alone"].divergence == {"position": 2, "margin": 0.125}
+    assert [name for name, m in measured.items() if not m.identical] == [demo.MODEL]
+    assert measured[demo.MODEL].divergence == {"position": 2, "margin": 0.125}
     assert pipeline.located == [([5, 6, 7, 8], [5, 6, 9, 9], "none")]  # against the target alone, under its config
-    assert demo._differs(measured["draft model alone"].divergence) == "differs from token 2 (target's margin 0.12)"
+    assert "at token 2, where the target's own margin between the two tokens is 0.12" in demo._differs(
+        measured[demo.MODEL].divergence)
