@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # two workers, one test file each at a time (module fixtures are built once): most of the suite's time is
-# single-threaded export tracing, so the second core halves it
+# single-threaded export tracing, so the second core halves it; each tiny export is traced once per run and shared
+# by both workers (tests/tiny.py, EXPORT_CACHE). The tools run from the repository root as modules (python -m tools.X)
 test: $(STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
@@ -26,11 +27,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check specdeploy tests tools
 
 bench: $(STAMP)
-	$(BIN)/python tools/bench_verify_cost.py
-	$(BIN)/python tools/bench_overhead.py
+	$(BIN)/python -m tools.bench_verify_cost
+	$(BIN)/python -m tools.bench_overhead
 
 demo: $(STAMP)
-	$(BIN)/python tools/demo.py
+	$(BIN)/python -m tools.demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

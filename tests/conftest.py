@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+
 import pytest
 
 from tests import tiny
 
 
 @pytest.fixture(scope="session", autouse=True)
+def export_cache(tmp_path_factory):
+    """One directory of tiny exports for the whole run, shared by every xdist worker (``tiny.export_cli``)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's basetemp sits in the run's own
+        root = root.parent
+    tiny.EXPORT_CACHE = root / "tiny-exports"
+    tiny.EXPORT_CACHE.mkdir(exist_ok=True)
+    yield tiny.EXPORT_CACHE
+    tiny.EXPORT_CACHE = None
+
+
+@pytest.fixture(scope="session", autouse=True)
 def user_cache(tmp_path_factory):
     """The tests' own SPECDEPLOY_CACHE (remembered digests): never the user's, and inherited by the CLI runs."""
-    import os
-
     path = tmp_path_factory.mktemp("user-cache")
     previous, os.environ["SPECDEPLOY_CACHE"] = os.environ.get("SPECDEPLOY_CACHE"), str(path)
     yield path
@@ -76,6 +90,25 @@ def fused_dirs(tmp_path_factory):
     dirs["trimmed"] = tiny.export_cli(root / "trimmed-art", saved["target"], saved["close"], "--graph", "fused",
                                       "--draft-vocab", str(tiny.VOCAB // 2))
     return dirs
+
+
+# Llama 3's chat template, as tests/runtime/test_chat.py renders it
+LLAMA3_CHAT_TEMPLATE = (
+    "{{- bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>"
+    "\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def chat_target_dir(checkpoints, tmp_path_factory):
+    """The tiny target alone (no draft), with a tokenizer_config.json that has a chat template and asks for BOS."""
+    root = tmp_path_factory.mktemp("chat")
+    source = root / "ckpt"
+    shutil.copytree(checkpoints["target"], source)
+    (source / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": LLAMA3_CHAT_TEMPLATE, "bos_token": {"content": "<s>", "special": True}, "eos_token": "</s>",
+        "add_bos_token": True, "model_max_length": 256}))
+    return tiny.export_cli(root / "art", source)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
 VOCAB = 128
@@ -79,18 +81,56 @@ def save_checkpoint(model, directory: Path, tokenizer=None) -> Path:
     return directory
 
 
+# A directory every worker of this test run shares (set by conftest.py): an export that tiny.export_cli made once
+# is copied from there instead of traced again (an explicit-form tiny model's trace costs ~6 s of torch.export)
+EXPORT_CACHE: Path | None = None
+
+
 def export_cli(out: Path, target: Path, draft: Path | None = None, *extra: str) -> Path:
-    """Export through the CLI, as a user would."""
+    """Export through the CLI, as a user would; the same checkpoints and options give a copy of the same artifact.
+
+    The artifact is exported once per test run (``EXPORT_CACHE``, shared by the xdist workers under a file lock)
+    and copied to ``out``: a copy, never a link, so that a test may damage its artifact without touching another's.
+    """
+    out = Path(out)
+    options = ["--capacity", "96", *extra] + (["--draft", str(draft)] if draft is not None else [])
+    if EXPORT_CACHE is None or out.exists():  # an existing ``out`` is the exporter's to refuse or replace
+        return _export(out, target, options)
+    from filelock import FileLock
+
+    cached = EXPORT_CACHE / _export_key(target, draft, options)
+    with FileLock(f"{cached}.lock"):
+        if not (cached / "manifest.json").is_file():
+            shutil.rmtree(cached, ignore_errors=True)  # a failed export's leftovers
+            _export(cached, target, options)
+    shutil.copytree(cached, out)
+    return out
+
+
+def _export(out: Path, target: Path, options: list[str]) -> Path:
     from click.testing import CliRunner
 
     from specdeploy.cli import main
 
-    args = ["export", "--target", str(target), "--out", str(out), "--capacity", "96", *extra]
-    if draft is not None:
-        args += ["--draft", str(draft)]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    result = CliRunner().invoke(main, ["export", "--target", str(target), "--out", str(out), *options],
+                                catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return out
+
+
+def _export_key(target: Path, draft: Path | None, options: list[str]) -> str:
+    """A digest of what an export reads: every file of the checkpoints (a directory or a GGUF file) and the options,
+    the draft's path among them replaced by its content."""
+    digest = hashlib.sha256()
+    for source in (target, draft):
+        source = Path(source) if source is not None else None
+        files = [] if source is None else sorted(source.rglob("*")) if source.is_dir() else [source]
+        for path in (f for f in files if f.is_file()):
+            digest.update(f"{path.relative_to(source) if source.is_dir() else path.name}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        digest.update(b"\1")
+    digest.update(json.dumps([o for o in options if o != str(draft)]).encode())
+    return digest.hexdigest()[:32]
 
 
 def read_json(path: Path):

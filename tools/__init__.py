@@ -1,1 +1,2 @@
-"""Maintainer scripts (benchmarks, the demo, fetchers): run as ``python -m tools.NAME`` or ``python tools/NAME.py``."""
+"""Scripts a maintainer runs from the repository root, each as ``python -m tools.NAME``: benchmarks, the demo, model
+fetchers. Not library code: the package ``specdeploy`` never imports them."""

@@ -6,7 +6,7 @@ first byte on stdout (the CLI prints a prompt's text with its first chunk: loadi
 cycle) and the whole run. Artifacts alternate within each prompt, their order turning each round, so that the
 machine's drift hits them alike; medians per prompt and artifact.
 
-    python tools/bench_first_token.py --artifact OLD --artifact NEW [--humaneval 1] [--specbench 1]
+    python -m tools.bench_first_token --artifact OLD --artifact NEW [--humaneval 1] [--specbench 1]
         [--prompt TEXT ...] [--rounds 3] [--max-new-tokens 32] [--option=--k=4 ...] [--out FILE]
 """
 
@@ -20,9 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_real_pair import workload  # noqa: E402
+from specdeploy.workloads import PromptFileError, workload
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,9 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     prompts = [(f"prompt {i}", text) for i, text in enumerate(args.prompt)]
-    if args.humaneval or args.specbench:
+    try:
         prompts += [(p.id if g == "humaneval" else f"{g} {p.id}", p.text)
                     for g, p in workload(args.humaneval, args.specbench, humaneval_from=8)]
+    except PromptFileError as exc:
+        parser.error(str(exc))
     if not prompts:
         parser.error("no prompts: give --prompt, --humaneval or --specbench")
 

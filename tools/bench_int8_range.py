@@ -7,7 +7,7 @@ ranges, runs HumanEval prompts with their canonical solutions through each in on
 variant, the top-1 agreement with fp32 over every position and the relative logits error, then the median
 time of a 1- and a 5-token call after a 64-token prefix (both ranges run the same kernel).
 
-    python tools/bench_int8_range.py --checkpoint GGUF_OR_DIR --workdir DIR [--tasks 4] [--rounds 7] [--out FILE]
+    python -m tools.bench_int8_range --checkpoint GGUF_OR_DIR --workdir DIR [--tasks 4] [--rounds 7] [--out FILE]
 """
 
 from __future__ import annotations

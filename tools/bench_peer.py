@@ -15,7 +15,7 @@ outputs identical to specdeploy's plain decoding (a speculative output that diff
 ``Pipeline.first_divergence``: the plain target's margin between the two tokens there), and each
 worker's peak resident memory.
 
-    python tools/bench_peer.py --artifact DIR [--artifact DIR2] [--humaneval 8] [--specbench 0] [--max-tokens 128]
+    python -m tools.bench_peer --artifact DIR [--artifact DIR2] [--humaneval 8] [--specbench 0] [--max-tokens 128]
         [--k 4] [--out docs/bench_peer]
 """
 
@@ -300,8 +300,8 @@ def main() -> None:
                         "demo's); repeat to compare several (the first is the reference)")
     parser.add_argument("--gguf-dir", type=Path, default=CACHE, help="where the two GGUF files are (make demo puts them here)")
     parser.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts (the first N)")
-    parser.add_argument("--specbench", type=int, default=0, help="Spec-Bench first turns per category group (as "
-                        "tools/bench_real_pair.py picks them), reported per group")
+    parser.add_argument("--specbench", type=int, default=0, help="Spec-Bench first turns per group (shipped with "
+                        "specdeploy; specdeploy.workloads.workload picks them), reported per group")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per cycle, both systems' fixed-K runs")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of each system")
@@ -320,7 +320,12 @@ def main() -> None:
 
     import specdeploy
     from specdeploy.contract import Manifest
+    from specdeploy.workloads import PromptFileError, workload
 
+    try:  # before the peer's minutes of set-up: a workload that cannot be had is an error, never skipped
+        prompts = workload(args.humaneval, args.specbench)  # HumanEval, then Spec-Bench per group
+    except PromptFileError as exc:
+        parser.error(str(exc))
     version = ensure_peer()
     models = {role: peer_model(args.gguf_dir / name, args.block_size, args.accuracy_level, args.threads)
               for role, name in GGUF.items()}
@@ -342,9 +347,6 @@ def main() -> None:
 
     artifact_tokenizer = Tokenizer.from_file(str(args.artifact[0] / "tokenizer.json"))  # both systems get the same ids
     encode = lambda text: artifact_tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731 (Qwen: no BOS)
-    from bench_real_pair import workload  # its prompt sets: HumanEval, then Spec-Bench per category group
-
-    prompts = workload(args.humaneval, args.specbench)
     for system, config in grid:  # warm-up, unmeasured: first calls allocate
         workers[system].run(config, encode("def add(a, b):"), 8)
     runs = {f"{s}: {c}": [] for s, c in grid}
@@ -367,7 +369,7 @@ def main() -> None:
         keep = [i for i, (g, _) in enumerate(prompts) if g == group]
         return {name: summarize([r[i] for i in keep], [own_plain[name.split(": ")[0]][i] for i in keep],
                                 [reference[i] for i in keep]) for name, r in runs.items()}
-    command = ("python tools/bench_peer.py " + " ".join(sys.argv[1:])).replace(str(Path.home()), "~")
+    command = ("python -m tools.bench_peer " + " ".join(sys.argv[1:])).replace(str(Path.home()), "~")
     report = {
         "setup": {
             "date": time.strftime("%Y-%m-%d"), "command": command,

@@ -10,7 +10,7 @@ reported apart, and the median of the later rounds as the warm cost (the cold ca
 disk when they are not in the page cache). The last position's logits of each artifact are compared with the
 first artifact's.
 
-    python tools/bench_prefill.py --artifact OLD --artifact NEW [--lengths 32,128,512,1024] [--rounds 5]
+    python -m tools.bench_prefill --artifact OLD --artifact NEW [--lengths 32,128,512,1024] [--rounds 5]
         [--threads 2] [--out FILE]
 """
 

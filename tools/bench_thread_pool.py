@@ -12,7 +12,7 @@ configuration, then each configuration ``--repeats`` times, interleaved: plain t
 model at fixed K, and the CLI's default speculation (the cost policy over the hybrid drafter). Prints the
 median tok/s (prefill and decoding) per mode and configuration, and each against ``spinning``.
 
-    python tools/bench_thread_pool.py --artifact DIR [--rounds 3] [--repeats 3] [--max-new-tokens 128] [--out FILE]
+    python -m tools.bench_thread_pool --artifact DIR [--rounds 3] [--repeats 3] [--max-new-tokens 128] [--out FILE]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 MODES = ("spinning", "stop", "shared")
+ROOT = Path(__file__).resolve().parents[1]  # the workers run as ``python -m tools.bench_thread_pool`` from here
 
 
 def configurations(k: int) -> dict:
@@ -54,21 +55,20 @@ def worker(artifact: str, mode: str, repeats: int, max_new_tokens: int, k: int, 
     """tok/s per configuration, ``repeats`` requests each, interleaved."""
     from dataclasses import replace
 
-    from demo import PROMPT  # make demo's prompt
-
     from specdeploy import Pipeline
+    from tools.demo import CODE_PROMPT  # make demo's code completion
 
     if mode == "spinning":
         spinning_pools()
     pipeline = Pipeline.load(artifact, threads=threads if mode == "shared" else None)
     grid = {name: replace(config, max_new_tokens=max_new_tokens) for name, config in configurations(k).items()}
     for config in grid.values():  # first calls at each shape, unmeasured
-        pipeline.generate([PROMPT], config)
+        pipeline.generate([CODE_PROMPT], config)
     rates: dict[str, list[float]] = {name: [] for name in grid}
     for _ in range(repeats):
         for name, config in grid.items():
             began = time.perf_counter()
-            result = pipeline.generate([PROMPT], config)[0]
+            result = pipeline.generate([CODE_PROMPT], config)[0]
             if result.error:
                 raise RuntimeError(f"{mode}, {name}: {result.error}")
             rates[name].append(len(result.token_ids) / (time.perf_counter() - began))
@@ -93,17 +93,17 @@ def main() -> None:
     rates: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
     for round_ in range(args.rounds):
         for mode in MODES[round_ % len(MODES):] + MODES[: round_ % len(MODES)]:
-            command = [sys.executable, __file__, "--artifact", args.artifact, "--worker", mode, "--repeats",
+            command = [sys.executable, "-m", "tools.bench_thread_pool", "--artifact", args.artifact, "--worker", mode, "--repeats",
                        str(args.repeats), "--max-new-tokens", str(args.max_new_tokens), "--k", str(args.k),
                        "--threads", str(args.threads)]
-            done = subprocess.run(command, capture_output=True, text=True)
+            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
             if done.returncode:
                 raise SystemExit(f"{mode} worker failed:\n{done.stderr[-2000:]}")
             for name, values in json.loads(done.stdout.strip().splitlines()[-1]).items():
                 rates[mode].setdefault(name, []).extend(values)
             print(f"round {round_ + 1}, {mode}: done", flush=True)
     medians = {mode: {name: statistics.median(v) for name, v in by_name.items()} for mode, by_name in rates.items()}
-    print(f"\nmake demo's prompt, {args.max_new_tokens} new tokens, greedy, median tok/s over {args.rounds} workers "
+    print(f"\nmake demo's code completion, {args.max_new_tokens} new tokens, greedy, median tok/s over {args.rounds} workers "
           f"x {args.repeats} requests per mode\n{'configuration':20} {'spinning':>9} {'stop':>6} {'shared':>7} "
           f"{'stop/spinning':>14} {'shared/spinning':>16}")
     for name in medians["spinning"]:
@@ -115,5 +115,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

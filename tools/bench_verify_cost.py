@@ -5,9 +5,9 @@ graph (fp32, optionally int4), and times one ONNX Runtime call at tokens = 1, 5 
 of half the capacity, batch 1, on a shared 2-thread pool. Prints median latency and the ratio to
 tokens = 1. All ratios come from the same run, interleaved, so machine drift hits them alike.
 
-    python tools/bench_verify_cost.py [--sizes 30m,125m] [--weights full,int4] [--capacity 512]
-    python tools/bench_verify_cost.py --artifact DIR            # the models of an exported artifact
-    python tools/bench_verify_cost.py --artifact DIR --variants int4-b32-a4,int8-b32-a4,...
+    python -m tools.bench_verify_cost [--sizes 30m,125m] [--weights full,int4] [--capacity 512]
+    python -m tools.bench_verify_cost --artifact DIR            # the models of an exported artifact
+    python -m tools.bench_verify_cost --artifact DIR --variants int4-b32-a4,int8-b32-a4,...
         # re-quantizes the artifact's fp32 target per variant (weights-bits, block size, accuracy level;
         # "dyn8": ONNX Runtime's dynamic int8 quantization)
         # and times each: the configuration search for compressed targets

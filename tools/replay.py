@@ -9,18 +9,18 @@ drafters and policies against ``ReplayEngine``s: each returns the recorded next 
 recorded text and moves a virtual clock by the call's cost from the table. ``time.perf_counter`` reads that
 clock, so the policies measure the table's costs, and the runtime's own time between calls is counted as it
 runs. The same configuration over the same traces gives the same seconds whatever else the machine does, and
-a change to a policy is judged on many prompts in seconds, not hours of noisy runs; a wall-clock benchmark
-(``tools/bench_cli_policies.py``) then confirms what the replay chose.
+a change to a policy is judged on many prompts in seconds, not hours of noisy runs; a paired wall-clock run
+(``tools/bench_peer.py``) then confirms what the replay chose.
 
 What a replay leaves out: near-ties that a verification's arithmetic tips (a real speculative run can leave
 the plain text there, README: Exactness), a machine's drift, and the first calls of a process at each shape,
 which ONNX Runtime runs cold (``--cold`` prices them at a multiple of the table's cost). Greedy only.
 
-    python tools/replay.py record --artifact DIR --out traces.json [--humaneval 8] [--humaneval-from 8]
+    python -m tools.replay record --artifact DIR --out traces.json [--humaneval 8] [--humaneval-from 8]
         [--specbench 4] [--max-new-tokens 128]
-    python tools/replay.py run --traces traces.json [--lengths 32,128] [--ks 1,2,3,4] [--warm] [--cold 1.0]
+    python -m tools.replay run --traces traces.json [--lengths 32,128] [--ks 1,2,3,4] [--warm] [--cold 1.0]
         [--noise 0.15 --seeds 3] [--out FILE]
-    python tools/replay.py ceiling --traces traces.json [--past 256]    # the draft model's best case on the table
+    python -m tools.replay ceiling --traces traces.json [--past 256]    # the draft model's best case on the table
 """
 
 from __future__ import annotations
@@ -28,17 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specdeploy.contract import PREFILL_CHUNK, ModelSpec  # noqa: E402
-from specdeploy.engines.base import Engine  # noqa: E402
+from specdeploy.contract import PREFILL_CHUNK, ModelSpec
+from specdeploy.engines.base import Engine
 
 PASTS = (32, 384, 896)  # pasts the cost table is measured at (a HumanEval prompt is ~150 tokens, Spec-Bench rag ~700)
 FULL = tuple(range(1, 10))  # calls that keep every position's logits: decode and verification (T = K + 1)
@@ -310,7 +307,7 @@ def replay(data: dict, config, fresh: bool = True, cold: float = 1.0, traces: li
     out = []
     with clock:
         pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory)
-        if fresh:  # an earlier run on this machine left its record: tools/bench_cli_policies.py runs a short prompt first
+        if fresh:  # an earlier run on this machine left its record (a short prompt first)
             shortest = min(traces, key=lambda t: len(t.prompt))
             pipeline.generate([shortest.prompt], replace(config, max_new_tokens=16))
         for trace in traces:
@@ -333,7 +330,8 @@ def replay(data: dict, config, fresh: bool = True, cold: float = 1.0, traces: li
 
 
 def configurations(ks: list[int]) -> dict:
-    """What the wall-clock policy benchmark runs (``tools/bench_cli_policies.py``), with every K alike."""
+    """Plain decoding, fixed K by the draft model, the cost policy over the draft model, and the default (the cost
+    policy over the hybrid drafter)."""
     from specdeploy import GenerationConfig
 
     out = {"plain": GenerationConfig(drafter="none")}
@@ -423,10 +421,8 @@ def main() -> None:
     if args.command == "record":
         from dataclasses import asdict
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_real_pair import workload
-
         from specdeploy import Pipeline
+        from specdeploy.workloads import workload
 
         pipeline = Pipeline.load(args.artifact, threads=args.threads)
         if pipeline.draft is None:

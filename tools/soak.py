@@ -5,7 +5,7 @@ top-k/top-p, batch size, prompt length, stop tokens) until --cycles cycles have 
 process's resident set size. Reports RSS after warm-up and at the end (target: within 5%), and
 any error (with the configuration that raised it).
 
-    python tools/soak.py [--cycles 10000] [--seed 0]
+    python -m tools.soak [--cycles 10000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import resource
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+DRIFT_LIMIT = 5.0  # percent of the RSS after warm-up
 
 
 def rss_mib() -> float:
@@ -41,6 +42,44 @@ def random_config(rng: random.Random):
     )
 
 
+@dataclass
+class Soaked:
+    cycles: int = 0
+    requests: int = 0
+    errors: list[str] = field(default_factory=list)  # each with the configuration that raised it
+    rss_start: float = 0.0  # MiB
+    rss_warm: float = 0.0  # after the warm-up cycles
+    rss_end: float = 0.0
+
+    @property
+    def drift(self) -> float:
+        """RSS growth from the end of the warm-up to the end, in percent."""
+        return (self.rss_end - self.rss_warm) / self.rss_warm * 100
+
+
+def soak(pipeline, cycles: int, warmup: int, seed: int) -> Soaked:
+    """Random requests on ``pipeline`` (words w4..w119 of the tiny tokenizer) until ``cycles`` cycles have run."""
+    rng = random.Random(seed)
+    soaked = Soaked(rss_start=rss_mib())
+    while soaked.cycles < cycles:
+        config = random_config(rng)
+        prompts = [" ".join(f"w{rng.randint(4, 119)}" for _ in range(rng.randint(1, 20))) for _ in range(rng.randint(1, 6))]
+        try:
+            run = pipeline.start(prompts, config)
+            while not run.done:
+                run.step()
+                soaked.cycles += 1
+            soaked.requests += len(prompts)
+        except Exception as exc:  # the soak reports every error rather than stopping at the first
+            soaked.errors.append(f"{type(exc).__name__}: {exc} ({config})")
+            soaked.cycles += 1  # a request that fails at once still moves the soak on
+        if not soaked.rss_warm and soaked.cycles >= warmup:
+            soaked.rss_warm = rss_mib()
+    soaked.rss_end = rss_mib()
+    soaked.rss_warm = soaked.rss_warm or soaked.rss_end
+    return soaked
+
+
 def main() -> None:
     from specdeploy import Pipeline
     from tests import tiny
@@ -50,34 +89,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=1000, help="cycles before the baseline RSS is taken")
     args = parser.parse_args()
-    rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = Pipeline.load(tiny.export_pair(Path(tmp), capacity=128), threads=1)
-        cycles, errors, requests, baseline = 0, [], 0, None
-        start = rss_mib()
         began = time.perf_counter()
-        while cycles < args.cycles:
-            gen = random_config(rng)
-            prompts = [" ".join(f"w{rng.randint(4, 119)}" for _ in range(rng.randint(1, 20)))
-                       for _ in range(rng.randint(1, 6))]
-            try:
-                run = pipeline.start(prompts, gen)
-                while not run.done:
-                    run.step()
-                    cycles += 1
-                requests += len(prompts)
-            except Exception as exc:  # the soak reports every error rather than stopping at the first
-                errors.append(f"{type(exc).__name__}: {exc} ({gen})")
-            if baseline is None and cycles >= args.warmup:
-                baseline = rss_mib()
-        end = rss_mib()
-        drift = (end - baseline) / baseline * 100
-        print(f"{cycles} cycles, {requests} requests in {time.perf_counter() - began:.0f} s; RSS at start {start:.1f} MiB, "
-              f"after {args.warmup} warm-up cycles {baseline:.1f} MiB, at end {end:.1f} MiB ({drift:+.1f}%); "
-              f"errors: {len(errors)}")
-        for error in errors[:10]:
+        soaked = soak(pipeline, args.cycles, args.warmup, args.seed)
+        print(f"{soaked.cycles} cycles, {soaked.requests} requests in {time.perf_counter() - began:.0f} s; RSS at start "
+              f"{soaked.rss_start:.1f} MiB, after {args.warmup} warm-up cycles {soaked.rss_warm:.1f} MiB, at end "
+              f"{soaked.rss_end:.1f} MiB ({soaked.drift:+.1f}%); errors: {len(soaked.errors)}")
+        for error in soaked.errors[:10]:
             print("  " + error)
-        sys.exit(1 if errors or abs(drift) > 5 else 0)
+        sys.exit(1 if soaked.errors or abs(soaked.drift) > DRIFT_LIMIT else 0)
 
 
 if __name__ == "__main__":

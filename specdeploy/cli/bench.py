@@ -31,9 +31,16 @@ def _csv(kind):
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--prompts", "prompts_path", required=True,
-              help="Prompt file (.txt, .jsonl with 'prompt', or Spec-Bench .jsonl), or 'humaneval' (extra 'bench').")
+@click.argument("directories", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--prompts", "prompts_path", default=None,
+              help="Prompt file (.txt, .jsonl with 'prompt', or Spec-Bench .jsonl), or 'humaneval' (all 164; extra 'bench').")
+@click.option("--humaneval", "humaneval_count", type=click.IntRange(min=0), default=0, show_default=True,
+              help="HumanEval prompts (extra 'bench'), from task --humaneval-from on.")
+@click.option("--humaneval-from", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The first HumanEval task --humaneval takes.")
+@click.option("--specbench", "specbench_count", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Spec-Bench prompts (shipped with specdeploy) per group: mt_bench, translation, summarization, qa, "
+                   "math_reasoning, rag; reported per group.")
 @click.option("--k", "--num-speculative-tokens", "ks", default="0,1,2,4,8", show_default=True, callback=_csv(int),
               help="Draft lengths; 0 is plain target decoding (always run as the baseline).")
 @click.option("--policy", "policies", default="fixed", show_default=True, callback=_csv(str),
@@ -53,20 +60,24 @@ def _csv(kind):
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for records.jsonl and summary.json.")
 @click.option("--force", is_flag=True, help="Replace an existing --out directory.")
-def bench(directory, prompts_path, ks, policies, drafters, temperatures, max_new_tokens, repeat, batch_size, limit,
-          threads, provider, seed, out, force):
-    """Run the baseline and a grid of configurations in one process, interleaved; record and summarise."""
+def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_count, ks, policies, drafters,
+          temperatures, max_new_tokens, repeat, batch_size, limit, threads, provider, seed, out, force):
+    """Run the baseline and a grid of configurations on each artifact DIRECTORY in one process, interleaved per
+    prompt; record and summarise. With several artifacts, each is also compared with the first."""
     from .. import Pipeline
     from ..contract import ContractError
     from ..engines import ProviderError
     from ..reports.bench import GridError, build_grid, run_bench
     from ..runtime.cache import CapacityError
     from ..runtime.config import ConfigError
-    from ..workloads import PromptFileError, humaneval, load_prompts
+    from ..workloads import PromptFileError
 
+    if humaneval_from and not humaneval_count:
+        raise click.UsageError("--humaneval-from goes with --humaneval N")
+    labels = _labels(directories)
     try:
-        grid = build_grid(ks, policies, drafters, temperatures, max_new_tokens, seed)
-        prompts = humaneval() if prompts_path == "humaneval" else load_prompts(prompts_path)
+        grid = build_grid(ks, policies, drafters, temperatures, max_new_tokens, seed, labels)
+        prompts = _prompts(prompts_path, humaneval_count, humaneval_from, specbench_count)
     except (GridError, PromptFileError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from exc
     prompts = prompts[:limit] if limit else prompts
@@ -77,25 +88,49 @@ def bench(directory, prompts_path, ks, policies, drafters, temperatures, max_new
             raise click.ClickException(f"{out}: not a bench output directory (expected only {', '.join(BENCH_FILES)} "
                                        "and plots); --force replaces nothing else")
     try:
-        pipeline = Pipeline.load(directory, provider=provider, threads=threads)
+        pipelines = {label: Pipeline.load(directory, provider=provider, threads=threads)
+                     for label, directory in zip(labels, directories)}
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
         total = repeat * -(-len(prompts) // batch_size) * len(grid)
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"bench: {len(grid)} configurations x {len(prompts)} prompts x {repeat}", total=total)
-            summary = run_bench(pipeline, grid, prompts, out, repeat, batch_size, lambda: progress.advance(task))
+            summary = run_bench(pipelines, grid, prompts, out, repeat, batch_size, lambda: progress.advance(task))
     except (ContractError, CapacityError, ProviderError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    _print_summary(summary["all"])
+    segments = sorted(s for s in summary if s != "all") if len(summary) > 2 else []  # one segment: the whole run
+    for segment in [*segments, "all"]:
+        _print_summary(summary[segment], segment)
     Console(stderr=True).print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}; `specdeploy report {out}` plots them")
 
 
-def _print_summary(summary: dict) -> None:
-    from ..reports.plots import HEADER, table_rows
+def _labels(directories: tuple[Path, ...]) -> list[str]:
+    """Each artifact's name in the grid: its directory's name, with its position where two share one."""
+    names = [d.name for d in directories]
+    return [name if names.count(name) == 1 else f"{i}:{name}" for i, name in enumerate(names)]
 
-    table = Table(*HEADER, title="bench (speedup against the baseline measured in the same run)")
-    for row in table_rows(summary):
+
+def _prompts(path: str | None, humaneval_count: int, humaneval_from: int, specbench_count: int) -> list:
+    """The prompt file's prompts (or all of HumanEval's), then the workload --humaneval / --specbench ask for, each
+    Spec-Bench prompt segmented by its group."""
+    from dataclasses import replace
+
+    from ..workloads import PromptFileError, humaneval, load_prompts, workload
+
+    if path is None and not humaneval_count and not specbench_count:
+        raise PromptFileError("no prompts: give --prompts, --humaneval N or --specbench N")
+    prompts = [] if path is None else humaneval() if path == "humaneval" else load_prompts(path)
+    chosen = workload(humaneval_count, specbench_count, humaneval_from)
+    return prompts + [replace(prompt, category=group.rsplit("/", 1)[-1]) for group, prompt in chosen]
+
+
+def _print_summary(summary: dict, segment: str) -> None:
+    from ..reports.plots import summary_table
+
+    header, rows = summary_table(summary)
+    table = Table(*header, title=f"bench, {segment} (speedup against the baseline measured in the same run)")
+    for row in rows:
         table.add_row(*row)
     Console().print(table)
 

@@ -96,7 +96,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                        "stopped_by": str(result.finish_reason), "stats": result.stats}
                 click.echo(strict_json(row | ({"error": result.error} if result.error else {})))
         else:
-            results = _show(pipeline, prompts, inputs, config, batch_size)
+            results = _show(pipeline, [_heading(p, chat, system) for p in prompts], inputs, config, batch_size)
             _stats_table(results)
         failed = [(i, r.error) for i, r in enumerate(results) if r.finish_reason == "error"]
         if failed:
@@ -127,19 +127,28 @@ def strict_json(value) -> str:
     return json.dumps(clean(value), allow_nan=False)
 
 
-def _show(pipeline, prompts, inputs, config, batch_size):
-    """Stream (or, in batches, print) each completion after its prompt's text; generate from ``inputs``."""
+def _heading(prompt: str, chat: bool, system: str | None) -> str:
+    """What is printed before a completion (rich markup): the text it continues, or with --chat the exchange by role,
+    so that the answer never reads as glued to the user's message."""
+    if not chat:
+        return f"[bold cyan]{escape(prompt)}[/]"
+    opening = "" if system is None else f"[bold]system:[/] {escape(system)}\n"
+    return f"{opening}[bold cyan]user:[/] {escape(prompt)}\n[bold green]assistant:[/] "
+
+
+def _show(pipeline, headings, inputs, config, batch_size):
+    """Stream (or, in batches, print) each completion after its heading (``_heading``); generate from ``inputs``."""
     from ..runtime.pipeline import GenerationError, GenerationResult
     from ..runtime.telemetry import FinishReason, summarize
 
     out = Console(highlight=False)
     if batch_size == 1:
         results = []
-        for prompt, source in zip(prompts, inputs):
+        for heading, source in zip(headings, inputs):
             try:
                 stream = pipeline.stream(source, config)
                 first = next(stream)  # the prompt is checked (and refused) before it is echoed
-                out.print(f"[bold cyan]{escape(prompt)}[/]", end="")
+                out.print(heading, end="")
                 for chunk in itertools.chain([first], stream):
                     out.print(chunk.text, end="", markup=False)
                 results.append(chunk.result)
@@ -148,8 +157,8 @@ def _show(pipeline, prompts, inputs, config, batch_size):
             out.print()
         return results
     results = pipeline.generate(inputs, config, batch_size=batch_size)
-    for prompt, result in zip(prompts, results):
-        out.print(f"[bold cyan]{escape(prompt)}[/]", end="")
+    for heading, result in zip(headings, results):
+        out.print(heading, end="")
         out.print(result.text, markup=False)
     return results
 

@@ -1,5 +1,11 @@
 """The bench grid: the baseline and every configuration, interleaved round by round, in one process.
 
+Several artifacts (graph forms, weight formats of one pair) run side by side in the same grid: each
+configuration of each artifact, the order rotating per prompt, so that the machine's drift hits them
+alike. Each configuration is compared with the plain decoding of its own artifact (speedup, identical
+outputs; a greedy output that differs is located, with the plain target's margin there), and each
+artifact with the first one (the reference).
+
 Writes ``records.jsonl`` (one line per cycle record, and one per run, each tagged with its
 configuration, prompt and repeat) and ``summary.json``, whose every number is recomputed from
 ``records.jsonl`` by ``summarize`` — the summary is never counted separately.
@@ -11,15 +17,19 @@ import itertools
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..runtime.config import GenerationConfig
 from ..runtime.registry import DRAFTERS, POLICIES
 from ..runtime.telemetry import CycleRecord, acceptance_by_position, mean_accepted_length, time_split
 from ..workloads import Prompt
 from .analytic import predicted_speedup
+
+if TYPE_CHECKING:
+    from ..runtime.pipeline import Pipeline
 
 
 class GridError(ValueError):
@@ -30,13 +40,17 @@ class GridError(ValueError):
 class Setting:
     name: str
     config: GenerationConfig
-    baseline: str  # the name of the plain-decoding setting at the same temperature
+    baseline: str  # the name of the plain-decoding setting of the same artifact at the same temperature
+    artifact: str = ""  # the label of the artifact it runs on (a key of run_bench's pipelines)
+    reference: str = ""  # the first artifact's plain-decoding setting at this temperature
 
 
 def build_grid(ks: Sequence[int], policies: Sequence[str], drafters: Sequence[str], temperatures: Sequence[float],
-               max_new_tokens: int, seed: int = 0) -> list[Setting]:
-    """The baseline per temperature plus every (drafter, policy, k > 0, temperature) combination."""
-    for name, values in (("k", ks), ("policy", policies), ("drafter", drafters), ("temperature", temperatures)):
+               max_new_tokens: int, seed: int = 0, artifacts: Sequence[str] = ("",)) -> list[Setting]:
+    """The baseline per temperature plus every (drafter, policy, k > 0, temperature) combination, for each artifact
+    label in ``artifacts`` (with several, each name starts with "label | ")."""
+    for name, values in (("k", ks), ("policy", policies), ("drafter", drafters), ("temperature", temperatures),
+                         ("artifact", artifacts)):
         if not values:
             raise GridError(f"--{name}: empty; the grid needs at least one value")
     unknown = [p for p in policies if p not in POLICIES]
@@ -48,42 +62,66 @@ def build_grid(ks: Sequence[int], policies: Sequence[str], drafters: Sequence[st
         raise GridError(f"--drafter: unknown {unknown}; expected some of {expected}")
     if any(k < 0 for k in ks):
         raise GridError(f"--k: got {list(ks)}; expected integers >= 0 (0 is the baseline)")
+    if len(set(artifacts)) < len(artifacts):
+        raise GridError(f"artifacts: got the labels {list(artifacts)}; expected each once")
+    if not any(k > 0 for k in ks):
+        raise GridError("the grid has no speculative configuration: give a k > 0")
     grid = []
-    for temperature in temperatures:
-        base = f"plain t={temperature:g}"
+    prefix = (lambda label: f"{label} | ") if len(artifacts) > 1 else (lambda label: "")
+    for label, temperature in itertools.product(artifacts, temperatures):
+        base = f"{prefix(label)}plain t={temperature:g}"
+        reference = f"{prefix(artifacts[0])}plain t={temperature:g}"
         common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-        grid.append(Setting(base, GenerationConfig(drafter="none", **common), base))
+        grid.append(Setting(base, GenerationConfig(drafter="none", **common), base, label, reference))
         for drafter, policy, k in itertools.product(drafters, policies, ks):
             if k > 0:
                 config = GenerationConfig(drafter=drafter, policy=policy, k=k, **common)
-                grid.append(Setting(f"{drafter} {policy} k={k} t={temperature:g}", config, base))
-    if len(grid) == len(temperatures):
-        raise GridError("the grid has no speculative configuration: give a k > 0")
+                grid.append(Setting(f"{prefix(label)}{drafter} {policy} k={k} t={temperature:g}", config, base, label,
+                                    reference))
     return grid
 
 
-def run_bench(pipeline, grid: list[Setting], prompts: list[Prompt], out: Path, repeat: int = 1, batch_size: int = 1,
-              advance: Callable[[], None] = lambda: None) -> dict:
-    """Run every setting on every prompt ``repeat`` times, interleaved; write records.jsonl and summary.json."""
+def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: list[Prompt], out: Path, repeat: int = 1,
+              batch_size: int = 1, advance: Callable[[], None] = lambda: None) -> dict:
+    """Run every setting on every prompt ``repeat`` times, interleaved; write records.jsonl and summary.json.
+
+    ``pipelines`` maps each setting's ``artifact`` label to its loaded ``Pipeline``. A greedy run whose tokens
+    differ from its baseline's on the same prompt and round gets a ``divergence``: the first differing position
+    and the plain target's margin there (``Pipeline.first_divergence``). Returns ``summarize``'s summary.
+    """
+    missing = sorted({s.artifact for s in grid} - set(pipelines))
+    if missing:
+        raise GridError(f"the grid runs on artifacts {missing} that no pipeline was given for")
+    settings = {setting.name: setting for setting in grid}
     for setting in grid:  # warm-up: the first calls of a session pay allocations and page faults
-        pipeline.generate([prompts[0].text], replace(setting.config, max_new_tokens=min(4, setting.config.max_new_tokens)))
+        warm = replace(setting.config, max_new_tokens=min(4, setting.config.max_new_tokens))
+        pipelines[setting.artifact].generate([prompts[0].text], warm)
     records_path = out / "records.jsonl"
     with open(records_path, "w") as sink:
         for rep, first in itertools.product(range(repeat), range(0, len(prompts), batch_size)):
             batch = prompts[first : first + batch_size]
             offset = (rep * len(prompts) + first) % len(grid)
+            results = {}
             for setting in grid[offset:] + grid[:offset]:  # rotate who runs first each round
-                results = pipeline.generate([p.text for p in batch], setting.config, batch_size=batch_size)
-                for prompt, result in zip(batch, results):
-                    tags = {"config": setting.name, "baseline": setting.baseline, "prompt_id": prompt.id,
-                            "prompt_set": prompt.source, "category": prompt.category, "repeat": rep}
+                pipeline = pipelines[setting.artifact]
+                results[setting.name] = pipeline.generate([p.text for p in batch], setting.config, batch_size=batch_size)
+                advance()
+            for setting in grid:
+                baseline = settings[setting.baseline]
+                for prompt, result, plain in zip(batch, results[setting.name], results[baseline.name]):
+                    tags = {"config": setting.name, "baseline": setting.baseline, "reference": setting.reference,
+                            "artifact": setting.artifact, "prompt_id": prompt.id, "prompt_set": prompt.source,
+                            "category": prompt.category, "repeat": rep}
                     for record in result.records:
                         sink.write(json.dumps({"type": "cycle", **tags, **record.to_dict()}) + "\n")
+                    divergence = None
+                    if setting.config.greedy and result.token_ids != plain.token_ids:
+                        divergence = pipelines[setting.artifact].first_divergence(
+                            prompt.text, plain.token_ids, result.token_ids, baseline.config)
                     sink.write(json.dumps({"type": "run", **tags, "tokens": result.stats["tokens"],
                                            "seconds": result.stats["seconds"], "token_ids": result.token_ids,
-                                           "greedy": setting.config.greedy,
+                                           "greedy": setting.config.greedy, "divergence": divergence,
                                            "k": setting.config.k if setting.config.speculative else 0}) + "\n")
-                advance()
     summary = summarize(read_records(records_path))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -134,18 +172,16 @@ def _summarize_segment(lines: list[dict]) -> dict:
     field_names = CycleRecord._fields
     out = {}
     for config, config_runs in runs.items():
-        baseline = config_runs[0]["baseline"]
+        baseline, reference = config_runs[0]["baseline"], config_runs[0].get("reference", config_runs[0]["baseline"])
         records = [CycleRecord(**{k: v for k, v in c.items() if k in field_names}) for c in cycles[config]]
-        per_repeat = _per_repeat_rates(config_runs)
-        base_rates = _per_repeat_rates(runs[baseline])
-        speedups = [per_repeat[r] / base_rates[r] for r in per_repeat if r in base_rates and base_rates[r] > 0]
+        speedups = _speedups(config_runs, runs[baseline])
         split = time_split(records)
         total_time = sum(split.values()) or 1.0
-        base_by_prompt = {(r["prompt_id"], r["repeat"]): r["token_ids"] for r in runs[baseline]}
-        identical = sum(r["token_ids"] == base_by_prompt.get((r["prompt_id"], r["repeat"])) for r in config_runs)
         tokens, seconds = sum(r["tokens"] for r in config_runs), sum(r["seconds"] for r in config_runs)
+        greedy = config_runs[0]["greedy"]
         entry = {
             "baseline": baseline,
+            "artifact": config_runs[0].get("artifact", ""),
             "k": config_runs[0]["k"],
             "runs": len(config_runs),
             "tokens": tokens,
@@ -157,12 +193,32 @@ def _summarize_segment(lines: list[dict]) -> dict:
             "mean_accepted_length": mean_accepted_length(records),
             "acceptance_by_position": acceptance_by_position(records),
             "time_share": {phase: t / total_time for phase, t in split.items()},
-            "identical_to_baseline": identical if config_runs[0]["greedy"] else None,
+            "identical_to_baseline": _identical(config_runs, runs[baseline]) if greedy else None,
+            # greedy runs that left their baseline's output: where, and the plain target's margin there
+            "divergences": [{"prompt_id": r["prompt_id"], "repeat": r["repeat"], **r["divergence"]}
+                            for r in config_runs if r.get("divergence")],
         }
+        if reference != baseline and reference in runs:  # another artifact than the first: against the first's plain
+            to_reference = _speedups(config_runs, runs[reference])
+            entry["reference"] = reference
+            entry["speedup_vs_reference_median"] = statistics.median(to_reference) if to_reference else float("nan")
+            entry["identical_to_reference"] = _identical(config_runs, runs[reference]) if greedy else None
         out[config] = entry
     for config, entry in out.items():
         entry.update(_prediction(entry, cycles[config], cycles[entry["baseline"]]))
     return out
+
+
+def _speedups(runs: list[dict], baseline_runs: list[dict]) -> list[float]:
+    """tok/s of ``runs`` over ``baseline_runs``', round by round (repeats the two share)."""
+    rates, base_rates = _per_repeat_rates(runs), _per_repeat_rates(baseline_runs)
+    return [rates[r] / base_rates[r] for r in rates if r in base_rates and base_rates[r] > 0]
+
+
+def _identical(runs: list[dict], others: list[dict]) -> int:
+    """Runs whose tokens equal the other setting's on the same prompt and repeat."""
+    theirs = {(r["prompt_id"], r["repeat"]): r["token_ids"] for r in others}
+    return sum(r["token_ids"] == theirs.get((r["prompt_id"], r["repeat"])) for r in runs)
 
 
 def _per_repeat_rates(runs: list[dict]) -> dict[int, float]:

@@ -80,9 +80,9 @@ def write_report(directory: Path) -> list[Path]:
     ax.legend(fontsize=7)
     save(fig, PLOTS[3])
 
-    rows = table_rows(summary)
-    (directory / "report.md").write_text(_markdown(rows))
-    (directory / "report.html").write_text(_html(rows, directory))
+    header, rows = summary_table(summary)
+    (directory / "report.md").write_text(_markdown(header, rows))
+    (directory / "report.html").write_text(_html(header, rows, directory))
     return written + [directory / "report.md", directory / "report.html"]
 
 
@@ -92,36 +92,52 @@ def _nan(value):
 
 HEADER = ["configuration", "tok/s", "speedup (min-max)", "predicted", "efficiency", "mean acc. len", "acceptance by position",
           "draft / verify / accept / cache", "identical"]
+VERSUS_REFERENCE = "vs first artifact's plain"  # a column of its own where several artifacts ran
 
 
 def _num(value, fmt: str = ".2f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{fmt}}{suffix}"
 
 
-def table_rows(summary: dict) -> list[list[str]]:
+def summary_table(summary: dict) -> tuple[list[str], list[list[str]]]:
+    """The header and one row per configuration of a summary segment (``reports.bench.summarize``)."""
+    versus = any("speedup_vs_reference_median" in e for e in summary.values())
     rows = []
     for name, e in summary.items():
-        rows.append([
+        row = [
             name, _num(e["tokens_per_s"]),
             f"{_num(e['speedup_median'], suffix='x')} ({_num(e['speedup_min'])}-{_num(e['speedup_max'])})",
             _num(e["predicted_speedup"], suffix="x"), _num(e["efficiency"]), _num(e["mean_accepted_length"]),
             " ".join(_num(a) for a in e["acceptance_by_position"]) or "-",
             " / ".join(f"{e['time_share'][p]:.0%}" for p in ("draft", "verify", "accept", "cache")),
-            "-" if e["identical_to_baseline"] is None else f"{e['identical_to_baseline']}/{e['runs']}",
-        ])
-    return rows
+            _identical(e),
+        ]
+        if versus:
+            row.insert(3, _num(e.get("speedup_vs_reference_median"), suffix="x") if "reference" in e else "-")
+        rows.append(row)
+    header = HEADER[:3] + [VERSUS_REFERENCE] + HEADER[3:] if versus else list(HEADER)
+    return header, rows
 
 
-def _markdown(rows) -> str:
-    lines = ["# specdeploy bench report", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def _identical(entry: dict) -> str:
+    """Identical outputs of a greedy configuration, and the largest plain-target margin where one differed."""
+    if entry["identical_to_baseline"] is None:
+        return "-"
+    cell = f"{entry['identical_to_baseline']}/{entry['runs']}"
+    margins = [d["margin"] for d in entry.get("divergences", [])]
+    return cell + (f" (differing: margin <= {max(margins):.2f})" if margins else "")
+
+
+def _markdown(header, rows) -> str:
+    lines = ["# specdeploy bench report", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += [""] + [f"![{name}]({name})" for name in PLOTS]
     return "\n".join(lines) + "\n"
 
 
-def _html(rows, directory: Path) -> str:
+def _html(header, rows, directory: Path) -> str:
     cells = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     images = "".join(
         f'<figure><img alt="{name}" src="data:image/png;base64,'
         f'{base64.b64encode((directory / name).read_bytes()).decode()}"></figure>' for name in PLOTS

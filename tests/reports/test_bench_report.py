@@ -142,3 +142,97 @@ def test_bench_force_replaces_only_a_bench_directory(pair_dir, tmp_path):
 def test_report_on_a_non_bench_dir(tmp_path):
     result = run("report", tmp_path)
     assert result.exit_code != 0 and "no summary.json" in result.output
+
+
+def test_several_artifacts_run_side_by_side_each_against_its_own_plain_and_the_first(pair_dir, noise_dir, tmp_path):
+    """Two exports of the same target with different drafts: every configuration of both, interleaved per prompt; each
+    is compared with its own artifact's plain decoding, and the second artifact with the first one's."""
+    (tmp_path / "p.txt").write_text("w5 w6 w7\nw30 w31 w30 w31\n")
+    out = tmp_path / "out"
+    result = run("bench", pair_dir, noise_dir, "--prompts", tmp_path / "p.txt", "--k", "0,2", "--max-new-tokens", "8",
+                 "--out", out)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())["all"]
+    assert sorted(summary) == ["noise | model fixed k=2 t=0", "noise | plain t=0", "pair | model fixed k=2 t=0",
+                               "pair | plain t=0"]
+    for label in ("pair", "noise"):
+        assert summary[f"{label} | model fixed k=2 t=0"]["baseline"] == f"{label} | plain t=0"
+        assert summary[f"{label} | plain t=0"]["artifact"] == label
+    # the same target: plain decoding of the second artifact is the first one's, token for token
+    second = summary["noise | plain t=0"]
+    assert second["reference"] == "pair | plain t=0" and second["identical_to_reference"] == second["runs"] == 2
+    assert second["speedup_vs_reference_median"] > 0 and "reference" not in summary["pair | plain t=0"]
+    assert summary["noise | model fixed k=2 t=0"]["identical_to_baseline"] == 2
+    runs = [r for r in read_records(out / "records.jsonl") if r["type"] == "run"]
+    first_prompt = [r["config"] for r in runs if r["prompt_id"] == "1"]
+    assert sorted(first_prompt) == sorted(summary)  # every configuration of both artifacts on each prompt
+
+
+def test_spec_bench_runs_from_the_package_segmented_by_group(pair_dir, tmp_path):
+    out = tmp_path / "out"
+    # Spec-Bench's first MT-bench question is short enough for the tiny models' 96 slots
+    result = run("bench", pair_dir, "--specbench", "1", "--limit", "1", "--k", "0,1", "--max-new-tokens", "4", "--out", out)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"all", "spec_bench/mt_bench"}
+    runs = [r for r in read_records(out / "records.jsonl") if r["type"] == "run"]
+    assert {(r["prompt_set"], r["category"], r["prompt_id"]) for r in runs} == {("spec_bench", "mt_bench", "81")}
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "no prompts: give --prompts, --humaneval N or --specbench N"),
+    (["--specbench", "81"], "asked for 81 prompts per group; each group has 80"),
+    (["--humaneval", "2", "--humaneval-from", "163"], "HumanEval: asked for tasks 163..164; it has 164"),
+    (["--humaneval-from", "3"], "--humaneval-from goes with --humaneval N"),
+])
+def test_a_workload_that_cannot_be_had_is_an_error(pair_dir, tmp_path, args, message):
+    result = run("bench", pair_dir, *args, "--out", tmp_path / "out")
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_spec_bench_missing_from_the_install_is_an_error(pair_dir, tmp_path, monkeypatch):
+    from specdeploy import workloads
+
+    monkeypatch.setattr(workloads, "SPEC_BENCH_FILE", "data/not-shipped.jsonl")
+    result = run("bench", pair_dir, "--specbench", "1", "--out", tmp_path / "out")
+    assert result.exit_code != 0 and "not-shipped.jsonl is missing from the installed specdeploy package" in result.output
+
+
+class _Scripted:
+    """A pipeline that answers each configuration with set tokens, and locates a divergence as plain decoding would."""
+
+    def __init__(self, outputs: dict[str, list[int]]):
+        self.outputs, self.located = outputs, []
+
+    def generate(self, prompts, config, batch_size=1):
+        from specdeploy.runtime.pipeline import GenerationResult
+
+        ids = self.outputs[config.drafter] if config.max_new_tokens > 4 else [0]
+        return [GenerationResult("", list(ids), {"tokens": len(ids), "seconds": 0.5}) for _ in prompts]
+
+    def first_divergence(self, prompt, reference, other, config):
+        self.located.append((prompt, reference, other, config.drafter))
+        position = next(i for i, (a, b) in enumerate(zip(reference, other)) if a != b)
+        return {"position": position, "reference_token": reference[position], "other_token": other[position],
+                "margin": 0.25}
+
+
+def test_a_greedy_run_that_leaves_plain_decoding_is_located_with_the_plain_margin(tmp_path):
+    from specdeploy.reports.bench import build_grid, run_bench
+    from specdeploy.reports.plots import summary_table
+    from specdeploy.workloads import Prompt
+
+    pipeline = _Scripted({"none": [5, 6, 7, 8], "model": [5, 6, 9, 9], "prompt-lookup": [5, 6, 7, 8]})
+    grid = build_grid([0, 2], ["fixed"], ["model", "prompt-lookup"], [0.0], 8, artifacts=["a"])
+    summary = run_bench({"a": pipeline}, grid, [Prompt("p1", "w5 w6")], tmp_path, repeat=2)["all"]
+    model, lookup = summary["model fixed k=2 t=0"], summary["prompt-lookup fixed k=2 t=0"]
+    assert model["identical_to_baseline"] == 0 and lookup["identical_to_baseline"] == 2
+    assert model["divergences"] == [{"prompt_id": "p1", "repeat": r, "position": 2, "reference_token": 7, "other_token": 9,
+                                     "margin": 0.25} for r in (0, 1)]
+    assert lookup["divergences"] == [] and summary["plain t=0"]["divergences"] == []
+    # located against the plain run's tokens, under plain decoding's configuration
+    assert pipeline.located == [("w5 w6", [5, 6, 7, 8], [5, 6, 9, 9], "none")] * 2
+    header, rows = summary_table(summary)
+    assert dict(zip(header, next(r for r in rows if r[0] == "model fixed k=2 t=0")))["identical"] == \
+        "0/2 (differing: margin <= 0.25)"

@@ -23,7 +23,6 @@ def test_both_ranges_are_scored_against_fp32_and_timed(checkpoints, pair_dir, tm
     assert all(row["ms T=1"] > 0 and row["ms T=5"] > 0 for row in figures.values())
     seven = figures["int8, 7-bit weights (0.3.3)"]
     assert seven["positions"] > 10 and seven["relative error mean"] < 0.05 and seven["top-1 agreement"] > 0.9
-    assert "int8, 8-bit weights (0.3.2)" in done.stdout and "top-1" in done.stdout
     # a second run reuses the rewrites it finds
     again = subprocess.run([sys.executable, str(TOOL), "--checkpoint", str(checkpoints["target"]), "--workdir",
                             str(tmp_path / "work"), "--tasks", "1", "--rounds", "1"], capture_output=True, text=True,

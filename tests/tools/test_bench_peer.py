@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import pytest
 
-import bench_peer  # noqa: E402
+from specdeploy import GenerationConfig, Pipeline
+from tools import bench_peer
 
-from specdeploy import GenerationConfig, Pipeline  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_specdeploy_worker_answers_over_its_protocol_as_the_pipeline_does(self_dir):
@@ -76,3 +78,16 @@ def test_the_summary_counts_what_the_table_shows():
     assert "| specdeploy | fixed k=4 | 3.5 | 4.0 | 375 ms | 1.25 | 1/2 (differing: margins 0.123) | 2/2 | 0.29 GB |" in text
     assert "Prompts: humaneval 2, spec_bench/qa 1;" in text and "The table: humaneval;" in text
     assert "| humaneval (2) | 3.5 |" in text and "| spec_bench/qa (1) | 7.2 |" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--specbench", "81"], "asked for 81 prompts per group; each group has 80"),
+    (["--humaneval", "165"], "it has 164"),
+])
+def test_a_workload_that_cannot_be_had_stops_the_tool_before_the_peers_set_up(tmp_path, args, message):
+    """Spec-Bench ships with specdeploy now (a fresh clone had no ../shared, and --specbench 1 ran no Spec-Bench
+    prompt in silence): a workload the sets cannot fill is an error, before minutes of installing and building."""
+    done = subprocess.run([sys.executable, "-m", "tools.bench_peer", "--artifact", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert "installing" not in done.stderr

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import fetch_qwen_coder as fetcher  # noqa: E402
+from tools import fetch_qwen_coder as fetcher
 
 PARTS = [b"GGUF" + b"a" * 100, b"b" * 50, b"c" * 7]
 

@@ -3,7 +3,6 @@ emit the recorded text, and take the cost table's seconds; the tool records and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,16 +15,15 @@ import pytest
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.workloads import Prompt
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "replay.py"
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ["-m", "tools.replay"]
 PROMPTS = ["w5 w6 w7 w8 w5 w6 w7", "w20 w31 w9 w44", "w7 w7 w8 w9 w10 w11 w12 w7 w8"]
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("replay", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    from tools import replay
+
+    return replay
 
 
 def _linear_costs(pasts=(8, 32)) -> dict:
@@ -111,16 +109,16 @@ def test_the_tool_records_and_replays_every_configuration(fused_dirs, tmp_path):
     prompts.write_text("".join(json.dumps({"prompt": p, "id": str(i), "category": "c" if i else "d"}) + "\n"
                                for i, p in enumerate(PROMPTS)))
     traces, out = tmp_path / "traces.json", tmp_path / "replayed.json"
-    done = subprocess.run([sys.executable, str(TOOL), "record", "--artifact", str(fused_dirs["close"]), "--prompts",
+    done = subprocess.run([sys.executable, *TOOL, "record", "--artifact", str(fused_dirs["close"]), "--prompts",
                            str(prompts), "--max-new-tokens", "12", "--rounds", "1", "--out", str(traces)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(traces.read_text())
     assert [t["prompt_id"] for t in data["traces"]] == ["0", "1", "2"]
     assert all(v > 0 for role in ("target", "draft") for kind in data["costs"][role].values() for row in kind.values()
                for v in row)
-    done = subprocess.run([sys.executable, str(TOOL), "run", "--traces", str(traces), "--lengths", "6,12", "--ks", "1,2",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, *TOOL, "run", "--traces", str(traces), "--lengths", "6,12", "--ks", "1,2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
     assert set(report["runs"]) == {"plain", "k=1", "k=2", "cost", "hybrid, cost"}
@@ -128,8 +126,8 @@ def test_the_tool_records_and_replays_every_configuration(fused_dirs, tmp_path):
     assert [(s["group"], s["max_new_tokens"]) for s in report["summary"]] == [
         (g, n) for n in (6, 12) for g in ("c", "d", "all")]
     assert "cost/best K" in done.stdout
-    done = subprocess.run([sys.executable, str(TOOL), "run", "--traces", str(traces), "--lengths", "40"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, *TOOL, "run", "--traces", str(traces), "--lengths", "40"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode != 0 and "at most 12" in done.stderr
 
 
