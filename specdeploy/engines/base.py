@@ -13,9 +13,43 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from ..contract import PREFILL_CHUNK, ModelSpec
-from .device import address, on_host, settle
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+# Where an engine's buffers live: host memory (NumPy) or one GPU's (CuPy); the engines' memory (``ort.HostMemory``,
+# ``ort.CudaMemory``) allocates them, the functions below work on either.
+
+class Transfers:
+    """Bytes this process has copied between host and device memory through the engines (inputs in, outputs read):
+    what a cycle moves across PCIe, for tools/gpu_check.py. K/V never crosses: no engine path copies a cache."""
+
+    def __init__(self):
+        self.to_device = self.to_host = 0
+
+
+transfers = Transfers()
+
+
+def address(array) -> int:
+    """The address of an array's first element, host (``__array_interface__``) or device (``__cuda_array_interface__``)."""
+    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
+    return interface["data"][0]
+
+
+def on_host(array) -> np.ndarray:
+    """``array`` in host memory: itself when it is a NumPy array, else a copy (a CuPy array's ``get``)."""
+    if isinstance(array, np.ndarray):
+        return array
+    transfers.to_host += array.nbytes
+    return array.get()
+
+
+def settle(array) -> None:
+    """Wait for copies queued on a device array's GPU (CuPy's stream) before a session reads it: ONNX Runtime's kernels
+    run on a stream of their own. Host arrays are written at once."""
+    if not isinstance(array, np.ndarray):
+        array.device.synchronize()
 
 
 class EngineInputError(ValueError):

@@ -309,7 +309,7 @@ class _DeviceArray:
 
 def test_device_outputs_reach_the_host_only_when_read_and_ids_alone_when_only_ids_are():
     from specdeploy.engines import EngineOutput
-    from specdeploy.engines.device import transfers
+    from specdeploy.engines.base import transfers
 
     logits = np.random.default_rng(3).standard_normal((2, 5, 40)).astype(np.float32)
     copies, before = [], transfers.to_host
