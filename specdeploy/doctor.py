@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .contract import REEXPORT_INT8, ContractError, Manifest, saturating_int8, tokenizer_problems, verify_files
+from .contract import REEXPORT_INT8, ContractError, Manifest, read_tokenizer, saturating_int8, tokenizer_problems, verify_files
 
 MIN_OPSET = 17
 
@@ -23,12 +23,10 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
     problems += [(what, REEXPORT_INT8) for what in saturating_int8(manifest).values()]
     tokenizer_path = Path(directory) / manifest.tokenizer
     if tokenizer_path.is_file():
-        from tokenizers import Tokenizer
-
         try:
-            tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        except Exception as exc:
-            problems.append((f"{manifest.tokenizer}: not a readable tokenizer ({exc})", "re-export the artifact"))
+            tokenizer = read_tokenizer(tokenizer_path)
+        except ContractError as exc:
+            problems.append((str(exc), "re-export the artifact"))
         else:
             problems += [(problem, "export draft and target together, with the target's own tokenizer")
                          for problem in tokenizer_problems(tokenizer, manifest)]
@@ -48,11 +46,13 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
 def _check_graphs(directory: Path, manifest: Manifest) -> list[tuple[str, str]]:
     """Load each graph into ONNX Runtime and compare its inputs/outputs with the manifest."""
     from .engines import ProviderError, load_engine
+    from .engines.vetting import check_graph_facts
 
     problems = []
-    for role in manifest.models:
+    for role, spec in manifest.models.items():
         try:
             load_engine(directory, manifest, role)
+            check_graph_facts(Path(directory) / spec.file, spec)
         except (ProviderError, ContractError) as exc:  # ContractError: unreadable, or ONNX Runtime refused it
             problems.append((str(exc), "re-export the artifact"))
         except Exception as exc:  # ONNX Runtime's own load errors (corrupt graph, bad opset)

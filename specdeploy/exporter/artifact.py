@@ -16,7 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
-from ..contract import DTYPES, GRAPH_FORMS, WEIGHT_FORMATS, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
+from ..contract import (
+    DTYPES,
+    GRAPH_FORMS,
+    GRAPH_ROLE_KEY,
+    WEIGHT_FORMATS,
+    Manifest,
+    ModelSpec,
+    io_problems,
+    sha256_file,
+    tokenizer_fingerprint,
+)
 from . import onnx_graph
 from .checkpoint import gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
 from .fused import FusedGraph
@@ -110,6 +120,7 @@ def export_artifact(
             facts = (_trace_in_child if isolated else _trace)(role, source, staging, capacity, progress, form)
             written = "full" if form.int4 else fmt  # a fused int4 graph is quantized as it is written
             _compress(role, staging / f"{role}.onnx", dtype, written, (block_size, accuracy_level), progress)
+            _stamp_role(staging / f"{role}.onnx", role)
             specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, graph=graph, **facts)
         if capacity is None:  # each model's own limit; the pair serves what both allow
             least = min(spec.capacity for spec in specs.values())
@@ -286,6 +297,16 @@ def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int
             model = onnx_graph.to_float16(model)
         progress(f"{role}: writing {role}.onnx")
         onnx_graph.save(model, path)
+
+
+def _stamp_role(path: Path, role: str) -> None:
+    """Record in the graph's metadata which role it was exported as (``GRAPH_ROLE_KEY``). Only the graph's own
+    proto is rewritten: weights in an external-data file stay where they are."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, GRAPH_ROLE_KEY: role})
+    onnx.save_model(model, str(path))
 
 
 def _replace(staging: Path, out: Path) -> None:
