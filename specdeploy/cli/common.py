@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 
 from ..contract import ContractError, Manifest
+from ..runtime.config import max_threads
 
 console = Console(stderr=True)
 
@@ -44,9 +45,10 @@ def speculation_options(k_help: str):
 
 
 threads_option = click.option(
-    "--threads", type=click.IntRange(min=1), default=None,
+    "--threads", type=click.IntRange(1, max_threads()), default=None,
     help="Threads of one ONNX Runtime pool that both models share, for the whole process (default: a pool per model "
-         "of ONNX Runtime's size, one thread per physical core, whose threads stop spinning when a call ends).")
+         "of ONNX Runtime's size, one thread per physical core, whose threads stop spinning when a call ends); at most "
+         "4 per core: more only oversubscribe the cores.")
 
 
 def read_manifest(directory: Path) -> Manifest:

@@ -69,4 +69,7 @@ def _tokenizer(directory: Path, manifest: Manifest) -> tuple[object, ChatTemplat
             chat = ChatTemplate.read(directory / TOKENIZER_CONFIG)
         except (OSError, ValueError, RecursionError, AttributeError) as exc:
             raise ContractError(f"{directory / TOKENIZER_CONFIG}: not a readable tokenizer config ({exc})") from exc
+    if chat.add_bos_token and chat.bos_token is not None and tokenizer.token_to_id(chat.bos_token) is None:
+        raise ContractError(f"{directory / TOKENIZER_CONFIG}: bos_token {chat.bos_token!r} is not a token of "
+                            f"{manifest.tokenizer}; expected one of its tokens (add_bos_token starts plain prompts with it)")
     return tokenizer, chat

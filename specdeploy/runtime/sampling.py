@@ -81,7 +81,16 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(-1, keepdims=True)
 
 
+class DistributionError(ArithmeticError):
+    """A distribution with no mass to draw from: NaN or infinite probabilities, or all zero."""
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One token id drawn from ``probs`` [vocab] (need not be normalised)."""
+    """One token id drawn from ``probs`` [vocab] (need not be normalised). Raises DistributionError where the
+    mass is not a positive finite number (NaN logits; the last id used to come back at every step)."""
     cdf = np.cumsum(probs)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
+    mass = cdf[-1]
+    if not 0 < mass < np.inf:  # NaN fails both comparisons
+        raise DistributionError(f"sampling: the distribution's mass is {mass}; expected a positive finite number "
+                                f"({np.isnan(probs).sum()} NaN of {len(probs)} probabilities)")
+    return int(min(np.searchsorted(cdf, rng.random() * mass, side="right"), len(probs) - 1))
