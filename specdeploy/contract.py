@@ -310,18 +310,19 @@ def tokenizer_problems(tokenizer, manifest: Manifest, facts: dict | None = None)
     return problems
 
 
-def read_tokenizer(path: Path):
+def read_tokenizer(path: Path, name: str | None = None):
     """The ``tokenizers.Tokenizer`` saved at ``path``: a regular file of at most MAX_TOKENIZER_BYTES, refused
-    with a ContractError naming what is wrong with it otherwise."""
+    with a ContractError naming it (as ``name``, default its path) and what is wrong with it otherwise."""
     from tokenizers import Tokenizer
 
+    name = name or str(path)
     try:
         text = read_regular(path, MAX_TOKENIZER_BYTES).decode("utf-8")
         return Tokenizer.from_str(text)
     except FileRefused as exc:
-        raise ContractError(str(exc)) from exc
+        raise ContractError(f"{name}: {exc.reason}") from exc
     except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
-        raise ContractError(f"{path}: not a readable tokenizer ({type(exc).__name__}: {_shown(str(exc), 200)})") from exc
+        raise ContractError(f"{name}: not a readable tokenizer ({type(exc).__name__}: {_shown(str(exc), 200)})") from exc
 
 
 def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[str]:

@@ -24,7 +24,7 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
     tokenizer_path = Path(directory) / manifest.tokenizer
     if tokenizer_path.is_file():
         try:
-            tokenizer = read_tokenizer(tokenizer_path)
+            tokenizer = read_tokenizer(tokenizer_path, manifest.tokenizer)
         except ContractError as exc:
             problems.append((str(exc), "re-export the artifact"))
         else:
