@@ -121,3 +121,27 @@ def test_inspect_refuses_a_manifest_naming_files_outside_the_artifact(pair_dir, 
     result = run("inspect", art, "--json")
     assert result.exit_code == 1 and "files: file '/etc/passwd' must be a plain file name" in result.output
     assert "file_sizes" not in result.output
+
+
+def test_a_prompt_file_may_be_a_stream(pair_dir, tmp_path):
+    """``--prompt-file /dev/stdin`` used to be refused as "no such file": a stream is read to its end."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import specdeploy
+
+    args = [sys.executable, "-m", "specdeploy.cli", "generate", str(pair_dir), "--prompt-file", "/dev/stdin",
+            "--max-new-tokens", "3", "--drafter", "none", "--json"]
+    done = subprocess.run(args, input="w5 w6\nw7 w8\n", capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(specdeploy.__file__).parents[1])})
+    assert done.returncode == 0, done.stderr[-500:]
+    assert len([line for line in done.stdout.splitlines() if line.startswith("{")]) == 2
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("w5 w6\n"), daemon=True)
+    writer.start()
+    result = run("generate", pair_dir, "--prompt-file", fifo, "--max-new-tokens", "3", "--drafter", "none", "--json")
+    assert result.exit_code == 0, result.output
+    zero = run("generate", pair_dir, "--prompt-file", "/dev/zero", "--max-new-tokens", "3")
+    assert zero.exit_code == 1 and "/dev/zero: more than 67,108,864 bytes" in zero.output
