@@ -11,6 +11,8 @@ MIN_OPSET = 17
 
 def diagnose(directory: Path) -> list[tuple[str, str]]:
     """(problem, fix) pairs for an artifact dir; empty when all is well."""
+    from .runtime.artifact import chat_template
+
     try:
         manifest = Manifest.read(directory)
     except ContractError as exc:
@@ -30,6 +32,10 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
         else:
             problems += [(problem, "export draft and target together, with the target's own tokenizer")
                          for problem in tokenizer_problems(tokenizer, manifest)]
+            try:
+                chat_template(Path(directory), manifest, tokenizer)
+            except ContractError as exc:
+                problems.append((str(exc), "re-export the artifact from a checkpoint whose tokenizer_config.json is sound"))
     draft, target = manifest.draft, manifest.target
     if draft is not None:
         if draft.vocab_size != target.vocab_size:

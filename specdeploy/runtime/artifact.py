@@ -63,6 +63,12 @@ def _tokenizer(directory: Path, manifest: Manifest) -> tuple[object, ChatTemplat
     problems = tokenizer_problems(tokenizer, manifest, facts)
     if problems:
         raise ContractError(f"{directory}: " + "; ".join(problems))
+    return tokenizer, chat_template(directory, manifest, tokenizer)
+
+
+def chat_template(directory: Path, manifest: Manifest, tokenizer) -> ChatTemplate:
+    """The artifact's chat template and BOS settings, from tokenizer_config.json when the manifest lists it (none
+    otherwise); ContractError where it cannot be read or names a BOS token the tokenizer lacks."""
     chat = ChatTemplate({})
     if TOKENIZER_CONFIG in manifest.files:
         try:
@@ -72,4 +78,4 @@ def _tokenizer(directory: Path, manifest: Manifest) -> tuple[object, ChatTemplat
     if chat.add_bos_token and chat.bos_token is not None and tokenizer.token_to_id(chat.bos_token) is None:
         raise ContractError(f"{directory / TOKENIZER_CONFIG}: bos_token {chat.bos_token!r} is not a token of "
                             f"{manifest.tokenizer}; expected one of its tokens (add_bos_token starts plain prompts with it)")
-    return tokenizer, chat
+    return chat

@@ -176,6 +176,9 @@ def test_a_bos_token_the_tokenizer_lacks_is_refused_at_load(tmp_path, checkpoint
     art = tiny.export_cli(tmp_path / "art", source)
     with pytest.raises(ContractError, match=r"bos_token '<bos>' is not a token of tokenizer.json"):
         Pipeline.load(art)
+    from specdeploy.doctor import diagnose
+
+    assert any("bos_token '<bos>' is not a token" in problem for problem, _ in diagnose(art))
 
 
 def test_threads_option_is_bounded_on_the_command_line(pair_dir):
