@@ -92,7 +92,7 @@ def _facts(path: Path) -> dict:
         location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
         if tensor.data_location == onnx.TensorProto.EXTERNAL or location is not None:
             external.setdefault(location or "", owner)
-    engine_nodes = [f"node {_node_name(node)}" for _, node in _nodes(model) if node.op_type == "EPContext"]
+    engine_nodes = [f"node {_node_name(node)}" for node in _nodes(model) if node.op_type == "EPContext"]
     role = next((entry.value for entry in model.metadata_props if entry.key == GRAPH_ROLE_KEY), None)
     return {"external": external, "engine_nodes": engine_nodes, "role": role, **_shape_facts(model.graph)}
 
@@ -140,19 +140,19 @@ def _tensors(message, where: str = "") -> Iterator[tuple[str, object]]:
                 yield from _tensors(item, owner)
 
 
-def _nodes(message, where: str = "") -> Iterator[tuple[str, object]]:
-    """(owner, NodeProto) for every node inside a protobuf message: graphs, subgraphs, functions."""
+def _nodes(message) -> Iterator[object]:
+    """Every NodeProto inside a protobuf message, at any depth: graphs, subgraphs, functions."""
     import onnx
 
     for field, value in message.ListFields():
-        if field.type != field.TYPE_MESSAGE or isinstance(value, onnx.TensorProto):
+        if field.type != field.TYPE_MESSAGE:
             continue
         for item in value if _is_repeated(field) else [value]:
             if isinstance(item, onnx.TensorProto):
                 continue
             if isinstance(item, onnx.NodeProto):
-                yield where, item
-            yield from _nodes(item, where)
+                yield item
+            yield from _nodes(item)
 
 
 def _label(field: str, item, index: int | None) -> str:
