@@ -6,6 +6,8 @@ Temperature 0 means greedy: the processed distribution is one-hot on the argmax.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .config import GenerationConfig
@@ -89,8 +91,8 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One token id drawn from ``probs`` [vocab] (need not be normalised). Raises DistributionError where the
     mass is not a positive finite number (NaN logits; the last id used to come back at every step)."""
     cdf = np.cumsum(probs)
-    mass = cdf[-1]
-    if not 0 < mass < np.inf:  # NaN fails both comparisons
+    mass = float(cdf[-1])  # a Python float: this runs for every sampled token, and NumPy scalars compare slowly
+    if not 0.0 < mass < math.inf:  # NaN fails both comparisons
         raise DistributionError(f"sampling: the distribution's mass is {mass}; expected a positive finite number "
                                 f"({np.isnan(probs).sum()} NaN of {len(probs)} probabilities)")
     return int(min(np.searchsorted(cdf, rng.random() * mass, side="right"), len(probs) - 1))
