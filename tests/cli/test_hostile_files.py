@@ -145,3 +145,15 @@ def test_a_prompt_file_may_be_a_stream(pair_dir, tmp_path):
     assert result.exit_code == 0, result.output
     zero = run("generate", pair_dir, "--prompt-file", "/dev/zero", "--max-new-tokens", "3")
     assert zero.exit_code == 1 and "/dev/zero: more than 67,108,864 bytes" in zero.output
+
+
+def test_inspect_summarises_a_manifest_of_many_files(pair_dir, tmp_path):
+    """100,000 listed files (missing here) fill 50 rows and a count, not megabytes; --json lists them all."""
+    art = tmp_path / "art"
+    shutil.copytree(pair_dir, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"] |= {f"gone-{i:06d}.bin": "0" * 64 for i in range(100_000)}
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    result = run("inspect", art)
+    assert result.exit_code == 0 and "… and 99,953 more" in result.output and len(result.output) < 50_000
+    assert len(json.loads(run("inspect", art, "--json").output)["file_sizes"]) == 100_003
