@@ -203,11 +203,14 @@ class TemplateRenderer:
 
 
 def _read_line(stream, deadline: float) -> bytes | None:
-    """One line from a worker's stdout, or None if it has not come by ``deadline`` (monotonic) or the worker ended."""
+    """One line from a worker's stdout, or None if it has not come by ``deadline`` (monotonic) or the worker ended.
+    ``poll``, not ``select``: a server may hold more than 1,024 descriptors."""
     descriptor, chunks = stream.fileno(), []
+    waiting = select.poll()
+    waiting.register(descriptor, select.POLLIN)
     while True:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([descriptor], [], [], remaining)[0]:
+        if remaining <= 0 or not waiting.poll(remaining * 1000):
             return None
         chunk = os.read(descriptor, 1 << 20)
         if not chunk:
