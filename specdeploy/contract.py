@@ -280,8 +280,8 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
 def _check_relative(name: str, where: str) -> None:
     path = Path(name)
     if path.is_absolute() or ".." in path.parts or len(path.parts) != 1 or name in ("", ".", MANIFEST):
-        raise ContractError(f"{where}: file {_shown(name)} must be a plain file name inside the artifact dir "
-                            f"(not {MANIFEST})")
+        raise ContractError(f"{where}: file {_shown(name)} must be a plain file name inside the artifact dir, other "
+                            f"than {MANIFEST}")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
