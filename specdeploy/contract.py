@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .digests import remembered_sha256, sha256_file
+from .files import MAX_JSON_BYTES, MAX_TOKENIZER_BYTES, FileMissing, FileRefused, read_regular, sha256_file
 
 CONTRACT = "verify-v1"
 MANIFEST = "manifest.json"
@@ -32,6 +32,9 @@ REEXPORT_INT8 = "re-export with specdeploy 0.3.3 or later (7-bit weights, same s
 # ("Unsupported model IR version: 14, max supported IR version: 13"; tools/gpu_check.py); traced graphs carry 10.
 IR_VERSION = 10
 PREFILL_CHUNK = 512
+# Each exported graph's metadata_props name the role it was exported as: a manifest whose target and draft files
+# are swapped (it carries no hash of itself) is told from the graphs even where their shapes agree.
+GRAPH_ROLE_KEY = "specdeploy.role"
 
 
 class ContractError(ValueError):
@@ -166,10 +169,12 @@ class Manifest:
     def read(cls, directory: Path) -> Manifest:
         """Read and validate ``directory/manifest.json``; raise ContractError naming what is wrong."""
         path = Path(directory) / MANIFEST
-        if not path.is_file():
-            raise ContractError(f"{path}: no manifest; is this an artifact dir written by `specdeploy export`?")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_regular(path, MAX_JSON_BYTES).decode("utf-8"))
+        except FileMissing as exc:
+            raise ContractError(f"{path}: no manifest; is this an artifact dir written by `specdeploy export`?") from exc
+        except FileRefused as exc:
+            raise ContractError(str(exc)) from exc
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ContractError(f"{path}: not valid JSON ({exc})") from exc
         except RecursionError as exc:
@@ -194,7 +199,8 @@ class Manifest:
         files = _field(data, "files", dict, where)
         for name, digest in files.items():
             if len(name) > MAX_TEXT or not isinstance(digest, str) or len(digest) != 64:
-                raise ContractError(f"{where}: files.{name}: expected a sha256 hex digest, got {digest!r}")
+                raise ContractError(f"{where}: files.{_shown(name)}: expected a sha256 hex digest, got {_shown(digest)}")
+            _check_relative(name, f"{where}: files")  # an absolute or climbing name is no file of the artifact
         engines = data.get("engines", {})
         if not isinstance(engines, dict) or not all(isinstance(v, dict) for v in engines.values()):
             raise ContractError(f"{where}: engines must map roles to objects, got {engines!r}")
@@ -298,24 +304,41 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
 
 def _check_relative(name: str, where: str) -> None:
     path = Path(name)
-    if path.is_absolute() or ".." in path.parts or len(path.parts) != 1:
-        raise ContractError(f"{where}: file {name!r} must be a plain file name inside the artifact dir")
+    if path.is_absolute() or ".." in path.parts or len(path.parts) != 1 or name in ("", ".", MANIFEST):
+        raise ContractError(f"{where}: file {_shown(name)} must be a plain file name inside the artifact dir, other "
+                            f"than {MANIFEST}")
 
 
-def tokenizer_problems(tokenizer, manifest: Manifest, fingerprint: str | None = None) -> list[str]:
-    """Where an artifact's tokenizer does not fit its models: another tokenizer at export, or more tokens
-    than the vocabulary (ids it produces would be out of range). ``fingerprint``: the tokenizer's, when known."""
+def tokenizer_problems(tokenizer, manifest: Manifest, facts: dict | None = None) -> list[str]:
+    """Where an artifact's tokenizer does not fit its models: another tokenizer at export, or token ids beyond
+    the vocabulary (the model has no logit, no embedding for them). ``facts``: ``tokenizer_facts``, when known."""
     problems = []
-    fingerprint = fingerprint or tokenizer_fingerprint(tokenizer)
+    facts = facts or tokenizer_facts(tokenizer)
+    fingerprint = facts["fingerprint"]
     for spec in manifest.models.values():
         if spec.tokenizer_fingerprint != fingerprint:
             problems.append(f"the {spec.role} model was exported with another tokenizer than {manifest.tokenizer} "
                             f"(fingerprint {spec.tokenizer_fingerprint[:12]}…, artifact tokenizer {fingerprint[:12]}…)")
-    words = tokenizer.get_vocab_size(with_added_tokens=True)
-    if words > manifest.target.vocab_size:
-        problems.append(f"{manifest.tokenizer}: {words} tokens, more than the models' vocabulary of "
-                        f"{manifest.target.vocab_size}")
+    vocab = manifest.target.vocab_size
+    if facts["largest_id"] >= vocab:  # ids, not counts: one word mapped to id 10**6 is one token, and out of range
+        problems.append(f"{manifest.tokenizer}: token ids up to {facts['largest_id']} ({facts['tokens']} tokens), outside "
+                        f"the models' vocabulary [0, {vocab})")
     return problems
+
+
+def read_tokenizer(path: Path, name: str | None = None):
+    """The ``tokenizers.Tokenizer`` saved at ``path``: a regular file of at most MAX_TOKENIZER_BYTES, refused
+    with a ContractError naming it (as ``name``, default its path) and what is wrong with it otherwise."""
+    from tokenizers import Tokenizer
+
+    name = name or str(path)
+    try:
+        text = read_regular(path, MAX_TOKENIZER_BYTES).decode("utf-8")
+        return Tokenizer.from_str(text)
+    except FileRefused as exc:
+        raise ContractError(f"{name}: {exc.reason}") from exc
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
+        raise ContractError(f"{name}: not a readable tokenizer ({type(exc).__name__}: {_shown(str(exc), 200)})") from exc
 
 
 def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[str]:
@@ -345,6 +368,8 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
 def verify_files(directory: Path, manifest: Manifest, remembered: bool = False) -> list[str]:
     """Compare every file the manifest lists with its sha256; return one problem per line (empty: all good).
     ``remembered``: a file unchanged since it was last hashed (``digests``) is not hashed again."""
+    from .digests import remembered_sha256  # only here: the contract alone loads no record of the user's cache
+
     digest_of = remembered_sha256 if remembered else sha256_file
     problems = []
     directory = Path(directory)
@@ -358,7 +383,11 @@ def verify_files(directory: Path, manifest: Manifest, remembered: bool = False) 
         if path.is_symlink() or not path.is_file():
             problems.append(f"{name}: missing or not a regular file")
             continue
-        got = digest_of(path)
+        try:
+            got = digest_of(path)
+        except (FileRefused, OSError) as exc:  # no permission to read it; swapped for a FIFO since the check
+            problems.append(f"{name}: {exc.reason}" if isinstance(exc, FileRefused) else f"{name}: cannot be read ({exc})")
+            continue
         if got != expected:
             problems.append(f"{name}: sha256 {got[:16]}… does not match the manifest's {expected[:16]}…")
     for spec in manifest.models.values():
@@ -374,9 +403,16 @@ def special_tokens(tokenizer) -> dict[str, int]:
     return {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer, vocab: dict[str, int] | None = None) -> str:
     """sha256 over a ``tokenizers.Tokenizer``'s full vocabulary (token -> id) and special tokens."""
-    payload = json.dumps(
-        [sorted(tokenizer.get_vocab(with_added_tokens=True).items()), sorted(special_tokens(tokenizer).items())]
-    )
+    vocab = tokenizer.get_vocab(with_added_tokens=True) if vocab is None else vocab
+    payload = json.dumps([sorted(vocab.items()), sorted(special_tokens(tokenizer).items())])
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def tokenizer_facts(tokenizer) -> dict:
+    """What the load checks need of a tokenizer, from one pass over its vocabulary (0.2 s for Qwen's 151k
+    tokens, so it is remembered per file): its fingerprint, its largest token id and its number of tokens."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return {"fingerprint": tokenizer_fingerprint(tokenizer, vocab), "largest_id": max(vocab.values(), default=-1),
+            "tokens": len(vocab)}

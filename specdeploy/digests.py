@@ -10,24 +10,16 @@ means hashing again. ``specdeploy doctor`` always hashes every byte.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
 from pathlib import Path
 
+from .files import read_regular, regular_stat, sha256_file
+
 RECORD = "digests.json"
 KEPT = 256  # files remembered; the oldest are forgotten
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
+MAX_RECORD_BYTES = 64 * 2**20  # 256 entries of a few KB each; a larger record is not ours, and is started afresh
 
 
 def cache_dir() -> Path:
@@ -35,15 +27,18 @@ def cache_dir() -> Path:
 
 
 def _identity(path: Path) -> list[int]:
-    stat = path.stat()
-    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+    """(device, inode, size, mtime_ns, ctime_ns) of a regular file; FileRefused for anything else (a FIFO would
+    block whoever reads it next, a device never ends)."""
+    info = regular_stat(path)
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
 
 
 def read_record(record: Path) -> dict:
-    """A JSON object kept in the user's cache; {} where it is missing, unreadable or not an object."""
+    """A JSON object kept in the user's cache; {} where it is missing, unreadable, not a regular file, too large or
+    not an object."""
     try:
-        entries = json.loads(record.read_text())
-    except (OSError, ValueError):
+        entries = json.loads(read_regular(record, MAX_RECORD_BYTES))
+    except (OSError, ValueError, RecursionError):  # FileRefused and JSONDecodeError are ValueErrors
         return {}
     return entries if isinstance(entries, dict) else {}
 
@@ -68,7 +63,8 @@ def remembered_sha256(path: Path) -> str:
 
 def remembered_fact(path: Path, name: str, compute):
     """``compute(path)``, a JSON-able function of the file's bytes alone (the external-data locations a graph
-    names, say), computed once per file identity."""
+    names, say), computed once per file identity. FileRefused for anything but a regular file: ``compute``
+    never opens a FIFO or a device."""
     return _remember(path, f"fact:{name}", compute)
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .contract import REEXPORT_INT8, ContractError, Manifest, saturating_int8, tokenizer_problems, verify_files
+from .contract import REEXPORT_INT8, ContractError, Manifest, read_tokenizer, saturating_int8, tokenizer_problems, verify_files
 
 MIN_OPSET = 17
 
 
 def diagnose(directory: Path) -> list[tuple[str, str]]:
     """(problem, fix) pairs for an artifact dir; empty when all is well."""
+    from .runtime.artifact import chat_template
+
     try:
         manifest = Manifest.read(directory)
     except ContractError as exc:
@@ -23,15 +25,17 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
     problems += [(what, REEXPORT_INT8) for what in saturating_int8(manifest).values()]
     tokenizer_path = Path(directory) / manifest.tokenizer
     if tokenizer_path.is_file():
-        from tokenizers import Tokenizer
-
         try:
-            tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        except Exception as exc:
-            problems.append((f"{manifest.tokenizer}: not a readable tokenizer ({exc})", "re-export the artifact"))
+            tokenizer = read_tokenizer(tokenizer_path, manifest.tokenizer)
+        except ContractError as exc:
+            problems.append((str(exc), "re-export the artifact"))
         else:
             problems += [(problem, "export draft and target together, with the target's own tokenizer")
                          for problem in tokenizer_problems(tokenizer, manifest)]
+            try:
+                chat_template(Path(directory), manifest, tokenizer)
+            except ContractError as exc:
+                problems.append((str(exc), "re-export the artifact from a checkpoint whose tokenizer_config.json is sound"))
     draft, target = manifest.draft, manifest.target
     if draft is not None:
         if draft.vocab_size != target.vocab_size:
@@ -48,11 +52,13 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
 def _check_graphs(directory: Path, manifest: Manifest) -> list[tuple[str, str]]:
     """Load each graph into ONNX Runtime and compare its inputs/outputs with the manifest."""
     from .engines import ProviderError, load_engine
+    from .engines.vetting import check_graph_facts
 
     problems = []
-    for role in manifest.models:
+    for role, spec in manifest.models.items():
         try:
             load_engine(directory, manifest, role)
+            check_graph_facts(Path(directory) / spec.file, spec)
         except (ProviderError, ContractError) as exc:  # ContractError: unreadable, or ONNX Runtime refused it
             problems.append((str(exc), "re-export the artifact"))
         except Exception as exc:  # ONNX Runtime's own load errors (corrupt graph, bad opset)

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from importlib.resources import as_file, files
 from pathlib import Path
 
+from .files import FileMissing, FileRefused, read_stream
+
+MAX_PROMPT_FILE_BYTES = 64 * 2**20  # Spec-Bench's 480 questions are 0.5 MB; /dev/zero never ends
 SPEC_BENCH_FILE = "data/spec_bench_question.jsonl"  # package data of specdeploy (pyproject.toml)
 # Spec-Bench's six groups, as it reports them: MT-bench's eight categories count as one, "mt_bench"
 SPEC_BENCH_GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -35,12 +38,15 @@ class Prompt:
 
 def load_prompts(path: str | Path) -> list[Prompt]:
     """Prompts from ``path``: ``.jsonl`` (``prompt``, optional ``id`` and ``category``, or Spec-Bench's
-    ``question_id``, ``category``, ``turns`` — the first turn is the prompt) or plain text (one per line)."""
+    ``question_id``, ``category``, ``turns`` — the first turn is the prompt) or plain text (one per line).
+    ``path`` may be a stream (``/dev/stdin``, a pipe), read to its end: at most MAX_PROMPT_FILE_BYTES."""
     path = Path(path)
-    if not path.is_file():
-        raise PromptFileError(f"{path}: no such file")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_stream(path, MAX_PROMPT_FILE_BYTES).decode("utf-8").splitlines()
+    except FileMissing as exc:
+        raise PromptFileError(f"{path}: no such file") from exc
+    except FileRefused as exc:
+        raise PromptFileError(str(exc)) from exc
     except UnicodeDecodeError as exc:
         raise PromptFileError(f"{path}: not UTF-8 text (byte {exc.start}); expected a .jsonl or text prompt file") from exc
     prompts = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import json
 from pathlib import Path
 
 import click
@@ -11,6 +11,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ..engines.ort import PROVIDERS
+from ..files import FileRefused, open_regular
 from ..reports.plots import PLOTS
 from .common import threads_option
 
@@ -81,18 +82,13 @@ def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_
     except (GridError, PromptFileError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from exc
     prompts = prompts[:limit] if limit else prompts
-    if out.exists():
-        if not force:
-            raise click.ClickException(f"{out}: already exists; pass --force to replace it")
-        if not out.is_dir() or any(p.name not in BENCH_FILES for p in out.iterdir()):
-            raise click.ClickException(f"{out}: not a bench output directory (expected only {', '.join(BENCH_FILES)} "
-                                       "and plots); --force replaces nothing else")
+    written = _bench_output(out, force)
     try:
         pipelines = {label: Pipeline.load(directory, provider=provider, threads=threads)
                      for label, directory in zip(labels, directories)}
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
+        for path in written:  # what an earlier bench (and report) wrote; nothing else is there
+            path.unlink()
+        out.mkdir(parents=True, exist_ok=True)
         total = repeat * -(-len(prompts) // batch_size) * len(grid)
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"bench: {len(grid)} configurations x {len(prompts)} prompts x {repeat}", total=total)
@@ -103,6 +99,34 @@ def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_
     for segment in [*segments, "all"]:
         _print_summary(summary[segment], segment)
     Console(stderr=True).print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}; `specdeploy report {out}` plots them")
+
+
+def _bench_output(out: Path, force: bool) -> list[Path]:
+    """The files of an earlier bench run that ``--force`` replaces in ``out``; refused in one line where ``out`` exists
+    without ``--force``, or holds anything but bench's (and report's) own files: each with one of their names, and
+    a records.jsonl whose first line is a bench record. The directory itself (a symlink's target, the current
+    directory) stays."""
+    if not (out.exists() or out.is_symlink()):
+        return []
+    if not force:
+        raise click.ClickException(f"{out}: already exists; pass --force to replace it")
+    refused = click.ClickException(f"{out}: not a bench output directory (expected only {', '.join(BENCH_FILES)}, as "
+                                   "`specdeploy bench` and `report` write them); --force replaces nothing else")
+    if not out.is_dir():
+        raise refused
+    entries = list(out.iterdir())
+    if not entries:
+        return []
+    if any(p.name not in BENCH_FILES or p.is_symlink() or not p.is_file() for p in entries):
+        raise refused
+    try:
+        with open_regular(out / "records.jsonl") as records:
+            first = json.loads(records.readline(2**20))
+    except (FileRefused, OSError, ValueError, RecursionError):  # missing, a FIFO, not JSON
+        raise refused from None
+    if not isinstance(first, dict) or first.get("type") not in ("cycle", "run") or "config" not in first:
+        raise refused
+    return entries
 
 
 def _labels(directories: tuple[Path, ...]) -> list[str]:

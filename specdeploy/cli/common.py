@@ -41,10 +41,21 @@ def speculation_options(k_help: str):
     return apply
 
 
+def _threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """--threads checked as ``Pipeline.load`` checks it (the runtime is loaded only by commands that run models)."""
+    from ..runtime.config import ConfigError, checked_threads
+
+    try:
+        return checked_threads(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[1], ctx=ctx, param=param) from exc
+
+
 threads_option = click.option(
-    "--threads", type=click.IntRange(min=1), default=None,
+    "--threads", type=int, default=None, callback=_threads,
     help="Threads of one ONNX Runtime pool that both models share, for the whole process (default: a pool per model "
-         "of ONNX Runtime's size, one thread per physical core, whose threads stop spinning when a call ends).")
+         "of ONNX Runtime's size, one thread per physical core, whose threads stop spinning when a call ends); at most "
+         "4 per core: more only oversubscribe the cores.")
 
 
 def read_manifest(directory: Path) -> Manifest:

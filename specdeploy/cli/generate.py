@@ -67,6 +67,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
     from ..contract import ContractError
     from ..engines import EngineInputError, ProviderError
     from ..runtime.cache import CapacityError
+    from ..runtime.chat import ChatTemplateError
     from ..runtime.config import ConfigError
 
     prompts = list(prompts) + (read_prompts(prompt_file) if prompt_file else [])
@@ -109,7 +110,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                 {"prompt": i, **d} for i, (prompt, a, b) in enumerate(zip(inputs, plain, results))
                 if (d := pipeline.first_divergence(prompt, a.token_ids, b.token_ids, plain_config)) is not None]
             _comparison(results, plain, config, as_json, divergences)
-    except (ConfigError, CapacityError, ContractError, ProviderError, EngineInputError) as exc:
+    except (ConfigError, CapacityError, ContractError, ProviderError, EngineInputError, ChatTemplateError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 

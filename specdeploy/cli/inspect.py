@@ -10,8 +10,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..files import FileRefused, regular_size
 from ..reports.graph import graph_summary
 from .common import human, read_manifest
+
+SHOWN_FILES = 50  # rows of the files table; --json lists them all
 
 
 @click.command()
@@ -20,13 +23,23 @@ from .common import human, read_manifest
 def inspect(directory, as_json):
     """Show an artifact's contract, tensors, graphs (nodes, nodes per layer, op counts), sizes and files."""
     manifest = read_manifest(directory)
-    sizes = {name: (directory / name).stat().st_size if (directory / name).exists() else None
-             for name in manifest.files}
-    graphs = {role: graph_summary(directory / spec.file) for role, spec in manifest.models.items()
-              if sizes.get(spec.file) is not None}
+    sizes, unreadable = {}, {}  # name -> bytes of each regular file; name -> why it is not one (missing, a FIFO, ...)
+    for name in manifest.files:
+        try:
+            sizes[name] = regular_size(directory / name)
+        except FileRefused as exc:
+            sizes[name], unreadable[name] = None, str(exc).removeprefix(f"{directory / name}: ")
+    graphs = {}
+    for role, spec in manifest.models.items():
+        if sizes.get(spec.file) is not None:
+            try:
+                graphs[role] = graph_summary(directory / spec.file)
+            except Exception as exc:  # onnx's own errors for a truncated or foreign file; FileRefused if swapped
+                unreadable[spec.file] = f"not a readable ONNX graph ({type(exc).__name__})"
     if as_json:
         data = json.loads(manifest.to_json())
         data["file_sizes"] = sizes
+        data["unreadable_files"] = unreadable
         data["graphs"] = graphs
         for role, spec in manifest.models.items():
             data["models"][role]["inputs"] = spec.inputs
@@ -69,7 +82,10 @@ def inspect(directory, as_json):
         table.add_row(role, str(summary["nodes"]), "-" if per_layer is None else f"{per_layer:g}", ops)
     out.print(table)
     files = Table("file", "size", "sha256", title="files")
-    for name, digest in sorted(manifest.files.items()):
+    listed = sorted(manifest.files.items())
+    for name, digest in listed[:SHOWN_FILES]:
         size = sizes[name]
-        files.add_row(name, "missing" if size is None else human(size), digest[:16] + "…")
+        files.add_row(Text(name), Text(unreadable.get(name, "?")) if size is None else human(size), digest[:16] + "…")
+    if len(listed) > SHOWN_FILES:
+        files.add_row(f"… and {len(listed) - SHOWN_FILES:,} more", "", "")
     out.print(files)

@@ -6,6 +6,7 @@ from pathlib import Path
 from ..contract import REEXPORT_INT8, ContractError, Manifest, saturating_int8
 from .base import Engine, EngineInputError, EngineOutput
 from .ort import OrtEngine, ProviderError
+from .vetting import check_external_data
 
 
 def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = "cpu",
@@ -33,57 +34,6 @@ def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = 
         raise
     except Exception as exc:  # ONNX Runtime's own load errors: empty graph, unknown ops, bad opset
         raise ContractError(f"{spec.file}: ONNX Runtime cannot load it ({type(exc).__name__}: {exc})") from exc
-
-
-def check_external_data(path: Path, manifest: Manifest) -> None:
-    """Refuse external-data locations that are absolute, climb out (``..``), go through links or are
-    unlisted, wherever the tensor sits: initializers, Constant nodes and any attribute, in any subgraph.
-    The locations a graph names are read once per file identity (``digests``): parsing an 800 MB graph
-    with its weights inline takes over a second."""
-    from ..digests import remembered_fact
-
-    for location, owner in remembered_fact(path, "external_data", _external_locations).items():
-        where = Path(location)
-        target = path.parent / where
-        if (where.is_absolute() or len(where.parts) != 1 or where.name in ("", ".", "..")
-                or location not in manifest.files or target.is_symlink()):
-            raise ContractError(
-                f"{path.name}: {owner} points its external data at {location!r}; expected a plain file inside "
-                f"the artifact dir that the manifest lists ({sorted(manifest.files)})"
-            )
-
-
-def _external_locations(path: Path) -> dict[str, str]:
-    """Each external-data location a graph names -> the first tensor that names it."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False)
-    locations: dict[str, str] = {}
-    for owner, tensor in _tensors(graph.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-            locations.setdefault(location, owner)
-    return locations
-
-
-def _tensors(graph, where: str = ""):
-    """(owner, tensor) for every tensor a graph holds, its subgraphs' included."""
-    for tensor in graph.initializer:
-        yield f"{where}initializer {tensor.name!r}", tensor
-    for sparse in graph.sparse_initializer:
-        yield f"{where}sparse initializer {sparse.values.name!r}", sparse.values
-        yield f"{where}sparse initializer {sparse.values.name!r}", sparse.indices
-    for node in graph.node:
-        for attr in node.attribute:
-            owner = f"{where}node {node.name or node.op_type!r} attribute {attr.name!r}"
-            held = [attr.t] if attr.HasField("t") else []
-            held += list(attr.tensors)
-            for sparse in ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) + list(attr.sparse_tensors):
-                held += [sparse.values, sparse.indices]
-            for tensor in held:
-                yield owner, tensor
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                yield from _tensors(sub, f"{owner} > ")
 
 
 __all__ = ["Engine", "EngineInputError", "EngineOutput", "OrtEngine", "ProviderError", "load_engine"]

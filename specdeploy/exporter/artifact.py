@@ -1,6 +1,6 @@
 """Checkpoints -> an artifact dir: target.onnx, draft.onnx, tokenizer.json, manifest.json.
 
-The dir is built in a temporary sibling and renamed into place only when complete, so an
+The dir is built in a temporary sibling and put in place only when complete (``output``), so an
 interrupted export never leaves a half-written artifact behind.
 """
 
@@ -15,12 +15,23 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..contract import DTYPES, GRAPH_FORMS, WEIGHT_FORMATS, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
+from ..contract import (
+    DTYPES,
+    GRAPH_FORMS,
+    GRAPH_ROLE_KEY,
+    WEIGHT_FORMATS,
+    Manifest,
+    ModelSpec,
+    io_problems,
+    sha256_file,
+    tokenizer_fingerprint,
+)
 from ..version import __version__
 from . import onnx_graph
 from .checkpoint import gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
 from .fused import FusedGraph
 from .int8 import Int8Error, to_int8_per_row
+from .output import output_dir, remove_abandoned, replace
 from .registry import ExportError, lookup
 from .tokenizer import differences
 
@@ -78,10 +89,7 @@ def export_artifact(
             raise ExportError(f"draft_vocab must be a positive integer, got {draft_vocab!r}")
     if capacity is not None and capacity < 2:
         raise ExportError(f"capacity must be >= 2, got {capacity}")
-    if out.exists() and not force:
-        raise ExportError(f"{out}: already exists; pass --force to replace it")
-    if out.exists() and not (out.is_dir() and (out / "manifest.json").is_file()):
-        raise ExportError(f"{out}: not an artifact directory (no manifest.json); --force replaces only artifacts")
+    out = output_dir(out, force)  # refused now, not after minutes of exporting
 
     sources = {"target": target} if draft is None else {"target": target, "draft": draft}
     if draft is not None:
@@ -94,7 +102,7 @@ def export_artifact(
                                   "give fewer tokens, or none")
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_staging(out)
+    remove_abandoned(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     (staging / ".pid").write_text(str(os.getpid()))
     try:
@@ -114,6 +122,7 @@ def export_artifact(
             written = "full" if form.int4 else fmt  # a fused int4 graph is quantized as it is written
             _compress(role, staging / f"{role}.onnx", dtype, written, (block_size, accuracy_level), progress,
                       converted=fused_dtype != dtype)
+            _stamp_role(staging / f"{role}.onnx", role)
             specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, graph=graph, **facts)
         if capacity is None:  # each model's own limit; the pair serves what both allow
             least = min(spec.capacity for spec in specs.values())
@@ -123,28 +132,12 @@ def export_artifact(
         files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
         manifest = Manifest(models=specs, files=files, exporter_version=__version__, opset=onnx_graph.OPSET)
         manifest.write(staging)
-        _replace(staging, out)
+        replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     progress(f"wrote {out}")
     return manifest
-
-
-def _remove_abandoned_staging(out: Path) -> None:
-    """Staging dirs of an export that was killed (its process is gone), and a replaced artifact it had
-    not removed yet, would hold gigabytes forever."""
-    shutil.rmtree(out.with_name(f".{out.name}.old"), ignore_errors=True)
-    for staging in out.parent.glob(f".{out.name}.*"):
-        pid_file = staging / ".pid"
-        if not staging.is_dir() or not pid_file.is_file():
-            continue
-        try:
-            os.kill(int(pid_file.read_text()), 0)
-        except (ProcessLookupError, ValueError):
-            shutil.rmtree(staging, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, someone else's
 
 
 def _check_pair(target, draft) -> None:
@@ -298,13 +291,11 @@ def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int
         onnx_graph.save(model, path)
 
 
-def _replace(staging: Path, out: Path) -> None:
-    """Move the finished staging dir to ``out``; an existing ``out`` is removed only after that."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-    staging.rename(out)
-    if old is not None:
-        shutil.rmtree(old)
+def _stamp_role(path: Path, role: str) -> None:
+    """Record in the graph's metadata which role it was exported as (``GRAPH_ROLE_KEY``). Only the graph's own
+    proto is rewritten: weights in an external-data file stay where they are."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, GRAPH_ROLE_KEY: role})
+    onnx.save_model(model, str(path))

@@ -176,6 +176,8 @@ def tokenizer_config(template, bos, eos, add_bos, where) -> dict:
         tokens[name] = token
     if template is not None and not isinstance(template, str):
         raise ExportError(f"{where}: chat_template must be a string, got {type(template).__name__}")
+    if add_bos is not None and not isinstance(add_bos, bool):  # "false" would be taken as true
+        raise ExportError(f"{where}: add_bos_token: got {add_bos!r} ({type(add_bos).__name__}); expected true or false")
     return {"chat_template": template, **tokens, "add_bos_token": bool(add_bos)}
 
 

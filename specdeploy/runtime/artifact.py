@@ -5,12 +5,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..contract import ContractError, Manifest, tokenizer_fingerprint, tokenizer_problems, verify_files
+from ..contract import ContractError, Manifest, read_tokenizer, tokenizer_facts, tokenizer_problems, verify_files
 from ..digests import remembered_fact
 from ..engines import Engine, load_engine
+from ..engines.vetting import check_graph_facts
 from .chat import ChatTemplate
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+SHOWN_PROBLEMS = 10  # file problems listed in full when loading; the rest are counted (`specdeploy doctor` lists more)
 
 
 def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = None,
@@ -28,7 +30,9 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
     if verify_hashes:
         problems = verify_files(directory, manifest, remembered=True)
         if problems:
-            raise ContractError(f"{directory}: artifact files do not match the manifest:\n  " + "\n  ".join(problems))
+            more = len(problems) - SHOWN_PROBLEMS
+            listed = problems[:SHOWN_PROBLEMS] + ([f"… and {more:,} more ({len(problems):,} in all)"] if more > 0 else [])
+            raise ContractError(f"{directory}: artifact files do not match the manifest:\n  " + "\n  ".join(listed))
     draft_spec = manifest.draft
     if draft_spec is not None and draft_spec.vocab_size != manifest.target.vocab_size:
         raise ContractError(f"draft vocab {draft_spec.vocab_size} differs from target vocab {manifest.target.vocab_size}")
@@ -36,30 +40,42 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
     # ONNX Runtime builds a session (reading, optimising and pre-packing the weights) without holding the
     # GIL: both models at once, and the tokenizer read meanwhile, take ~1 s less on 2 cores than in turn
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdeploy-load") as pool:
-        engines = [pool.submit(load_engine, directory, manifest, role, provider, threads) for role in roles]
+        engines = [pool.submit(_engine, directory, manifest, role, provider, threads) for role in roles]
         tokenizer, chat = _tokenizer(directory, manifest)  # a refused tokenizer is raised once the sessions end
         target, draft = [engine.result() for engine in engines] + [None] * (2 - len(engines))
     return manifest, tokenizer, chat, target, draft
 
 
+def _engine(directory: Path, manifest: Manifest, role: str, provider: str, threads: int | None) -> Engine:
+    """The engine of ``role``, once what its graph states of itself agrees with the manifest (heads, positions)."""
+    engine = load_engine(directory, manifest, role, provider, threads)
+    spec = manifest.models[role]
+    check_graph_facts(directory / spec.file, spec)  # read with the external-data vetting: remembered, no second parse
+    return engine
+
+
 def _tokenizer(directory: Path, manifest: Manifest) -> tuple[object, ChatTemplate]:
     """The artifact's tokenizer, checked against its models, and its chat template."""
-    from tokenizers import Tokenizer
-
     path = directory / manifest.tokenizer
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
-        raise ContractError(f"{path}: not a readable tokenizer ({exc})") from exc
+    tokenizer = read_tokenizer(path)
     # a function of the file's bytes alone (0.35 s for Qwen's 151k tokens): computed once per file identity
-    fingerprint = remembered_fact(path, "tokenizer_fingerprint", lambda _: tokenizer_fingerprint(tokenizer))
-    problems = tokenizer_problems(tokenizer, manifest, fingerprint)
+    facts = remembered_fact(path, "tokenizer_facts", lambda _: tokenizer_facts(tokenizer))
+    problems = tokenizer_problems(tokenizer, manifest, facts)
     if problems:
         raise ContractError(f"{directory}: " + "; ".join(problems))
+    return tokenizer, chat_template(directory, manifest, tokenizer)
+
+
+def chat_template(directory: Path, manifest: Manifest, tokenizer) -> ChatTemplate:
+    """The artifact's chat template and BOS settings, from tokenizer_config.json when the manifest lists it (none
+    otherwise); ContractError where it cannot be read or names a BOS token the tokenizer lacks."""
     chat = ChatTemplate({})
     if TOKENIZER_CONFIG in manifest.files:
         try:
             chat = ChatTemplate.read(directory / TOKENIZER_CONFIG)
         except (OSError, ValueError, RecursionError, AttributeError) as exc:
             raise ContractError(f"{directory / TOKENIZER_CONFIG}: not a readable tokenizer config ({exc})") from exc
-    return tokenizer, chat
+    if chat.add_bos_token and chat.bos_token is not None and tokenizer.token_to_id(chat.bos_token) is None:
+        raise ContractError(f"{directory / TOKENIZER_CONFIG}: bos_token {chat.bos_token!r} is not a token of "
+                            f"{manifest.tokenizer}; expected one of its tokens (add_bos_token starts plain prompts with it)")
+    return chat

@@ -1,60 +1,127 @@
 """Chat templates: messages rendered to a prompt as transformers' ``apply_chat_template`` renders them.
 
-A template comes from the artifact's tokenizer_config.json (kept, and hashed, by the exporter) and
-is untrusted code: it runs in Jinja's immutable sandbox, with the globals and filters transformers
-gives it (``raise_exception``, ``strftime_now``, a ``tojson`` that does not escape HTML), so the same
-template renders the same string here as there.
+A template comes from the artifact's tokenizer_config.json (kept, and hashed, by the exporter) and is
+untrusted code: it runs in Jinja's immutable sandbox, with the globals and filters transformers gives it
+(``raise_exception``, ``strftime_now``, a ``tojson`` that does not escape HTML), so the same template
+renders the same string here as there. It runs in a child process (``chat_worker``) with a time limit,
+an output-size limit and a memory limit: a template that loops, computes or repeats without end is
+stopped, and said to be the artifact's fault (``ChatTemplateError``), while messages the template
+refuses (its ``raise_exception``) or that are malformed are the client's (``ConfigError``).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 
-from .config import ConfigError
+from ..contract import ContractError
+from ..files import MAX_JSON_BYTES, read_regular
+from .config import ConfigError, check_unicode
 
 MAX_MESSAGES = 1024
+TIME_LIMIT = 2.0  # seconds a render may take: real templates take a millisecond or less
+MAX_RENDERED_CHARS = 16 * 2**20  # output characters; far beyond any prompt an artifact's capacity takes
+WORKERS = 4  # child processes rendering at once; more requests wait for one
+DEFAULT_TEMPLATE = "default"  # the template used among named ones, as transformers chooses it without tools
+
+
+class ChatTemplateError(RuntimeError):
+    """The artifact's chat template failed on its own: it raised an error, recursed, or overran its time, output
+    or memory limit. A fault of the artifact, not of the messages (a server answers 500, naming the template)."""
 
 
 class ChatTemplate:
-    """A tokenizer's chat template with its BOS/EOS tokens and whether plain prompts start with BOS."""
+    """A tokenizer's chat template with its BOS/EOS tokens and whether plain prompts start with BOS.
 
-    def __init__(self, config: dict):
-        self.template = config.get("chat_template")
-        self.bos_token, self.eos_token = config.get("bos_token"), config.get("eos_token")
-        self.add_bos_token = bool(config.get("add_bos_token", False))
-        self._compiled = None
+    ``config`` is tokenizer_config.json's content, in any shape transformers accepts: ``chat_template`` a string,
+    a list of ``{"name", "template"}`` or a mapping of names to templates (the one named "default" is used);
+    ``bos_token``/``eos_token`` a string or a serialised AddedToken (``{"content": ...}``); ``add_bos_token``
+    true or false (a string is refused: transformers would take "false" as true). ContractError names the field
+    otherwise. ``source`` names the template in errors; ``time_limit`` and ``max_chars`` bound a render.
+    """
+
+    def __init__(self, config: dict, source: str = "chat template", time_limit: float = TIME_LIMIT,
+                 max_chars: int = MAX_RENDERED_CHARS):
+        if not isinstance(config, dict):
+            raise ContractError(f"{source}: expected a JSON object, got {type(config).__name__}")
+        self.source, self.time_limit, self.max_chars = source, time_limit, max_chars
+        self.template, self.named = _template(config.get("chat_template"), source)
+        self.bos_token = _token(config.get("bos_token"), "bos_token", source)
+        self.eos_token = _token(config.get("eos_token"), "eos_token", source)
+        add_bos = config.get("add_bos_token", False)
+        if not isinstance(add_bos, bool):
+            raise ContractError(f"{source}: add_bos_token: got {add_bos!r} ({type(add_bos).__name__}); expected true or false")
+        self.add_bos_token = add_bos
 
     @classmethod
     def read(cls, path: Path) -> ChatTemplate:
-        return cls(json.loads(Path(path).read_text(encoding="utf-8")))
+        """The chat template of a tokenizer_config.json (a regular file of at most MAX_JSON_BYTES)."""
+        return cls(json.loads(read_regular(Path(path), MAX_JSON_BYTES).decode("utf-8")), source=f"{path}")
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
         """The prompt text of ``messages`` ([{"role": ..., "content": ...}, ...]), ending with the assistant's
         turn opened when ``add_generation_prompt``; ``tools`` (JSON schemas, as transformers takes them) go to the
-        template as its ``tools`` variable."""
-        from jinja2.exceptions import SecurityError, TemplateError
+        template as its ``tools`` variable.
 
+        Raises ConfigError for messages that are malformed or that the template refuses (``raise_exception``), and
+        ChatTemplateError when the template fails on its own or overruns its limits."""
         if self.template is None:
+            if self.named:
+                raise ChatTemplateError(f"{self.source}: has named chat templates ({', '.join(self.named)}) and none "
+                                        f"named {DEFAULT_TEMPLATE!r}, which is the one used without tools")
             raise ConfigError("messages: this artifact's tokenizer has no chat template; give a plain prompt instead")
-        messages = _checked(messages)
+        variables = {"messages": _checked(messages), "add_generation_prompt": bool(add_generation_prompt), "tools": tools,
+                     "documents": None, "bos_token": self.bos_token, "eos_token": self.eos_token}
+        answer = renderer().render(self.template, variables, self.time_limit, self.max_chars, self.source)
+        if "refused" in answer:
+            raise ConfigError(f"chat template: {answer['refused']}")
+        if answer.get("error") == "SecurityError":
+            raise ChatTemplateError(f"{self.source}: the chat template was refused by the sandbox ({answer['message']})")
+        if "error" in answer:
+            raise ChatTemplateError(f"{self.source}: the chat template failed on its own ({answer['error']}: "
+                                    f"{answer['message']})")
         try:
-            return self._template().render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                           documents=None, bos_token=self.bos_token, eos_token=self.eos_token)
-        except SecurityError as exc:
-            raise ConfigError(f"chat template: refused by the sandbox ({exc})") from exc
-        except TemplateError as exc:  # the template's own raise_exception, or a broken template
-            raise ConfigError(f"chat template: {exc}") from exc
+            check_unicode(answer["text"], "rendered")
+        except ConfigError as exc:  # a surrogate the messages did not bring: the template's own text has it
+            raise ChatTemplateError(f"{self.source}: the chat template's output is not valid Unicode ({exc})") from exc
+        return answer["text"]
 
-    def _template(self):
-        if self._compiled is None:
-            self._compiled = _environment().from_string(self.template)
-        return self._compiled
+
+def _template(value, source: str) -> tuple[str | None, list[str]]:
+    """(the template to use, the names of all when there are several)."""
+    if value is None or isinstance(value, str):
+        return value, []
+    if isinstance(value, list):  # transformers saves several as [{"name": ..., "template": ...}, ...]
+        if not all(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+                   for t in value):
+            raise ContractError(f"{source}: chat_template: expected a string or a list of {{'name': str, 'template': "
+                                f"str}}, got {str(value)[:80]!r}")
+        value = {t["name"]: t["template"] for t in value}
+    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return value.get(DEFAULT_TEMPLATE), sorted(value)
+    raise ContractError(f"{source}: chat_template: expected a string or a list of named templates, got "
+                        f"{type(value).__name__}")
+
+
+def _token(value, name: str, source: str) -> str | None:
+    if isinstance(value, dict):  # a serialised AddedToken: {"content": ..., "__type": "AddedToken", ...}
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise ContractError(f"{source}: {name}: expected a string or an AddedToken's {{'content': str}}, got "
+                            f"{type(value).__name__}")
+    return value
 
 
 def _checked(messages) -> list[dict]:
+    """The client's messages, as JSON data the child can take; ConfigError naming what is wrong."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ConfigError(f"messages: got {type(messages).__name__}; expected a non-empty list of messages")
     if len(messages) > MAX_MESSAGES:
@@ -63,36 +130,113 @@ def _checked(messages) -> list[dict]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
                 or not isinstance(message.get("content"), str):
             raise ConfigError(f"messages[{i}]: got {str(message)[:60]!r}; expected {{'role': str, 'content': str}}")
+        for key, value in message.items():
+            if isinstance(value, str):
+                check_unicode(value, f"messages[{i}].{key}")
+    try:
+        json.dumps(messages)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"messages: not JSON data ({exc}); expected strings, numbers, lists and objects") from exc
     return [dict(message) for message in messages]
 
 
-def _environment():
-    """A sandboxed Jinja environment with transformers' settings, filters and globals."""
-    import jinja2
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+class TemplateRenderer:
+    """Child processes (``chat_worker``) rendering templates, at most ``workers`` at once. A worker serves one
+    request at a time and is reused; one that overruns its request's time is killed (the next request starts a
+    fresh one: ~0.1 s). Thread-safe."""
 
-    class Generation(Extension):
-        """``{% generation %}...{% endgeneration %}`` (marks assistant text for training masks): renders its body."""
+    def __init__(self, workers: int = WORKERS):
+        self._slots = threading.BoundedSemaphore(workers)
+        self._idle: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
 
-        tags = {"generation"}
+    def render(self, template: str, variables: dict, seconds: float, max_chars: int, source: str) -> dict:
+        """The worker's answer to one request: {"text"}, {"refused"} or {"error", "message"}; ChatTemplateError where the
+        worker overran ``seconds`` or died (out of memory, say)."""
+        request = json.dumps({"template": template, "variables": variables, "max_chars": max_chars, "seconds": seconds})
+        with self._slots:
+            worker = self._sent(request.encode() + b"\n")
+            try:
+                line = _read_line(worker.stdout, time.monotonic() + seconds)
+            except BaseException:
+                _stop(worker)
+                raise
+            if line is None:
+                _stop(worker)
+                code = worker.returncode
+                why = f"took longer than {seconds:g} s" if code in (None, -9) else f"ended its process (exit code {code})"
+                raise ChatTemplateError(f"{source}: the chat template {why}; rendering was stopped")
+            with self._lock:
+                self._idle.append(worker)
+        return json.loads(line)
 
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+    def _sent(self, request: bytes) -> subprocess.Popen:
+        """A worker that has been sent ``request``: an idle one, or a fresh one if it has gone meanwhile."""
+        for attempt in (1, 2):
+            worker = self._take()
+            try:
+                worker.stdin.write(request)
+                worker.stdin.flush()
+                return worker
+            except OSError as exc:  # it ended while idle (killed from outside): once more, with a fresh one
+                _stop(worker)
+                if attempt == 2:
+                    raise ChatTemplateError(f"the process rendering chat templates ended ({exc})") from exc
+        raise AssertionError("unreachable")
 
-        def _body(self, caller):
-            return caller()
+    def _take(self) -> subprocess.Popen:
+        with self._lock:
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.poll() is None:
+                    return worker
+        try:
+            return subprocess.Popen([sys.executable, str(Path(__file__).with_name("chat_worker.py"))],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        except OSError as exc:
+            raise ChatTemplateError(f"cannot start a process to render chat templates ({exc})") from exc
 
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
+    def close(self) -> None:
+        with self._lock:
+            workers, self._idle = self._idle, []
+        for worker in workers:
+            _stop(worker)
 
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    environment.filters["tojson"] = tojson
-    environment.globals["raise_exception"] = raise_exception
-    environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return environment
+def _read_line(stream, deadline: float) -> bytes | None:
+    """One line from a worker's stdout, or None if it has not come by ``deadline`` (monotonic) or the worker ended.
+    ``poll``, not ``select``: a server may hold more than 1,024 descriptors."""
+    descriptor, chunks = stream.fileno(), []
+    waiting = select.poll()
+    waiting.register(descriptor, select.POLLIN)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not waiting.poll(remaining * 1000):
+            return None
+        chunk = os.read(descriptor, 1 << 20)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        if chunk.endswith(b"\n"):
+            return b"".join(chunks)
+
+
+def _stop(worker: subprocess.Popen) -> None:
+    worker.kill()
+    worker.wait()
+    for stream in (worker.stdin, worker.stdout):
+        stream.close()
+
+
+_renderer: TemplateRenderer | None = None
+_renderer_lock = threading.Lock()
+
+
+def renderer() -> TemplateRenderer:
+    """The process's renderer, made on first use; its workers are stopped at exit."""
+    global _renderer
+    with _renderer_lock:
+        if _renderer is None:
+            _renderer = TemplateRenderer()
+            atexit.register(_renderer.close)
+        return _renderer

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,6 +15,18 @@ from .registry import DRAFTERS, POLICIES
 
 INT64_MAX = 2**63 - 1
 PENALTY_RANGE = (0.01, 100.0)  # beyond it a penalised logit over- or underflows to inf / 0 and the distribution to NaN
+# Below it logits / temperature overflow: 5e-324 (a subnormal) made every distribution NaN, and the sampler returned
+# the last id at every step. 1e-6 leaves any float32 logit finite after scaling (in float64) and is sharper than any
+# use of sampling; 0 is greedy.
+MIN_TEMPERATURE = 1e-6
+# Stop strings a request may give, and characters in each (the server's HTTP bound is the same): matching costs
+# time in proportion to them at every cycle.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+# ONNX Runtime threads per core at most: more only oversubscribe the cores (its pool spins), and where it cannot
+# start them it aborts the process (threads=100,000 segfaulted after 12-30 s and 1-2 GB).
+MAX_THREADS_PER_CORE = 4
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -59,7 +74,8 @@ class GenerationConfig:
             object.__setattr__(self, name, float(value))
 
         whole("max_new_tokens", 1, "an integer >= 1")
-        number("temperature", lambda t: t >= 0, "a finite number >= 0 (0 means greedy)")
+        number("temperature", lambda t: t == 0 or t >= MIN_TEMPERATURE,
+               f"a finite number, 0 (greedy) or >= {MIN_TEMPERATURE:g} (below it the distribution overflows)")
         whole("top_k", 0, "an integer >= 0 (0 disables it)")
         number("top_p", lambda p: 0 < p <= 1, "a number in (0, 1]")
         number("min_p", lambda p: 0 <= p < 1, "a number in [0, 1)")
@@ -68,9 +84,9 @@ class GenerationConfig:
         if self.seed is not None:
             whole("seed", 0, "an integer >= 0, or None")
         whole("k", 0, "an integer >= 0")
-        if self.policy not in POLICIES:
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise bad("policy", f"one of {', '.join(POLICIES)}")
-        if self.drafter not in DRAFTERS:
+        if not isinstance(self.drafter, str) or self.drafter not in DRAFTERS:
             raise bad("drafter", f"one of {', '.join(DRAFTERS)}")
         number("confidence_threshold", lambda c: 0 < c < 1, "a number in (0, 1)")
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
@@ -79,6 +95,13 @@ class GenerationConfig:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
             raise bad("stop", "a string or a list of non-empty strings")
+        if len(stop) > MAX_STOP_STRINGS:
+            raise ConfigError(f"stop: got {len(stop):,} strings; expected at most {MAX_STOP_STRINGS}")
+        longest = max(stop, key=len, default="")
+        if len(longest) > MAX_STOP_CHARS:
+            raise ConfigError(f"stop: got a string of {len(longest):,} characters; expected at most {MAX_STOP_CHARS}")
+        for i, text in enumerate(stop):
+            check_unicode(text, f"stop[{i}]")
         object.__setattr__(self, "stop", tuple(stop))
         ids = self.stop_token_ids
         if not isinstance(ids, (list, tuple)) or any(not is_integer(t) or not 0 <= t <= INT64_MAX for t in ids):
@@ -92,6 +115,51 @@ class GenerationConfig:
     @property
     def speculative(self) -> bool:
         return self.drafter != "none" and self.k > 0
+
+
+def check_unicode(text: str, name: str) -> None:
+    """Refuse a lone surrogate in ``text`` (JSON's ``"\\ud800"`` decodes to one; no tokenizer takes it), naming
+    ``name`` and where it is."""
+    found = _SURROGATE.search(text)
+    if found is not None:
+        raise ConfigError(f"{name}: a lone surrogate (U+{ord(found.group()):04X}) at character {found.start():,}; "
+                          "expected valid Unicode text")
+
+
+def checked_threads(threads) -> int | None:
+    """``threads`` for ONNX Runtime: None (its default) or an integer in [1, MAX_THREADS_PER_CORE x cores]."""
+    if threads is None:
+        return None
+    limit = max_threads()
+    if not is_integer(threads) or not 1 <= threads <= limit:
+        raise ConfigError(f"threads: got {_short(threads)}; expected an integer in [1, {limit}] ({MAX_THREADS_PER_CORE} per "
+                          f"core of this machine's {os.cpu_count() or 1}), or None for ONNX Runtime's default")
+    return int(threads)
+
+
+def max_threads() -> int:
+    return MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+
+
+def checked_token_ids(ids, vocab: int, name: str) -> np.ndarray:
+    """A flat sequence of Python or NumPy integers as int64 ids, each inside [0, vocab); nothing coerced.
+    ConfigError naming ``name`` otherwise (bytes, a string, floats, nested lists, ids beyond int64 or the vocabulary)."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
+        raise ConfigError(f"{name}: got {_short(ids)}; expected a list of token ids")
+    items = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+    wrong = next((t for t in items if not is_integer(t)), None)
+    if wrong is not None:
+        raise ConfigError(f"{name}: got {_short(wrong)} among them; expected integers (a flat list of token ids)")
+    low, high = (min(items), max(items)) if items else (0, 0)
+    if low < 0 or high >= vocab:
+        raise ConfigError(f"{name}: range [{_short(low)}, {_short(high)}] outside the vocabulary [0, {vocab})")
+    return np.array(items, np.int64)
+
+
+def _short(value) -> str:
+    """A value for an error message, cut short: a prompt may be megabytes."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}... ({type(value).__name__})"
 
 
 def is_integer(value) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..engines.base import Engine, feed, prefill
 from .cache import plan_capacity
-from .config import GenerationConfig
+from .config import ConfigError, GenerationConfig, checked_token_ids
 
 
 def first_divergence(target: Engine, prompt_ids: np.ndarray, reference: Sequence[int], other: Sequence[int],
@@ -21,7 +21,13 @@ def first_divergence(target: Engine, prompt_ids: np.ndarray, reference: Sequence
     logits for other call shapes and capacities) up to the position. A small margin is a near-tie
     that the engine's arithmetic can tip (verifying K + 1 tokens at once is not bit-identical to
     decoding one: README, Exactness); a large one points at a bug. None when neither leaves the other.
+    ``reference`` and ``other`` must be token ids inside the vocabulary (ConfigError naming them otherwise).
     """
+    if not isinstance(config, GenerationConfig):
+        raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
+    vocab = target.spec.vocab_size
+    reference = checked_token_ids(reference, vocab, "reference").tolist()
+    other = checked_token_ids(other, vocab, "other").tolist()
     position = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
     if position is None:
         return None

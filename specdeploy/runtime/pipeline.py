@@ -17,7 +17,7 @@ from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch
 from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
-from .config import ConfigError, GenerationConfig, is_integer
+from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer
 from .cost_policy import CostPolicy, Costs
 from .decoder import Generation
 from .divergence import first_divergence
@@ -88,6 +88,7 @@ class Pipeline:
         artifact, provider and thread count, and keeps what this one measures (``calibration``): for
         short-lived processes such as ``specdeploy generate``; a long-lived one learns them in its first request.
         """
+        threads = checked_threads(threads)  # before any work: 100,000 used to abort the process inside ONNX Runtime
         directory = Path(directory)
         manifest, tokenizer, chat, target, draft = open_artifact(directory, provider, threads, verify_hashes)
         remembered = RememberedCosts(machine_key(directory, provider, threads)) if remember_costs else None
@@ -143,16 +144,29 @@ class Pipeline:
         return specs
 
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
-        """Token ids of a prompt: text, or a flat sequence of integer ids inside the vocabulary."""
+        """Token ids of a prompt: text, or a flat sequence of integer ids inside the vocabulary. Returns [tokens] int64.
+
+        Text must be valid Unicode (a lone surrogate is refused, naming where), and every id it encodes to must
+        be inside the model's vocabulary: a tokenizer that maps a word beyond it is refused here, before any engine
+        call, rather than failing the batch the prompt joins.
+        """
+        vocab = self.target.spec.vocab_size
         if isinstance(prompt, str):
             if not prompt:
                 raise ConfigError("prompt: got an empty string; expected at least one token")
+            check_unicode(prompt, "prompt")
             ids = self._tokenize(prompt)
             if self._bos is not None and ids[:1] != [self._bos]:
                 ids = [self._bos, *ids]
             ids = np.array(ids, np.int64)
+            if ids.size and ids.max() >= vocab:
+                outside = int(ids[ids >= vocab][0])
+                raise ConfigError(f"prompt: encodes to token id {outside} ({self.tokenizer.id_to_token(outside)!r}), outside "
+                                  f"the model's vocabulary [0, {vocab}): the artifact's tokenizer does not fit its models")
+        elif isinstance(prompt, bytes) or not isinstance(prompt, (Sequence, np.ndarray)):
+            raise ConfigError(f"prompt: got {_short(prompt)}; expected a string or a list of token ids")
         else:
-            ids = _token_ids(prompt, self.target.spec.vocab_size)
+            ids = checked_token_ids(prompt, vocab, "prompt ids")
         if ids.size == 0:
             raise ConfigError("prompt: encodes to no tokens; expected at least one")
         return ids
@@ -290,7 +304,9 @@ class Pipeline:
         return first_divergence(self.target, self.encode(prompt), reference, other, config)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        """The text of ``token_ids`` (integers inside the vocabulary; ConfigError otherwise), special tokens skipped."""
+        ids = checked_token_ids(token_ids, self.target.spec.vocab_size, "token_ids")
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
 
     def result(self, row: RowResult, config: GenerationConfig) -> GenerationResult:
         """A finished row as a result: its text (cut at a stop string under ``config``), tokens and stats."""
@@ -310,20 +326,6 @@ class Pipeline:
         if not config.speculative:
             return NoDrafter()
         return make_drafter(config.drafter, self.draft, stop_below)
-
-
-def _token_ids(prompt, vocab: int) -> np.ndarray:
-    """A flat sequence of Python or NumPy integers as int64 ids, each inside [0, vocab); nothing coerced."""
-    if isinstance(prompt, bytes) or not isinstance(prompt, (Sequence, np.ndarray)):
-        raise ConfigError(f"prompt: got {_short(prompt)}; expected a string or a list of token ids")
-    items = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
-    wrong = next((t for t in items if not is_integer(t)), None)
-    if wrong is not None:
-        raise ConfigError(f"prompt ids: got {_short(wrong)} among them; expected integers (a flat list of token ids)")
-    low, high = (min(items), max(items)) if items else (0, 0)
-    if low < 0 or high >= vocab:
-        raise ConfigError(f"prompt ids: range [{low}, {high}] outside the vocabulary [0, {vocab})")
-    return np.array(items, np.int64)
 
 
 def _check_prompt_list(prompts, expected: str) -> None:

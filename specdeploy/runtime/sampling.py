@@ -6,6 +6,7 @@ Temperature 0 means greedy: the processed distribution is one-hot on the argmax.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -92,6 +93,10 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(-1, keepdims=True)
 
 
+class DistributionError(ArithmeticError):
+    """A distribution with no mass to draw from: NaN or infinite probabilities, or all zero."""
+
+
 def unseeded_generator() -> np.random.Generator:
     """The generator of a request without a seed: fresh entropy (tests replace it to make such runs repeatable)."""
     return np.random.default_rng()
@@ -106,10 +111,19 @@ def keyed_noise(seed: int, stream: int, position: int, vocab: int) -> np.ndarray
 def keyed_token(probs: np.ndarray, noise: np.ndarray) -> int:
     """The token of ``probs`` [vocab] that ``noise`` (``keyed_noise``) picks: argmax p_i / E_i, an exact draw from
     ``probs`` for E_i ~ Exp(1) (the exponential race, the Gumbel-max trick's twin)."""
-    return int(np.argmax(probs / noise))
+    ratio = probs / noise
+    token = int(np.argmax(ratio))
+    if not ratio[token] > 0 or not math.isfinite(ratio[token]):  # NaN, infinite or no mass: nothing to draw from
+        raise DistributionError(f"a distribution without mass to draw from (its largest weight {ratio[token]!r})")
+    return token
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One token id drawn from ``probs`` [vocab] (need not be normalised)."""
+    """One token id drawn from ``probs`` [vocab] (need not be normalised). Raises DistributionError where the
+    mass is not a positive finite number (NaN logits; the last id used to come back at every step)."""
     cdf = np.cumsum(probs)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
+    mass = float(cdf[-1])  # a Python float: this runs for every sampled token, and NumPy scalars compare slowly
+    if not 0.0 < mass < math.inf:  # NaN fails both comparisons
+        raise DistributionError(f"sampling: the distribution's mass is {mass}; expected a positive finite number "
+                                f"({np.isnan(probs).sum()} NaN of {len(probs)} probabilities)")
+    return int(min(np.searchsorted(cdf, rng.random() * mass, side="right"), len(probs) - 1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import onnx
@@ -157,6 +158,201 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused(self_dir, tmp_path):
     for spec in manifest["models"].values():
         spec["vocab_size"] = 100  # the tokenizer has 120 entries
     (art / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ContractError, match="120 tokens, more than the models' vocabulary of 100"):
+    with pytest.raises(ContractError, match=r"token ids up to 119 \(120 tokens\), outside the models' vocabulary \[0, 100\)"):
         Pipeline.load(art)
-    assert any("120 tokens" in problem for problem, _ in diagnose(art))
+    assert any("token ids up to 119" in problem for problem, _ in diagnose(art))
+
+
+def _unlisted(art, name="swappable.bin"):
+    """``name`` in the artifact dir, kept out of the manifest's hashed files as an attacker would."""
+    _rehash(art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    del manifest["files"][name]
+    (art / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _in_a_function(graph):
+    """A model-local function whose Constant reads external data, called from the main graph."""
+    constant = onnx.helper.make_node("Constant", [], ["value"], value=_external_tensor("swappable.bin"))
+    graph.functions.append(onnx.helper.make_function("local", "Swappable", [], ["value"], [constant],
+                                                     [onnx.helper.make_opsetid("", 18)]))
+    graph.opset_import.append(onnx.helper.make_opsetid("local", 1))
+    graph.graph.node.append(onnx.helper.make_node("Swappable", [], ["swappable_out"], domain="local"))
+
+
+def _in_a_function_subgraph(graph):
+    """The same Constant one level further down: in an If branch inside a model-local function."""
+    constant = onnx.helper.make_node("Constant", [], ["value"], value=_external_tensor("swappable.bin"))
+    branch = onnx.helper.make_graph([constant], "branch", [], [onnx.helper.make_tensor_value_info(
+        "value", onnx.TensorProto.FLOAT, [16])])
+    flag = onnx.helper.make_node("Constant", [], ["flag"], value=onnx.helper.make_tensor("f", onnx.TensorProto.BOOL,
+                                                                                         [], [True]))
+    choose = onnx.helper.make_node("If", ["flag"], ["value_out"], then_branch=branch, else_branch=branch)
+    graph.functions.append(onnx.helper.make_function("local", "Branchy", [], ["value_out"], [flag, choose],
+                                                     [onnx.helper.make_opsetid("", 18)]))
+    graph.opset_import.append(onnx.helper.make_opsetid("local", 1))
+
+
+def _in_a_function_default(graph):
+    """A function attribute's default value: a tensor in FunctionProto.attribute_proto."""
+    function = onnx.helper.make_function("local", "Defaults", [], [], [], [onnx.helper.make_opsetid("", 18)])
+    function.attribute_proto.append(onnx.helper.make_attribute("table", _external_tensor("swappable.bin")))
+    graph.functions.append(function)
+
+
+def _in_training_info(graph):
+    initialization = onnx.helper.make_graph([], "init", [], [])
+    initialization.initializer.append(_external_tensor("swappable.bin"))
+    graph.training_info.add().initialization.CopyFrom(initialization)
+
+
+def _in_a_sparse_initializer(graph):
+    values = _external_tensor("swappable.bin")
+    values.name = "sparse_values"
+    indices = onnx.helper.make_tensor("sparse_indices", onnx.TensorProto.INT64, [16], list(range(16)))
+    graph.graph.sparse_initializer.append(onnx.helper.make_sparse_tensor(values, indices, [32]))
+
+
+@pytest.mark.parametrize("hide", [_in_a_function, _in_a_function_subgraph, _in_a_function_default, _in_training_info,
+                                  _in_a_sparse_initializer])
+def test_external_data_anywhere_in_the_model_is_vetted(self_dir, tmp_path, hide):
+    """Model-local functions (their nodes, subgraphs and default attributes), training info and sparse tensors
+    hold tensors ONNX Runtime may read too: a file they name that the manifest does not hash could be swapped
+    after export with every hash still matching. Refused by load (with or without hash checks) and doctor."""
+    from specdeploy.doctor import diagnose
+
+    art = _copy(self_dir, tmp_path / "art")
+    (art / "swappable.bin").write_bytes(b"\0" * 64)
+    graph = onnx.load(str(art / "target.onnx"))
+    hide(graph)
+    onnx.save(graph, str(art / "target.onnx"))
+    _unlisted(art)
+    for verify_hashes in (True, False):
+        with pytest.raises(ContractError, match="points its external data at 'swappable.bin'"):
+            Pipeline.load(art, verify_hashes=verify_hashes)
+    assert any("points its external data at 'swappable.bin'" in problem for problem, _ in diagnose(art))
+
+
+def test_a_function_reading_an_unlisted_file_would_change_the_output(self_dir, tmp_path):
+    """Why it matters: a model-local function's Constant, added into the logits, is read by ONNX Runtime from the
+    file it names at every load, so the output follows that file (checked here with the vetting bypassed)."""
+    import numpy as np
+
+    from specdeploy.contract import Manifest
+    from specdeploy.engines.ort import OrtEngine
+
+    art = _copy(self_dir, tmp_path / "art")
+    graph = onnx.load(str(art / "target.onnx"))
+    shift = onnx.helper.make_tensor("shift", onnx.TensorProto.FLOAT, [128], [0.0] * 128)
+    shift.ClearField("float_data")
+    shift.data_location = onnx.TensorProto.EXTERNAL
+    shift.external_data.add(key="location", value="swappable.bin")
+    constant = onnx.helper.make_node("Constant", [], ["shift"], value=shift)
+    graph.functions.append(onnx.helper.make_function("local", "Shift", [], ["shift"], [constant],
+                                                     [onnx.helper.make_opsetid("", 18)]))
+    graph.opset_import.append(onnx.helper.make_opsetid("local", 1))
+    logits = graph.graph.output[0].name
+    for node in graph.graph.node:  # the logits now come out of an Add of the function's constant
+        node.output[:] = [f"{name}_unshifted" if name == logits else name for name in node.output]
+    graph.graph.node.extend([onnx.helper.make_node("Shift", [], ["shift_out"], domain="local"),
+                             onnx.helper.make_node("Add", [f"{logits}_unshifted", "shift_out"], [logits])])
+    onnx.save(graph, str(art / "target.onnx"))
+    outputs = []
+    for value in (0.0, 1000.0):
+        (art / "swappable.bin").write_bytes(np.full(128, value, np.float32).tobytes())
+        manifest = Manifest.read(art)
+        engine = OrtEngine(art / "target.onnx", manifest.target)
+        cache = engine.allocate_cache(1, 8)
+        outputs.append(engine.infer(np.array([[5]], np.int64), np.array([0], np.int64), cache).logits)
+    assert np.allclose(outputs[1] - outputs[0], 1000.0)  # the unlisted file decides the logits
+    _unlisted(art)
+    with pytest.raises(ContractError, match="function 'Shift' .* points its external data at 'swappable.bin'"):
+        Pipeline.load(art)
+
+
+def test_a_precompiled_engine_node_is_refused(self_dir, tmp_path):
+    """An EPContext node names a precompiled engine that an execution provider loads from a file: none of ours has one."""
+    art = _copy(self_dir, tmp_path / "art")
+    graph = onnx.load(str(art / "target.onnx"))
+    graph.graph.node.append(onnx.helper.make_node("EPContext", [], ["engine_out"], domain="com.microsoft",
+                                                  embed_mode=0, ep_cache_context="/tmp/engine.bin"))
+    onnx.save(graph, str(art / "target.onnx"))
+    _rehash(art)
+    with pytest.raises(ContractError, match="EPContext node .* expected none"):
+        Pipeline.load(art)
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../outside.bin", "manifest.json"])
+def test_manifest_file_names_must_be_plain_names_of_the_artifact(self_dir, tmp_path, name):
+    """Absolute or climbing names in ``files`` are refused when the manifest is read (inspect used to report the
+    size of any file they named)."""
+    art = _copy(self_dir, tmp_path / "art")
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"][name] = "0" * 64
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ContractError, match=r"files: file .* must be a plain file name inside the artifact dir"):
+        Pipeline.load(art)
+
+
+def test_a_manifest_with_many_missing_files_is_summarised(self_dir, tmp_path):
+    art = _copy(self_dir, tmp_path / "art")
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"] |= {f"gone-{i}.bin": "0" * 64 for i in range(100_000)}
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ContractError) as refused:
+        Pipeline.load(art)
+    message = str(refused.value)
+    assert "gone-0.bin: missing or not a regular file" in message and "… and 99,990 more (100,000 in all)" in message
+    assert len(message) < 2_000
+    manifest["files"] |= {f"gone-{i}.bin": "0" * 64 for i in range(200_000)}  # 17 MB: no manifest of ours
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ContractError, match=r"manifest.json: 17,\d{3},\d{3} bytes; expected at most 16,777,216"):
+        Pipeline.load(art)
+
+
+def _manifest_change(art, **fields):
+    manifest = json.loads((art / "manifest.json").read_text())
+    for role in manifest["models"]:
+        manifest["models"][role].update(fields)
+    (art / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"capacity": 200}, r"capacity 200 in the manifest, but its position table 'cos_cache' covers 96 positions"),
+    ({"num_heads": 8}, r"attention nodes declare \(num_heads, kv_heads\) \[\(4, 2\)\]; the manifest says \(8, 2\)"),
+])
+def test_a_fused_manifest_disagreeing_with_its_attention_is_refused(fused_dirs, tmp_path, fields, match):
+    """A capacity beyond the rotary cache used to fail at the first position past it, inside ONNX Runtime; heads
+    unlike the graph's went unnoticed. Refused by load and doctor."""
+    from specdeploy.doctor import diagnose
+
+    art = _copy(fused_dirs["self"], tmp_path / "art")
+    _manifest_change(art, **fields)
+    with pytest.raises(ContractError, match=match):
+        Pipeline.load(art)
+    assert any(re.search(match, problem) for problem, _ in diagnose(art))
+
+
+def test_a_capacity_beyond_learned_positions_is_refused(exported_architecture, tmp_path):
+    """GPT-2 learns 256 position embeddings: a manifest claiming more capacity is refused at load."""
+    _, exported = exported_architecture("gpt2")
+    art = _copy(exported, tmp_path / "art")
+    _manifest_change(art, capacity=300)
+    with pytest.raises(ContractError, match="capacity 300 in the manifest, but its position table 'wpe' covers 256 positions"):
+        Pipeline.load(art)
+
+
+def test_target_and_draft_swapped_are_refused_even_where_their_graphs_agree(self_dir, tmp_path):
+    """The manifest carries no hash of itself, and this pair's graphs have the same shapes: the role each graph was
+    exported as (in its metadata) tells the swap."""
+    from specdeploy.doctor import diagnose
+
+    art = _copy(self_dir, tmp_path / "art")
+    manifest = json.loads((art / "manifest.json").read_text())
+    models = manifest["models"]
+    models["target"]["file"], models["draft"]["file"] = models["draft"]["file"], models["target"]["file"]
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    match = "it was exported as the draft model, and the manifest lists it as the target's file"
+    with pytest.raises(ContractError, match=match):
+        Pipeline.load(art)
+    assert any(match in problem for problem, _ in diagnose(art))

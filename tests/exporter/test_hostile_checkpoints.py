@@ -61,3 +61,19 @@ def test_a_config_that_disagrees_with_its_weights_is_refused(checkpoints, tmp_pa
     with pytest.raises(ExportError, match=r"config.json disagrees with its weights: logits: .* 1000000000000"):
         export_artifact(source, tmp_path / "art", capacity=64)
     assert not (tmp_path / "art").exists()
+
+
+def test_a_string_add_bos_token_is_refused_at_export(checkpoints, tmp_path):
+    """transformers would take "false" as true (a BOS on every prompt); the exporter used to do the same."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specdeploy.cli import main
+
+    source = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["target"], source)
+    (source / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "add_bos_token": "false"}))
+    result = CliRunner().invoke(main, ["export", "--target", str(source), "--out", str(tmp_path / "art"), "--capacity", "32"])
+    assert result.exit_code == 1 and "add_bos_token: got 'false' (str); expected true or false" in result.output
+    assert not (tmp_path / "art").exists()

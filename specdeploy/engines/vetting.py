@@ -1,0 +1,176 @@
+"""Vetting a graph before ONNX Runtime reads it.
+
+A graph may name files for ONNX Runtime to read: the external data of any tensor, wherever the tensor
+sits (initializers, sparse tensors, node attributes, subgraphs, model-local functions and their default
+attributes, training info), and a precompiled engine in an ``EPContext`` node. Each external-data file
+must be a plain file of the artifact that the manifest hashes; otherwise editing that file after export
+would change the output with every hash still matching (ONNX loaders have also had path-traversal bugs
+here, CVE-2024-27318). The tensors are found by walking every message of the model, not a list of known
+places, so a place a later ONNX version adds is walked too.
+
+What a graph states of itself is compared with its manifest entry as well: the heads its attention
+nodes declare, and how many positions its position tables (rotary caches, learned position embeddings)
+cover, which bounds the capacity a request may use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..contract import GRAPH_ROLE_KEY, ContractError, Manifest, ModelSpec
+from ..files import FileRefused
+
+FACTS = "graph_vetting.1"  # remembered per file identity (``digests``); raise the number whenever _facts changes
+SINGULAR = {"functions": "function", "graphs": "graph", "tensors": "tensor", "sparse_tensors": "sparse tensor"}
+
+
+def check_external_data(path: Path, manifest: Manifest) -> None:
+    """Refuse a graph whose tensors read external data from anywhere but a plain file of the artifact that the
+    manifest lists (absolute, climbing out with ``..``, through a link, unlisted), or that holds an
+    ``EPContext`` node (a precompiled engine ONNX Runtime would load from a file)."""
+    facts = _graph_facts(path)
+    for location, owner in facts["external"].items():
+        where = Path(location)
+        target = path.parent / where
+        if (where.is_absolute() or len(where.parts) != 1 or where.name in ("", ".", "..")
+                or location not in manifest.files or target.is_symlink()):
+            raise ContractError(
+                f"{path.name}: {owner} points its external data at {location!r}; expected a plain file inside "
+                f"the artifact dir that the manifest lists ({sorted(manifest.files)[:8]})"
+            )
+    if facts["engine_nodes"]:
+        raise ContractError(f"{path.name}: {facts['engine_nodes'][0]} is an EPContext node (a precompiled engine that "
+                            "ONNX Runtime loads from a file); expected none in a specdeploy graph")
+
+
+def check_graph_facts(path: Path, spec: ModelSpec) -> None:
+    """Refuse a manifest entry that disagrees with what its graph states of itself: the role it was exported as
+    (target and draft files swapped in the manifest, which carries no hash of itself), the heads its attention nodes
+    declare (``num_heads``, ``kv_heads``, one node a layer) and the positions its position tables cover (the
+    capacity may not exceed them: a request would fail inside ONNX Runtime at the first position beyond)."""
+    facts = _graph_facts(path)
+    problems = []
+    if facts["role"] is not None and facts["role"] != spec.role:  # stamped by the exporter since 0.3.4
+        problems.append(f"it was exported as the {facts['role']} model, and the manifest lists it as the {spec.role}'s file")
+    attention = facts["attention"]
+    if attention:
+        heads = sorted({(a["num_heads"], a["kv_heads"]) for a in attention})
+        if heads != [(spec.num_heads, spec.kv_heads)]:
+            problems.append(f"its attention nodes declare (num_heads, kv_heads) {heads}; the manifest says "
+                            f"({spec.num_heads}, {spec.kv_heads})")
+        if len(attention) != spec.num_layers:
+            problems.append(f"it has {len(attention)} attention nodes (one a layer); the manifest says {spec.num_layers} layers")
+    positions = facts["positions"]
+    if positions is not None and spec.capacity > positions["rows"]:
+        problems.append(f"capacity {spec.capacity} in the manifest, but its position table {positions['name']!r} covers "
+                        f"{positions['rows']} positions; expected a capacity of at most {positions['rows']}")
+    if problems:
+        raise ContractError(f"{path.name}: the {spec.role} graph disagrees with the manifest: " + "; ".join(problems))
+
+
+def _graph_facts(path: Path) -> dict:
+    """What vetting needs of a graph, read once per file identity: parsing an 800 MB graph with its weights
+    inline takes over a second."""
+    from ..digests import remembered_fact
+
+    try:
+        return remembered_fact(path, FACTS, _facts)
+    except FileRefused as exc:
+        raise ContractError(str(exc)) from exc
+
+
+def _facts(path: Path) -> dict:
+    """external: each external-data location -> the first tensor naming it; engine_nodes: EPContext nodes; role: the
+    role the exporter stamped; attention: heads of each GroupQueryAttention node; positions: the smallest position
+    table (name, rows)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    external: dict[str, str] = {}
+    for owner, tensor in _tensors(model):
+        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or location is not None:
+            external.setdefault(location or "", owner)
+    engine_nodes = [f"node {_node_name(node)}" for node in _nodes(model) if node.op_type == "EPContext"]
+    role = next((entry.value for entry in model.metadata_props if entry.key == GRAPH_ROLE_KEY), None)
+    return {"external": external, "engine_nodes": engine_nodes, "role": role, **_shape_facts(model.graph)}
+
+
+def _shape_facts(graph) -> dict:
+    """Heads of the fused form's attention nodes, and the position tables of the main graph: a
+    GroupQueryAttention's cos cache (input 7), or a 2-D initializer gathered by anything but the token ids
+    (a learned position embedding)."""
+    from onnx import helper
+
+    initializers = {tensor.name: list(tensor.dims) for tensor in graph.initializer}
+    attention, tables = [], []
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention":
+            attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            attention.append({"num_heads": attributes.get("num_heads"), "kv_heads": attributes.get("kv_num_heads")})
+            if len(node.input) > 7 and node.input[7] in initializers:
+                tables.append((node.input[7], initializers[node.input[7]][0]))
+        elif node.op_type == "Gather" and len(node.input) == 2 and node.input[1] != "input_ids":
+            dims = initializers.get(node.input[0])
+            if dims is not None and len(dims) == 2:
+                tables.append((node.input[0], dims[0]))
+    name, rows = min(tables, key=lambda table: table[1], default=(None, None))
+    return {"attention": attention, "positions": None if name is None else {"name": name, "rows": rows}}
+
+
+def _tensors(message, where: str = "") -> Iterator[tuple[str, object]]:
+    """(owner, TensorProto) for every tensor inside a protobuf message, at any depth."""
+    import onnx
+
+    for field, value in message.ListFields():
+        if field.type != field.TYPE_MESSAGE:
+            continue
+        repeated = _is_repeated(field)
+        for index, item in enumerate(value if repeated else [value]):
+            if isinstance(item, onnx.TensorProto):
+                name = SINGULAR.get(field.name, field.name)
+                label = f"{name} {item.name!r}" if item.name else (f"{name}[{index}]" if repeated else "")
+            else:
+                label = _label(field.name, item, index if repeated else None)
+            owner = " > ".join(part for part in (where, label) if part)
+            if isinstance(item, onnx.TensorProto):
+                yield owner or "a tensor", item
+            else:
+                yield from _tensors(item, owner)
+
+
+def _nodes(message) -> Iterator[object]:
+    """Every NodeProto inside a protobuf message, at any depth: graphs, subgraphs, functions."""
+    import onnx
+
+    for field, value in message.ListFields():
+        if field.type != field.TYPE_MESSAGE:
+            continue
+        for item in value if _is_repeated(field) else [value]:
+            if isinstance(item, onnx.TensorProto):
+                continue
+            if isinstance(item, onnx.NodeProto):
+                yield item
+            yield from _nodes(item)
+
+
+def _label(field: str, item, index: int | None) -> str:
+    import onnx
+
+    field = SINGULAR.get(field, field)
+    if isinstance(item, onnx.NodeProto):
+        return f"{field} {_node_name(item)}"
+    name = getattr(item, "name", "")
+    if isinstance(name, str) and name:
+        return f"{field} {name!r}"
+    return field if index is None else f"{field}[{index}]"
+
+
+def _node_name(node) -> str:
+    return repr(node.name) if node.name else node.op_type
+
+
+def _is_repeated(field) -> bool:
+    repeated = getattr(field, "is_repeated", None)  # protobuf 6+; ``label`` before
+    return repeated if repeated is not None else field.label == field.LABEL_REPEATED

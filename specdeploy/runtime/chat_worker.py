@@ -1,0 +1,140 @@
+"""A child process that renders chat templates: run as a script, it needs nothing but the standard library and jinja2.
+
+A chat template is the artifact's code, and Jinja's sandbox keeps it from Python's internals but not from
+spending time or memory without end (nested loops, ``10 ** 10 ** 8``, ``'x' * 10 ** 9``), and a thread
+cannot be stopped from outside. So templates render here, one request at a time, and the parent
+(``chat.TemplateRenderer``) kills the process when a render overruns. Within it, the limits fail fast
+with a clear reason where they can: powers, products and repetitions past a size are refused before
+they are computed, and the output is counted as it is produced. Memory is capped by ``RLIMIT_AS``, and an
+alarm ends the process if a render outlives its parent's deadline (an orphaned child stops by itself).
+
+Protocol: one JSON object a line each way. In: ``{"template", "variables", "max_chars", "seconds"}``.
+Out: ``{"text": ...}``, ``{"refused": message}`` (the template's own ``raise_exception``: a refusal of the
+messages) or ``{"error": kind, "message": ...}`` (the template failed on its own; SecurityError: the sandbox
+refused what it tried).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+from datetime import datetime
+
+MEMORY_BYTES = 2 * 2**30  # address space; jinja2 and the interpreter take ~50 MB of it
+MAX_INT_BITS = 2**16  # integers a template computes; 10 ** 10 ** 8 would take minutes and 40 MB
+ALARM_GRACE = 2.0  # seconds past the parent's deadline before the process ends itself
+COMPILED_KEPT = 8  # templates kept compiled
+
+
+class Refusal(Exception):
+    """``raise_exception`` in a template: it refuses the messages it was given."""
+
+
+def environment(max_chars: list[int]):
+    """A sandboxed Jinja environment with transformers' settings, filters and globals, and size limits on ``**``
+    and ``*`` (``max_chars[0]``: the characters a repeated string or list may reach)."""
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        """``{% generation %}...{% endgeneration %}`` (marks assistant text for training masks): renders its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    class Limited(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["**", "*"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and _integer(left) and _integer(right) and right > 0 and abs(left) > 1 \
+                    and right * math.log2(abs(left)) > MAX_INT_BITS:
+                raise OverflowError(f"{_short(left)} ** {_short(right)} has more than {MAX_INT_BITS} bits")
+            if operator == "*":
+                if _integer(left) and _integer(right) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                    raise OverflowError(f"a product of more than {MAX_INT_BITS} bits")
+                sized, times = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
+                if isinstance(sized, (str, list, tuple)) and _integer(times) and len(sized) * times > max_chars[0]:
+                    raise OverflowError(f"{type(sized).__name__} of {len(sized):,} repeated {times:,} times: over "
+                                        f"{max_chars[0]:,} items")
+            return super().call_binop(context, operator, left, right)
+
+    def raise_exception(message):
+        raise Refusal(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    sandbox = Limited(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    sandbox.filters["tojson"] = tojson
+    sandbox.globals["raise_exception"] = raise_exception
+    sandbox.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return sandbox
+
+
+def render(sandbox, compiled: dict, request: dict, max_chars: list[int]) -> dict:
+    """One request's answer: the text, the template's refusal, or why it failed."""
+    max_chars[0] = request["max_chars"]
+    try:
+        template = compiled.get(request["template"])
+        if template is None:
+            template = sandbox.from_string(request["template"])
+            compiled[request["template"]] = template
+            while len(compiled) > COMPILED_KEPT:
+                del compiled[next(iter(compiled))]
+        pieces, size = [], 0
+        for piece in template.generate(**request["variables"]):
+            size += len(piece)
+            if size > max_chars[0]:
+                return {"error": "OutputLimit", "message": f"its output passed {max_chars[0]:,} characters"}
+            pieces.append(piece)
+        return {"text": "".join(pieces)}
+    except Refusal as exc:
+        return {"refused": str(exc)}
+    except RecursionError:
+        return {"error": "RecursionError", "message": "it recursed without end"}
+    except MemoryError:
+        return {"error": "MemoryError", "message": f"it took more than {MEMORY_BYTES // 2**30} GiB"}
+    except Exception as exc:  # the template's own failure, whatever its kind (SecurityError: the sandbox refused it)
+        return {"error": type(exc).__name__, "message": _short(str(exc), 300)}
+
+
+def main() -> None:
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+    except (ImportError, ValueError, OSError):  # a system without it, or a lower limit already
+        pass
+    max_chars = [0]
+    sandbox, compiled = environment(max_chars), {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        signal.setitimer(signal.ITIMER_REAL, request["seconds"] + ALARM_GRACE)  # SIGALRM's default action ends us
+        answer = render(sandbox, compiled, request, max_chars)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value, limit: int = 40) -> str:
+    text = value if isinstance(value, str) else repr(value) if not _integer(value) or value.bit_length() < 128 else \
+        f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""``export --out DIR --force``: replaces only what specdeploy wrote, in one step, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from specdeploy.cli import main
+from specdeploy.exporter import output
+from tests import tiny
+
+
+def export(ckpt, out, *extra):
+    return CliRunner().invoke(main, ["export", "--target", str(ckpt), "--out", str(out), "--capacity", "32", *extra])
+
+
+@pytest.fixture(scope="module")
+def ckpt(checkpoints):
+    return checkpoints["target"]
+
+
+def _tree(directory):
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def test_a_web_apps_manifest_is_not_an_artifact(ckpt, tmp_path):
+    """A folder holding a file named manifest.json used to count as an artifact, and lose its other files."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "manifest.json").write_text(json.dumps({"name": "My App", "start_url": "/", "files": {}}))
+    (app / "index.html").write_text("<html></html>")
+    before = _tree(tmp_path)
+    result = export(ckpt, app, "--force")
+    assert result.exit_code == 1 and "or not one `specdeploy export` wrote (contract 'verify-v1')" in result.output
+    assert _tree(tmp_path) == before and (app / "index.html").read_text() == "<html></html>"
+
+
+def test_user_files_inside_an_artifact_are_never_deleted(ckpt, tmp_path):
+    art = tmp_path / "art"
+    assert export(ckpt, art).exit_code == 0
+    (art / "notes.txt").write_text("what I measured")
+    (art / "runs").mkdir()
+    result = export(ckpt, art, "--force")
+    assert result.exit_code == 1 and "holds files specdeploy did not write (notes.txt, runs)" in result.output
+    assert (art / "notes.txt").read_text() == "what I measured" and (art / "target.onnx").is_file()
+    assert isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_an_artifact_is_replaced_and_nothing_stays_behind(ckpt, tmp_path, monkeypatch, exchange):
+    art = tmp_path / "art"
+    assert export(ckpt, art).exit_code == 0
+    if not exchange:  # a system without renameat2: the artifact is moved aside, then removed
+        monkeypatch.setattr(output, "_exchange", lambda first, second: False)
+    user_old = tmp_path / ".art.old"  # a user's folder that happens to have the name older exporters used
+    user_old.mkdir()
+    (user_old / "keep.txt").write_text("mine")
+    result = export(ckpt, art, "--force", "--capacity", "48")
+    assert result.exit_code == 0, result.output
+    assert tiny.read_json(art / "manifest.json")["models"]["target"]["capacity"] == 48
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".art.old", "art"]  # no staging, no replaced artifact
+    assert (user_old / "keep.txt").read_text() == "mine"
+
+
+def test_an_out_symlink_writes_through_the_link(ckpt, tmp_path):
+    """The artifact the link points to is replaced; the link stays and points to the new one (no .link.old)."""
+    real = tmp_path / "store" / "art-v1"
+    real.parent.mkdir()
+    assert export(ckpt, real).exit_code == 0
+    link = tmp_path / "current"
+    link.symlink_to(real)
+    result = export(ckpt, link, "--force", "--capacity", "48")
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert tiny.read_json(link / "manifest.json")["models"]["target"]["capacity"] == 48
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "store"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["art-v1"]
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    result = export(ckpt, dangling)
+    assert result.exit_code == 1 and "a symlink to" in result.output and "which does not exist" in result.output
+
+
+@pytest.mark.parametrize("out", [".", "..", "./"])
+def test_out_as_the_current_directory_is_refused_in_one_line(ckpt, tmp_path, monkeypatch, out):
+    art = tmp_path / "art"
+    assert export(ckpt, art).exit_code == 0
+    before = _tree(tmp_path)
+    monkeypatch.chdir(art)
+    result = export(ckpt, out, "--force")
+    assert result.exit_code == 1 and "the current directory, or one that holds it" in result.output
+    assert isinstance(result.exception, SystemExit) and _tree(tmp_path) == before
+
+
+def test_exchange_swaps_two_directories_in_one_step(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    (first / "x").write_text("first")
+    (second / "y").write_text("second")
+    if not output._exchange(first, second):
+        pytest.skip("this kernel or filesystem has no renameat2(RENAME_EXCHANGE)")
+    assert (first / "y").read_text() == "second" and (second / "x").read_text() == "first"
+
+
+def test_a_replaced_artifact_left_by_a_killed_export_is_removed_next_time(ckpt, tmp_path):
+    """An export killed after swapping leaves the previous artifact at a staging name, marked with its .pid."""
+    left = tmp_path / ".art.k1ll3d"
+    left.mkdir()
+    (left / "manifest.json").write_text("{}")
+    (left / ".pid").write_text("999999999")
+    assert export(ckpt, tmp_path / "art").exit_code == 0
+    assert not left.exists() and os.listdir(tmp_path) == ["art"]
