@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-MODES = {"plain": dict(drafter="none"), "fixed": dict(policy="fixed"), "cost": dict(policy="cost"),
-         "hybrid": dict(policy="cost", drafter="hybrid")}
+MODES = {"plain": dict(drafter="none"), "fixed": dict(policy="fixed", drafter="model"),
+         "cost": dict(policy="cost", drafter="model"), "hybrid": dict(policy="cost", drafter="hybrid")}  # hybrid: the default
 
 
 def main() -> None:

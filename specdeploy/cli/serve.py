@@ -158,9 +158,9 @@ def _origins(given: tuple[str, ...]) -> list[str]:
 def _chat_template(artifact, value: str):
     """--chat-template: a file's template, or the template given inline; the artifact's BOS/EOS settings kept.
     A template that does not compile is refused here, not at the first request."""
-    from jinja2 import TemplateSyntaxError
+    from jinja2 import Environment, TemplateSyntaxError
 
-    from ..runtime.chat import ChatTemplate
+    from ..runtime.chat import ChatTemplate, ChatTemplateError
     from ..runtime.config import ConfigError
 
     path = Path(value)
@@ -173,13 +173,18 @@ def _chat_template(artifact, value: str):
         text = value
     else:
         raise ConfigError(f"--chat-template: got {value[:80]!r}; expected a template file, or a Jinja template")
+    try:
+        Environment().parse(text)  # parsing runs none of the template: safe here, and its errors are the clearest
+    except TemplateSyntaxError as exc:
+        raise ConfigError(f"--chat-template: {exc} (line {exc.lineno})") from exc
     template = ChatTemplate({"chat_template": text, "bos_token": artifact.bos_token, "eos_token": artifact.eos_token,
                              "add_bos_token": artifact.add_bos_token})
     try:
         template.render([{"role": "user", "content": "hello"}])
-    except ConfigError as exc:
-        if isinstance(exc.__cause__, TemplateSyntaxError):
-            raise ConfigError(f"--chat-template: {exc.__cause__} (line {exc.__cause__.lineno})") from exc
+    except ChatTemplateError as exc:
+        raise ConfigError(f"--chat-template: {exc}") from exc
+    except ConfigError:  # the template refuses this probe's message: its own choice, not a broken template
+        pass
     return template
 
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.routing import Route
 
 from ..runtime.cache import CapacityError
+from ..runtime.chat import ChatTemplateError
 from ..runtime.config import ConfigError
 from . import errors
 from .errors import ApiError, short
@@ -176,7 +177,10 @@ async def _prepare(workers: PromptWorkers, job: Callable, param: str, what: str)
         raise ApiError(400, str(exc), param) from None
     except PromptTimeout as exc:
         raise ApiError(500, f"{what} {exc} (a limit of this server)", kind="server_error", code="prompt_timeout") from None
-    except Exception as exc:  # the template's own fault (ChatTemplateError, RecursionError, ZeroDivisionError, ...)
+    except ChatTemplateError as exc:  # the artifact's template failed on its own or overran its limits
+        raise ApiError(500, f"{what} failed: {short(str(exc), 300)[1:-1]}", kind="server_error",
+                       code="chat_template_error") from None
+    except Exception as exc:  # anything else making the prompt: a fault of this server's, never the client's
         raise ApiError(500, f"{what} failed: {type(exc).__name__}: {short(str(exc), 300)[1:-1]}", kind="server_error",
                        code="chat_template_error" if param == "messages" else "prompt_error") from None
 

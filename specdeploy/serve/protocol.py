@@ -16,14 +16,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..runtime.config import GenerationConfig
+from ..runtime.config import MAX_STOP_CHARS, MAX_STOP_STRINGS, GenerationConfig
 from .errors import ApiError, short
 
 OPENAI_NAMES = {"max_new_tokens": "max_tokens", "k": "num_speculative_tokens"}  # GenerationConfig -> request
 # vLLM takes any number of stop strings of any length; OpenAI 4. Matching costs time in their length and number
-# on every token, so both are bounded (the runtime's GenerationConfig holds the same bounds).
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
+# on every token, so both are bounded: MAX_STOP_STRINGS of MAX_STOP_CHARS (GenerationConfig's bounds), a 400 here.
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; vLLM's default --max-logprobs
 MAX_CHOICES = 16  # n x prompts of one request: each is a row of the batch
 

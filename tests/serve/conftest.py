@@ -17,7 +17,7 @@ APP_OPTIONS = ("default_max_tokens", "max_body_bytes", "api_key", "allowed_origi
 
 
 @contextlib.contextmanager
-def serving(pipeline, start_scheduler: bool = True, model: str = "tiny", **options):
+def serving(pipeline, start_scheduler: bool = True, model: str = "tiny", ready: bool = True, **options):
     """Yield (base URL, scheduler) of a running server; ``options`` go to the Scheduler (max_batch, ...) and to
     ``create_app`` (APP_OPTIONS; by default 16 max_tokens and a 1 MiB body limit)."""
     from specdeploy.serve.app import create_app
@@ -36,9 +36,29 @@ def serving(pipeline, start_scheduler: bool = True, model: str = "tiny", **optio
         scheduler.start()
     try:
         with serve_in_thread(app) as url:
+            if start_scheduler and ready:
+                wait_ready(url)
             yield url, scheduler
     finally:
         scheduler.stop()
+
+
+def wait_ready(url: str, limit: float = 60.0) -> None:
+    """Until /health says the server is ready (its engines warm, its chat template compiled)."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+                if response.status == 200:
+                    return
+        except urllib.error.HTTPError as error:
+            if error.code != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.02)
 
 
 @contextlib.contextmanager

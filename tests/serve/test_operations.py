@@ -65,7 +65,7 @@ class _Cold:
 
 def test_readiness_is_503_until_the_engines_are_warm_and_liveness_apart(pipeline):
     gate = threading.Event()
-    with serving(_Cold(pipeline, gate)) as (url, scheduler):
+    with serving(_Cold(pipeline, gate), ready=False) as (url, scheduler):
         status, body, _ = _get(f"{url}/health")
         assert (status, body["status"]) == (503, "warming_up") and _get(f"{url}/health/ready")[0] == 503
         live = _get(f"{url}/health/live")
