@@ -16,7 +16,7 @@ outputs identical to specdeploy's plain decoding (a speculative output that diff
 worker's peak resident memory.
 
     python -m tools.bench_peer --artifact DIR [--artifact DIR2] [--humaneval 8] [--specbench 0] [--max-tokens 128]
-        [--k 4] [--out docs/bench_peer]
+        [--k 4] [--out docs/results/bench_peer]
 """
 
 from __future__ import annotations
@@ -167,11 +167,12 @@ class SpecdeployWorker:
         self.pipeline = Pipeline.load(artifact, threads=threads)
         self.load_s = {"artifact": time.perf_counter() - began}
         self.configs = {
+            # every setting spelled out but the last, the default (the cost policy over the hybrid drafter, K <= 8)
             "plain": GenerationConfig(drafter="none", temperature=0.0),
-            f"fixed k={k}": GenerationConfig(k=k, temperature=0.0),
-            "cost k<=8": GenerationConfig(k=8, policy="cost", temperature=0.0),
-            f"hybrid k={k}": GenerationConfig(k=k, drafter="hybrid", temperature=0.0),
-            "hybrid cost k<=8": GenerationConfig(k=8, policy="cost", drafter="hybrid", temperature=0.0),
+            f"fixed k={k}": GenerationConfig(k=k, policy="fixed", drafter="model", temperature=0.0),
+            "cost k<=8": GenerationConfig(k=8, policy="cost", drafter="model", temperature=0.0),
+            f"hybrid k={k}": GenerationConfig(k=k, policy="fixed", drafter="hybrid", temperature=0.0),
+            "default (hybrid cost k<=8)": GenerationConfig(temperature=0.0),
         }
         self.plain = {}
 
@@ -341,7 +342,7 @@ def main() -> None:
             name = f"specdeploy ({artifact.name})"
         workers[name] = Worker("specdeploy", str(artifact), args.threads, args.k)
         grid += [(name, "plain"), (name, f"fixed k={args.k}"), (name, "cost k<=8"), (name, f"hybrid k={args.k}"),
-                 (name, "hybrid cost k<=8")]
+                 (name, "default (hybrid cost k<=8)")]
     reference_name = f"{grid[2][0]}: plain"
     from tokenizers import Tokenizer
 

@@ -137,6 +137,8 @@ def measure(pipeline: Pipeline, cases: Sequence[Case], configs: dict[str, Genera
                 measured.seconds += seconds
                 measured.records += result.records
                 outputs[name] = result.token_ids
+            print(f"round {round_ + 1}/{rounds}: {case.title.split(':')[0]} measured in {len(names)} configurations",
+                  file=sys.stderr, flush=True)  # progress: a round of both prompts takes a minute or two
             for name, ids in outputs.items():
                 measured = results[case.title][name]
                 if ids != outputs[PLAIN] and measured.identical:
@@ -249,7 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     artifact = args.artifact or prepare(args.cache)
     pipeline = Pipeline.load(artifact, threads=args.threads)
     configs = configurations(cli_default(), args.max_new_tokens)
-    console = Console(highlight=False)
+    # piped into a file or a log, rich would wrap the table at 80 columns
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 112)
     console.print(f"greedy, {args.max_new_tokens} new tokens, {args.threads} threads; each configuration {args.rounds} "
                   "times, in turn; tok/s end to end (prefill included)")
     results = measure(pipeline, CASES, configs, args.rounds)

@@ -1,7 +1,7 @@
 """One short check of the CUDA path: tiny random artifacts built here, run once on a GPU machine.
 
-    PYTHONPATH=. .venv/bin/python tools/gpu_check.py --build .gpucheck --vendor-tokenizers        # here (torch, transformers)
-    PYTHONPATH=. python3 tools/gpu_check.py --run .gpucheck --out $OUT/gpu_check.json --big 0.5b,1.5b,7b --peer 0.5b,1.5b \
+    .venv/bin/python -m tools.gpu_check --build .gpucheck --vendor-tokenizers        # here (torch, transformers)
+    python3 -m tools.gpu_check --run .gpucheck --out $OUT/gpu_check.json --big 0.5b,1.5b,7b --peer 0.5b,1.5b \
         --results docs/results/gpu --commit <sha>                                                    # there (<= 5 minutes)
 
 ``--build`` exports one tiny Qwen2-shaped target with a perturbed copy as its draft (partial, ragged acceptance)
@@ -16,7 +16,7 @@ numpy, onnx and onnxruntime(-gpu) (and torch for ``--big``, CuPy for CUDA): per 
 ``--big`` writes Qwen2.5-shaped fused fp16 targets with random weights through the exporter's own fused writer and
 times them alike (past 1024), the bytes a greedy cycle moves between host and device, and tools/replay.py's cost
 tables of the 1.5B and 7B-shaped targets with the 0.5B draft, at which the real pair's recorded traces
-(docs/replay/traces.json) are replayed through the real runtime: plain against speculative tokens per second.
+(tools/replay_data/traces.json) are replayed through the real runtime: plain against speculative tokens per second.
 ``--peer`` builds the same shapes with onnxruntime-genai's model builder (the peer; its wheel carried like
 onnxruntime-gpu) over the same random weights and times its graphs alike, with and without CUDA graphs.
 ``--results DIR`` writes the report there too, named after the GPU and the commit.
@@ -45,8 +45,9 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from gpu_report import git_commit, print_artifact, print_big, print_environment, print_pair, print_peer, write_results
-from gpu_timing import (
+
+from tools.gpu_report import git_commit, print_artifact, print_big, print_environment, print_pair, print_peer, write_results
+from tools.gpu_timing import (
     BIG,
     CAPACITY,
     PAST,
@@ -62,7 +63,7 @@ from gpu_timing import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "docs" / "replay" / "traces.json"
+TRACES = ROOT / "tools" / "replay_data" / "traces.json"
 NEW_TOKENS = 24
 PROMPT_LENGTHS = (5, 9, 14)
 ARTIFACTS = {  # name -> export options

@@ -1,4 +1,4 @@
-"""The printed lines and the results files of tools/gpu_check.py (imported by it: this folder is first on sys.path)."""
+"""The printed lines and the results files of tools/gpu_check.py (imported by it)."""
 
 from __future__ import annotations
 

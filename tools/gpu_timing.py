@@ -3,7 +3,7 @@ graphs, the bytes a greedy cycle moves between host and device, Qwen2.5-shaped f
 written on the machine, the same shapes built by onnxruntime-genai's model builder (the peer) and timed alike, and
 the cost tables tools/replay.py replays the real pair's traces at.
 
-Imported by gpu_check.py (run as a script, this folder is first on sys.path); needs numpy, onnxruntime, and torch
+Imported by tools.gpu_check; needs numpy, onnxruntime, and torch
 for the big shapes (``RandomWeights`` feeds the exporter's own fused writer, one layer at a time, so a 7B-shaped model
 is written without ever holding its 15 GB).
 """
@@ -322,7 +322,7 @@ def peer_latency(path: Path, provider: str, graphs: bool, past: int, capacity: i
 
 def cost_tables(target, draft, rounds: int = 3) -> dict:
     """tools/replay.py's cost table of ``target`` and ``draft`` (its ``measure``, on these engines)."""
-    import replay
+    from tools import replay
 
     return replay.measure(SimpleNamespace(target=target, draft=draft), rounds=rounds, log=lambda message: None)
 
@@ -332,7 +332,7 @@ def replay_speedups(traces: Path, table: dict, max_new_tokens: int = 128, ks=(1,
     costs, plain and speculative (tools/replay.py's configurations); speedups over plain."""
     from dataclasses import replace
 
-    import replay
+    from tools import replay
 
     data = json.loads(traces.read_text())
     data["costs"] = table

@@ -16,8 +16,8 @@ With the cost policy and plain or fixed K among the modes, a second table weighs
 against the better of the two at each N: pooled over the rounds, and round by round (each round's
 stages ran back to back, so its ratio is the least touched by the machine's drift).
 
-    python tools/load_test.py --artifact DIR [--concurrency 1,2,4,8] [--requests 2] [--rounds 2] [--max-tokens 64]
-                              [--modes plain,fixed,cost] [--warmup 2] [--prompt-file FILE] [--out docs/load_test]
+    python -m tools.load_test --artifact DIR [--concurrency 1,2,4,8] [--requests 2] [--rounds 2] [--max-tokens 64]
+                              [--modes plain,fixed,cost] [--warmup 2] [--prompt-file FILE] [--out docs/results/load_test]
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from tools.provenance import header, provenance
 
 MODES = {"plain": dict(drafter="none"), "fixed": dict(policy="fixed", drafter="model"),
          "cost": dict(policy="cost", drafter="model"), "hybrid": dict(policy="cost", drafter="hybrid")}  # hybrid: the default
@@ -90,9 +92,10 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         pids = sorted({d["pid"] for runs in stages.values() for records, _ in runs for d in records})
-        args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "versus": versus, "server_pid": os.getpid(),
-                                                             "client_pids": pids}, indent=1))
-        args.out.with_suffix(".md").write_text(table + "\n")
+        facts = provenance("tools.load_test")
+        args.out.with_suffix(".json").write_text(json.dumps({"setup": facts, "rows": rows, "versus": versus,
+                                                             "server_pid": os.getpid(), "client_pids": pids}, indent=1))
+        args.out.with_suffix(".md").write_text(header("specdeploy serve under load", facts) + "\n" + table + "\n")
         _plot(rows, args.out.with_suffix(".png"))
 
 

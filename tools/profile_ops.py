@@ -6,9 +6,9 @@ at 1.36x one token on one CPU and at 1.9x on another). This tool runs each model
 under ONNX Runtime's profiler at each token count (batch 1, after a past of --past tokens,
 interleaved round by round, a warm-up round first) and prints, per operator type, the median
 milliseconds a call spends in it, its ratio to one token, and the nodes whose time grows the most:
-the kernels to blame when `tools/bench_real_pair.py` finds verification dear.
+the kernels to blame when `specdeploy bench` finds verification dear.
 
-    python tools/profile_ops.py --artifact DIR [--role target|draft|both] [--tokens 1,5,9] [--past 256]
+    python -m tools.profile_ops --artifact DIR [--role target|draft|both] [--tokens 1,5,9] [--past 256]
         [--rounds 5] [--threads 2] [--top 8] [--out FILE.json]
 """
 

@@ -4,7 +4,7 @@ What a newcomer follows to read one cycle (Python frames of ``specdeploy`` code,
 folded into their function), under the default speculation (the cost policy over the hybrid drafter) unless
 told otherwise. Exports a tiny random Llama pair, prefills, runs three cycles to warm up, then traces the fourth.
 
-    python tools/trace_cycle.py [--k 8] [--policy cost] [--drafter hybrid]
+    python -m tools.trace_cycle [--k 8] [--policy cost] [--drafter hybrid]
 """
 
 from __future__ import annotations

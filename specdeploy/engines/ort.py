@@ -105,7 +105,7 @@ class OrtEngine(Engine):
         else:
             # A pool of its own, whose threads stop spinning when a call ends: left spinning, the idle model's
             # threads ran against the busy one's on the same cores (fixed K = 4 at 20.7 tok/s, 29.8 with spinning
-            # stopped, docs/bench_thread_pool.txt). No process-wide pool unless asked for (``threads``):
+            # stopped, docs/results/thread_pool/thread_pool.txt). No process-wide pool unless asked for (``threads``):
             # once one exists, ONNX Runtime refuses every later session a pool of its own, the user's too.
             options.add_session_config_entry("session.force_spinning_stop", "1")
         # TensorRT's EP takes no user stream (ONNX Runtime's Python API passes one to the CUDA EP alone)

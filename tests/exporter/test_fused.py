@@ -199,8 +199,8 @@ def test_every_node_of_the_fused_fp16_graph_runs_on_the_cuda_ep_with_no_copy_ins
 
 def test_the_placement_check_finds_the_length_arithmetic_of_older_fused_graphs(fp16_graphs):
     """Exporter 0.3.4's fused graphs computed GroupQueryAttention's lengths from past_len in the graph: ONNX Runtime put
-    Add, Sub, ReduceMax and two Casts on the CPU EP (as measured on an H200, docs/gpu_check.log) and copied seqlens_k to
-    the device, which ruled out CUDA graphs; the check sees exactly that."""
+    Add, Sub, ReduceMax and two Casts on the CPU EP (as measured on an H200, docs/results/gpu/h200-7699245.log) and
+    copied seqlens_k to the device, which ruled out CUDA graphs; the check sees exactly that."""
     from tests.exporter.cuda_placement import placement
 
     model = _with_lengths_from_past_len(onnx.load(str(fp16_graphs["target"]), load_external_data=False))

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
+ROOT = Path(__file__).resolve().parents[2]
 BUILT = ["fused-fp16", "fused-int4"]  # the explicit form's tracing takes ~30 s a pair: left to the device run
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "tools.gpu_check", *args], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done
 

@@ -8,18 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "load_test.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("w5 w6 w7\nw10 w11\nw30 w31 w30\n")
     out = tmp_path / "load"
-    done = subprocess.run([sys.executable, str(TOOL), "--artifact", str(pair_dir), "--concurrency", "1,3", "--requests",
-                           "2", "--max-tokens", "12", "--context", "96", "--prompt-file", str(prompts), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "tools.load_test", "--artifact", str(pair_dir), "--concurrency", "1,3",
+                           "--requests", "2", "--max-tokens", "12", "--context", "96", "--prompt-file", str(prompts),
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.with_suffix(".json").read_text())
+    setup = report["setup"]  # where the result came from, written beside it
+    assert setup["command"].startswith("python -m tools.load_test --artifact") and "--concurrency 1,3" in setup["command"]
+    assert setup["machine"].endswith("cores") and setup["date"].count("-") == 2
+    assert setup["command"] in out.with_suffix(".md").read_text()
     rows = report["rows"]
     assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, n) for m in ("plain", "fixed", "cost") for n in (1, 3)]
     for row in rows:  # two rounds by default, the modes taking turns within each
@@ -47,6 +52,6 @@ def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
 
 
 def test_load_test_refuses_zero_rounds_before_loading_anything(tmp_path):
-    done = subprocess.run([sys.executable, str(TOOL), "--artifact", str(tmp_path / "none"), "--rounds", "0"],
+    done = subprocess.run([sys.executable, "-m", "tools.load_test", "--artifact", str(tmp_path / "none"), "--rounds", "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--rounds: got 0; expected an integer >= 1" in done.stderr
