@@ -36,11 +36,13 @@ class PromptWorkers:
 
             def work() -> None:
                 try:
-                    result = job()
+                    outcome = (job(), None)
                 except BaseException as exc:  # handed to the request, whatever it is (RecursionError, MemoryError ...)
-                    loop.call_soon_threadsafe(_settle, done, None, exc)
-                else:
-                    loop.call_soon_threadsafe(_settle, done, result, None)
+                    outcome = (None, exc)
+                try:
+                    loop.call_soon_threadsafe(_settle, done, *outcome)
+                except RuntimeError:  # the server stopped (its loop closed) while this ran: nobody waits for it
+                    pass
 
             threading.Thread(target=work, name="specdeploy-prompt", daemon=True).start()
             try:
