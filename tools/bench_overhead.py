@@ -62,7 +62,7 @@ class InstantEngine:
                     batch, tokens = input_ids.shape
                     logits = self.rng.standard_normal((batch, kept, self.spec.vocab_size)).astype(np.float32)
                     kv = np.zeros((2 * self.spec.num_layers, *self.spec.cache_shape(batch, tokens)), self.cache_dtype)
-                    self.outputs[shape] = logits, kv
+                    self.outputs[shape] = logits, kv, None  # no argmax ids output
                 return self.outputs[shape]
 
         self.engine = Instant(engine.spec)

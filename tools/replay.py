@@ -173,7 +173,7 @@ class ReplayEngine(Engine):
         if self.noise:
             cost *= float(np.exp(self.noise * self.rng.standard_normal()))
         self.clock.offset += cost - (_real_clock() - began)
-        return logits, None
+        return logits, None, None  # no new K/V (the graph writes in place), no ids
 
     def _guesses(self):
         if self.spec.role == "target":

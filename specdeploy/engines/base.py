@@ -60,14 +60,19 @@ class EngineOutput:
     """One call's results. They may live in buffers the engine reuses: valid until the engine's next call on the same
     thread with the same batch and token count; copy what must outlive that.
 
-    ``logits`` and ``ids`` are host arrays; where the engine computes on a device they are copied to the host when
-    first read, so a caller that needs only the argmax ids (greedy acceptance) moves [batch, kept] integers, not
-    [batch, kept, vocab] floats.
+    ``logits`` (next-token logits after each kept position, [batch, kept, vocab] float32) and ``ids`` (each kept
+    position's argmax token, [batch, kept] int64) are host arrays; where the engine computes on a device they are
+    copied to the host when first read, so a caller that needs only the argmax ids (greedy acceptance) moves
+    [batch, kept] integers, not [batch, kept, vocab] floats.
     """
 
     def __init__(self, logits, new_kv, seconds: float, stage_seconds: float = 0.0, ids=None):
-        self._logits = logits  # [batch, kept, vocab] float32, host or device
-        self._ids = ids  # [batch, kept] int64, host or device: the graph's argmax output, where it has one
+        # host logits are a field at once (the CPU's hot path reads them); device logits wait in ``_device_logits``
+        # until ``__getattr__`` copies them on first read
+        self._computed = logits  # where the engine computed them: host or device
+        if isinstance(logits, np.ndarray):
+            self.logits = logits
+        self._ids = ids  # the graph's argmax output, host or device, where it has one
         # The new tokens' K/V as the graph returned them, already written into the cache by ``infer``:
         # [2 * layers, batch, kv_heads, tokens, head_dim] (explicit graphs; None where the graph writes in place:
         # the fused form, whose new K/V are in the cache at past_len ..)
@@ -75,22 +80,21 @@ class EngineOutput:
         self.seconds = seconds  # the backend's call, without input checks and K/V staging
         self.stage_seconds = stage_seconds  # writing the new K/V into the cache
 
-    @property
-    def logits(self) -> np.ndarray:
-        """Next-token logits after each kept position, [batch, kept, vocab] float32, in host memory."""
-        if not isinstance(self._logits, np.ndarray):
-            self._logits = on_host(self._logits)
-        return self._logits
+    def __getattr__(self, name: str) -> np.ndarray:
+        """Reached only for ``logits`` still on a device: copied to the host once, when first read."""
+        if name != "logits" or "_computed" not in self.__dict__:
+            raise AttributeError(name)
+        self.logits = on_host(self._computed)
+        return self.logits
 
     @property
     def ids(self) -> np.ndarray:
-        """Each kept position's argmax token, [batch, kept] int64, in host memory: the graph's own ``ids`` output
-        where it has one, else the argmax of the logits (taken where they are: on a device only the ids move)."""
-        if self._ids is None:
-            self._ids = self._logits.argmax(-1)
-        if not isinstance(self._ids, np.ndarray):
-            self._ids = on_host(self._ids)
-        return self._ids
+        ids = self._ids
+        if ids is None:  # no ids output: the argmax of the logits, taken where they are
+            ids = self._ids = self._computed.argmax(-1)
+        if type(ids) is not np.ndarray:
+            ids = self._ids = on_host(ids)
+        return ids
 
 
 class KVCache:
@@ -109,6 +113,7 @@ class KVCache:
         self.stacked = stacked
         self.held = stacked if rows_held is None else rows_held
         self.buffers = list(stacked)  # [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]
+        self.on_device = not isinstance(stacked, np.ndarray)  # writes are queued on a GPU stream: ``settle`` after them
         self.commit(np.zeros(stacked.shape[1], dtype=np.int64))
 
     @property
@@ -149,7 +154,8 @@ class KVCache:
             tokens = new_kv.shape[3]
             for b, s in enumerate(start.tolist()):
                 self.stacked[:, b, :, s : s + tokens] = new_kv[:, b]
-        settle(self.stacked)
+        if self.on_device:
+            settle(self.stacked)
 
     def select(self, rows) -> KVCache:
         """A cache of only ``rows`` (finished rows leave the batch; in order), lengths along, on the same memory:
@@ -238,7 +244,7 @@ class Engine(ABC):
         if self.spec.graph == "fused":  # spec.writes_cache, read as a field: no call on the hot path
             logits, ids = self._infer_in_place(input_ids, past_len, cache, kept)
             return EngineOutput(logits, None, time.perf_counter() - start, ids=ids)
-        logits, new_kv, *ids = self.infer_impl(input_ids, past_len, cache, kept)
+        logits, new_kv, ids = self.infer_impl(input_ids, past_len, cache, kept)
         ran = time.perf_counter()
         if isinstance(cache, KVCache):
             cache.stage(new_kv, past_len)
@@ -247,7 +253,7 @@ class Engine(ABC):
                 for b, s in enumerate(past_len.tolist()):
                     buf[b, :, s : s + new.shape[2]] = new[b]
             settle(cache[0])
-        return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran, ids=ids[0] if ids else None)
+        return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran, ids)
 
     def _infer_in_place(self, input_ids, past_len, cache, kept: int):
         """A graph that writes its cache itself (fused form): (logits, argmax ids or None). GroupQueryAttention takes
@@ -255,26 +261,26 @@ class Engine(ABC):
         the rows' buffers (each row of a layer's cache is one contiguous block)."""
         batch, tokens = input_ids.shape
         if batch == 1 or tokens == 1:
-            logits, _, *ids = self.infer_impl(input_ids, past_len, cache, kept)
-            return logits, ids[0] if ids else None
+            logits, _, ids = self.infer_impl(input_ids, past_len, cache, kept)
+            return logits, ids
         logits = ids = None
         for b in range(batch):
             rows = cache.rows(b, b + 1) if isinstance(cache, KVCache) else [buf[b : b + 1] for buf in cache]
-            row_logits, _, *row_ids = self.infer_impl(input_ids[b : b + 1], past_len[b : b + 1], rows, kept)
+            row_logits, _, row_ids = self.infer_impl(input_ids[b : b + 1], past_len[b : b + 1], rows, kept)
             if logits is None:  # where the rows' outputs are: host or device (CuPy's for device arrays)
                 logits = np.empty_like(row_logits, shape=(batch, *row_logits.shape[1:]))
-                ids = np.empty_like(row_ids[0], shape=(batch, kept)) if row_ids else None
+                ids = None if row_ids is None else np.empty_like(row_ids, shape=(batch, kept))
             logits[b] = row_logits[0]
             if ids is not None:
-                ids[b] = row_ids[0][0]
+                ids[b] = row_ids[0]
         return logits, ids
 
     @abstractmethod
     def infer_impl(self, input_ids, past_len, cache, kept: int) -> tuple:
-        """Run the backend on checked inputs; return the logits of each row's last ``kept`` tokens (all of them
-        unless ``spec.trims_logits``) and the new K/V per layer (None where the graph writes them into the cache
-        itself), and, where the graph computes them, each kept position's argmax ids [batch, kept]. Outputs may be
-        device arrays (``EngineOutput`` copies what is read to the host)."""
+        """Run the backend on checked inputs; return (logits, new K/V, ids): the logits of each row's last ``kept``
+        tokens (all of them unless ``spec.trims_logits``), the new K/V per layer (None where the graph writes them
+        into the cache itself) and each kept position's argmax ids [batch, kept] (None where the graph does not
+        compute them). Outputs may be device arrays (``EngineOutput`` copies what is read to the host)."""
 
     def _check(self, input_ids, past_len, cache) -> None:
         role = self.spec.role

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from .decoder import BatchState
 
 
+_STEPS = np.arange(256)[:, None]  # [i] = i: a draft call's offset past the catch-up (one array op a cycle, not k)
+
+
 @dataclass
 class Proposal:
     """One cycle's drafts. A row's drafts beyond ``drafted[b]`` only fill its row (never kept)."""
@@ -77,7 +80,7 @@ class Drafter:
         drafting cycle leaves it: prompts it never saw, plain cycles since it last drafted."""
         if cache is None:
             return 0
-        return sum(max(0, length - 2 - past) for length, past in zip(state.lengths, cache.past_len.tolist()))
+        return sum([max(0, length - 2 - past) for length, past in zip(state.lengths, cache.past_len.tolist())])
 
 
 class NoDrafter(Drafter):
@@ -129,18 +132,19 @@ class ModelDrafter(Drafter):
         engine, lengths = self.engine, state.lengths
         logits, width = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]: the catch-up
         caught_up = time.perf_counter()
-        columns = np.zeros((k, state.batch), np.int64)  # draft i of every row: row i, contiguous [batch, 1] inputs
-        pasts = [np.array([at + i for at in lengths]) for i in range(k - 1)]  # where draft call i + 1 feeds draft i
+        columns = np.zeros((k, state.batch, 1), np.int64)  # draft i of every row: [batch, 1], the next call's input
+        pasts = cache.past_len + (_STEPS[:k] if k <= len(_STEPS) else np.arange(k)[:, None])  # [k, batch]: where
+        # draft call i + 1 feeds draft i
         configs = None if state.greedy and not state.penalized else state.configs()
         limits = [min(k, cap) for cap in caps]
         qs, made, most, calls = [], 0, max(limits), 1  # the catch-up call, then one a draft but the last
         while made < most:
             if state.penalized:
-                logits = _penalized(logits, state, configs, columns[:made].T)
+                logits = _penalized(logits, state, configs, columns[:made, :, 0].T)
             if state.greedy:  # no distribution needed, only its top probability when asked to stop on it
                 if self.stop_below is not None and _top_probability(logits).max() < self.stop_below:
                     break
-                logits.argmax(-1, out=columns[made])
+                logits.argmax(-1, out=columns[made, :, 0])
             else:
                 q = row_probabilities(logits, configs)  # [batch, vocab]; one-hot for greedy rows
                 if self.stop_below is not None:
@@ -149,16 +153,16 @@ class ModelDrafter(Drafter):
                     most = max(limits)
                 if most <= made:
                     break
-                columns[made] = [_draw(q[b], rng, state.noise(b, at + made, q.shape[-1])) if made < limit else 0
-                                 for b, (rng, limit, at) in enumerate(zip(state.rngs(), limits, lengths))]  # 0: a filler
+                columns[made, :, 0] = [_draw(q[b], rng, state.noise(b, at + made, q.shape[-1])) if made < limit else 0
+                                       for b, (rng, limit, at) in enumerate(zip(state.rngs(), limits, lengths))]  # 0: filler
                 qs.append(q)
             made += 1
             if made < most:
-                logits = engine.infer(columns[made - 1][:, None], pasts[made - 1], cache).logits[:, 0]
+                logits = engine.infer(columns[made - 1], pasts[made - 1], cache).logits[:, 0]
                 calls += 1
-        cache.commit([at + calls - 1 for at in lengths])
+        cache.commit(pasts[calls - 1])
         ended = time.perf_counter()
-        return Proposal(columns[:made].T, np.stack(qs, axis=1) if qs else None, [min(made, limit) for limit in limits],
+        return Proposal(columns[:made, :, 0].T, np.stack(qs, axis=1) if qs else None, [min(made, limit) for limit in limits],
                         [False] * state.batch, ended - began, caught_up - began, width, calls - 1, ended - caught_up)
 
 

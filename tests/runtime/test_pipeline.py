@@ -12,7 +12,7 @@ from specdeploy.contract import ContractError
 from specdeploy.runtime.cache import CapacityError
 from specdeploy.runtime.config import ConfigError
 from specdeploy.runtime.decoder import Generation
-from specdeploy.runtime.policies import Policy
+from specdeploy.runtime.policies import FixedK, Policy
 from tests import tiny
 
 GOOD = GenerationConfig(k=3, max_new_tokens=12, ignore_eos=True)
@@ -188,6 +188,28 @@ def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
     expected = [([r.k for r in records], [r.accepted for r in records], [r.lookup for r in records])
                 for _, records in sorted(by_cycle.items())]
     assert len(expected) > 2 and policy.told == expected
+
+
+def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
+    """Every field of a cycle record against what the cycle did (records are built positionally on the hot path)."""
+    hybrid = GenerationConfig(k=3, max_new_tokens=14, ignore_eos=True, policy="fixed", drafter="hybrid")
+    run = Generation(pipeline.target, pipeline.drafter_for(hybrid), FixedK(3), hybrid,
+                     [pipeline.encode("w5 w6 w7 w5 w6"), pipeline.encode("w9")], ["first", "second"])
+    sizes = []
+    while not run.done:
+        sizes.append(run.state.batch)
+        run.step()
+    for row in run.rows:
+        assert sum(r.emitted for r in row.records) == len(row.token_ids) == 14
+        for r in row.records:
+            assert r.request_id == row.request_id and r.batch_size == sizes[r.cycle]
+            assert 0 <= r.accepted <= r.k <= 3 and 1 <= r.emitted <= r.accepted + 1
+            assert r.rejected_at == (r.accepted + 1 if r.accepted < r.k else None)
+            assert r.final == ("plain" if r.k == 0 else "bonus" if r.accepted == r.k else "recovered")
+            assert all(isinstance(s, float) and s >= 0 for s in (r.draft_s, r.verify_s, r.accept_s, r.cache_s))
+            assert r.verify_s > 0 and isinstance(r.lookup, bool)
+        assert [r.cycle for r in row.records] == sorted({r.cycle for r in row.records})
+    assert any(r.lookup for row in run.rows for r in row.records)  # the repeated bigram is looked up
 
 
 @pytest.mark.parametrize("call,match", [
