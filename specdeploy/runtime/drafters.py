@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from .decoder import BatchState
 
 
-_STEPS = np.arange(256)[:, None]  # [i] = i: a draft call's offset past the catch-up (one array op a cycle, not k)
-
-
 @dataclass
 class Proposal:
     """One cycle's drafts. A row's drafts beyond ``drafted[b]`` only fill its row (never kept)."""
@@ -133,8 +130,6 @@ class ModelDrafter(Drafter):
         logits, width = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]: the catch-up
         caught_up = time.perf_counter()
         columns = np.zeros((k, state.batch, 1), np.int64)  # draft i of every row: [batch, 1], the next call's input
-        pasts = cache.past_len + (_STEPS[:k] if k <= len(_STEPS) else np.arange(k)[:, None])  # [k, batch]: where
-        # draft call i + 1 feeds draft i
         configs = None if state.greedy and not state.penalized else state.configs()
         limits = [min(k, cap) for cap in caps]
         qs, made, most, calls = [], 0, max(limits), 1  # the catch-up call, then one a draft but the last
@@ -158,9 +153,11 @@ class ModelDrafter(Drafter):
                 qs.append(q)
             made += 1
             if made < most:
-                logits = engine.infer(columns[made - 1], pasts[made - 1], cache).logits[:, 0]
+                # draft call i feeds draft i - 1 at L + i - 1; the offsets from a list, not a NumPy add: right after an
+                # ONNX Runtime call, a small ufunc measured 8 us here against 3 for the list
+                logits = engine.infer(columns[made - 1], np.array([at + made - 1 for at in lengths]), cache).logits[:, 0]
                 calls += 1
-        cache.commit(pasts[calls - 1])
+        cache.commit([at + calls - 1 for at in lengths])
         ended = time.perf_counter()
         return Proposal(columns[:made, :, 0].T, np.stack(qs, axis=1) if qs else None, [min(made, limit) for limit in limits],
                         [False] * state.batch, ended - began, caught_up - began, width, calls - 1, ended - caught_up)
