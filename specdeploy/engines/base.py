@@ -67,8 +67,8 @@ class EngineOutput:
     """
 
     def __init__(self, logits, new_kv, seconds: float, stage_seconds: float = 0.0, ids=None):
-        # host logits are a field at once (the CPU's hot path reads them); device logits wait in ``_device_logits``
-        # until ``__getattr__`` copies them on first read
+        # host logits are a field at once (the CPU's hot path reads them); device logits stay in ``_computed`` until
+        # ``__getattr__`` copies them on first read
         self._computed = logits  # where the engine computed them: host or device
         if isinstance(logits, np.ndarray):
             self.logits = logits
@@ -89,6 +89,7 @@ class EngineOutput:
 
     @property
     def ids(self) -> np.ndarray:
+        """The graph's own ``ids`` output where it has one, else the argmax of the logits; in host memory."""
         ids = self._ids
         if ids is None:  # no ids output: the argmax of the logits, taken where they are
             ids = self._ids = self._computed.argmax(-1)
