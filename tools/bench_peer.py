@@ -264,7 +264,8 @@ def markdown(report: dict) -> str:
         f"# specdeploy vs onnxruntime-genai ({setup['date']})", "",
         f"`{setup['command']}`", "",
         f"{setup['machine']}; onnxruntime {setup['onnxruntime']}, onnxruntime-genai {setup['peer']}, "
-        f"specdeploy {setup['specdeploy']}. Prompts: {', '.join(f'{g} {n}' for g, n in setup['prompts'].items())}; "
+        f"specdeploy {setup['specdeploy']} (commit {setup.get('commit') or 'unknown'}). "
+        f"Prompts: {', '.join(f'{g} {n}' for g, n in setup['prompts'].items())}; "
         f"greedy, batch 1, until EOS or "
         f"{setup['max_tokens']} new tokens, {setup['threads']} threads per system; configurations interleaved per prompt.",
         "", f"- peer: {setup['peer_models']}", f"- specdeploy: {setup['artifacts']}",
@@ -370,11 +371,12 @@ def main() -> None:
         keep = [i for i, (g, _) in enumerate(prompts) if g == group]
         return {name: summarize([r[i] for i in keep], [own_plain[name.split(": ")[0]][i] for i in keep],
                                 [reference[i] for i in keep]) for name, r in runs.items()}
-    command = ("python -m tools.bench_peer " + " ".join(sys.argv[1:])).replace(str(Path.home()), "~")
+    from tools.provenance import provenance  # here: the workers run this file as a script, without the package
+
+    facts = provenance("tools.bench_peer")  # date, command, machine, commit
     report = {
         "setup": {
-            "date": time.strftime("%Y-%m-%d"), "command": command,
-            "machine": f"{os.cpu_count()} cores, no GPU", "onnxruntime": onnxruntime.__version__, "peer": version,
+            **facts, "machine": f"{facts['machine']}, no GPU", "onnxruntime": onnxruntime.__version__, "peer": version,
             "specdeploy": specdeploy.__version__, "max_tokens": args.max_tokens,
             "prompts": {group: sum(g == group for g, _ in prompts) for group in groups},
             "threads": args.threads, "artifacts": ", ".join(a.name for a in args.artifact), "reference": reference_name,

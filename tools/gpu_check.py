@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.gpu_report import git_commit, print_artifact, print_big, print_environment, print_pair, print_peer, write_results
+from tools.gpu_report import print_artifact, print_big, print_environment, print_pair, print_peer, write_results
 from tools.gpu_timing import (
     BIG,
     CAPACITY,
@@ -61,6 +61,7 @@ from tools.gpu_timing import (
     replay_speedups,
     scratch,
 )
+from tools.provenance import commit
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tools" / "replay_data" / "traces.json"
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                "replay_ks": [int(k) for k in args.replay_ks.split(",")], "loader": args.loader, "budget": args.budget}
     report = run(args.run, args.out, args.provider, only, options)
     if args.results:
-        write_results(report, args.results, args.commit or git_commit())
+        write_results(report, args.results, args.commit or commit())
     failed = [name for name, r in report["artifacts"].items() if _failures(r)]
     failed += [f"{part} {name}" for part in ("big", "peer") for name, r in report[part].items() if "error" in r]
     print(f"done in {report['seconds']:.0f} s; " + (f"failures in {', '.join(failed)}" if failed else "no failures"))

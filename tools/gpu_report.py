@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_results(report: dict, folder: Path, commit: str) -> Path:
@@ -35,13 +32,6 @@ def write_results(report: dict, folder: Path, commit: str) -> Path:
         lines.append(f"\n{name}: cycle bytes {pair.get('cycle_bytes')}; replayed speedup over plain {speedups}")
     (folder / f"{stem}.md").write_text("\n".join(lines) + "\n")
     return folder / f"{stem}.json"
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def print_environment(env: dict) -> None:

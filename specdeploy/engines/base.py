@@ -93,7 +93,7 @@ class EngineOutput:
         ids = self._ids
         if ids is None:  # no ids output: the argmax of the logits, taken where they are
             ids = self._ids = self._computed.argmax(-1)
-        if type(ids) is not np.ndarray:
+        if not isinstance(ids, np.ndarray):
             ids = self._ids = on_host(ids)
         return ids
 
@@ -114,7 +114,6 @@ class KVCache:
         self.stacked = stacked
         self.held = stacked if rows_held is None else rows_held
         self.buffers = list(stacked)  # [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]
-        self.on_device = not isinstance(stacked, np.ndarray)  # writes are queued on a GPU stream: ``settle`` after them
         self.commit(np.zeros(stacked.shape[1], dtype=np.int64))
 
     @property
@@ -155,8 +154,7 @@ class KVCache:
             tokens = new_kv.shape[3]
             for b, s in enumerate(start.tolist()):
                 self.stacked[:, b, :, s : s + tokens] = new_kv[:, b]
-        if self.on_device:
-            settle(self.stacked)
+        settle(self.stacked)
 
     def select(self, rows) -> KVCache:
         """A cache of only ``rows`` (finished rows leave the batch; in order), lengths along, on the same memory:

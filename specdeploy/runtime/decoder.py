@@ -323,7 +323,7 @@ class Generation:
         most = min(self.k, max(left) - 1)
         if most <= 0:
             return 0, 0
-        batch = len(state.active)
+        batch = state.batch
         lookup_k = min(self.policy.next_k(batch, lookup=True), most) if self.drafter.looks_up else 0
         k = min(self.policy.next_k(batch), most) if self.drafter.uses_model else 0
         behind = self.drafter.behind(state, draft_cache) if k else 0
