@@ -91,6 +91,7 @@ def join(generation: Generation, prompts: list[np.ndarray], request_ids: list[st
     if generation.draft_cache is not None:
         joining = generation.drafter.engine.allocate_cache(len(prompts), state.capacity)
         generation.draft_cache = generation.draft_cache.extend(joining)
+        generation.draft_caught_up = False  # the draft has seen nothing of them
     if generation.prefill_seconds is not None:
         prefill_rows(generation, first)
 
@@ -103,6 +104,7 @@ def merge(generation: Generation, other: Generation) -> None:
     generation.cache = generation.cache.extend(other.cache)
     if generation.draft_cache is not None:
         generation.draft_cache = generation.draft_cache.extend(other.draft_cache)
+        generation.draft_caught_up = False  # of the rows that joined, it may have seen nothing
 
 
 def plan_rows(prompts: list[np.ndarray], config: GenerationConfig, settings: Sequence[RowSettings] | None, k: int,
@@ -119,6 +121,7 @@ def isolate(generation: Generation) -> tuple[list, list[int]]:
     for b in range(state.batch):
         single, cache = state.row(b), generation.cache.rows(b, b + 1)
         draft = None if generation.draft_cache is None else generation.draft_cache.rows(b, b + 1)
+        generation.draft_caught_up = False  # what a row's cycle finds says nothing of the next row's draft
         try:
             new, done = generation.cycle_rows(single, cache, draft)
         except Exception as exc:
@@ -132,4 +135,5 @@ def isolate(generation: Generation) -> tuple[list, list[int]]:
             generation.draft_cache.commit_row(b, draft.past_len.item(0))
         committed += new
         finished += [b] if done else []
+    generation.draft_caught_up = False
     return committed, finished

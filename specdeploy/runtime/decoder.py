@@ -32,11 +32,9 @@ from .telemetry import CycleRecord, FinalToken, FinishReason
 
 
 class BatchState:
-    """Token buffer [batch, capacity], committed lengths, active rows and their generators.
-
-    Requests ``join`` and ``leave`` between cycles; ``row`` gives one row alone, on this state's buffers
-    (what it commits is taken back with ``take_length``); ``snapshot``/``restore`` undo a failed cycle.
-    """
+    """Token buffer [batch, capacity], committed lengths, active rows and their generators. Requests ``join`` and
+    ``leave`` between cycles; ``row`` gives one row alone, on this state's buffers (``batching.isolate`` takes back its
+    length); ``snapshot``/``restore`` undo a failed cycle."""
 
     def __init__(self, config: GenerationConfig, capacity: int, eos: set[int]):
         # config: the batch's speculation (k, drafter, policy) and the settings of rows joined without their own;
@@ -164,19 +162,20 @@ class BatchState:
         """The active rows' settings, in batch order."""
         return [self.settings[i].config for i in self.active]
 
-    def left(self) -> list[int]:
-        """New tokens each active row may still commit, in batch order."""
-        return [self.settings[i].config.max_new_tokens - len(self.rows[i].token_ids) for i in self.active]
+    def budgets(self) -> tuple[list[int], list[int]]:
+        """Each active row's new tokens left to commit, and the most drafts it may have (its own k, and one fewer
+        than the tokens left), in batch order; one pass over the rows, which every cycle makes."""
+        left, caps = [], []
+        for i in self.active:
+            config = self.settings[i].config
+            n = config.max_new_tokens - len(self.rows[i].token_ids)
+            left.append(n)
+            caps.append(max(0, min(config.k, n - 1)))
+        return left, caps
 
-    def caps(self, left: list[int]) -> list[int]:
-        """The most drafts each active row may have: its own k, and one fewer than the tokens it has ``left``."""
-        return [max(0, min(self.settings[i].config.k, n - 1)) for i, n in zip(self.active, left)]
-
-    def verify_inputs(self, drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Place ``drafts`` [batch, K] after each row's committed tokens; return the target's input.
-
-        Row b runs [x[L_b - 1], d_1..d_K] from past_len L_b - 1: input_ids [batch, K + 1], past_len [batch].
-        """
+    def verify_inputs(self, drafts: np.ndarray) -> np.ndarray:
+        """Place ``drafts`` [batch, K] after each row's committed tokens; return the target's input_ids [batch, K + 1]:
+        row b runs [x[L_b - 1], d_1..d_K] from past_len L_b - 1 (the target's cache: it has seen all but the last)."""
         k = drafts.shape[1]
         lengths = self.lengths
         for b, at in enumerate(lengths):
@@ -187,7 +186,7 @@ class BatchState:
         else:
             index = np.array(lengths)[:, None] - 1 + np.arange(k + 1)  # [batch, K + 1]
             input_ids = np.take_along_axis(self.tokens, index, axis=1)
-        return input_ids, np.array([length - 1 for length in lengths])
+        return input_ids
 
     def commit(self, accepted: list[int], emitted: list[list[int]], left: list[int]) -> tuple[list, list[int]]:
         """Row b keeps its first accepted[b] drafts and emits emitted[b][accepted[b]] after them.
@@ -233,11 +232,9 @@ class BatchState:
 
 
 class Generation:
-    """One batch of requests in flight; ``step()`` runs one cycle and reports what each row committed.
-
-    The target's cache and the draft model's (``draft_cache``; None for a drafter without a model) hold the batch's
-    rows; requests join, leave and merge between cycles. ``prefill()`` runs first (``step()`` calls it if need be).
-    """
+    """One batch of requests in flight; ``step()`` runs one cycle and reports what each row committed. The target's
+    cache and the draft model's (``draft_cache``; None for a drafter without a model) hold the batch's rows; requests
+    join, leave and merge between cycles. ``prefill()`` runs first (``step()`` calls it if need be)."""
 
     def __init__(self, target: Engine, drafter: Drafter, policy: Policy, config: GenerationConfig,
                  prompts: list[np.ndarray], request_ids: list[str], capacity: int | None = None,
@@ -253,6 +250,9 @@ class Generation:
         self.cache = target.allocate_cache(len(prompts), capacity)
         self.draft_cache = drafter.engine.allocate_cache(len(prompts), capacity) if drafter.uses_model else None
         self.cycle = 0
+        # the last cycle drafted every row by the model: the draft lacks no token ``Drafter.behind`` counts, so no catch-up
+        # is judged (asking cost 2 us a cycle at batch 1); joins, merges and a failed cycle's rows run alone clear it
+        self.draft_caught_up = False
         self.prefill_seconds: float | None = None  # of the batch it started with; None until prefilled
         self.prefill_spent = 0.0  # by ``prefill_chunk`` calls so far
         # rows about to join (a server's prefilling and queued requests): () -> (rows, prompt tokens the draft lacks,
@@ -264,20 +264,17 @@ class Generation:
         self.on_verified: Callable[[np.ndarray, list[tuple[int, list[int]]]], None] | None = None
 
     rows = property(lambda self: self.state.rows)  # list[RowResult], by request index
-    done = property(lambda self: self.state.batch == 0)
+    done = property(lambda self: not self.state.active)
     # views of the state, for tests and tools
     tokens = property(lambda self: self.state.tokens)
     lengths = property(lambda self: np.array(self.state.lengths, np.int64))
     active = property(lambda self: np.array(self.state.active, np.int64))
 
     def step(self) -> list[tuple[int, list[int]]]:
-        """One cycle over the active rows (after the prefill, on the first call). Returns (request
-        index, newly committed token ids) per row.
-
-        If an engine call fails, the cycle is rolled back (lengths only: nothing was committed) and
-        re-run row by row, so that a fault tied to one row fails that row alone; a failed row ends
-        with finish_reason "error" and its message in ``error``, and the other rows go on.
-        """
+        """One cycle over the active rows (after the prefill, on the first call): (request index, newly committed token
+        ids) per row. If an engine call fails, the cycle is rolled back (lengths only: nothing was committed) and re-run
+        row by row, so that a fault tied to one row fails that row alone; a failed row ends with finish_reason "error"
+        and its message in ``error``, and the other rows go on."""
         if self.prefill_seconds is None:
             self.prefill()
             if self.done:
@@ -299,17 +296,19 @@ class Generation:
 
     def cycle_rows(self, state: BatchState, cache: KVCache, draft_cache: KVCache | None):
         """One cycle, as the module's docstring has it; the policy hears what it cost and what it kept."""
-        left = state.left()
-        k, lookup_k = self._draft_lengths(state, draft_cache, left)
-        proposal = (self.drafter.propose(state, draft_cache, k, lookup_k, state.caps(left)) if k or lookup_k
+        left, caps = state.budgets()
+        k, lookup_k = self._draft_lengths(state, draft_cache, left, caps)
+        proposal = (self.drafter.propose(state, draft_cache, k, lookup_k, caps) if k or lookup_k
                     else Proposal.none(state.batch))
-        verified = self.target.infer(*state.verify_inputs(proposal.drafts), cache)  # logits [batch, K + 1, vocab]
+        # the target has seen all but each row's last token (prefill and commits keep it so): verify from its past_len
+        verified = self.target.infer(state.verify_inputs(proposal.drafts), cache.past_len, cache)
         began = time.perf_counter()
         accepted, emitted = self.accept(verified, proposal, state)
         accepted_at = time.perf_counter()
         seen = [length + n for length, n in zip(state.lengths, accepted)]  # what the target has now seen
         cache.commit(seen)
         self.drafter.rollback(draft_cache, seen)
+        self.draft_caught_up = proposal.first_call_tokens > 0 and not any(proposal.lookup)
         committed, finished = state.commit(accepted, emitted, left)
         if self.on_verified is not None:
             self.on_verified(verified.logits, committed)
@@ -317,16 +316,17 @@ class Generation:
         self._record(state, proposal, accepted, committed, verified, accepted_at - began, time.perf_counter() - accepted_at)
         return committed, finished
 
-    def _draft_lengths(self, state: BatchState, draft_cache: KVCache | None, left: list[int]) -> tuple[int, int]:
-        """Drafts this cycle makes by the draft model and by prompt lookup, as the policy prices them. The model
-        drafts only where its catch-up pays, judged for the batch the rows about to join make (``joining``)."""
-        most = min(self.k, max(left) - 1)
+    def _draft_lengths(self, state: BatchState, draft_cache: KVCache | None, left: list[int],
+                       caps: list[int]) -> tuple[int, int]:
+        """Drafts this cycle makes by the draft model and by prompt lookup, as the policy prices them, at most the rows'
+        largest cap. The model drafts only where its catch-up pays, judged with the rows about to join (``joining``)."""
+        most = min(self.k, max(caps))
         if most <= 0:
             return 0, 0
-        batch = state.batch
+        batch = len(left)
         lookup_k = min(self.policy.next_k(batch, lookup=True), most) if self.drafter.looks_up else 0
         k = min(self.policy.next_k(batch), most) if self.drafter.uses_model else 0
-        behind = self.drafter.behind(state, draft_cache) if k else 0
+        behind = self.drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
         if behind:
             rows, lacking, to_come = self.joining()
             if not self.policy.catchup_pays(batch + rows, behind + lacking, sum(left) + to_come):
@@ -336,23 +336,18 @@ class Generation:
     def accept(self, verified: EngineOutput, proposal: Proposal, state: BatchState) -> tuple[list[int], list[list[int]]]:
         """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy, from the
         target's argmax ids alone (on a GPU, K + 1 integers a row reach the host, not K + 1 rows of logits)."""
-        if state.greedy and not state.penalized:
-            return self._keep_argmax(proposal, verified.ids.tolist())
-        logits = verified.logits
+        logits = verified.logits if state.penalized or not state.greedy else None
         if state.penalized:
             logits = penalize_rows(logits, state.tokens, state.lengths, proposal.drafts, state.configs())
-        if state.greedy:
-            return self._keep_argmax(proposal, logits.argmax(-1).tolist())
+        if state.greedy:  # each row keeps the drafts equal to the target's argmax, then emits its own token
+            target = logits.argmax(-1).tolist() if state.penalized else verified.ids.tolist()  # [batch][K + 1]
+            drafts = proposal.drafts.tolist()
+            return [min(greedy_accept_row(t, d), n) for t, d, n in zip(target, drafts, proposal.drafted)], target
         p = row_probabilities(logits, state.configs())  # [batch, K + 1, vocab]
         width, vocab = proposal.drafts.shape[1], p.shape[-1]
         noises = [[state.noise(b, at + j, vocab) for j in range(width + 1)] if state.is_keyed(b) else None
                   for b, at in enumerate(state.lengths)]  # seeded rows' draws keyed by position
         return sampled_accept(p, proposal.q, proposal.drafts, proposal.drafted, state.rngs(), noises)
-
-    @staticmethod
-    def _keep_argmax(proposal: Proposal, target: list[list[int]]) -> tuple[list[int], list[list[int]]]:
-        """Each row keeps the drafts equal to the target's argmax ``target`` [batch][K + 1], then emits its own token."""
-        return [min(greedy_accept_row(t, d), n) for t, d, n in zip(target, proposal.drafts.tolist(), proposal.drafted)], target
 
     def prefill(self) -> None:
         """The target sees every prompt token but the last (each cycle starts from x[L - 1]); the first
@@ -381,17 +376,16 @@ class Generation:
                 accept_s: float, cache_s: float) -> None:
         """One record per row, with the drafts it had; the batched calls' seconds shared out equally among the rows
         (staging the target's K/V counts as cache work)."""
-        batch, now = state.batch, time.perf_counter()
+        batch, now = len(accepted), time.perf_counter()
         draft_s, verify_s, accept_s = proposal.seconds / batch, verified.seconds / batch, accept_s / batch
         cache_s = (cache_s + verified.stage_seconds) / batch
         for k, n, lookup, (index, new) in zip(proposal.drafted, accepted, proposal.lookup, committed):
             row = state.rows[index]
             row.decode_seconds = now - row.decode_started
             final = FinalToken.PLAIN if k == 0 else (FinalToken.BONUS if n == k else FinalToken.RECOVERED)
-            # positional, in CycleRecord's field order (keywords cost half a microsecond a row): request_id, cycle, k,
-            # accepted, rejected_at, final, emitted, draft_s, verify_s, accept_s, cache_s, batch_size, lookup
-            row.records.append(CycleRecord(row.request_id, self.cycle, k, n, n + 1 if n < k else None, final, len(new),
-                                           draft_s, verify_s, accept_s, cache_s, batch, lookup))
+            # made as the tuple it is, in CycleRecord's field order: the named constructor cost 1 us a cycle more
+            row.records.append(tuple.__new__(CycleRecord, (row.request_id, self.cycle, k, n, n + 1 if n < k else None,
+                                                           final, len(new), draft_s, verify_s, accept_s, cache_s, batch, lookup)))
 
     def leave(self, finished: list[int]) -> None:
         """Batch rows ``finished`` leave, with their cache rows."""

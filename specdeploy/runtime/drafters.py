@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .decoder import BatchState
 
 
-@dataclass
+@dataclass(slots=True)
 class Proposal:
     """One cycle's drafts. A row's drafts beyond ``drafted[b]`` only fill its row (never kept)."""
 
@@ -62,6 +62,7 @@ class Drafter:
         # stop_below: a model row stops drafting once the draft's top probability falls below it (None: never);
         # n-grams: prompt lookup continues the latest earlier match of the last n tokens, the longest n first
         self.engine, self.stop_below, self.max_ngram, self.min_ngram = engine, stop_below, max_ngram, min_ngram
+        self._buffer: tuple | None = None  # a model drafter's drafts (``ModelDrafter._columns``)
 
     def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
         """Up to ``k`` model drafts or ``lookup_k`` lookup drafts a row, row b at most ``caps[b]``."""
@@ -126,41 +127,68 @@ class ModelDrafter(Drafter):
         """Up to k drafts a row by the draft model: every row drafts (greedy rows draw nothing), a sampled row only
         up to its cap, so that its random draws depend on its own settings alone, never on its batch mates'."""
         began = time.perf_counter()
-        engine, lengths = self.engine, state.lengths
+        engine, lengths, batch = self.engine, state.lengths, len(caps)
         logits, width = feed(engine, cache, state.tokens, lengths)  # [batch, vocab] after x[L - 1]: the catch-up
         caught_up = time.perf_counter()
-        columns = np.zeros((k, state.batch, 1), np.int64)  # draft i of every row: [batch, 1], the next call's input
-        configs = None if state.greedy and not state.penalized else state.configs()
-        limits = [min(k, cap) for cap in caps]
-        qs, made, most, calls = [], 0, max(limits), 1  # the catch-up call, then one a draft but the last
-        while made < most:
-            if state.penalized:
-                logits = _penalized(logits, state, configs, columns[:made, :, 0].T)
-            if state.greedy:  # no distribution needed, only its top probability when asked to stop on it
+        most = min(k, max(caps))
+        columns, inputs = self._columns(most, batch)
+        # draft call i feeds draft i - 1 at L + i - 1; every call's offsets made here, not between calls: right after
+        # an ONNX Runtime call, small NumPy steps measured 2-3 times slower (tools/bench_overhead.py)
+        pasts = [np.array([at + i for at in lengths]) for i in range(most - 1)]
+        if state.greedy:  # each draft the argmax after the last: no distribution, only its top probability if asked
+            made = 0
+            while made < most:
+                if state.penalized:
+                    logits = _penalized(logits, state, state.configs(), columns[:made].T)
                 if self.stop_below is not None and _top_probability(logits).max() < self.stop_below:
                     break
-                logits.argmax(-1, out=columns[made, :, 0])
-            else:
-                q = row_probabilities(logits, configs)  # [batch, vocab]; one-hot for greedy rows
-                if self.stop_below is not None:
-                    limits = [made if limit > made and top < self.stop_below else limit
-                              for limit, top in zip(limits, q.max(-1).tolist())]
-                    most = max(limits)
+                logits.argmax(-1, out=columns[made])
+                made += 1
+                if made < most:
+                    logits = engine.infer(inputs[made - 1], pasts[made - 1], cache).logits[:, 0]
+            steps = max(0, min(made, most - 1))  # draft calls after the catch-up: none after the last draft
+            qs, drafted = None, [min(made, cap) for cap in caps]
+        else:
+            made, steps, qs, drafted = self._sampled(state, cache, logits, columns, inputs, pasts,
+                                                     [min(k, cap) for cap in caps])
+        cache.commit([at + steps for at in lengths])  # the catch-up saw x[:L], each later call one draft more
+        ended = time.perf_counter()
+        return Proposal(columns[:made].T, qs, drafted, [False] * batch, ended - began, caught_up - began, width,
+                        steps, ended - caught_up)
+
+    def _columns(self, most: int, batch: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        """A [most, batch] buffer for the drafts, and its rows as [batch, 1] views: draft i of every row is row i,
+        contiguous, so its view is the next call's input as it is. Kept from one cycle to the next (made anew each
+        cycle, they measured ~1 us more a cycle): a proposal's drafts are valid until the next."""
+        if self._buffer is None or len(self._buffer[0]) < most or self._buffer[0].shape[1] != batch:
+            columns = np.zeros((max(most, 1), batch), np.int64)
+            self._buffer = columns, [column[:, None] for column in columns]
+        return self._buffer
+
+    def _sampled(self, state: BatchState, cache: KVCache, logits: np.ndarray, columns: np.ndarray, inputs: list,
+                 pasts: list, limits: list[int]):
+        """Sampled (and greedy) rows' drafts into ``columns``, each drawn from the draft's distribution q (one-hot for
+        greedy rows), row b at most ``limits[b]``: drafts made, draft calls after the catch-up, q [batch, made, vocab]
+        and the drafts each row has (confidence may cut its limit)."""
+        configs, qs, made, steps, most = state.configs(), [], 0, 0, max(limits)
+        while made < most:
+            if state.penalized:
+                logits = _penalized(logits, state, configs, columns[:made].T)
+            q = row_probabilities(logits, configs)  # [batch, vocab]
+            if self.stop_below is not None:
+                limits = [made if limit > made and top < self.stop_below else limit
+                          for limit, top in zip(limits, q.max(-1).tolist())]
+                most = max(limits)
                 if most <= made:
                     break
-                columns[made, :, 0] = [_draw(q[b], rng, state.noise(b, at + made, q.shape[-1])) if made < limit else 0
-                                       for b, (rng, limit, at) in enumerate(zip(state.rngs(), limits, lengths))]  # 0: filler
-                qs.append(q)
+            columns[made] = [_draw(q[b], rng, state.noise(b, at + made, q.shape[-1])) if made < limit else 0  # filler
+                             for b, (rng, limit, at) in enumerate(zip(state.rngs(), limits, state.lengths))]
+            qs.append(q)
             made += 1
             if made < most:
-                # draft call i feeds draft i - 1 at L + i - 1; the offsets from a list, not a NumPy add: right after an
-                # ONNX Runtime call, a small ufunc measured 8 us here against 3 for the list
-                logits = engine.infer(columns[made - 1], np.array([at + made - 1 for at in lengths]), cache).logits[:, 0]
-                calls += 1
-        cache.commit([at + calls - 1 for at in lengths])
-        ended = time.perf_counter()
-        return Proposal(columns[:made, :, 0].T, np.stack(qs, axis=1) if qs else None, [min(made, limit) for limit in limits],
-                        [False] * state.batch, ended - began, caught_up - began, width, calls - 1, ended - caught_up)
+                logits = self.engine.infer(inputs[made - 1], pasts[made - 1], cache).logits[:, 0]
+                steps += 1
+        return made, steps, np.stack(qs, axis=1) if qs else None, [min(made, limit) for limit in limits]
 
 
 class HybridDrafter(ModelDrafter, PromptLookup):

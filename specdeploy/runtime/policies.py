@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(slots=True)
 class CycleOutcome:
     """What a policy observes after one cycle of a batch (or, with no target call, after a draft catch-up)."""
 

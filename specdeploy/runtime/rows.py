@@ -12,7 +12,7 @@ from .config import GenerationConfig
 from .telemetry import CycleRecord, FinishReason
 
 
-@dataclass
+@dataclass(slots=True)
 class RowResult:
     request_id: str
     prompt_ids: np.ndarray

@@ -382,7 +382,7 @@ class Scheduler:
         if self.running is not None and not self.running.done:
             rows += self.running.state.batch
             lacking += self.running.drafter.behind(self.running.state, self.running.draft_cache)
-            to_come += sum(self.running.state.left())
+            to_come += sum(self.running.state.budgets()[0])
         return self.policy.catchup_pays(rows, lacking, to_come)
 
     def _joining(self, staged: Generation | None) -> tuple[int, int, int]:
@@ -390,7 +390,7 @@ class Scheduler:
         count, the prompt tokens the draft lacks of them, and their tokens to come (``Generation.joining``)."""
         rows = lacking = to_come = 0
         if staged is not None and not staged.done:
-            rows, to_come = staged.state.batch, sum(staged.state.left())
+            rows, to_come = staged.state.batch, sum(staged.state.budgets()[0])
             lacking = staged.drafter.behind(staged.state, staged.draft_cache)
         with self._wake:
             queued = list(itertools.islice(self.queue, max(0, self.max_batch - self.rows)))

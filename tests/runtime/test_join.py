@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.cache import CapacityError
+from specdeploy.runtime.drafters import HybridDrafter
 from specdeploy.runtime.telemetry import FinishReason
 
 from .stubs import Judge
@@ -35,10 +37,15 @@ def test_requests_joining_a_running_batch_decode_as_alone(pipeline, alone, draft
     assert len(run.active) == 4 and run.cache.shape[1] == 4
     while not run.done:
         run.step()
+        _assert_target_saw_all_but_the_last_token(run)  # where the next verification starts (``cycle_rows``)
     expected = alone if drafter == "model" else {p: pipeline.generate(p, config)[0].token_ids for p in PROMPTS}
     assert [row.token_ids for row in run.rows] == [expected[p] for p in PROMPTS]
     assert [row.request_id for row in run.rows][2:] == ["late-a", "late-b"]
     assert all(row.finish_reason == "length" and row.prefill_seconds > 0 for row in run.rows)
+
+
+def _assert_target_saw_all_but_the_last_token(run):
+    assert run.cache.past_len.tolist() == [length - 1 for length in run.state.lengths]
 
 
 def test_a_cancelled_request_leaves_and_frees_its_rows(pipeline, alone):
@@ -51,6 +58,7 @@ def test_a_cancelled_request_leaves_and_frees_its_rows(pipeline, alone):
     run.cancel(1)  # leaving twice changes nothing
     while not run.done:
         run.step()
+        _assert_target_saw_all_but_the_last_token(run)
     assert [run.rows[i].token_ids for i in (0, 2, 3)] == [alone[PROMPTS[i]] for i in (0, 2, 3)]
     assert len(run.rows[1].token_ids) < len(alone[PROMPTS[1]])
 
@@ -113,7 +121,7 @@ def test_rows_prefilled_without_the_draft_decode_plainly_or_catch_up_as_the_poli
         pass
     assert staging.draft_cache.past_len.tolist() == [0, 0] and judge.fed == fed and judge.asked == []
     run.merge(staging)
-    merged_at, lengths, to_come = run.cycle, run.state.lengths, sum(run.state.left())
+    merged_at, lengths, to_come = run.cycle, run.state.lengths, sum(run.state.budgets()[0])
     behind = sum(max(0, n - 2 - past) for n, past in zip(lengths, run.draft_cache.past_len.tolist()))
     while not run.done:
         run.step()
@@ -166,3 +174,57 @@ def test_a_catch_up_inside_a_cycle_tells_the_policy_its_time_and_tokens(pipeline
     longest = max(len(pipeline.encode(p)) for p in PROMPTS[:2])
     (seconds, tokens), = judge.caught_up  # later cycles feed 1-2 tokens a row: not a catch-up
     assert seconds > 0 and tokens == longest + 5  # as wide as the row furthest behind: its prompt + 5
+
+
+@pytest.mark.parametrize("drafter,policy,temperature", [("model", "fixed", 0.0), ("model", "confidence", 0.0),
+                                                         ("hybrid", "fixed", 0.0), ("model", "fixed", 1.0),
+                                                         ("hybrid", "fixed", 1.0)])
+def test_a_draft_said_caught_up_lacks_no_token_a_catch_up_would_feed(pipeline, drafter, policy, temperature):
+    # the cycle skips judging a catch-up after one that drafted every row by the model (``draft_caught_up``): the
+    # draft must then lack nothing, whatever the drafter, policy, sampling, rows' own k, joins and leaves
+    config = GenerationConfig(k=4, policy=policy, drafter=drafter, max_new_tokens=14, ignore_eos=True,
+                              temperature=temperature, seed=5)
+    short = GenerationConfig(k=2, policy=policy, drafter=drafter, max_new_tokens=9, ignore_eos=True,
+                             temperature=temperature, seed=6)
+    run = pipeline.start(PROMPTS[:2], config, row_configs=[config, short])
+    said, cycles = [], 0
+    while not run.done:
+        run.step()
+        cycles += 1
+        if cycles == 3:
+            run.join([pipeline.encode(p) for p in PROMPTS[2:]], ["late-a", "late-b"])
+            assert not run.draft_caught_up  # the draft has seen nothing of the rows that joined
+        if not run.done:
+            said.append(run.draft_caught_up)
+            if run.draft_caught_up:
+                assert run.drafter.behind(run.state, run.draft_cache) == 0
+    assert any(said)  # the claim was made, and checked
+
+
+class TargetsOwnLookup(HybridDrafter):
+    """Prompt lookup that finds, for request 0 alone, the next tokens of the target's own greedy text: all kept, so the
+    draft, which sees none of them, falls behind by all but one."""
+
+    def __init__(self, engine, text: list[int], prompt_length: int):
+        super().__init__(engine)
+        self.text, self.prompt_length = text, prompt_length
+
+    def _found(self, state, lookup_k, caps):
+        at = state.lengths[0] - self.prompt_length if state.active[0] == 0 else None
+        return [np.array(self.text[at : at + min(lookup_k, cap)] if b == 0 and at is not None else [], np.int64)
+                for b, cap in enumerate(caps)]
+
+
+def test_a_cycle_with_lookup_rows_does_not_say_the_draft_caught_up(pipeline):
+    config = GenerationConfig(k=3, policy="fixed", drafter="hybrid", max_new_tokens=12, ignore_eos=True)
+    text = pipeline.generate(PROMPTS[0], config)[0].token_ids
+    run = pipeline.start(PROMPTS[:2], config)
+    run.drafter = TargetsOwnLookup(pipeline.draft, text, len(pipeline.encode(PROMPTS[0])))
+    lagged = 0
+    while not run.done:
+        run.step()
+        if not run.done:
+            lag = run.drafter.behind(run.state, run.draft_cache)
+            assert not (run.draft_caught_up and lag)
+            lagged += lag > 0
+    assert lagged and [row.token_ids for row in run.rows][0] == text  # lookup rows left the draft behind, losslessly
