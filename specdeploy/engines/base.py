@@ -347,18 +347,22 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
     output), and T.
     """
     seen = cache.past_len.tolist()
-    width = max([end - past for end, past in zip(ends, seen)])
+    lags = [end - past for end, past in zip(ends, seen)]
+    width = max(lags)
     if width > 1 and len(ends) > 1 and engine.spec.writes_cache and isinstance(cache, KVCache):  # row by row anyway
         return _feed_rows(engine, cache, tokens, ends), width
-    start = [max(0, min(past, end - width)) for end, past in zip(ends, seen)]
+    if lags.count(width) == len(lags):  # every row lags alike (always at batch 1): each from its own past, its last
+        start, last = seen, None  # fed token at the end (a draft's catch-up: every cycle)
+    else:
+        start = [max(0, min(past, end - width)) for end, past in zip(ends, seen)]
+        last = [end - 1 - s for end, s in zip(ends, start)]  # where each row's last fed token sits
     first = start[0]
     if start.count(first) == len(start):  # every row from the same slot (always at batch 1): a slice
         input_ids = tokens[:, first : first + width]
     else:
         index = np.minimum(np.array(start)[:, None] + np.arange(width), tokens.shape[1] - 1)
         input_ids = np.take_along_axis(tokens, index, axis=1)  # [batch, T]
-    last = [end - 1 - s for end, s in zip(ends, start)]  # where each row's last fed token sits
-    trailing = last.count(width - 1) == len(last)  # every row's at the end: one position's logits are enough
+    trailing = last is None or last.count(width - 1) == len(last)  # every row's at the end: one position's logits
     logits = engine.infer(input_ids, cache.past_len if start == seen else np.array(start), cache,
                           1 if trailing else None).logits
     cache.commit(ends)
