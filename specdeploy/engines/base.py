@@ -351,8 +351,8 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
     width = max(lags)
     if width > 1 and len(ends) > 1 and engine.spec.writes_cache and isinstance(cache, KVCache):  # row by row anyway
         return _feed_rows(engine, cache, tokens, ends), width
-    if lags.count(width) == len(lags):  # every row lags alike (always at batch 1): each from its own past, its last
-        start, last = seen, None  # fed token at the end (a draft's catch-up: every cycle)
+    if lags.count(width) == len(lags):  # every row lags alike (always at batch 1, a draft's catch-up each cycle):
+        start, last = seen, None  # each row from its own past, its last fed token at the end
     else:
         start = [max(0, min(past, end - width)) for end, past in zip(ends, seen)]
         last = [end - 1 - s for end, s in zip(ends, start)]  # where each row's last fed token sits

@@ -336,11 +336,11 @@ class Generation:
     def accept(self, verified: EngineOutput, proposal: Proposal, state: BatchState) -> tuple[list[int], list[list[int]]]:
         """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy, from the
         target's argmax ids alone (on a GPU, K + 1 integers a row reach the host, not K + 1 rows of logits)."""
-        logits = verified.logits if state.penalized or not state.greedy else None
+        logits = None if state.greedy and not state.penalized else verified.logits  # greedy alone: the ids suffice
         if state.penalized:
             logits = penalize_rows(logits, state.tokens, state.lengths, proposal.drafts, state.configs())
         if state.greedy:  # each row keeps the drafts equal to the target's argmax, then emits its own token
-            target = logits.argmax(-1).tolist() if state.penalized else verified.ids.tolist()  # [batch][K + 1]
+            target = (verified.ids if logits is None else logits.argmax(-1)).tolist()  # [batch][K + 1]
             drafts = proposal.drafts.tolist()
             return [min(greedy_accept_row(t, d), n) for t, d, n in zip(target, drafts, proposal.drafted)], target
         p = row_probabilities(logits, state.configs())  # [batch, K + 1, vocab]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class Proposal:
     """One cycle's drafts. A row's drafts beyond ``drafted[b]`` only fill its row (never kept)."""
 
-    drafts: np.ndarray  # [batch, width] int64
+    drafts: np.ndarray  # [batch, width] int64; a model drafter's: a view of its buffer, valid until its next proposal
     q: np.ndarray | None  # [batch, width, vocab] proposal distributions; None: deterministic (one-hot)
     drafted: list[int]  # [batch] drafts row b really has
     lookup: list[bool] = field(default_factory=list)  # [batch] row b's drafts came from prompt lookup

@@ -39,7 +39,8 @@ class FinishReason(_Named):
 
 
 class CycleRecord(NamedTuple):
-    """One row's cycle; immutable once recorded. Built with keywords."""
+    """One row's cycle; immutable once recorded. The cycle builds it as a plain tuple in this field order
+    (``Generation._record``): a field added here is added there."""
 
     request_id: str
     cycle: int
