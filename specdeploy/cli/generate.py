@@ -22,9 +22,14 @@ def read_prompts(path: Path) -> list[str]:
     from ..workloads import PromptFileError, load_prompts
 
     try:
-        return [p.text for p in load_prompts(path)]
+        prompts = load_prompts(path)
     except PromptFileError as exc:
         raise click.ClickException(str(exc)) from exc
+    chat = next((p for p in prompts if p.messages), None)
+    if chat is not None:  # its text is only the last message: generating from it would drop the conversation
+        raise click.ClickException(f"{path}: prompt {chat.id} is a chat prompt ('messages'); expected text prompts "
+                                   "(--chat makes each a user message); `specdeploy bench --prompts` runs chat prompts")
+    return [p.text for p in prompts]
 
 
 @click.command()

@@ -48,8 +48,11 @@ def test_prompt_files(pair_dir, tmp_path):
 def test_generate_errors(pair_dir, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "w5"}) + "\n{oops\n")
+    chat = tmp_path / "chat.jsonl"  # its text is only the last message: the conversation would be dropped
+    chat.write_text(json.dumps({"id": "c1", "messages": [{"role": "user", "content": "w5"}]}) + "\n")
     cases = [
         (["--prompt-file", bad], "bad.jsonl:2: not valid JSON"),
+        (["--prompt-file", chat], "chat.jsonl: prompt c1 is a chat prompt ('messages'); expected text prompts"),
         (["--prompt", "w5", "--temperature", "-1"], "temperature: got -1.0"),
         (["--prompt", "w5", "--top-p", "0"], "top_p: got 0.0"),
         (["--prompt", "w5", "--max-new-tokens", "500"], "capacity 96"),
