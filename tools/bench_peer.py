@@ -15,8 +15,12 @@ outputs identical to specdeploy's plain decoding (a speculative output that diff
 ``Pipeline.first_divergence``: the plain target's margin between the two tokens there), and each
 worker's peak resident memory.
 
-    python -m tools.bench_peer --artifact DIR [--artifact DIR2] [--humaneval 8] [--specbench 0] [--max-tokens 128]
-        [--k 4] [--out docs/results/bench_peer]
+    python -m tools.bench_peer --artifact DIR [--artifact DIR2] [--humaneval 8] [--specbench 0] [--conversations 0]
+        [--structured 0] [--max-tokens 128] [--k 4] [--out docs/results/bench_peer]
+
+Prompts run in order, each through every configuration before the next (a conversation's turns after each
+other); chat prompts (the conversation and structured workloads) are rendered by the first artifact's chat
+template, and every system is sent the same token ids.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -240,6 +245,25 @@ class Worker:
 
 # ---------------------------------------------------------------- the run and its report
 
+def prompt_encoder(artifact: Path) -> Callable:
+    """A function from a ``specdeploy.workloads.Prompt`` to the token ids both systems are sent, from ``artifact``'s
+    tokenizer and chat template alone (its models are the workers' to load): a chat prompt's messages rendered as
+    ``Pipeline.chat_prompt`` renders them (the template places any BOS), a text prompt's text as it is (Qwen: no BOS).
+    """
+    from specdeploy.contract import Manifest, read_tokenizer
+    from specdeploy.runtime.artifact import chat_template
+
+    manifest = Manifest.read(artifact)
+    tokenizer = read_tokenizer(artifact / manifest.tokenizer)
+    template = chat_template(artifact, manifest, tokenizer)
+
+    def encode(prompt) -> list[int]:
+        text = template.render(list(prompt.messages)) if prompt.messages else prompt.text
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    return encode
+
+
 def summarize(runs: list[dict], own_plain: list[list[int]], reference: list[list[int]]) -> dict:
     tokens = [len(r["tokens"]) for r in runs]
     e2e = [n / r["seconds"] for n, r in zip(tokens, runs)]
@@ -304,6 +328,11 @@ def main() -> None:
     parser.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts (the first N)")
     parser.add_argument("--specbench", type=int, default=0, help="Spec-Bench first turns per group (shipped with "
                         "specdeploy; specdeploy.workloads.workload picks them), reported per group")
+    parser.add_argument("--conversations", type=int, default=0, help="code-edit conversations (shipped with specdeploy: "
+                        "8, of 3 turns each), every turn in order; reported as conversation/turn_1 and "
+                        "conversation/later_turns")
+    parser.add_argument("--structured", type=int, default=0, help="structured-output prompts (shipped with specdeploy: "
+                        "8), asking for JSON records")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per cycle, both systems' fixed-K runs")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of each system")
@@ -322,12 +351,23 @@ def main() -> None:
 
     import specdeploy
     from specdeploy.contract import Manifest
-    from specdeploy.workloads import PromptFileError, workload
+    from specdeploy.workloads import Prompt, PromptFileError, workload
 
     try:  # before the peer's minutes of set-up: a workload that cannot be had is an error, never skipped
-        prompts = workload(args.humaneval, args.specbench)  # HumanEval, then Spec-Bench per group
-    except PromptFileError as exc:
+        # HumanEval, then Spec-Bench per group, the conversations' turns, the structured prompts
+        prompts = workload(args.humaneval, args.specbench, conversation_count=args.conversations,
+                           structured_count=args.structured)
+        encode = prompt_encoder(args.artifact[0])  # both systems get the same ids
+        ids_of = [encode(prompt) for _, prompt in prompts]
+    except (PromptFileError, ValueError, RuntimeError) as exc:  # ContractError, ConfigError; ChatTemplateError
         parser.error(str(exc))
+    # a prompt too long (a conversation's later turn) is refused here, not by a worker after the peer's set-up
+    for artifact in args.artifact:
+        capacity = Manifest.read(artifact).target.capacity
+        for (_, prompt), ids in zip(prompts, ids_of):
+            if len(ids) + args.max_tokens + 9 > capacity:  # 9: the cost policy's k <= 8 drafts and the bonus token
+                parser.error(f"prompt {prompt.id}: {len(ids)} tokens, {args.max_tokens} new and up to 9 speculative "
+                             f"need {len(ids) + args.max_tokens + 9} slots; {artifact} has {capacity}")
     version = ensure_peer()
     models = {role: peer_model(args.gguf_dir / name, args.block_size, args.accuracy_level, args.threads)
               for role, name in GGUF.items()}
@@ -345,15 +385,10 @@ def main() -> None:
         grid += [(name, "plain"), (name, f"fixed k={args.k}"), (name, "cost k<=8"), (name, f"hybrid k={args.k}"),
                  (name, "default (hybrid cost k<=8)")]
     reference_name = f"{grid[2][0]}: plain"
-    from tokenizers import Tokenizer
-
-    artifact_tokenizer = Tokenizer.from_file(str(args.artifact[0] / "tokenizer.json"))  # both systems get the same ids
-    encode = lambda text: artifact_tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731 (Qwen: no BOS)
     for system, config in grid:  # warm-up, unmeasured: first calls allocate
-        workers[system].run(config, encode("def add(a, b):"), 8)
+        workers[system].run(config, encode(Prompt("warm-up", "def add(a, b):")), 8)
     runs = {f"{s}: {c}": [] for s, c in grid}
-    for index, (group, prompt) in enumerate(prompts):
-        ids = encode(prompt.text)
+    for index, ((group, prompt), ids) in enumerate(zip(prompts, ids_of)):
         order = grid[index % len(grid):] + grid[: index % len(grid)]
         order.sort(key=lambda sc: sc[1] != "plain")  # plain first: the others are compared with it
         for system, config in order:

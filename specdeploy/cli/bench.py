@@ -42,6 +42,12 @@ def _csv(kind):
 @click.option("--specbench", "specbench_count", type=click.IntRange(min=0), default=0, show_default=True,
               help="Spec-Bench prompts (shipped with specdeploy) per group: mt_bench, translation, summarization, qa, "
                    "math_reasoning, rag; reported per group.")
+@click.option("--conversations", "conversation_count", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Code-edit conversations (shipped with specdeploy; 8, of 3 turns each), as chat prompts through the "
+                   "artifact's chat template, each turn after the one before (at --batch-size 1; a larger batch may "
+                   "decode a conversation's turns together); reported as conversation/turn_1 and conversation/later_turns.")
+@click.option("--structured", "structured_count", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Structured-output prompts (shipped with specdeploy; 8): chat prompts asking for JSON records.")
 @click.option("--k", "--num-speculative-tokens", "ks", default="0,1,2,4,8", show_default=True, callback=_csv(int),
               help="Draft lengths; 0 is plain target decoding (always run as the baseline).")
 @click.option("--policy", "policies", default="fixed", show_default=True, callback=_csv(str),
@@ -61,8 +67,9 @@ def _csv(kind):
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for records.jsonl and summary.json.")
 @click.option("--force", is_flag=True, help="Replace an existing --out directory.")
-def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_count, ks, policies, drafters,
-          temperatures, max_new_tokens, repeat, batch_size, limit, threads, provider, seed, out, force):
+def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_count, conversation_count,
+          structured_count, ks, policies, drafters, temperatures, max_new_tokens, repeat, batch_size, limit, threads,
+          provider, seed, out, force):
     """Run the baseline and a grid of configurations on each artifact DIRECTORY in one process, interleaved per
     prompt; record and summarise. With several artifacts, each is also compared with the first."""
     from .. import Pipeline
@@ -78,7 +85,8 @@ def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_
     labels = _labels(directories)
     try:
         grid = build_grid(ks, policies, drafters, temperatures, max_new_tokens, seed, labels)
-        prompts = _prompts(prompts_path, humaneval_count, humaneval_from, specbench_count)
+        prompts = _prompts(prompts_path, humaneval_count, humaneval_from, specbench_count, conversation_count,
+                           structured_count)
     except (GridError, PromptFileError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from exc
     prompts = prompts[:limit] if limit else prompts
@@ -135,17 +143,19 @@ def _labels(directories: tuple[Path, ...]) -> list[str]:
     return [name if names.count(name) == 1 else f"{i}:{name}" for i, name in enumerate(names)]
 
 
-def _prompts(path: str | None, humaneval_count: int, humaneval_from: int, specbench_count: int) -> list:
-    """The prompt file's prompts (or all of HumanEval's), then the workload --humaneval / --specbench ask for, each
-    Spec-Bench prompt segmented by its group."""
+def _prompts(path: str | None, humaneval_count: int, humaneval_from: int, specbench_count: int,
+             conversation_count: int = 0, structured_count: int = 0) -> list:
+    """The prompt file's prompts (or all of HumanEval's), then the workload --humaneval / --specbench /
+    --conversations / --structured ask for, in that order, each prompt segmented by its group (a Spec-Bench group,
+    a conversation's first or later turns)."""
     from dataclasses import replace
 
     from ..workloads import PromptFileError, humaneval, load_prompts, workload
 
-    if path is None and not humaneval_count and not specbench_count:
-        raise PromptFileError("no prompts: give --prompts, --humaneval N or --specbench N")
+    if path is None and not any((humaneval_count, specbench_count, conversation_count, structured_count)):
+        raise PromptFileError("no prompts: give --prompts, --humaneval N, --specbench N, --conversations N or --structured N")
     prompts = [] if path is None else humaneval() if path == "humaneval" else load_prompts(path)
-    chosen = workload(humaneval_count, specbench_count, humaneval_from)
+    chosen = workload(humaneval_count, specbench_count, humaneval_from, conversation_count, structured_count)
     return prompts + [replace(prompt, category=group.rsplit("/", 1)[-1]) for group, prompt in chosen]
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runtime.config import GenerationConfig
+from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.registry import DRAFTERS, POLICIES
 from ..runtime.telemetry import CycleRecord, acceptance_by_position, mean_accepted_length, time_split
 from ..workloads import Prompt
@@ -85,17 +85,20 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
               batch_size: int = 1, advance: Callable[[], None] = lambda: None) -> dict:
     """Run every setting on every prompt ``repeat`` times, interleaved; write records.jsonl and summary.json.
 
-    ``pipelines`` maps each setting's ``artifact`` label to its loaded ``Pipeline``. A greedy run whose tokens
-    differ from its baseline's on the same prompt and round gets a ``divergence``: the first differing position
-    and the plain target's margin there (``Pipeline.first_divergence``). Returns ``summarize``'s summary.
+    ``pipelines`` maps each setting's ``artifact`` label to its loaded ``Pipeline``. Chat prompts (``Prompt.messages``)
+    are rendered with each artifact's own chat template. Prompts run in their order (batch by batch), so a
+    conversation's turns run after each other. A greedy run whose tokens differ from its baseline's on the same
+    prompt and round gets a ``divergence``: the first differing position and the plain target's margin there
+    (``Pipeline.first_divergence``). Returns ``summarize``'s summary.
     """
     missing = sorted({s.artifact for s in grid} - set(pipelines))
     if missing:
         raise GridError(f"the grid runs on artifacts {missing} that no pipeline was given for")
     settings = {setting.name: setting for setting in grid}
+    inputs = {label: _inputs(label, pipeline, prompts) for label, pipeline in pipelines.items()}
     for setting in grid:  # warm-up: the first calls of a session pay allocations and page faults
         warm = replace(setting.config, max_new_tokens=min(4, setting.config.max_new_tokens))
-        pipelines[setting.artifact].generate([prompts[0].text], warm)
+        pipelines[setting.artifact].generate([inputs[setting.artifact][0]], warm)
     records_path = out / "records.jsonl"
     with open(records_path, "w") as sink:
         for rep, first in itertools.product(range(repeat), range(0, len(prompts), batch_size)):
@@ -104,11 +107,13 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
             results = {}
             for setting in grid[offset:] + grid[:offset]:  # rotate who runs first each round
                 pipeline = pipelines[setting.artifact]
-                results[setting.name] = pipeline.generate([p.text for p in batch], setting.config, batch_size=batch_size)
+                results[setting.name] = pipeline.generate(inputs[setting.artifact][first : first + batch_size],
+                                                          setting.config, batch_size=batch_size)
                 advance()
             for setting in grid:
                 baseline = settings[setting.baseline]
-                for prompt, result, plain in zip(batch, results[setting.name], results[baseline.name]):
+                for index, prompt, result, plain in zip(itertools.count(first), batch, results[setting.name],
+                                                        results[baseline.name]):
                     tags = {"config": setting.name, "baseline": setting.baseline, "reference": setting.reference,
                             "artifact": setting.artifact, "prompt_id": prompt.id, "prompt_set": prompt.source,
                             "category": prompt.category, "repeat": rep}
@@ -117,7 +122,7 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
                     divergence = None
                     if setting.config.greedy and result.token_ids != plain.token_ids:
                         divergence = pipelines[setting.artifact].first_divergence(
-                            prompt.text, plain.token_ids, result.token_ids, baseline.config)
+                            inputs[setting.artifact][index], plain.token_ids, result.token_ids, baseline.config)
                     sink.write(json.dumps({"type": "run", **tags, "tokens": result.stats["tokens"],
                                            "seconds": result.stats["seconds"], "token_ids": result.token_ids,
                                            "greedy": setting.config.greedy, "divergence": divergence,
@@ -125,6 +130,21 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
     summary = summarize(read_records(records_path))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _inputs(label: str, pipeline: Pipeline, prompts: list[Prompt]) -> list[str | list[int]]:
+    """What ``pipeline`` takes for each prompt, rendered once before any run: its text, or a chat prompt's token ids
+    (the artifact's chat template); GridError naming the artifact and prompt where one cannot be rendered."""
+    from ..runtime.chat import ChatTemplateError
+
+    inputs = []
+    for prompt in prompts:
+        try:
+            inputs.append(prompt.for_pipeline(pipeline))
+        except (ConfigError, ChatTemplateError) as exc:
+            artifact = f"artifact {label}" if label else "the artifact"
+            raise GridError(f"{artifact}, prompt {prompt.id} ({prompt.source}): {exc}") from exc
+    return inputs
 
 
 class RecordsError(ValueError):

@@ -180,8 +180,10 @@ def test_spec_bench_runs_from_the_package_segmented_by_group(pair_dir, tmp_path)
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "no prompts: give --prompts, --humaneval N or --specbench N"),
+    ([], "no prompts: give --prompts, --humaneval N, --specbench N, --conversations N or --structured N"),
     (["--specbench", "81"], "asked for 81 prompts per group; each group has 80"),
+    (["--conversations", "9"], "conversation workload: asked for 9 conversations; it has 8"),
+    (["--structured", "9"], "structured workload: asked for 9 prompts; it has 8"),
     (["--humaneval", "2", "--humaneval-from", "163"], "HumanEval: asked for tasks 163..164; it has 164"),
     (["--humaneval-from", "3"], "--humaneval-from goes with --humaneval N"),
 ])

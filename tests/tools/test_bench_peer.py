@@ -83,6 +83,8 @@ def test_the_summary_counts_what_the_table_shows():
 @pytest.mark.parametrize("args, message", [
     (["--specbench", "81"], "asked for 81 prompts per group; each group has 80"),
     (["--humaneval", "165"], "it has 164"),
+    (["--conversations", "9"], "conversation workload: asked for 9 conversations; it has 8"),
+    (["--structured", "9"], "structured workload: asked for 9 prompts; it has 8"),
 ])
 def test_a_workload_that_cannot_be_had_stops_the_tool_before_the_peers_set_up(tmp_path, args, message):
     """Spec-Bench ships with specdeploy now (a fresh clone had no ../shared, and --specbench 1 ran no Spec-Bench
@@ -91,3 +93,22 @@ def test_a_workload_that_cannot_be_had_stops_the_tool_before_the_peers_set_up(tm
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
     assert "installing" not in done.stderr
+
+
+def test_both_systems_get_a_chat_prompt_as_the_artifacts_chat_template_renders_it(chat_target_dir):
+    """Rendered in the main process from the tokenizer and template alone, as the pipeline would render it."""
+    from specdeploy.workloads import Prompt
+
+    encode = bench_peer.prompt_encoder(chat_target_dir)
+    pipeline = Pipeline.load(chat_target_dir)
+    messages = ({"role": "user", "content": "w5 w6"}, {"role": "assistant", "content": "w7"},
+                {"role": "user", "content": "w8 w9"})
+    assert encode(Prompt("c", "w8 w9", messages=messages)) == pipeline.chat_prompt(list(messages))
+    assert encode(Prompt("t", "w5 w6")) == pipeline.tokenizer.encode("w5 w6", add_special_tokens=False).ids
+
+
+def test_a_prompt_over_the_artifacts_capacity_stops_the_tool_before_the_peers_set_up(chat_target_dir):
+    done = subprocess.run([sys.executable, "-m", "tools.bench_peer", "--artifact", str(chat_target_dir), "--humaneval",
+                           "0", "--conversations", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and "prompt HumanEval/0/turn-1: " in done.stderr, done.stderr[-2000:]
+    assert f"{chat_target_dir} has 96" in done.stderr and "installing" not in done.stderr
