@@ -36,12 +36,14 @@ import numpy as np
 
 from specdeploy.contract import PREFILL_CHUNK, ModelSpec
 from specdeploy.engines.base import Engine
+from specdeploy.runtime.suffix_store import SuffixStore
 
 PASTS = (32, 384, 896)  # pasts the cost table is measured at (a HumanEval prompt is ~150 tokens, Spec-Bench rag ~700)
 FULL = tuple(range(1, 10))  # calls that keep every position's logits: decode and verification (T = K + 1)
 TRIMMED = (2, 4, 8, 16, 32, 64, 128, PREFILL_CHUNK)  # calls that keep the last position's: prefill, catch-ups
 TOKEN_SLOT = (0, 0, 0, 0)  # (layer tensor, kv head, -, dim): the cache element of each slot a replay writes its token into
 _real_clock = time.perf_counter
+SINGLE_SOURCES = ("plain", "cost", "lookup, cost", "suffix, cost")  # each source alone under the cost policy
 
 
 @dataclass
@@ -230,8 +232,9 @@ def record(pipeline, prompts, max_new_tokens: int, log=print) -> list[Trace]:
     config = GenerationConfig(drafter="none", max_new_tokens=max_new_tokens)
     traces = []
     for index, (group, prompt) in enumerate(prompts):
-        ids = pipeline.encode(prompt.text).tolist()
-        output = pipeline.generate([ids], config)[0].token_ids
+        rendered = prompt.for_pipeline(pipeline)  # a chat prompt through the artifact's template
+        ids = pipeline.encode(rendered).tolist() if isinstance(rendered, str) else list(rendered)
+        output = pipeline.generate([ids], config, suffix_index=None)[0].token_ids
         traces.append(Trace(group, prompt.id, ids, output, guesses(pipeline.draft, ids + output)))
         agree = np.mean([g == t for g, t in zip(traces[-1].draft_next[len(ids) - 1 :], output)])
         log(f"[{index + 1}/{len(prompts)}] {group} {prompt.id}: {len(ids)} + {len(output)} tokens, "
@@ -302,17 +305,21 @@ def replay(data: dict, config, fresh: bool = True, cold: float = 1.0, traces: li
     specs = {role: ModelSpec(**{**spec, "eos_token_ids": tuple(spec["eos_token_ids"])}) for role, spec in data["models"].items()}
     manifest = Manifest(models=specs)
     costs, clock, memory = CostTable(data["costs"]), VirtualClock(), _Remembered()
+    # one index of earlier answers for the whole run, as one pipeline or server keeps it: a trace drafts from the
+    # traces before it, never from its own recorded answer; each configuration's run starts it empty
+    store = SuffixStore()
     target = ReplayEngine(specs["target"], traces, costs, clock, cold, noise, seed)
     draft = ReplayEngine(specs["draft"], traces, costs, clock, cold, noise, seed)
     out = []
     with clock:
-        pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory)
+        pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory, suffix_store=store)
         if fresh:  # an earlier run on this machine left its record (a short prompt first)
             shortest = min(traces, key=lambda t: len(t.prompt))
-            pipeline.generate([shortest.prompt], replace(config, max_new_tokens=16))
+            pipeline.generate([shortest.prompt], replace(config, max_new_tokens=16), suffix_index=None)
         for trace in traces:
             if fresh:
-                pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory)
+                pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory,
+                                    suffix_store=store)
                 target.new_process()
                 draft.new_process()
             result = pipeline.generate([trace.prompt], config)[0]
@@ -337,6 +344,8 @@ def configurations(ks: list[int]) -> dict:
     out = {"plain": GenerationConfig(drafter="none")}
     out |= {f"k={k}": GenerationConfig(policy="fixed", k=k, drafter="model") for k in ks}
     out["cost"] = GenerationConfig(policy="cost", k=8, drafter="model")
+    out["lookup, cost"] = GenerationConfig(policy="cost", k=8, drafter="prompt-lookup")
+    out["suffix, cost"] = GenerationConfig(policy="cost", k=8, drafter="suffix")
     out["hybrid, cost"] = GenerationConfig(policy="cost", k=8, drafter="hybrid")
     return out
 
@@ -347,7 +356,7 @@ def summarize(runs: dict[str, list[dict]], lengths: list[int], log=print) -> lis
     names = list(runs)
     groups = sorted({r["group"] for rs in runs.values() for r in rs}, key=lambda g: (g != "humaneval", g))
     log(f"{'group':24} {'new':>4} " + " ".join(f"{n:>12}" for n in names)
-        + "  cost/plain  cost/best K  hybrid/plain  hybrid/best K")
+        + "  cost/plain  cost/best K  hybrid/plain  hybrid/best K  hybrid/best source")
     summary = []
     for tokens in lengths:
         for group in [*groups, "all"]:
@@ -356,14 +365,17 @@ def summarize(runs: dict[str, list[dict]], lengths: list[int], log=print) -> lis
                 rows = [r for r in runs[name] if r["max_new_tokens"] == tokens and group in ("all", r["group"])]
                 rates[name] = sum(r["tokens"] for r in rows) / sum(r["seconds"] for r in rows)
             best = max(v for n, v in rates.items() if n.startswith("k="))
+            single = max(rates[n] for n in SINGLE_SOURCES if n in rates)
             entry = {"group": group, "max_new_tokens": tokens, "tok_s": rates,
                      "cost_vs_plain": rates["cost"] / rates["plain"], "cost_vs_best_k": rates["cost"] / best,
                      "hybrid_vs_plain": rates["hybrid, cost"] / rates["plain"],
-                     "hybrid_vs_best_k": rates["hybrid, cost"] / best}
+                     "hybrid_vs_best_k": rates["hybrid, cost"] / best,
+                     "hybrid_vs_best_source": rates["hybrid, cost"] / single}
             summary.append(entry)
             log(f"{group:24} {tokens:4} " + " ".join(f"{rates[n]:12.2f}" for n in names)
                 + f"  {entry['cost_vs_plain']:10.2f}  {entry['cost_vs_best_k']:11.2f}"
-                + f"  {entry['hybrid_vs_plain']:12.2f}  {entry['hybrid_vs_best_k']:13.2f}")
+                + f"  {entry['hybrid_vs_plain']:12.2f}  {entry['hybrid_vs_best_k']:13.2f}"
+                + f"  {entry['hybrid_vs_best_source']:15.2f}")
     return summary
 
 
@@ -393,10 +405,13 @@ def main() -> None:
     rec.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts")
     rec.add_argument("--humaneval-from", type=int, default=8, help="first HumanEval prompt")
     rec.add_argument("--specbench", type=int, default=4, help="Spec-Bench prompts per category group")
+    rec.add_argument("--conversations", type=int, default=0, help="code-edit conversations, each turn in order")
+    rec.add_argument("--structured", type=int, default=0, help="structured-output (JSON) prompts")
     rec.add_argument("--prompts", type=Path, default=None,
                      help="a prompt file (text, JSONL or Spec-Bench) instead of HumanEval and Spec-Bench; groups by category")
     rec.add_argument("--max-new-tokens", type=int, default=128, help="the longest completion a replay may ask for")
-    rec.add_argument("--rounds", type=int, default=7, help="measured rounds of the cost table")
+    rec.add_argument("--rounds", type=int, default=7, help="measured rounds of the cost table (0: none; replay them "
+                     "with --costs)")
     rec.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads, as the CLI runs them")
     top = commands.add_parser("ceiling", help="the most the draft model can speed decoding up by, on a cost table")
     top.add_argument("--traces", type=Path, required=True)
@@ -432,8 +447,8 @@ def main() -> None:
 
             prompts = [(p.category or "prompts", p) for p in load_prompts(args.prompts)]
         else:
-            prompts = workload(args.humaneval, args.specbench, args.humaneval_from)
-        costs = measure(pipeline, args.rounds)
+            prompts = workload(args.humaneval, args.specbench, args.humaneval_from, args.conversations, args.structured)
+        costs = measure(pipeline, args.rounds) if args.rounds else {}
         traces = record(pipeline, prompts, args.max_new_tokens)
         models = {role: asdict(spec) for role, spec in pipeline.manifest.models.items()}
         args.out.write_text(json.dumps({"artifact": str(args.artifact), "threads": args.threads, "models": models,

@@ -26,9 +26,10 @@ def speculation_options(k_help: str):
                           "from measured engine costs and acceptance; fixed: always --k; confidence: up to --k, stopping "
                           "where the draft is unsure; heuristic: transformers' +2 / -1 schedule."),
         click.option("--drafter", type=click.Choice(list(DRAFTERS)), default=default.drafter, show_default=True,
-                     help="model: the artifact's draft; prompt-lookup: n-gram; hybrid: prompt lookup where the text repeats "
-                          "itself, the draft model elsewhere (lookup alone on an artifact without a draft model); none: plain "
-                          "target decoding."),
+                     help="model: the artifact's draft; suffix: a suffix index over the request's text and earlier "
+                          "answers (no model call); prompt-lookup: the request's latest n-gram; hybrid: the suffix index "
+                          "where the policy prices its drafts above the draft model's, the draft model elsewhere (the index "
+                          "alone on an artifact without a draft model); none: plain target decoding."),
         click.option("--confidence-threshold", type=float, default=default.confidence_threshold, show_default=True,
                      help="--policy confidence: stop drafting once the draft's top probability falls below this."),
     ]

@@ -57,6 +57,9 @@ def read_prompts(path: Path) -> list[str]:
 @click.option("--remember-costs/--no-remember-costs", default=True, show_default=True,
               help="Start the policy from the engine costs the last run measured on this artifact, provider and "
                    "thread count, and keep this run's (in $SPECDEPLOY_CACHE): a fresh process would learn them cold.")
+@click.option("--suffix-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Draft from the texts of earlier runs kept in this file (the suffix index), and keep this run's "
+                   "there (written atomically); a corrupt or foreign file is refused in one line and ignored.")
 @click.option("--chat", is_flag=True,
               help="Each prompt is a user message, rendered with the tokenizer's chat template.")
 @click.option("--system", default=None, help="With --chat: a system message before each prompt.")
@@ -66,7 +69,7 @@ def read_prompts(path: Path) -> list[str]:
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
              seed, k, policy, drafter, confidence_threshold, stop, stop_token_ids, ignore_eos, batch_size, provider,
-             threads, remember_costs, chat, system, as_json, compare):
+             threads, remember_costs, suffix_cache, chat, system, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -85,13 +88,15 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                                   min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, k=k, policy=policy,
                                   drafter=drafter, stop=tuple(stop), stop_token_ids=stop_token_ids,
                                   confidence_threshold=confidence_threshold, ignore_eos=ignore_eos)
-        pipeline = Pipeline.load(directory, provider=provider, threads=threads, remember_costs=remember_costs)
+        pipeline = Pipeline.load(directory, provider=provider, threads=threads, remember_costs=remember_costs,
+                                 suffix_cache=suffix_cache, log=lambda message: click.echo(f"warning: {message}", err=True))
         # what is generated from: the prompt texts, or their chat renderings as token ids
         opening = [] if system is None else [{"role": "system", "content": system}]
         inputs = [pipeline.chat_prompt([*opening, {"role": "user", "content": p}]) for p in prompts] if chat else prompts
         if compare:  # one short run of each first, so neither side pays the first-call set-up
             for warm in (config, dataclasses.replace(config, drafter="none")):
-                pipeline.generate(inputs[:1], dataclasses.replace(warm, max_new_tokens=min(4, max_new_tokens)))
+                pipeline.generate(inputs[:1], dataclasses.replace(warm, max_new_tokens=min(4, max_new_tokens)),
+                                  suffix_index=None)  # no answer of a warm-up to draft the measured run from
         if as_json:
             results = pipeline.generate(inputs, config, batch_size=batch_size)
             for result in results:
@@ -115,8 +120,16 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                 {"prompt": i, **d} for i, (prompt, a, b) in enumerate(zip(inputs, plain, results))
                 if (d := pipeline.first_divergence(prompt, a.token_ids, b.token_ids, plain_config)) is not None]
             _comparison(results, plain, config, as_json, divergences)
+        _save_suffix_cache(pipeline)
     except (ConfigError, CapacityError, ContractError, ProviderError, EngineInputError, ChatTemplateError) as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _save_suffix_cache(pipeline) -> None:
+    try:
+        pipeline.save_suffix_cache()
+    except OSError as exc:
+        click.echo(f"warning: --suffix-cache: not written ({exc})", err=True)
 
 
 def strict_json(value) -> str:

@@ -66,12 +66,21 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
               help="One line per request on stderr, with its request id.")
 @click.option("--template-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="How long a chat template may render, or a prompt tokenize, before the request fails with 500.")
+@click.option("--suffix-scope", type=click.Choice(["key", "global", "none"]), default="key", show_default=True,
+              help="Whose earlier answers a request drafts from: those under its own API key (the bearer token it "
+                   "sends), everyone's (global), or none but its own text. Drafts never change a text; their speed "
+                   "could tell one client what another's answers held (docs/serving.md).")
+@click.option("--suffix-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Keep the suffix indexes in this file: loaded at start (a corrupt or foreign one is refused in one "
+                   "line, and the server starts empty), written atomically when the server stops.")
+@click.option("--suffix-tokens", type=click.IntRange(min=1), default=262_144, show_default=True,
+              help="Tokens each scope's suffix index keeps at most (the least recently used texts go first).")
 @click.option("--ray-replicas", type=click.IntRange(min=1), default=None,
               help="Run this many replicas under Ray Serve (a local Ray instance; needs ray[serve]), same API.")
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
           prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, max_body_bytes, api_key,
           chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins, drain_seconds, access_log,
-          template_seconds, ray_replicas):
+          template_seconds, suffix_scope, suffix_cache, suffix_tokens, ray_replicas):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
     not), /v1/models, /health (readiness), /health/live and /metrics."""
     try:
@@ -85,6 +94,7 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     from ..contract import ContractError
     from ..engines import ProviderError
     from ..runtime.config import ConfigError
+    from ..runtime.suffix_store import SuffixStore
     from ..serve.scheduler import Scheduler, context_slots
 
     if bool(ssl_keyfile) != bool(ssl_certfile):
@@ -94,7 +104,9 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     origins = _origins(allowed_origins)
     try:
         config = GenerationConfig(k=k, policy=policy, drafter=drafter, confidence_threshold=confidence_threshold)
-        pipeline = Pipeline.load(directory, provider=provider, threads=threads)
+        store = SuffixStore(max_tokens=suffix_tokens)
+        pipeline = Pipeline.load(directory, provider=provider, threads=threads, suffix_cache=suffix_cache,
+                                 suffix_store=store, log=lambda message: click.echo(f"warning: {message}", err=True))
         pipeline.drafter_for(config)  # a drafter that needs a draft model the artifact lacks: refused now
         if chat_template is not None:
             pipeline.chat_template = _chat_template(pipeline.chat_template, chat_template)
@@ -118,7 +130,7 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     _log_to_stderr(access_log)
     scheduler = Scheduler(pipeline, config, context, max_batch=max_batch, max_queue=max_queue,
                           prefill_chunk=prefill_chunk, seed=seed)
-    app = create_app(pipeline, scheduler, name, **app_settings)
+    app = create_app(pipeline, scheduler, name, suffix_scope=suffix_scope, **app_settings)
     settings = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, root_path=root_path,
                               ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, timeout_graceful_shutdown=5)
     try:
@@ -130,12 +142,25 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     scheme = "https" if ssl_certfile else "http"
     click.echo(f"serving {directory} as {name!r} on {scheme}://{host}:{bound}{root_path}/v1 "
                f"(batch {max_batch}, queue {max_queue}, context {context}, KV cache up to "
-               f"{sizes['total'] / 2**20:.0f} MiB{', API key required' if api_key else ''}); "
+               f"{sizes['total'] / 2**20:.0f} MiB{', API key required' if api_key else ''}, suffix index per "
+               f"{ {'key': 'API key', 'global': 'server', 'none': 'request'}[suffix_scope]}); "
                f"ready once /health answers 200", err=True)
     try:
         DrainingServer(settings, app.state.lifecycle, drain_seconds).run(sockets=[socket])
     finally:
         scheduler.stop()
+        _save_suffix_cache(pipeline)
+
+
+def _save_suffix_cache(pipeline) -> None:
+    """--suffix-cache: the indexes written on the way out; a failure to write is told, never a traceback."""
+    try:
+        path = pipeline.save_suffix_cache()
+    except OSError as exc:
+        click.echo(f"warning: --suffix-cache: not written ({exc})", err=True)
+        return
+    if path is not None:
+        click.echo(f"suffix indexes written to {path}", err=True)
 
 
 def _origins(given: tuple[str, ...]) -> list[str]:

@@ -13,6 +13,7 @@ Each estimate is a pure function below; ``tools/replay.py`` judges the whole on 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ PRIOR_WEIGHT = 4.0  # ... worth this many verified drafts: one rejected first dr
 DECAY = 0.97  # per cycle, what a text accepted weighs less: a text changes as it goes (a translation's opening words)
 BLEND = 0.1  # of each new measurement of a cost, what enters its estimate: costs drift slowly (load, cache growth)
 EXPLORE_SHARE = 0.05  # of the time decoded without a source, at most this spent re-measuring it; halved per "no"
+# a suffix index's estimate of a draft, in buckets (upper edges) that each learn how often the target keeps one
+ESTIMATE_EDGES = (0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95)
 
 SOURCES = ("model", "lookup")  # who drafts: the draft model, or prompt lookup (no model call)
 
@@ -148,6 +151,8 @@ class CostPolicy(Policy):
         self.share = dict.fromkeys(SOURCES, EXPLORE_SHARE)
         self.exploring: dict[str, float | None] = dict.fromkeys(SOURCES)  # an outstanding re-measure: what it may lose
         self._rates: dict[tuple[str, int], list[float] | None] = {}  # ``rates`` until the next observation
+        self.index_tried = [0.0] * (len(ESTIMATE_EDGES) + 1)  # decayed suffix drafts verified, by estimate bucket
+        self.index_kept = [0.0] * (len(ESTIMATE_EDGES) + 1)
 
     def acceptance(self, source: str) -> list[float]:
         return acceptance(self.tried[source], self.kept[source])
@@ -176,6 +181,24 @@ class CostPolicy(Policy):
         tokens = expected_tokens(self.acceptance(source), trial)
         return trial if self._affords(source, tokens / rates[trial] - tokens / otherwise) else 0
 
+    def index_k(self, batch: int) -> int:
+        return self.k  # each row's own count is priced from its drafts' estimates (``free_drafts``)
+
+    def calibrated(self, estimate: float) -> float:
+        """The rate the target keeps a suffix draft the index estimated at ``estimate``: the decayed counts of drafts
+        estimated alike, shrunk towards the estimate itself by PRIOR_WEIGHT drafts' worth."""
+        bucket = bisect.bisect(ESTIMATE_EDGES, estimate)
+        return (self.index_kept[bucket] + PRIOR_WEIGHT * estimate) / (self.index_tried[bucket] + PRIOR_WEIGHT)
+
+    def free_drafts(self, batch: int, estimates: Sequence[float], model: bool) -> int:
+        rates = expected_rates([self.calibrated(e) for e in estimates], self.costs, batch, model=False)
+        if rates is None:  # costs not measured yet: drafting is how they are measured
+            return len(estimates)
+        modelled = self.rates("model", batch) if model else None
+        otherwise = max(modelled) if modelled else rates[0]
+        best = best_k(rates)
+        return best if best and rates[best] >= otherwise else 0
+
     def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
         rates = self.rates("model", batch)
         price = self.costs.catchup_cost(batch, behind)
@@ -198,9 +221,11 @@ class CostPolicy(Policy):
         self._learn_costs(outcome)
         if not outcome.verify_tokens:
             return
+        estimates = outcome.estimates or [None] * len(outcome.drafted)
+        self._calibrate([(e, n) for e, n in zip(estimates, outcome.accepted) if e])
         for source, by_lookup in zip(SOURCES, (False, True)):
-            rows = [(d, n) for d, n, lookup in zip(outcome.drafted, outcome.accepted, outcome.lookup)
-                    if d and lookup == by_lookup]
+            rows = [(d, n) for d, n, lookup, e in zip(outcome.drafted, outcome.accepted, outcome.lookup, estimates)
+                    if d and lookup == by_lookup and not e]
             self._count(source, rows)  # plain cycles too: a refused source is forgotten as the text moves on
             if not rows:  # time this source did not draft: a share of it pays for re-measuring it
                 self.budget[source] += self.share[source] * outcome.verify_seconds
@@ -220,6 +245,18 @@ class CostPolicy(Policy):
             for i in range(min(accepted + 1, drafted)):  # drafts 1..n kept, n + 1 rejected (if it was drafted)
                 tried[i] += 1
                 kept[i] += i < accepted
+
+    def _calibrate(self, rows: list[tuple[Sequence[float], int]]) -> None:
+        """Index rows' drafts (their estimates, drafts kept): each bucket hears the drafts verified in it."""
+        tried, kept = self.index_tried, self.index_kept
+        for i in range(len(tried)):
+            tried[i] *= DECAY
+            kept[i] *= DECAY
+        for estimates, accepted in rows:
+            for i, estimate in enumerate(estimates[: accepted + 1]):  # drafts 1..n kept, n + 1 rejected
+                bucket = bisect.bisect(ESTIMATE_EDGES, estimate)
+                tried[bucket] += 1
+                kept[bucket] += i < accepted
 
     def _learn_costs(self, outcome: CycleOutcome) -> None:
         costs, batch = self.costs, outcome.batch

@@ -225,6 +225,15 @@ class BatchState:
                 new, row.finish_reason = new[:keep], FinishReason.STOP
         return new
 
+    def publish(self, rows: Sequence[int]) -> None:
+        """Batch rows ``rows``' prompts and answers join their scope's suffix index (``RowSettings.index``), for the
+        requests that follow: only committed tokens, never drafts; a failed request's are left out."""
+        for b in rows:
+            index = self.active[b]
+            row, shared = self.rows[index], self.settings[index].index
+            if shared is not None and row.finish_reason != FinishReason.ERROR:
+                shared.add(row.request_id, [*row.prompt_ids.tolist(), *row.token_ids])
+
     def fail(self, b: int, exc: Exception) -> None:
         """Row ``b`` ends with an engine fault that is its own."""
         row = self.rows[self.active[b]]
@@ -298,6 +307,8 @@ class Generation:
         """One cycle, as the module's docstring has it; the policy hears what it cost and what it kept."""
         left, caps = state.budgets()
         k, lookup_k = self._draft_lengths(state, draft_cache, left, caps)
+        if self.drafter.indexes:
+            self.drafter.priced_by(self.policy.free_drafts)  # the policy of this cycle (a front end may swap it)
         proposal = (self.drafter.propose(state, draft_cache, k, lookup_k, caps) if k or lookup_k
                     else Proposal.none(state.batch))
         # the target has seen all but each row's last token (prefill and commits keep it so): verify from its past_len
@@ -324,7 +335,9 @@ class Generation:
         if most <= 0:
             return 0, 0
         batch = len(left)
-        lookup_k = min(self.policy.next_k(batch, lookup=True), most) if self.drafter.looks_up else 0
+        free = (self.policy.index_k(batch) if self.drafter.indexes else
+                self.policy.next_k(batch, lookup=True) if self.drafter.looks_up else 0)
+        lookup_k = min(free, most)
         k = min(self.policy.next_k(batch), most) if self.drafter.uses_model else 0
         behind = self.drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
         if behind:
@@ -379,16 +392,19 @@ class Generation:
         batch, now = len(accepted), time.perf_counter()
         draft_s, verify_s, accept_s = proposal.seconds / batch, verified.seconds / batch, accept_s / batch
         cache_s = (cache_s + verified.stage_seconds) / batch
-        for k, n, lookup, (index, new) in zip(proposal.drafted, accepted, proposal.lookup, committed):
+        origins = proposal.origins or [None] * batch
+        for k, n, lookup, origin, (index, new) in zip(proposal.drafted, accepted, proposal.lookup, origins, committed):
             row = state.rows[index]
             row.decode_seconds = now - row.decode_started
             final = FinalToken.PLAIN if k == 0 else (FinalToken.BONUS if n == k else FinalToken.RECOVERED)
             # made as the tuple it is, in CycleRecord's field order: the named constructor cost 1 us a cycle more
             row.records.append(tuple.__new__(CycleRecord, (row.request_id, self.cycle, k, n, n + 1 if n < k else None,
-                                                           final, len(new), draft_s, verify_s, accept_s, cache_s, batch, lookup)))
+                                                           final, len(new), draft_s, verify_s, accept_s, cache_s, batch, lookup,
+                                                           origin)))
 
     def leave(self, finished: list[int]) -> None:
-        """Batch rows ``finished`` leave, with their cache rows."""
+        """Batch rows ``finished`` leave, with their cache rows; each one's text joins its scope's suffix index."""
+        self.state.publish(finished)
         keep = self.state.leave(finished)
         self.cache = self.cache.select(keep)
         if self.draft_cache is not None:

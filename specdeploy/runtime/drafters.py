@@ -1,15 +1,20 @@
-"""Drafters propose tokens for the target to verify: a draft model, prompt lookup, both, or none.
+"""Drafters propose tokens for the target to verify: a draft model, a suffix index, prompt lookup, or none.
 
 A drafter is a proposer (``propose``, ``rollback``): it reads the batch state and, for a draft model, the
 draft's cache (``engines.base.KVCache``, owned by the generation with the batch's other rows), and returns a
 ``Proposal``. What a drafter can do is declared: ``uses_model`` (it has a draft model and its cache),
-``looks_up`` (it drafts by prompt lookup: drafts that cost no model call). How many drafts each source makes
-is the policy's choice (``k``, ``lookup_k``); each row drafts at most ``caps[b]`` (its own k and tokens left).
+``looks_up`` (it drafts without a model call: by prompt lookup, or from a suffix index where it ``indexes``).
+How many drafts each source makes is the policy's choice (``k``, ``lookup_k``, and for index drafts each row's
+own count by ``price``: ``Policy.free_drafts``); each row drafts at most ``caps[b]`` (its own k and tokens left).
+
+The default, ``HybridDrafter``, drafts from the suffix index where the policy prices its drafts above the draft
+model's, and by the draft model elsewhere.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,9 +24,13 @@ from ..engines.base import Engine, KVCache, feed
 from .errors import ConfigError
 from .policies import CycleOutcome
 from .sampling import keyed_token, penalize, row_probabilities, sample
+from .suffix import LEVELS, SuffixIndex, propose
 
 if TYPE_CHECKING:
     from .decoder import BatchState
+
+# (batch, a row's index drafts' estimates, whether the model drafts the other rows) -> how many of them to verify
+Price = Callable[[int, list[float], bool], int]
 
 
 @dataclass(slots=True)
@@ -37,13 +46,15 @@ class Proposal:
     first_call_tokens: int = 0  # tokens a row that first call fed (the widest row's lag)
     later_calls: int = 0  # draft calls after the first
     later_call_seconds: float = 0.0
+    estimates: list[list[float] | None] | None = None  # [batch] an index row's estimate of each draft (else None)
+    origins: list[str | None] | None = None  # [batch] the request whose text an index row's drafts follow
 
     def outcome(self, accepted: list[int], verify_seconds: float) -> CycleOutcome:
         """What the policy hears of the cycle these drafts were verified in: ``accepted`` drafts per row, the target's
         call over K + 1 tokens a row in ``verify_seconds``."""
         return CycleOutcome(len(self.drafted), self.drafted, accepted, self.lookup, self.first_call_seconds,
                             self.first_call_tokens, self.later_call_seconds, self.later_calls, verify_seconds,
-                            self.drafts.shape[1] + 1)
+                            self.drafts.shape[1] + 1, self.estimates)
 
     @classmethod
     def none(cls, batch: int) -> Proposal:
@@ -56,6 +67,7 @@ class Drafter:
 
     uses_model = False
     looks_up = False
+    indexes = False
 
     def __init__(self, engine: Engine | None = None, stop_below: float | None = None, max_ngram: int = 3,
                  min_ngram: int = 1):
@@ -63,9 +75,17 @@ class Drafter:
         # n-grams: prompt lookup continues the latest earlier match of the last n tokens, the longest n first
         self.engine, self.stop_below, self.max_ngram, self.min_ngram = engine, stop_below, max_ngram, min_ngram
         self._buffer: tuple | None = None  # a model drafter's drafts (``ModelDrafter._columns``)
+        self._own: dict[int, SuffixIndex] = {}  # an index drafter's: each request's own text, by request index
+        self._found_facts: tuple[list, list] | None = None  # the last ``_found``'s estimates and origins
+        self.price: Price | None = None  # an index drafter's: how many of a row's drafts to keep (None: all)
+
+    def priced_by(self, price: Price | None) -> None:
+        """Index drafts are kept as ``price`` says (the generation's policy's ``free_drafts``; None: all found)."""
+        self.price = price
 
     def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
-        """Up to ``k`` model drafts or ``lookup_k`` lookup drafts a row, row b at most ``caps[b]``."""
+        """Up to ``k`` model drafts or ``lookup_k`` free drafts a row, row b at most ``caps[b]``; an index drafter
+        keeps of a row's drafts what its ``price`` says (``priced_by``), from their estimates."""
         return Proposal.none(state.batch)
 
     def rollback(self, cache: KVCache | None, lengths: list[int]) -> None:
@@ -93,18 +113,75 @@ class PromptLookup(Drafter):
 
     def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
         began = time.perf_counter()
-        found = self._found(state, lookup_k, caps)
+        found = self._free(state, lookup_k, caps, False)
         width = max(map(len, found))
         if not width:
             return Proposal.none(state.batch)
         drafts = np.empty((state.batch, width), np.int64)
         for b, cont in enumerate(found):
             _fill(drafts[b], cont, state.tokens[b, state.lengths[b] - 1])
-        return Proposal(drafts, None, list(map(len, found)), [len(f) > 0 for f in found], time.perf_counter() - began)
+        return self._facts(Proposal(drafts, None, list(map(len, found)), [len(f) > 0 for f in found],
+                                    time.perf_counter() - began))
+
+    def _free(self, state: BatchState, lookup_k: int, caps: list[int], model: bool) -> list[np.ndarray]:
+        """Each row's free drafts (``_found``); an index drafter's cut to what ``price`` keeps of them, the draft
+        model drafting the other rows where ``model``."""
+        self._found_facts = None
+        found, price = self._found(state, lookup_k, caps), self.price
+        if self._found_facts is not None and price is not None:
+            estimates, origins = self._found_facts
+            keep = [price(state.batch, row, model) if len(row) else 0 for row in estimates]
+            found = [cont[:n] for cont, n in zip(found, keep)]
+            self._found_facts = ([row[:n] or None for row, n in zip(estimates, keep)],
+                                 [origin if n else None for origin, n in zip(origins, keep)])
+        return found
+
+    def _facts(self, proposal: Proposal) -> Proposal:
+        """``proposal`` with what the index said of its rows' drafts (their estimates and origins), if anything."""
+        if self._found_facts is not None:
+            proposal.estimates, proposal.origins = self._found_facts
+        return proposal
 
     def _found(self, state: BatchState, lookup_k: int, caps: list[int]) -> list[np.ndarray]:
         return [lookup(state.tokens[b, :length], min(lookup_k, cap), self.max_ngram, self.min_ngram)
                 for b, (length, cap) in enumerate(zip(state.lengths, caps))]
+
+
+class SuffixDrafter(PromptLookup):
+    """Drafts from a suffix index (``suffix``) over each request's own text (its prompt and committed tokens) and the
+    texts of earlier requests in its scope (``RowSettings.index``; None: its own text alone). No model call; the
+    drafts are deterministic (q one-hot), and a row's read its own text and its scope alone, never its batch mates'.
+    Each row's proposal carries the index's estimate of each draft, which the policy prices (``price``)."""
+
+    looks_up = indexes = True
+
+    def _found(self, state: BatchState, lookup_k: int, caps: list[int]) -> list[np.ndarray]:
+        found, estimates, origins = [], [], []
+        for b, (length, cap) in enumerate(zip(state.lengths, caps)):
+            request = state.active[b]
+            own, shared = self._own_text(state, b, request, length), state.settings[request].index
+            context = state.tokens[b, max(0, length - LEVELS[0]) : length].tolist()
+            drafts, estimate, origin = propose((own, shared) if shared is not None else (own,), context,
+                                               min(lookup_k, cap))
+            found.append(np.array(drafts, np.int64))
+            estimates.append(estimate)
+            origins.append(origin)
+        if len(self._own) > 2 * len(state.active) + 8:  # requests that left: their text goes with them
+            active = set(state.active)
+            self._own = {request: index for request, index in self._own.items() if request in active}
+        self._found_facts = estimates, origins
+        return found
+
+    def _own_text(self, state: BatchState, b: int, request: int, length: int) -> SuffixIndex:
+        """Request ``request``'s index of its own committed text x[0:length] (row ``b``), brought up to date."""
+        own = self._own.get(request)
+        if own is None:
+            own = self._own[request] = SuffixIndex()
+        key = state.rows[request].request_id
+        seen = own.length(key)
+        if seen < length:
+            own.extend(key, state.tokens[b, seen:length].tolist())
+        return own
 
 
 class ModelDrafter(Drafter):
@@ -191,13 +268,13 @@ class ModelDrafter(Drafter):
         return made, steps, np.stack(qs, axis=1) if qs else None, [min(made, limit) for limit in limits]
 
 
-class HybridDrafter(ModelDrafter, PromptLookup):
-    """Prompt lookup for rows whose final n-gram occurred before, the draft model for the others, in one cycle;
-    the policy prices each source (``lookup_k`` 0: no lookups; ``k`` 0: no model drafts). A row's choice reads
-    its own committed tokens alone, and lookup rows draw nothing, so no row's proposal depends on its batch mates'.
-    Without a draft model (a target-only artifact), it drafts by lookup alone."""
+class HybridDrafter(ModelDrafter, SuffixDrafter):
+    """The suffix index for rows where the policy prices its drafts above the draft model's, the draft model for the
+    others, in one cycle (``lookup_k`` 0: no index drafts; ``k`` 0: no model drafts). A row's choice reads its own
+    text and its scope's index alone, and index rows draw nothing, so no row's proposal depends on its batch mates'.
+    Without a draft model (a target-only artifact), it drafts from the index alone."""
 
-    uses_model = looks_up = True
+    uses_model = looks_up = indexes = True
 
     def __init__(self, engine: Engine | None = None, stop_below: float | None = None, max_ngram: int = 3,
                  min_ngram: int = 2):
@@ -205,12 +282,15 @@ class HybridDrafter(ModelDrafter, PromptLookup):
         self.uses_model = engine is not None
 
     def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
-        found = self._found(state, lookup_k, caps) if lookup_k else [np.zeros(0, np.int64)] * state.batch
+        modelling = bool(k) and self.uses_model
+        self._found_facts = None
+        found = (self._free(state, lookup_k, caps, modelling) if lookup_k
+                 else [np.zeros(0, np.int64)] * state.batch)
         hits = [len(f) > 0 for f in found]
         if not any(hits):
-            return self._model(state, cache, k, caps) if k and self.uses_model else Proposal.none(state.batch)
+            return self._model(state, cache, k, caps) if modelling else Proposal.none(state.batch)
         lengths = state.lengths
-        if k and self.uses_model and not all(hits):  # lookup rows get no model drafts; the draft keeps their prefix
+        if modelling and not all(hits):  # index rows get no model drafts; the draft keeps their prefix
             modelled = self._model(state, cache, k, [0 if hit else cap for hit, cap in zip(hits, caps)])
             cache.commit([length if hit else past for hit, length, past in zip(hits, lengths, cache.past_len.tolist())])
         else:  # no model call: the draft falls behind, and catches up when it next drafts
@@ -229,7 +309,7 @@ class HybridDrafter(ModelDrafter, PromptLookup):
                 q[b, np.arange(first, drafts.shape[1]), drafts[b, first:]] = 1.0
         modelled.drafts, modelled.q, modelled.drafted, modelled.lookup = drafts, q, drafted, hits
         modelled.seconds += time.perf_counter() - began
-        return modelled
+        return self._facts(modelled)
 
 
 def lookup(seq: np.ndarray, k: int, max_ngram: int, min_ngram: int = 1) -> np.ndarray:

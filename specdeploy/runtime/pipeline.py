@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,10 +28,25 @@ from .registry import make_drafter, make_policy
 from .rows import RowResult, RowSettings
 from .stops import StopStrings
 from .streaming import TextStream
+from .suffix import SuffixIndex
+from .suffix_store import SuffixFileError, SuffixStore
 from .telemetry import CycleRecord, FinishReason, summarize
 
 CATCHUP_TOKENS = 32  # a draft catch-up long enough to time a rate, not a call
 CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
+
+
+SHARED_SCOPE = "shared"  # the pipeline's own index, in its store
+
+
+class Shared:
+    """The default of ``suffix_index``: the pipeline's shared index (None means none)."""
+
+    def __repr__(self) -> str:
+        return "the pipeline's shared index"
+
+
+SHARED = Shared()
 
 
 class GenerationError(RuntimeError):
@@ -59,7 +75,7 @@ class Pipeline:
 
     def __init__(self, manifest: Manifest, tokenizer, target, draft=None, directory: Path | None = None,
                  max_cache_bytes: int | None = None, chat_template: ChatTemplate | None = None,
-                 remembered_costs: RememberedCosts | None = None):
+                 remembered_costs: RememberedCosts | None = None, suffix_store: SuffixStore | None = None):
         self.manifest, self.tokenizer, self.target, self.draft = manifest, tokenizer, target, draft
         self.chat_template = chat_template or ChatTemplate({})
         bos = self.chat_template.bos_token
@@ -74,11 +90,16 @@ class Pipeline:
         # what each call costs on this machine: the engines', so shared by every request's cost policy
         self.costs = (remembered_costs.recall() if remembered_costs else None) or Costs()
         self._warmed: set[int] = set()  # the k whose shapes ``warm_up`` has run
+        # the texts of the requests this pipeline finished, which later requests draft from (``suffix_index``)
+        self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
+        self.suffix_index = self.suffix_store.scope(SHARED_SCOPE)
+        self.suffix_cache: Path | None = None  # where ``save_suffix_cache`` writes (``load(suffix_cache=...)``)
         self._warm_lock = threading.Lock()
 
     @classmethod
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
-             verify_hashes: bool = True, max_cache_bytes: int | None = None, remember_costs: bool = False) -> Pipeline:
+             verify_hashes: bool = True, max_cache_bytes: int | None = None, remember_costs: bool = False,
+             suffix_cache: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None) -> Pipeline:
         """Load an artifact dir written by ``specdeploy export``.
 
         Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
@@ -87,12 +108,39 @@ class Pipeline:
         ``remember_costs`` starts the first request's policy from what the last process measured on this
         artifact, provider and thread count, and keeps what this one measures (``calibration``): for
         short-lived processes such as ``specdeploy generate``; a long-lived one learns them in its first request.
+        ``suffix_cache``: a file of earlier requests' texts to draft from (``save_suffix_cache`` writes it); one that
+        is corrupt, too large or for another tokenizer is refused in one line (``log``, default: a warning) and the
+        pipeline starts with an empty index. ``suffix_store``: the indexes to use (bounds, scopes).
         """
         threads = checked_threads(threads)  # before any work: 100,000 used to abort the process inside ONNX Runtime
         directory = Path(directory)
         manifest, tokenizer, chat, target, draft = open_artifact(directory, provider, threads, verify_hashes)
         remembered = RememberedCosts(machine_key(directory, provider, threads)) if remember_costs else None
-        return cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered)
+        pipeline = cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered, suffix_store)
+        if suffix_cache is not None:
+            pipeline.load_suffix_cache(suffix_cache, log)
+        return pipeline
+
+    def load_suffix_cache(self, path: str | Path, log=None) -> int:
+        """Add the texts of the suffix index file at ``path`` (written by ``save_suffix_cache``) to this pipeline's
+        indexes, and save there from now on; returns the sequences read. A refused file is told in one line to ``log``
+        (default: ``warnings.warn``) and leaves the indexes as they were."""
+        self.suffix_cache = Path(path)
+        spec = self.target.spec
+        try:
+            return self.suffix_store.load(self.suffix_cache, spec.tokenizer_fingerprint, spec.vocab_size)
+        except SuffixFileError as exc:
+            (log or (lambda message: warnings.warn(message, stacklevel=3)))(f"{exc}; starting with an empty index")
+            return 0
+
+    def save_suffix_cache(self, path: str | Path | None = None) -> Path | None:
+        """Write the suffix indexes to ``path`` (default: the file they were loaded from), atomically; None when
+        there is nowhere to write."""
+        path = Path(path) if path is not None else self.suffix_cache
+        if path is not None:
+            spec = self.target.spec
+            self.suffix_store.save(path, spec.tokenizer_fingerprint, spec.vocab_size)
+        return path
 
     def cache_bytes(self, batch: int, capacity: int, speculative: bool = True) -> dict[str, int]:
         """KV-cache bytes a batch of ``batch`` rows of ``capacity`` slots allocates, per model and in total.
@@ -194,7 +242,8 @@ class Pipeline:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig,
-              row_configs: Sequence[GenerationConfig] | None = None, capacity: int | None = None) -> Generation:
+              row_configs: Sequence[GenerationConfig] | None = None, capacity: int | None = None,
+              suffix_index: SuffixIndex | None | Shared = SHARED) -> Generation:
         """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work.
 
         ``config`` sets the batch's speculation (k, drafter, policy); ``row_configs`` gives each prompt its
@@ -202,7 +251,9 @@ class Pipeline:
         drafts below the batch's. A seeded row's tokens do not depend on what shares its batch: prompt i of
         one config draws from stream i of the seed, a prompt with its own config from stream 0 (as alone).
         ``capacity`` fixes the cache slots per row (at least what the rows need), so that batches started
-        apart can be merged.
+        apart can be merged. ``suffix_index``: the index of earlier requests' texts these draft from, and which
+        theirs join when they finish (default: this pipeline's ``suffix_index``; None: their own text alone), or
+        one per prompt (a server's requests under different API keys).
         """
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
@@ -226,7 +277,9 @@ class Pipeline:
                             why="capacity is {limit} slots a row (as asked)" if capacity else EXPORTED)
         request_ids = [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
-        settings = [self.row_settings(row, 0 if mine else i) for i, row in enumerate(row_configs)]
+        indexes = _row_indexes(self.suffix_index if suffix_index is SHARED else suffix_index, len(prompts))
+        settings = [self.row_settings(row, 0 if mine else i, index)
+                    for i, (row, index) in enumerate(zip(row_configs, indexes))]
         if config.speculative and config.k not in self._warmed:
             self.warm_up(config.k)
         return Generation(self.target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
@@ -242,10 +295,12 @@ class Pipeline:
         if self._remembered is not None:
             self._remembered.remember(self.costs)
 
-    def row_settings(self, config: GenerationConfig, seed_stream: int = 0) -> RowSettings:
+    def row_settings(self, config: GenerationConfig, seed_stream: int = 0,
+                     index: SuffixIndex | None = None) -> RowSettings:
         """How one request decodes in any batch: ``config``'s settings, its stop strings on this tokenizer,
-        and its seed's stream (prompt i of one ``generate`` call draws from stream i)."""
-        return RowSettings(config, StopStrings(config.stop, self.decode).check if config.stop else None, seed_stream)
+        its seed's stream (prompt i of one ``generate`` call draws from stream i) and its scope's suffix index."""
+        return RowSettings(config, StopStrings(config.stop, self.decode).check if config.stop else None, seed_stream,
+                           index)
 
     def check_stop_tokens(self, config: GenerationConfig) -> None:
         vocab = self.target.spec.vocab_size
@@ -254,8 +309,9 @@ class Pipeline:
             raise ConfigError(f"stop_token_ids: got {outside}; expected ids inside the vocabulary [0, {vocab})")
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
-                 batch_size: int | None = None) -> list[GenerationResult]:
-        """One result per prompt, in order. Prompts run in batches of ``batch_size`` (default: all)."""
+                 batch_size: int | None = None, suffix_index: SuffixIndex | None | Shared = SHARED) -> list[GenerationResult]:
+        """One result per prompt, in order. Prompts run in batches of ``batch_size`` (default: all); ``suffix_index``
+        as ``start`` takes it."""
         config = config or GenerationConfig()
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -265,23 +321,24 @@ class Pipeline:
         batch_size = int(batch_size or len(prompts))
         results = []
         for first in range(0, len(prompts), batch_size):
-            run = self.start(prompts[first : first + batch_size], config)
+            run = self.start(prompts[first : first + batch_size], config, suffix_index=suffix_index)
             while not run.done:
                 run.step()
             results += [self.result(row, settings.config) for row, settings in zip(run.rows, run.state.settings)]
         self._keep_costs()
         return results
 
-    def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None) -> Iterator[StreamChunk]:
+    def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
+               suffix_index: SuffixIndex | None | Shared = SHARED) -> Iterator[StreamChunk]:
         """Yield text and token chunks as each cycle commits them; the last chunk carries the result.
 
         The chunks' texts add up to the result's text: text that may still become part of a stop
         string is held back until it is known not to, and tokens are detokenized incrementally
         (``tokenizers``' ``DecodeStream``: an incomplete UTF-8 sequence waits for its next token).
-        Raises ``GenerationError`` if the request fails.
+        Raises ``GenerationError`` if the request fails. ``suffix_index`` as ``start`` takes it.
         """
         config = config or GenerationConfig()
-        run = self.start([prompt], config)
+        run = self.start([prompt], config, suffix_index=suffix_index)
         text = TextStream(self.tokenizer, config.stop)
         row = run.rows[0]
         while not run.done:
@@ -326,6 +383,15 @@ class Pipeline:
         if not config.speculative:
             return NoDrafter()
         return make_drafter(config.drafter, self.draft, stop_below)
+
+
+def _row_indexes(given, rows: int) -> list[SuffixIndex | None]:
+    """``start``'s ``suffix_index`` as one index (or None) per row; ConfigError for anything else."""
+    indexes = list(given) if isinstance(given, (list, tuple)) else [given] * rows
+    if len(indexes) != rows or not all(index is None or isinstance(index, SuffixIndex) for index in indexes):
+        raise ConfigError(f"suffix_index: got {_short(given)}; expected a SuffixIndex, None for none, or one of "
+                          f"either per prompt ({rows})")
+    return indexes
 
 
 def _check_prompt_list(prompts, expected: str) -> None:

@@ -30,6 +30,7 @@ class CycleOutcome:
     later_calls: int = 0
     verify_seconds: float = 0.0  # the target's call
     verify_tokens: int = 0  # tokens a row in it (K + 1); 0: no target call (a draft catch-up alone)
+    estimates: Sequence[Sequence[float] | None] | None = None  # per row: a suffix index's estimate of each draft
 
 
 class Policy(ABC):
@@ -43,6 +44,15 @@ class Policy(ABC):
 
     def observe(self, outcome: CycleOutcome) -> None:  # noqa: B027 (a default: nothing to learn)
         """Learn from a cycle."""
+
+    def index_k(self, batch: int) -> int:
+        """Drafts a row may take from a suffix index this cycle (each row's own count: ``free_drafts``)."""
+        return self.next_k(batch, lookup=True)
+
+    def free_drafts(self, batch: int, estimates: Sequence[float], model: bool) -> int:
+        """How many of a row's suffix-index drafts to verify, from the index's ``estimates`` of each (``model``: the
+        draft model drafts the batch's other rows, and would this one); 0: none. By default, all it found."""
+        return len(estimates)
 
     def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
         """Would drafting by the model for ``batch`` rows, which still make ``to_come`` tokens, repay the draft

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..engines.base import Engine
 from .cost_policy import CostPolicy, Costs
-from .drafters import Drafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookup
+from .drafters import Drafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookup, SuffixDrafter
 from .policies import ConfidenceStop, FixedK, Heuristic, Policy
 
 # name -> (k, confidence threshold, the pipeline's cost table) -> policy
@@ -14,8 +14,8 @@ POLICIES = {
     "confidence": lambda k, threshold, costs: ConfidenceStop(k, threshold),
     "heuristic": lambda k, threshold, costs: Heuristic(k),
 }
-DRAFTERS: dict[str, type[Drafter]] = {"hybrid": HybridDrafter, "model": ModelDrafter, "prompt-lookup": PromptLookup,
-                                      "none": NoDrafter}
+DRAFTERS: dict[str, type[Drafter]] = {"hybrid": HybridDrafter, "model": ModelDrafter, "suffix": SuffixDrafter,
+                                      "prompt-lookup": PromptLookup, "none": NoDrafter}
 
 
 def make_policy(name: str, k: int, confidence_threshold: float = 0.4, costs: Costs | None = None) -> Policy:

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import GenerationConfig
+from .suffix import SuffixIndex
 from .telemetry import CycleRecord, FinishReason
 
 
@@ -35,3 +36,4 @@ class RowSettings(NamedTuple):
     config: GenerationConfig  # sampling, length, stop tokens, seed; ``k`` caps its drafts below the batch's
     stop_check: StopCheck | None = None
     seed_stream: int = 0  # its draws come from [seed, seed_stream]: prompt i of one call draws from stream i
+    index: SuffixIndex | None = None  # its scope's suffix index: drafts from earlier requests' text, and its own joins

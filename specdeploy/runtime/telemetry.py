@@ -54,7 +54,8 @@ class CycleRecord(NamedTuple):
     accept_s: float
     cache_s: float
     batch_size: int
-    lookup: bool = False  # its drafts came from prompt lookup (no draft-model call), not the draft model
+    lookup: bool = False  # its drafts cost no model call (prompt lookup or a suffix index), not the draft model's
+    drafted_from: str | None = None  # a suffix index's drafts: the request whose text they followed
 
     def to_dict(self) -> dict:
         return self._asdict()

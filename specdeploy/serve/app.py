@@ -37,6 +37,7 @@ from .prompts import PromptTimeout, PromptWorkers
 from .protocol import ChatRequest, CompletionRequest, Sampling
 from .responses import Reply, refusal
 from .scheduler import Overloaded, Scheduler, ShuttingDown
+from .scopes import suffix_scopes
 from .sse import EventStream, watch_disconnect
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/health/live", "/health/ready", "/metrics")
@@ -44,11 +45,13 @@ ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/
 
 def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: int | None = None,
                max_body_bytes: int = 4 * 2**20, api_key: str | None = None, allowed_origins: Sequence[str] = (),
-               template_seconds: float = 10.0) -> FastAPI:
+               template_seconds: float = 10.0, suffix_scope: str = "key") -> FastAPI:
     """The server's ASGI app. ``default_max_tokens``: a request without max_tokens gets this many at most (None:
     the room its prompt leaves in the context); ``api_key``: every route but the probes and /metrics needs it;
     ``allowed_origins``: browsers' cross-origin requests allowed from these (CORS); ``template_seconds``: how
-    long a chat template may render (or a prompt tokenize) before the request is answered with a 500."""
+    long a chat template may render (or a prompt tokenize) before the request is answered with a 500;
+    ``suffix_scope``: whose earlier answers a request drafts from (``scopes.SCOPES``: per API key by default)."""
+    scope_of = suffix_scopes(pipeline.suffix_store, suffix_scope)
     app = FastAPI(title="specdeploy", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics(scheduler, model, ROUTES)
     scheduler.on_finish = metrics.finished
@@ -124,7 +127,8 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
                                    "messages" if chat else "prompt", code="context_length_exceeded")
                 new = asked or min(room, default_max_tokens or room)  # left out: the room left, as vLLM does
                 choices += [(prompt, config) for config in body.generation_configs(scheduler.config, new, seed)]
-            tickets = scheduler.submit_choices(choices, asyncio.get_running_loop(), body.top_logprobs_count())
+            tickets = scheduler.submit_choices(choices, asyncio.get_running_loop(), body.top_logprobs_count(),
+                                               scope_of(request.headers))
         except (ConfigError, CapacityError, Overloaded, ShuttingDown) as exc:
             raise refusal(exc) from None
         lifecycle.open += 1

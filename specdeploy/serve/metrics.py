@@ -49,6 +49,12 @@ class ServerMetrics:
             lambda: scheduler.rows)
         Gauge("queued_requests", "Requests waiting for a row", namespace=ns, registry=registry).set_function(
             lambda: len(scheduler.queue))
+        store = scheduler.pipeline.suffix_store  # earlier requests' texts, which later requests draft from
+        for fact, help in (("bytes", "Memory the suffix indexes take (estimated), all scopes together"),
+                           ("tokens", "Tokens the suffix indexes keep"), ("sequences", "Texts the suffix indexes keep"),
+                           ("scopes", "Suffix index scopes (one per API key by default)")):
+            Gauge(f"suffix_index_{fact}", help, namespace=ns, registry=registry).set_function(
+                lambda fact=fact: store.stats()[fact])
 
         labels = {"model_name": model_name, "engine": "0"}
 

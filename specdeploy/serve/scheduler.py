@@ -28,6 +28,7 @@ import numpy as np
 from ..runtime.cache import CapacityError
 from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.decoder import Generation, RowResult
+from ..runtime.suffix import SuffixIndex
 from ..runtime.telemetry import FinishReason
 from .logprobs import TokenLogprob, token_logprobs
 
@@ -85,6 +86,7 @@ class Ticket:
     token_times: list[float] = field(default_factory=list)  # when each cycle's new tokens were committed
     cancelled: bool = False
     ended_by: str = ""  # why the server ended it early (a drain's deadline); empty when it ran its course
+    index: SuffixIndex | None = None  # its scope's suffix index (per API key by default); None: its own text alone
 
     def put(self, event: Event) -> None:
         if not self.loop.is_closed():  # a server that has stopped listens no more
@@ -171,8 +173,9 @@ class Scheduler:
         return self.submit_choices([(prompt, config)], loop)[0]
 
     def submit_choices(self, requests: Sequence[tuple[np.ndarray, GenerationConfig]], loop: asyncio.AbstractEventLoop,
-                       top_logprobs: int | None = None) -> list[Ticket]:
-        """Queue the choices of one request, (prompt ids, settings) each, all or none; they share one events queue.
+                       top_logprobs: int | None = None, index: SuffixIndex | None = None) -> list[Ticket]:
+        """Queue the choices of one request, (prompt ids, settings) each, all or none; they share one events queue
+        and draft from ``index`` (its scope's suffix index) besides their own text.
         Raises ``CapacityError`` when one cannot fit a row, ``Overloaded`` when ``max_queue`` requests would be
         waiting, ``ShuttingDown`` once the server stops admitting."""
         for prompt, config in requests:
@@ -182,7 +185,7 @@ class Scheduler:
                                     f"{self.speculative_slots} speculative slots = {needed} tokens, over this server's "
                                     f"context of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
         events: asyncio.Queue = asyncio.Queue()
-        tickets = [Ticket(prompt, config, loop, events, choice, top_logprobs, f"cmpl-{next(self._ids)}")
+        tickets = [Ticket(prompt, config, loop, events, choice, top_logprobs, f"cmpl-{next(self._ids)}", index=index)
                    for choice, (prompt, config) in enumerate(requests)]
         with self._wake:
             if self._closed or self._stopping:
@@ -344,7 +347,7 @@ class Scheduler:
 
     def _generation(self, tickets: list[Ticket]) -> Generation:
         staged = self.pipeline.start([t.prompt for t in tickets], self.config, [t.config for t in tickets],
-                                     capacity=self.capacity)
+                                     capacity=self.capacity, suffix_index=[t.index for t in tickets])
         for ticket, row in zip(tickets, staged.state.rows):
             row.request_id = ticket.request_id
         staged.policy = self.policy  # it hears what the draft's prefill costs

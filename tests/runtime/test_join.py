@@ -26,11 +26,12 @@ def alone(pipeline):
     return {p: pipeline.generate(p, CONFIG)[0].token_ids for p in PROMPTS}
 
 
-@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "hybrid", "none"])
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "suffix", "hybrid", "none"])
 @pytest.mark.parametrize("join_after", [0, 1, 4])
 def test_requests_joining_a_running_batch_decode_as_alone(pipeline, alone, drafter, join_after):
     config = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, drafter=drafter)
-    run = pipeline.start(PROMPTS[:2], config)
+    # no index shared with the earlier runs of these prompts: they would finish before the others join
+    run = pipeline.start(PROMPTS[:2], config, suffix_index=None)
     for _ in range(join_after):
         run.step()
     run.join([pipeline.encode(p) for p in PROMPTS[2:]], ["late-a", "late-b"])
@@ -38,7 +39,8 @@ def test_requests_joining_a_running_batch_decode_as_alone(pipeline, alone, draft
     while not run.done:
         run.step()
         _assert_target_saw_all_but_the_last_token(run)  # where the next verification starts (``cycle_rows``)
-    expected = alone if drafter == "model" else {p: pipeline.generate(p, config)[0].token_ids for p in PROMPTS}
+    expected = alone if drafter == "model" else {p: pipeline.generate(p, config, suffix_index=None)[0].token_ids
+                                                 for p in PROMPTS}
     assert [row.token_ids for row in run.rows] == [expected[p] for p in PROMPTS]
     assert [row.request_id for row in run.rows][2:] == ["late-a", "late-b"]
     assert all(row.finish_reason == "length" and row.prefill_seconds > 0 for row in run.rows)
@@ -73,7 +75,7 @@ def test_a_request_that_cannot_fit_is_refused_and_the_batch_goes_on(pipeline, al
     assert len(run.rows) == 1 and run.rows[0].token_ids == alone[PROMPTS[0]]
 
 
-@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "hybrid", "none"])
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "suffix", "hybrid", "none"])
 def test_requests_prefilled_a_chunk_at_a_time_between_cycles_then_merged_decode_as_alone(pipeline, drafter):
     """What a server does: the running batch keeps cycling while newcomers prefill in chunks beside it."""
     config = GenerationConfig(k=3, max_new_tokens=16, ignore_eos=True, drafter=drafter)

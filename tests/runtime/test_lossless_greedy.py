@@ -42,7 +42,7 @@ def test_model_drafter_is_lossless(pipelines, baseline, k, policy, draft):
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "hybrid", "none"])
+@pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "suffix", "hybrid", "none"])
 def test_every_batch_size_and_drafter_is_lossless(pipelines, baseline, batch_size, drafter):
     config = GenerationConfig(k=3, drafter=drafter, max_new_tokens=NEW, ignore_eos=True)
     results = pipelines["close"].generate(PROMPTS, config, batch_size=batch_size)
@@ -58,6 +58,16 @@ def test_prompt_lookup_is_lossless(pipelines, baseline, k, policy):
 
 @pytest.mark.parametrize("k", [1, 4, 8])
 @pytest.mark.parametrize("policy", ["fixed", "heuristic", "cost"])
+def test_suffix_drafter_is_lossless_drafting_from_earlier_answers_too(pipelines, baseline, k, policy):
+    """The suffix index drafts from each request's own text and from the pipeline's earlier answers (the baseline's
+    among them: every cycle can draft its whole answer), and the output is the target's either way."""
+    config = GenerationConfig(k=k, policy=policy, drafter="suffix", max_new_tokens=NEW, ignore_eos=True)
+    assert [r.token_ids for r in pipelines["close"].generate(PROMPTS, config)] == baseline
+    assert [r.token_ids for r in pipelines["close"].generate(PROMPTS, config, suffix_index=None)] == baseline
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("policy", ["fixed", "heuristic", "cost"])
 @pytest.mark.parametrize("draft", ["close", "noise"])
 def test_hybrid_drafter_is_lossless(pipelines, baseline, k, policy, draft):
     config = GenerationConfig(k=k, policy=policy, drafter="hybrid", max_new_tokens=NEW, ignore_eos=True)
@@ -68,7 +78,7 @@ def test_hybrid_drafter_mixes_lookup_and_model_rows_losslessly(pipelines, baseli
     """The batch's cycles include some where rows that repeat themselves draft by lookup while the others
     draft with the model, and some with lookup alone: the output is still the target's."""
     run = pipelines["close"].start(PROMPTS, GenerationConfig(k=4, policy="fixed", drafter="hybrid", max_new_tokens=NEW,
-                                                               ignore_eos=True))
+                                                               ignore_eos=True), suffix_index=None)  # own text alone
     kinds, propose = [], run.drafter.propose
 
     def spy(state, cache, k, lookup_k, caps):

@@ -189,6 +189,7 @@ def _same_distribution(plain, spec) -> None:
 @pytest.mark.parametrize("draft,drafter,policy", [
     ("close", "model", "fixed"), ("noise", "model", "fixed"), ("close", "prompt-lookup", "fixed"),
     ("close", "model", "confidence"), ("close", "hybrid", "fixed"), ("noise", "hybrid", "fixed"),
+    ("close", "suffix", "fixed"), ("noise", "hybrid", "cost"),  # drafts from the earlier samples' texts too
 ])
 def test_pipeline_sampling_matches_plain_sampling(pair_pipeline, noise_pipeline, rule, draft, drafter, policy):
     pipeline = pair_pipeline if draft == "close" else noise_pipeline
@@ -208,7 +209,8 @@ def test_same_seed_same_output(pair_pipeline):
 
 
 @pytest.mark.parametrize("drafter,policy,k", [("none", "fixed", 0), ("model", "fixed", 1), ("model", "fixed", 6),
-                                              ("hybrid", "cost", 8), ("prompt-lookup", "heuristic", 4)])
+                                              ("hybrid", "cost", 8), ("prompt-lookup", "heuristic", 4),
+                                              ("suffix", "fixed", 8)])
 def test_a_seeded_request_gives_the_same_text_whatever_the_speculation(pair_pipeline, drafter, policy, k):
     """A seeded row's draws are keyed by its seed and positions: plain decoding, any drafter, policy and K, alone or
     beside other rows, give one text."""

@@ -1,0 +1,149 @@
+"""The suffix index on arrays alone: matching, the most frequent continuation, estimates, bounds and its file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdeploy.runtime.suffix import LEVELS, SuffixIndex, estimate, propose
+from specdeploy.runtime.suffix_store import SuffixFileError, SuffixStore
+
+
+def test_a_context_seen_before_continues_as_it_did():
+    index = SuffixIndex()
+    index.add("a", [1, 2, 3, 4, 5, 6])
+    drafts, estimates, origin = propose([index], [9, 2, 3], 3)
+    assert drafts == [4, 5, 6] and origin == "a" and len(estimates) == 3
+    assert propose([index], [9, 8, 7], 3) == ([], [], None)  # nothing matched: nothing proposed
+
+
+def test_the_longest_match_wins_over_a_more_frequent_short_one():
+    index = SuffixIndex()
+    for i in range(5):
+        index.add(f"short{i}", [7, 3, 50 + i])  # "7 3" then something else each time
+    index.add("long", [1, 2, 5, 6, 7, 3, 99])  # "5 6 7 3" then 99: a match of four
+    assert propose([index], [5, 6, 7, 3], 1)[0] == [99]
+    index.add("short5", [7, 3, 55])
+    assert propose([index], [8, 8, 7, 3], 1)[0] == [55]  # only "7 3" matches: six ones tie, the latest wins
+
+
+def test_the_most_frequent_continuation_is_followed_and_its_share_estimated():
+    index = SuffixIndex()
+    for key, tail in (("a", [4, 4]), ("b", [4, 5]), ("c", [4, 5]), ("d", [6, 6])):
+        index.add(key, [1, 2, *tail])
+    drafts, estimates, _ = propose([index], [1, 2], 2, floor=0.0)
+    assert drafts == [4, 5]
+    assert estimates[0] == pytest.approx(estimate(3, 4, 2)) and estimates[1] == pytest.approx(estimate(2, 3, 3))
+    assert estimate(1, 1, 2) == pytest.approx(0.5) and estimate(1, 1, 32) > 0.9  # a long match is surer
+
+
+def test_a_proposal_stops_where_its_running_estimate_falls_below_the_floor():
+    index = SuffixIndex()
+    index.add("a", [1, 2, 3, 4, 5, 6, 7, 8])
+    assert len(propose([index], [1, 2], 6, floor=0.0)[0]) == 6
+    short = propose([index], [1, 2], 6, floor=0.2)
+    assert 0 < len(short[0]) < 6 and all(e < 1 for e in short[1])
+
+
+def test_indexes_together_count_their_occurrences_and_the_first_wins_a_tie():
+    own, shared = SuffixIndex(), SuffixIndex()
+    own.add("me", [1, 2, 3])
+    shared.add("other", [1, 2, 4])
+    assert propose([own, shared], [1, 2], 1)[0] == [3]
+    shared.add("third", [1, 2, 4])
+    assert propose([own, shared], [1, 2], 1)[0] == [4]  # two against one
+
+
+def test_the_index_never_drafts_past_its_own_end_and_extends_as_tokens_commit():
+    index = SuffixIndex()
+    index.extend("me", [1, 2, 3, 1, 2])
+    assert propose([index], [1, 2, 3, 1, 2], 4)[0] == [3, 1, 2]  # the continuation runs into the text's end
+    index.extend("me", [3, 8])
+    assert index.length("me") == 7 and propose([index], [1, 2, 3, 8, 1, 2, 3], 1)[0] == [8]  # the latest, now
+
+
+def test_eviction_keeps_the_caps_least_recently_used_first():
+    index = SuffixIndex(max_tokens=10, max_sequences=3)
+    index.add("a", [1, 2, 3, 4])
+    index.add("b", [5, 6, 7, 8])
+    index.touch("a")  # drafted from: "b" is now the least recently used
+    index.add("c", [9, 10, 11, 12])
+    assert "b" not in index and "a" in index and "c" in index and index.tokens == 8
+    assert propose([index], [5, 6], 1)[0] == []  # an evicted text's anchors are gone with it
+    for i in range(5):
+        index.add(f"x{i}", [20 + i, 30])
+    assert len(index) == 3 and index.tokens <= 10
+    assert all(not level for level in _anchors_of(SuffixIndex()))  # an empty index has no anchors
+    emptied = SuffixIndex(max_tokens=4)
+    emptied.add("a", list(range(40)))  # larger than the cap alone: nothing is kept, no anchor left behind
+    assert len(emptied) == 0 and emptied.tokens == 0 and all(not level for level in _anchors_of(emptied))
+
+
+def _anchors_of(index: SuffixIndex):
+    return index._anchors
+
+
+def test_memory_is_linear_in_the_tokens_kept():
+    small, large = SuffixIndex(), SuffixIndex()
+    small.add("a", [i % 977 for i in range(1000)])
+    large.add("a", [i % 977 for i in range(10_000)])
+    assert large.nbytes() < 11 * small.nbytes()
+    assert sum(len(level) for level in large._anchors) <= len(LEVELS) * 10_000
+
+
+def test_a_store_keeps_scopes_apart_and_bounds_their_number():
+    store = SuffixStore(max_tokens=100, max_sequences=10, max_scopes=2)
+    store.scope("key:a").add("r1", [1, 2, 3])
+    assert propose([store.scope("key:b")], [1, 2], 1)[0] == []  # another scope never sees it
+    store.scope("key:c")  # a third scope: the least recently used ("key:a") goes
+    assert store.stats()["scopes"] == 2 and store.stats()["tokens"] == 0
+
+
+def test_a_saved_store_round_trips(tmp_path):
+    store = SuffixStore()
+    store.scope("shared").add("r1", [1, 2, 3, 4])
+    store.scope("key:x").add("r2", [7, 8, 9])
+    path = tmp_path / "suffix.json"
+    store.save(path, "fp", 100)
+    loaded = SuffixStore()
+    assert loaded.load(path, "fp", 100) == 2
+    assert propose([loaded.scope("shared")], [1, 2], 2)[0] == [3, 4]
+    assert propose([loaded.scope("key:x")], [7, 8], 1)[0] == [9]
+    assert not list(tmp_path.glob(".*tmp"))  # the write left nothing beside the file
+    assert SuffixStore().load(tmp_path / "missing.json", "fp", 100) == 0  # no file yet: an empty index
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b"{not json", "not JSON"),
+    (json.dumps({"format": "other"}).encode(), "not a suffix index"),
+    (json.dumps({"format": "specdeploy.suffix-index", "version": 1, "tokenizer": "other", "vocab_size": 100,
+                 "scopes": {}}).encode(), "another tokenizer"),
+    (json.dumps({"format": "specdeploy.suffix-index", "version": 1, "tokenizer": "fp", "vocab_size": 100,
+                 "scopes": {"s": [[1, 2, 100]]}}).encode(), "token ids in [0, 100)"),
+    (json.dumps({"format": "specdeploy.suffix-index", "version": 1, "tokenizer": "fp", "vocab_size": 100,
+                 "scopes": {"s": [[1, True]]}}).encode(), "token ids in [0, 100)"),
+    (json.dumps({"format": "specdeploy.suffix-index", "version": 9}).encode(), "version 9"),
+])
+def test_a_corrupt_or_foreign_file_is_refused_in_one_line(tmp_path, content, expected):
+    path = tmp_path / "suffix.json"
+    path.write_bytes(content)
+    with pytest.raises(SuffixFileError) as caught:
+        SuffixStore().load(path, "fp", 100)
+    assert expected in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_oversized_file_or_a_directory_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "suffix.json"
+    path.write_bytes(b" " * (8 * 10 * 1 + 2**20 + 1))
+    with pytest.raises(SuffixFileError, match="expected at most"):
+        SuffixStore(max_tokens=10, max_scopes=1).load(path, "fp", 100)
+    with pytest.raises(SuffixFileError, match="a directory"):
+        SuffixStore().load(tmp_path, "fp", 100)
+
+
+@pytest.mark.parametrize("name,value", [("max_tokens", 0), ("max_sequences", -1), ("max_scopes", True),
+                                        ("max_tokens", 1.5)])
+def test_a_store_refuses_bounds_that_are_not_positive_integers(name, value):
+    with pytest.raises(ValueError, match=name):
+        SuffixStore(**{name: value})
