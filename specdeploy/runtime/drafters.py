@@ -75,7 +75,7 @@ class Drafter:
         # n-grams: prompt lookup continues the latest earlier match of the last n tokens, the longest n first
         self.engine, self.stop_below, self.max_ngram, self.min_ngram = engine, stop_below, max_ngram, min_ngram
         self._buffer: tuple | None = None  # a model drafter's drafts (``ModelDrafter._columns``)
-        self._own: dict[int, SuffixIndex] = {}  # an index drafter's: each request's own text, by request index
+        self._own: dict[int, tuple] = {}  # an index drafter's: (the request's row, an index of its text), by request index
         self._found_facts: tuple[list, list] | None = None  # the last ``_found``'s estimates and origins
         self.price: Price | None = None  # an index drafter's: how many of a row's drafts to keep (None: all)
 
@@ -174,10 +174,11 @@ class SuffixDrafter(PromptLookup):
 
     def _own_text(self, state: BatchState, b: int, request: int, length: int) -> SuffixIndex:
         """Request ``request``'s index of its own committed text x[0:length] (row ``b``), brought up to date."""
-        own = self._own.get(request)
-        if own is None:
-            own = self._own[request] = SuffixIndex()
-        key = state.rows[request].request_id
+        row = state.rows[request]
+        mine = self._own.get(request)
+        if mine is None or mine[0] is not row:  # a request index is reused once a batch empties: never another's text
+            mine = self._own[request] = (row, SuffixIndex())
+        own, key = mine[1], row.request_id
         seen = own.length(key)
         if seen < length:
             own.extend(key, state.tokens[b, seen:length].tolist())

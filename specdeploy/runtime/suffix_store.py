@@ -55,9 +55,9 @@ class SuffixStore:
             return index
 
     def stats(self) -> dict[str, int]:
-        """Scopes, sequences, tokens and estimated bytes, all scopes together (the server's metrics)."""
+        """Scopes holding a text, their sequences, tokens and estimated bytes, all together (the server's metrics)."""
         with self._lock:
-            indexes = list(self._scopes.values())
+            indexes = [index for index in self._scopes.values() if len(index)]  # scopes that hold a text
         return {"scopes": len(indexes), "sequences": sum(len(i) for i in indexes),
                 "tokens": sum(i.tokens for i in indexes), "bytes": sum(i.nbytes() for i in indexes)}
 

@@ -96,8 +96,10 @@ def test_a_store_keeps_scopes_apart_and_bounds_their_number():
     store = SuffixStore(max_tokens=100, max_sequences=10, max_scopes=2)
     store.scope("key:a").add("r1", [1, 2, 3])
     assert propose([store.scope("key:b")], [1, 2], 1)[0] == []  # another scope never sees it
-    store.scope("key:c")  # a third scope: the least recently used ("key:a") goes
-    assert store.stats()["scopes"] == 2 and store.stats()["tokens"] == 0
+    store.scope("key:b").add("r2", [4, 5])
+    store.scope("key:c").add("r3", [6])  # a third scope: the least recently used ("key:a") goes
+    assert store.stats()["scopes"] == 2 and store.stats()["tokens"] == 3
+    assert propose([store.scope("key:a")], [1, 2], 1)[0] == []  # made anew, empty
 
 
 def test_a_saved_store_round_trips(tmp_path):

@@ -13,7 +13,7 @@ CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }} {% endfo
                  "{% if add_generation_prompt %}w3 {% endif %}")
 
 
-APP_OPTIONS = ("default_max_tokens", "max_body_bytes", "api_key", "allowed_origins", "template_seconds")
+APP_OPTIONS = ("default_max_tokens", "max_body_bytes", "api_key", "allowed_origins", "template_seconds", "suffix_scope")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,53 @@
+"""The server's suffix index scopes: a request drafts from earlier answers under its own API key alone (by default),
+read from its records; everyone's with --suffix-scope global; none with none. /metrics reports the index's size."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from specdeploy import GenerationConfig, Pipeline
+
+from .conftest import metrics, serving
+
+SUFFIX = GenerationConfig(k=4, policy="fixed", drafter="suffix")
+PROMPT = "w60 w61 w62 w63"
+
+
+@pytest.fixture()
+def fresh(pair_dir):
+    return Pipeline.load(pair_dir)  # an empty index for each test
+
+
+def _ask(url: str, key: str) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    client.completions.create(model="tiny", prompt=PROMPT, temperature=0, max_tokens=20, extra_body={"ignore_eos": True})
+
+
+def _sources(rows) -> list[set]:  # the requests whose texts each row's drafts followed
+    return [{r.drafted_from for r in row.records if r.drafted_from is not None} for row in rows]
+
+
+@pytest.mark.parametrize("scope", ["key", "global", "none"])
+def test_a_request_drafts_from_earlier_answers_only_within_its_scope(fresh, scope):
+    """alice asks, then alice and bob ask the same: under ``key`` only alice's second request drafts from her first
+    answer (bob's never from hers), under ``global`` both do, under ``none`` neither."""
+    finished, keys = [], []
+    with serving(fresh, config=SUFFIX, suffix_scope=scope) as (url, scheduler):
+        scheduler.on_finish = lambda ticket, row, inner=scheduler.on_finish: (finished.append(row), inner(ticket, row))
+        for key in ("alice", "alice", "bob"):
+            _ask(url, key)
+            keys.append(key)
+        seen = metrics(url)
+    ids = [row.request_id for row in finished]
+    for i, (row, key) in enumerate(zip(finished, keys)):
+        earlier = set(ids[:i])
+        mine = {ids[j] for j in range(i) if keys[j] == key}
+        sources = _sources([row])[0] - {row.request_id}  # drafts from its own text are always allowed
+        shares = {"key": bool(mine), "global": bool(earlier), "none": False}[scope]
+        assert bool(sources) == shares, (scope, key, sources)
+        assert sources <= (mine if scope == "key" else earlier)  # never another key's answer under "key"
+    assert finished[1].token_ids == finished[2].token_ids == finished[0].token_ids  # the target's text, always
+    kept = seen["specdeploy_suffix_index_tokens"]
+    assert (kept == 0) == (scope == "none") and seen["specdeploy_suffix_index_bytes"] >= kept
+    assert seen["specdeploy_suffix_index_scopes"] == {"key": 2, "global": 1, "none": 0}[scope]
