@@ -9,6 +9,10 @@ input checks, neither in the backend nor staging.
 
     python -m tools.bench_overhead [--cycles 2000] [--k 4] [--engine ort|instant] [--drafters model]
         [--temperatures 0] [--batches 1] [--policies fixed,cost]
+    python -m tools.bench_overhead --index [--index-tokens 200000]
+
+``--index``: the suffix index alone, on text (Spec-Bench's questions, a token a word): what adding a committed token
+costs, a proposal from a shared index of ``--index-tokens`` tokens and a request's own, and the memory it takes.
 
 ``--policies``: the draft-length policies measured (the cost policy weighs every K at every cycle).
 
@@ -89,7 +93,11 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures (0: greedy)")
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     parser.add_argument("--policies", default="fixed", help="comma-separated draft-length policies")
+    parser.add_argument("--index", action="store_true", help="measure the suffix index alone (see above)")
+    parser.add_argument("--index-tokens", type=int, default=200_000, help="--index: tokens in the shared index")
     args = parser.parse_args()
+    if args.index:
+        return index_costs(args.index_tokens, args.k)
 
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = Pipeline.load(tiny.export_pair(Path(tmp), capacity=256), threads=1)
@@ -124,6 +132,45 @@ def main() -> None:
             print(f"policy={policy:<5} drafter={drafter:<13} temperature={temperature} batch={batch}: overhead per cycle "
                   f"median {median:6.1f} us, mean {mean:6.1f} us ({cycles} cycles); engines' input checks "
                   f"{statistics.median(checks) * 1e6:5.1f} us", flush=True)
+
+
+def index_costs(tokens: int, k: int) -> None:
+    """The suffix index's costs on text: Spec-Bench's questions, a token per word (ids by first appearance), repeated
+    to ``tokens`` in the shared index; proposals for contexts from the questions held out of it."""
+    import json
+    from importlib.resources import files
+
+    from specdeploy.runtime.suffix import LEVELS, SuffixIndex, propose
+
+    ids: dict[str, int] = {}
+    texts = [[ids.setdefault(word, len(ids)) for word in json.loads(line)["turns"][0].split()]
+             for line in files("specdeploy").joinpath("data/spec_bench_question.jsonl").read_text().splitlines()]
+    held_out, kept = texts[::10], [t for i, t in enumerate(texts) if i % 10]
+    shared, added, began = SuffixIndex(max_tokens=tokens), 0, time.perf_counter()
+    for round_ in itertools.count():
+        for number, text in enumerate(kept):
+            shared.add((round_, number), text)
+            added += len(text)
+        if added >= tokens:
+            break
+    per_token = (time.perf_counter() - began) / added
+    print(f"shared index: {shared.tokens:,} tokens in {len(shared):,} texts, {shared.nbytes() / 2**20:.1f} MiB "
+          f"({shared.nbytes() / shared.tokens:.0f} bytes a token); adding a token {per_token * 1e6:.1f} us")
+    updates, proposals, found = [], [], 0
+    for number, text in enumerate(held_out):
+        own = SuffixIndex()
+        for at in range(1, len(text)):  # a request committing one token at a time, a proposal before each
+            began = time.perf_counter()
+            own.extend(number, text[at - 1 : at])
+            updated = time.perf_counter()
+            drafts = propose((own, shared), text[max(0, at - LEVELS[0]) : at], k)[0]
+            proposals.append(time.perf_counter() - updated)
+            updates.append(updated - began)
+            found += bool(drafts)
+    print(f"a request's own index: adding a committed token median {statistics.median(updates) * 1e6:.1f} us; "
+          f"a proposal (own + shared, K <= {k}) median {statistics.median(proposals) * 1e6:.1f} us, "
+          f"p90 {sorted(proposals)[len(proposals) * 9 // 10] * 1e6:.1f} us ({len(proposals):,} proposals, "
+          f"{found / len(proposals):.0%} found a match)")
 
 
 if __name__ == "__main__":

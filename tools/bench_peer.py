@@ -142,7 +142,7 @@ class PeerWorker:
             self.models[name] = og.Model(path)
             self.load_s[name] = time.perf_counter() - began
 
-    def run(self, config: str, ids: list[int], max_tokens: int) -> dict:
+    def run(self, config: str, ids: list[int], max_tokens: int, measured: bool = True) -> dict:
         og, model = self.og, self.models[config]
         began = time.perf_counter()
         params = og.GeneratorParams(model)
@@ -164,28 +164,42 @@ class PeerWorker:
         return out
 
 
+def configurations(k: int) -> dict:
+    """specdeploy's configurations: plain decoding, each source of drafts alone under the cost policy, the draft model
+    at the peer's fixed K, and the default (the cost policy over the hybrid drafter: the suffix index where it pays,
+    the draft model elsewhere); every setting spelled out but the default's."""
+    from specdeploy import GenerationConfig
+
+    return {
+        "plain": GenerationConfig(drafter="none", temperature=0.0),
+        f"fixed k={k}": GenerationConfig(k=k, policy="fixed", drafter="model", temperature=0.0),
+        "model, cost k<=8": GenerationConfig(k=8, policy="cost", drafter="model", temperature=0.0),
+        "lookup, cost k<=8": GenerationConfig(k=8, policy="cost", drafter="prompt-lookup", temperature=0.0),
+        "suffix, cost k<=8": GenerationConfig(k=8, policy="cost", drafter="suffix", temperature=0.0),
+        "default (hybrid cost k<=8)": GenerationConfig(temperature=0.0),
+    }
+
+
 class SpecdeployWorker:
     def __init__(self, artifact: str, threads: int, k: int):
-        from specdeploy import GenerationConfig, Pipeline
+        from specdeploy import Pipeline
+        from specdeploy.runtime.suffix import SuffixIndex
+        from specdeploy.runtime.suffix_store import DEFAULT_SEQUENCES, DEFAULT_TOKENS
 
         began = time.perf_counter()
         self.pipeline = Pipeline.load(artifact, threads=threads)
         self.load_s = {"artifact": time.perf_counter() - began}
-        self.configs = {
-            # every setting spelled out but the last, the default (the cost policy over the hybrid drafter, K <= 8)
-            "plain": GenerationConfig(drafter="none", temperature=0.0),
-            f"fixed k={k}": GenerationConfig(k=k, policy="fixed", drafter="model", temperature=0.0),
-            "cost k<=8": GenerationConfig(k=8, policy="cost", drafter="model", temperature=0.0),
-            f"hybrid k={k}": GenerationConfig(k=k, policy="fixed", drafter="hybrid", temperature=0.0),
-            "default (hybrid cost k<=8)": GenerationConfig(temperature=0.0),
-        }
+        self.configs = {name: config for name, config in configurations(k).items()}
+        # each configuration drafts from its own index of the answers it gave before, empty at the start: none may
+        # draft from another's answer to the same prompt (that would measure a lookup of the answer)
+        self.indexes = {name: SuffixIndex(DEFAULT_TOKENS, DEFAULT_SEQUENCES) for name in self.configs}
         self.plain = {}
 
-    def run(self, config: str, ids: list[int], max_tokens: int) -> dict:
+    def run(self, config: str, ids: list[int], max_tokens: int, measured: bool = True) -> dict:
         settings = replace(self.configs[config], max_new_tokens=max_tokens)
         began = time.perf_counter()
         first, result = None, None
-        for chunk in self.pipeline.stream(ids, settings):
+        for chunk in self.pipeline.stream(ids, settings, suffix_index=self.indexes[config] if measured else None):
             first = first or (time.perf_counter() if chunk.token_ids else None)
             result = chunk.result or result
         ended = time.perf_counter()
@@ -212,7 +226,7 @@ def worker_main(system: str, spec: str, threads: int, k: int) -> None:
     out.flush()
     for line in sys.stdin:
         request = json.loads(line)
-        result = worker.run(request["config"], request["ids"], request["max_tokens"])
+        result = worker.run(request["config"], request["ids"], request["max_tokens"], request.get("measured", True))
         result["rss_mb"] = peak_rss_mb()
         out.write(json.dumps(result) + "\n")
         out.flush()
@@ -233,8 +247,10 @@ class Worker:
             raise RuntimeError(f"worker {self.process.args[3]} exited with {self.process.wait()}")
         return json.loads(line)
 
-    def run(self, config: str, ids: list[int], max_tokens: int) -> dict:
-        self.process.stdin.write(json.dumps({"config": config, "ids": ids, "max_tokens": max_tokens}) + "\n")
+    def run(self, config: str, ids: list[int], max_tokens: int, measured: bool = True) -> dict:
+        """``measured``: False for a warm-up, which leaves the configuration's suffix index empty."""
+        request = {"config": config, "ids": ids, "max_tokens": max_tokens, "measured": measured}
+        self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         return self._read()
 
@@ -382,11 +398,10 @@ def main() -> None:
         if name in workers:  # two artifacts of the same formats: their folder names tell them apart
             name = f"specdeploy ({artifact.name})"
         workers[name] = Worker("specdeploy", str(artifact), args.threads, args.k)
-        grid += [(name, "plain"), (name, f"fixed k={args.k}"), (name, "cost k<=8"), (name, f"hybrid k={args.k}"),
-                 (name, "default (hybrid cost k<=8)")]
+        grid += [(name, config) for config in configurations(args.k)]
     reference_name = f"{grid[2][0]}: plain"
     for system, config in grid:  # warm-up, unmeasured: first calls allocate
-        workers[system].run(config, encode(Prompt("warm-up", "def add(a, b):")), 8)
+        workers[system].run(config, encode(Prompt("warm-up", "def add(a, b):")), 8, measured=False)
     runs = {f"{s}: {c}": [] for s, c in grid}
     for index, ((group, prompt), ids) in enumerate(zip(prompts, ids_of)):
         order = grid[index % len(grid):] + grid[: index % len(grid)]

@@ -73,8 +73,9 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
 @click.option("--suffix-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Keep the suffix indexes in this file: loaded at start (a corrupt or foreign one is refused in one "
                    "line, and the server starts empty), written atomically when the server stops.")
-@click.option("--suffix-tokens", type=click.IntRange(min=1), default=262_144, show_default=True,
-              help="Tokens each scope's suffix index keeps at most (the least recently used texts go first).")
+@click.option("--suffix-tokens", type=click.IntRange(min=1), default=65_536, show_default=True,
+              help="Tokens each scope's suffix index keeps at most (the least recently used texts go first); an index "
+                   "takes 0.4-1.1 KB a token, and at most 16 scopes are kept (the least recently used goes).")
 @click.option("--ray-replicas", type=click.IntRange(min=1), default=None,
               help="Run this many replicas under Ray Serve (a local Ray instance; needs ray[serve]), same API.")
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,

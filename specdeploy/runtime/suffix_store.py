@@ -21,9 +21,11 @@ from .suffix import SuffixIndex
 
 FORMAT = "specdeploy.suffix-index"
 VERSION = 1
-DEFAULT_TOKENS = 262_144  # per scope: ~2,000 answers of 128 tokens with their prompts; ~120 MB at most
+# per scope: ~500 requests of a 100-token prompt and a 128-token answer; an index takes 0.4-1.1 KB a token
+# (tools/bench_overhead.py --index), so a scope ~30-70 MB when full, the store at most DEFAULT_SCOPES times that
+DEFAULT_TOKENS = 65_536
 DEFAULT_SEQUENCES = 4096
-DEFAULT_SCOPES = 64
+DEFAULT_SCOPES = 16
 BYTES_PER_TOKEN_IN_FILE = 8  # a token id in JSON: up to six digits, a comma and a space
 
 

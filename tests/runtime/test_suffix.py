@@ -149,3 +149,19 @@ def test_an_oversized_file_or_a_directory_is_refused_before_it_is_read(tmp_path)
 def test_a_store_refuses_bounds_that_are_not_positive_integers(name, value):
     with pytest.raises(ValueError, match=name):
         SuffixStore(**{name: value})
+
+
+@pytest.mark.parametrize("levels", [(2,), (32, 16, 8, 4, 2), (3, 1)])
+def test_an_evicted_text_leaves_no_occurrence_behind_at_any_level(monkeypatch, levels):
+    import specdeploy.runtime.suffix as suffix
+
+    monkeypatch.setattr(suffix, "LEVELS", levels)
+    index = SuffixIndex(max_sequences=2)
+    texts = [[(i * 7 + j) % 11 for j in range(40)] for i in range(6)]
+    for number, text in enumerate(texts):
+        index.add(number, text)
+        live = {n for n, _ in index._sequences.values()}
+        for level in index._anchors:
+            for occurrences in level.values():
+                assert occurrences and {packed >> suffix._SHIFT for packed in occurrences} <= live
+        assert propose([index], text[:5], 3)[0] == text[5:8]
