@@ -131,6 +131,12 @@ class ReplayEngine(Engine):
         self.calls: list[tuple[int, int, int]] = []  # (batch, tokens, kept) of every call, for tests and reports
         # a shared machine's spread: each call's cost times a log-normal factor (seeded: the same runs again)
         self.noise, self.rng = noise, np.random.default_rng([seed, spec.role == "draft"])
+        self.expected: int | None = None
+
+    def expect(self, index: int | None) -> None:
+        """The next prompt prefilled is trace ``index``'s (None: found by its first tokens). Told by ``replay``:
+        a conversation's turns share their start, so a prefill's first chunk cannot tell them apart."""
+        self.expected = index
 
     def new_process(self) -> None:
         """Every shape is cold again (a fresh ``specdeploy generate``)."""
@@ -183,6 +189,8 @@ class ReplayEngine(Engine):
         return lambda trace: trace.draft_next
 
     def _trace_of(self, ids: np.ndarray) -> int:
+        if self.expected is not None:
+            return self.expected
         key = tuple(int(t) for t in ids[:PREFILL_CHUNK])
         for start, index in self.by_start.items():
             if start[: len(key)] == key or key[: len(start)] == start:
@@ -315,8 +323,12 @@ def replay(data: dict, config, fresh: bool = True, cold: float = 1.0, traces: li
         pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory, suffix_store=store)
         if fresh:  # an earlier run on this machine left its record (a short prompt first)
             shortest = min(traces, key=lambda t: len(t.prompt))
+            for engine in (target, draft):
+                engine.expect(traces.index(shortest))
             pipeline.generate([shortest.prompt], replace(config, max_new_tokens=16), suffix_index=None)
-        for trace in traces:
+        for number, trace in enumerate(traces):
+            for engine in (target, draft):
+                engine.expect(number)
             if fresh:
                 pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory,
                                     suffix_store=store)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
+from specdeploy.runtime.suffix import SuffixIndex
 from specdeploy.workloads import Prompt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,18 +52,35 @@ def recorded(fused_dirs):
     GenerationConfig(k=1, policy="fixed", drafter="model", max_new_tokens=24),
     GenerationConfig(k=4, policy="fixed", drafter="hybrid", max_new_tokens=24),
     GenerationConfig(k=4, policy="fixed", drafter="prompt-lookup", max_new_tokens=24),
-], ids=["model k=3", "model k=1", "hybrid k=4", "lookup k=4"])
+    GenerationConfig(k=4, policy="fixed", drafter="suffix", max_new_tokens=24),
+], ids=["model k=3", "model k=1", "hybrid k=4", "lookup k=4", "suffix k=4"])
 def test_a_replay_keeps_the_drafts_a_real_run_keeps_and_emits_its_text(recorded, config):
     """Under a fixed K a cycle's drafts depend on the text alone: the replay must keep, cycle by cycle, exactly the
     drafts the real engines kept, and emit the real run's tokens."""
     tool, pipeline, data = recorded
     replayed = tool.replay(data, config, fresh=False)
+    index = SuffixIndex()  # as the replay's: the earlier prompts' answers, in order, from empty
     for text, row in zip(PROMPTS, replayed):
-        real = pipeline.generate([text], config)[0]
+        real = pipeline.generate([text], config, suffix_index=index)[0]
         assert row["tokens"] == len(real.token_ids)
         assert row["accepted_by_cycle"] == [r.accepted for r in real.records], text
         assert row["k_by_cycle"] == [r.k for r in real.records], text
     assert sum(row["accepted"] for row in replayed) > 0  # the close draft is right often: the check has drafts to keep
+
+
+def test_turns_of_a_conversation_are_replayed_as_themselves_though_they_share_a_start(fused_dirs):
+    """A later turn's prompt starts with the earlier turn's: its prefill's first tokens match both traces, and each
+    must replay its own recorded text."""
+    tool = _tool()
+    pipeline = Pipeline.load(fused_dirs["close"])
+    first = "w5 w6 w7 w8"
+    later = f"{first} {pipeline.decode(pipeline.generate(first, GenerationConfig(drafter='none', max_new_tokens=6))[0].token_ids)} w9"
+    traces = tool.record(pipeline, [("c", Prompt("1", first)), ("c", Prompt("2", later))], 12, log=lambda *_: None)
+    models = {role: asdict(spec) for role, spec in pipeline.manifest.models.items()}
+    data = {"models": models, "costs": _linear_costs(), "traces": [asdict(t) for t in traces]}
+    config = GenerationConfig(k=3, policy="fixed", drafter="hybrid", max_new_tokens=12)
+    replayed = tool.replay(data, config)
+    assert [row["tokens"] for row in replayed] == [len(t.output) for t in traces]
 
 
 def test_the_recorded_text_is_plain_greedy_decoding_and_the_guesses_the_drafts(recorded):
@@ -121,7 +139,7 @@ def test_the_tool_records_and_replays_every_configuration(fused_dirs, tmp_path):
                            "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert set(report["runs"]) == {"plain", "k=1", "k=2", "cost", "hybrid, cost"}
+    assert set(report["runs"]) == {"plain", "k=1", "k=2", "cost", "lookup, cost", "suffix, cost", "hybrid, cost"}
     assert all(len(rows) == 2 * len(PROMPTS) for rows in report["runs"].values())
     assert [(s["group"], s["max_new_tokens"]) for s in report["summary"]] == [
         (g, n) for n in (6, 12) for g in ("c", "d", "all")]
