@@ -64,9 +64,9 @@ class SuffixStore:
                 "tokens": sum(i.tokens for i in indexes), "bytes": sum(i.nbytes() for i in indexes)}
 
     def save(self, path: Path, tokenizer: str, vocab_size: int) -> None:
-        """Write every scope to ``path`` atomically (a reader sees the old file or the new one, never half)."""
+        """Write every scope that holds a text to ``path`` atomically (a reader sees the old file or the new one)."""
         with self._lock:
-            scopes = {name: index.sequences() for name, index in self._scopes.items()}
+            scopes = {name: index.sequences() for name, index in self._scopes.items() if len(index)}
         data = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer, "vocab_size": vocab_size, "scopes": scopes}
         path = Path(path)
         partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")

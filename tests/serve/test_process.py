@@ -221,3 +221,24 @@ def test_the_operators_flags(pair_dir, tmp_path):
                                            "max_tokens": 3}).encode())
         assert status == 200 and json.loads(body)["usage"]["prompt_tokens"] == 3  # the template given on the command line
     assert not any("from-the-env" in line for line in server.lines)
+
+
+def test_the_suffix_indexes_are_written_on_the_way_out_and_read_at_the_next_start(pair_dir, tmp_path):
+    cache = tmp_path / "suffix.json"
+    args = [str(pair_dir), "--suffix-cache", str(cache), "--suffix-scope", "global", *SPECULATION]
+    with running(args) as server:
+        assert any("suffix index per server" in line for line in server.lines)
+        _stream(server.port, "w5 w6 w7", 6, [], [])
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 0
+    saved = json.loads(cache.read_text())
+    assert [len(texts) for texts in saved["scopes"].values()] == [1]
+    with running(args) as server:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as response:
+            tokens = [line for line in response.read().decode().splitlines()
+                      if line.startswith("specdeploy_suffix_index_tokens ")]
+        assert float(tokens[0].split()[1]) == len(saved["scopes"]["global"][0]) > 0
+    cache.write_text("not an index")
+    with running(args) as server:
+        warned = [line for line in server.lines if "suffix index" in line and "not JSON" in line]
+        assert len(warned) == 1 and "starting with an empty index" in warned[0]

@@ -74,7 +74,8 @@ def test_turns_of_a_conversation_are_replayed_as_themselves_though_they_share_a_
     tool = _tool()
     pipeline = Pipeline.load(fused_dirs["close"])
     first = "w5 w6 w7 w8"
-    later = f"{first} {pipeline.decode(pipeline.generate(first, GenerationConfig(drafter='none', max_new_tokens=6))[0].token_ids)} w9"
+    answer = pipeline.generate(first, GenerationConfig(drafter="none", max_new_tokens=6))[0].token_ids
+    later = f"{first} {pipeline.decode(answer)} w9"  # the next turn: the conversation so far, and more
     traces = tool.record(pipeline, [("c", Prompt("1", first)), ("c", Prompt("2", later))], 12, log=lambda *_: None)
     models = {role: asdict(spec) for role, spec in pipeline.manifest.models.items()}
     data = {"models": models, "costs": _linear_costs(), "traces": [asdict(t) for t in traces]}
