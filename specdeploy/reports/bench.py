@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.registry import DRAFTERS, POLICIES
+from ..runtime.suffix import SuffixIndex
+from ..runtime.suffix_store import DEFAULT_SEQUENCES, DEFAULT_TOKENS
 from ..runtime.telemetry import CycleRecord, acceptance_by_position, mean_accepted_length, time_split
 from ..workloads import Prompt
 from .analytic import predicted_speedup
@@ -87,7 +89,8 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
 
     ``pipelines`` maps each setting's ``artifact`` label to its loaded ``Pipeline``. Chat prompts (``Prompt.messages``)
     are rendered with each artifact's own chat template. Prompts run in their order (batch by batch), so a
-    conversation's turns run after each other. A greedy run whose tokens differ from its baseline's on the same
+    conversation's turns run after each other, and each setting drafts from an index of its own answers in the round
+    so far (a suffix index: a later prompt drafts from an earlier one's answer). A greedy run whose tokens differ from its baseline's on the same
     prompt and round gets a ``divergence``: the first differing position and the plain target's margin there
     (``Pipeline.first_divergence``). Returns ``summarize``'s summary.
     """
@@ -98,7 +101,11 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
     inputs = {label: _inputs(label, pipeline, prompts) for label, pipeline in pipelines.items()}
     for setting in grid:  # warm-up: the first calls of a session pay allocations and page faults
         warm = replace(setting.config, max_new_tokens=min(4, setting.config.max_new_tokens))
-        pipelines[setting.artifact].generate([inputs[setting.artifact][0]], warm)
+        pipelines[setting.artifact].generate([inputs[setting.artifact][0]], warm, suffix_index=None)
+    # each setting drafts from its own index of the answers it gave earlier in the round, empty at each round's start:
+    # none may draft from another's answer to the same prompt, nor from its own of an earlier round
+    indexes = {(setting.name, rep): SuffixIndex(DEFAULT_TOKENS, DEFAULT_SEQUENCES) for setting in grid
+               for rep in range(repeat)}
     records_path = out / "records.jsonl"
     with open(records_path, "w") as sink:
         for rep, first in itertools.product(range(repeat), range(0, len(prompts), batch_size)):
@@ -108,7 +115,8 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
             for setting in grid[offset:] + grid[:offset]:  # rotate who runs first each round
                 pipeline = pipelines[setting.artifact]
                 results[setting.name] = pipeline.generate(inputs[setting.artifact][first : first + batch_size],
-                                                          setting.config, batch_size=batch_size)
+                                                          setting.config, batch_size=batch_size,
+                                                          suffix_index=indexes[setting.name, rep])
                 advance()
             for setting in grid:
                 baseline = settings[setting.baseline]

@@ -205,11 +205,12 @@ class _Scripted:
     """A pipeline that answers each configuration with set tokens, and locates a divergence as plain decoding would."""
 
     def __init__(self, outputs: dict[str, list[int]]):
-        self.outputs, self.located = outputs, []
+        self.outputs, self.located, self.indexes = outputs, [], []
 
-    def generate(self, prompts, config, batch_size=1):
+    def generate(self, prompts, config, batch_size=1, suffix_index=None):
         from specdeploy.runtime.pipeline import GenerationResult
 
+        self.indexes.append((config.drafter, config.max_new_tokens > 4, suffix_index))
         ids = self.outputs[config.drafter] if config.max_new_tokens > 4 else [0]
         return [GenerationResult("", list(ids), {"tokens": len(ids), "seconds": 0.5}) for _ in prompts]
 
@@ -238,3 +239,21 @@ def test_a_greedy_run_that_leaves_plain_decoding_is_located_with_the_plain_margi
     header, rows = summary_table(summary)
     assert dict(zip(header, next(r for r in rows if r[0] == "model fixed k=2 t=0")))["identical"] == \
         "0/2 (differing: margin <= 0.25)"
+
+
+def test_each_setting_drafts_from_its_own_index_fresh_each_round(tmp_path):
+    """No setting drafts from another's answer to the same prompt, nor from its own of an earlier round; warm-ups
+    draft from none."""
+    from specdeploy.reports.bench import build_grid, run_bench
+    from specdeploy.workloads import Prompt
+
+    pipeline = _Scripted({"none": [5, 6], "model": [5, 6], "suffix": [5, 6]})
+    grid = build_grid([0, 2], ["fixed"], ["model", "suffix"], [0.0], 8, artifacts=["a"])
+    run_bench({"a": pipeline}, grid, [Prompt("p1", "w5"), Prompt("p2", "w6")], tmp_path, repeat=2)
+    assert all(index is None for _, measured, index in pipeline.indexes if not measured)
+    runs = [(drafter, index) for drafter, measured, index in pipeline.indexes if measured]
+    assert len(runs) == 2 * 2 * 3 and all(index is not None for _, index in runs)
+    by_index = {}
+    for drafter, index in runs:
+        by_index.setdefault(id(index), set()).add(drafter)
+    assert len(by_index) == 3 * 2 and all(len(drafters) == 1 for drafters in by_index.values())
