@@ -67,7 +67,8 @@ class _Scripted:
     def __init__(self):
         self.located = []
 
-    def generate(self, prompts, config):
+    def generate(self, prompts, config, suffix_index="shared"):
+        assert suffix_index is None  # each run drafts as a first request would: from its own text alone
         ids = [5, 6, 9, 9] if config.drafter == "model" else [5, 6, 7, 8]
         return [GenerationResult("", ids, {})]
 
