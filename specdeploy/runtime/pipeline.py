@@ -94,6 +94,18 @@ class Pipeline:
         remembered = RememberedCosts(machine_key(directory, provider, threads)) if remember_costs else None
         return cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered)
 
+    def close(self) -> None:
+        """Close the engines (their sessions and bound buffers); later requests fail. Closing twice is harmless."""
+        for engine in (self.draft, self.target):
+            if engine is not None:
+                engine.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def cache_bytes(self, batch: int, capacity: int, speculative: bool = True) -> dict[str, int]:
         """KV-cache bytes a batch of ``batch`` rows of ``capacity`` slots allocates, per model and in total.
 
