@@ -145,9 +145,11 @@ def random_weights(shape: dict):
     return RandomWeights()
 
 
-def dims_of(shape: dict) -> dict:
-    return {"num_layers": shape["layers"], "num_heads": shape["heads"], "kv_heads": shape["kv_heads"],
-            "head_dim": shape["head_dim"], "vocab_size": shape["vocab"]}
+def dims_of(shape: dict):
+    from specdeploy.exporter.dims import Dims
+
+    return Dims(num_layers=shape["layers"], num_heads=shape["heads"], kv_heads=shape["kv_heads"],
+                head_dim=shape["head_dim"], vocab_size=shape["vocab"])
 
 
 def write_target(shape: dict, path: Path, capacity: int):
@@ -166,7 +168,7 @@ def write_target(shape: dict, path: Path, capacity: int):
         graph.save(module.write_fused(graph, capacity))
     return ModelSpec(role="target", file=path.name, architecture="qwen2", dtype="float16", weights="full", capacity=capacity,
                      tokenizer_fingerprint="", graph="fused", trims_logits=True, takes_seqlens_k=True, argmax_ids=True,
-                     **{k: dims[k] for k in ("num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size")})
+                     **dims.spec_fields())
 
 
 def check_big(name: str, provider: str, workdir: Path, keep: bool = False) -> dict:

@@ -14,9 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from ..contract import PREFILL_CHUNK, ModelSpec
-from .memory import address, copy_prefixes, on_host, settle
-
-NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+from .memory import NUMPY_DTYPES, address, copy_prefixes, describe, on_host, settle
 
 
 class EngineInputError(ValueError):
@@ -169,7 +167,7 @@ class KVCache:
 
 class ExplicitCalls:
     """How a checked call runs and keeps the cache current in the explicit form: the backend returns the new tokens'
-    K/V, then written into the cache at each row's past_len. Each engine chooses its form's once (``call_form``)."""
+    K/V, then written into the cache at each row's past_len. Each engine chooses its form's way once (``call_form``)."""
 
     rows_alone = False  # a call of several rows runs as one
 
@@ -278,13 +276,13 @@ class Engine(ABC):
     def _check(self, input_ids, past_len, cache) -> None:
         role = self.spec.role
         if not isinstance(input_ids, np.ndarray) or input_ids.dtype != np.int64 or input_ids.ndim != 2:
-            raise EngineInputError(f"{role}: input tensor input_ids | received {_describe(input_ids)}; expected int64 "
+            raise EngineInputError(f"{role}: input tensor input_ids | received {describe(input_ids)}; expected int64 "
                                    "[batch, tokens]")
         batch, tokens = input_ids.shape
         if batch == 0 or tokens == 0:
             raise EngineInputError(f"{role}: input tensor input_ids | received empty shape {input_ids.shape}")
         if not isinstance(past_len, np.ndarray) or past_len.dtype != np.int64 or past_len.shape != (batch,):
-            raise EngineInputError(f"{role}: input tensor past_len | received {_describe(past_len)}; expected int64 ({batch},)")
+            raise EngineInputError(f"{role}: input tensor past_len | received {describe(past_len)}; expected int64 ({batch},)")
         capacity = self._check_cache(cache, batch)
         # decode, draft and verify calls pass a handful of values: Python's min/max beat four NumPy reductions
         past = past_len.tolist()
@@ -307,7 +305,7 @@ class Engine(ABC):
             return cache.stacked.shape[3]
         role = self.spec.role
         if not isinstance(cache, KVCache):
-            raise EngineInputError(f"{role}: cache | received {_describe(cache)}; expected a KVCache (Engine.allocate_cache)")
+            raise EngineInputError(f"{role}: cache | received {describe(cache)}; expected a KVCache (Engine.allocate_cache)")
         if len(cache) != 2 * self.spec.num_layers:
             raise EngineInputError(f"{role}: received {len(cache)} cache tensors; expected {2 * self.spec.num_layers}")
         first = cache.buffers[0]
@@ -317,7 +315,7 @@ class Engine(ABC):
             if buf.shape != expected or buf.dtype != self.cache_dtype:
                 name = f"cache_{'key' if i % 2 == 0 else 'value'}.{i // 2}"
                 raise EngineInputError(
-                    f"{role}: input tensor {name} | received {_describe(buf)}; expected {self.spec.dtype} {expected}")
+                    f"{role}: input tensor {name} | received {describe(buf)}; expected {self.spec.dtype} {expected}")
         self._checked_cache = weakref.ref(cache)  # weak: a finished request's caches must go
         return capacity
 
@@ -379,9 +377,3 @@ def prefill(engine: Engine, cache: KVCache, tokens: np.ndarray, goal: list[int])
         if all(past >= end for past, end in zip(seen, goal)):
             return
         feed(engine, cache, tokens, [min(end, past + PREFILL_CHUNK) for past, end in zip(seen, goal)])
-
-
-def _describe(value) -> str:
-    if isinstance(value, np.ndarray):
-        return f"{value.dtype} {value.shape}"
-    return type(value).__name__

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}  # of the manifest's dtypes
+
 
 class Transfers:
     """Bytes this process has copied between host and device memory through the engines (inputs in, outputs read):
@@ -47,3 +49,10 @@ def copy_prefixes(to: np.ndarray, to_rows, source: np.ndarray, rows, lengths) ->
         if n and not (to is source and to_row == row):
             to[:, to_row, :, :n] = source[:, row, :, :n]
     settle(to)
+
+
+def describe(value) -> str:
+    """An array's dtype and shape, else a value's type name: what an input error says it received."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {value.shape}"
+    return type(value).__name__
