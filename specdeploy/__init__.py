@@ -30,7 +30,8 @@ def __dir__() -> list[str]:
 
 
 def export(*args, **kwargs):
-    """Export checkpoints to a verify-v1 artifact dir; see ``specdeploy.exporter.export_artifact``."""
+    """Export checkpoints to a verify-v1 artifact dir; see ``specdeploy.exporter.export_artifact`` (and its options,
+    ``specdeploy.exporter.ExportOptions``)."""
     from .exporter import export_artifact
 
     return export_artifact(*args, **kwargs)

@@ -481,7 +481,7 @@ def placement(path: Path, spec, provider: str) -> dict:
 def cache_check(ref, dev, ids: np.ndarray) -> dict:
     """Where ``dev``'s cache lives; ``ids`` [1, PAST + 5] run on both engines as a prefill of PAST tokens and one call
     of 5: the call's logits and the caches compared (the device's cache copied here for that alone)."""
-    from specdeploy.engines.base import on_host
+    from specdeploy.engines.memory import on_host
 
     cache = dev.allocate_cache(1, CAPACITY)
     info = {"handle": type(cache).__name__, "buffer": f"{type(cache.stacked).__module__}.{type(cache.stacked).__name__}",

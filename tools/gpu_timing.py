@@ -54,7 +54,8 @@ def last_logits(engine, ids: np.ndarray, cache=None) -> np.ndarray:
 def engine_latency(engine, capacity: int = CAPACITY, past: int = PAST, tokens=TOKENS, calls: int = CALLS) -> dict:
     """Per token count T at batch 1 after ``past`` tokens: ms per ``engine.infer`` reading the argmax ids (wall, and the
     engine's own ``seconds``), and the bytes each call moved to the device and back (``device.transfers``)."""
-    from specdeploy.engines.base import prefill, transfers
+    from specdeploy.engines.base import prefill
+    from specdeploy.engines.memory import transfers
 
     rng = np.random.default_rng(4)
     cache = engine.allocate_cache(1, capacity)
@@ -81,7 +82,7 @@ def engine_latency(engine, capacity: int = CAPACITY, past: int = PAST, tokens=TO
 def cycle_bytes(target, draft, capacity: int, past: int, k: int = CYCLE_K) -> dict:
     """Bytes one greedy cycle at batch 1 moves between host and device: ``k`` draft steps and a verification of k + 1
     tokens, each reading its argmax ids, as greedy acceptance does."""
-    from specdeploy.engines.base import transfers
+    from specdeploy.engines.memory import transfers
 
     rng = np.random.default_rng(6)
     caches = {e: e.allocate_cache(1, capacity) for e in (target, draft)}
@@ -144,9 +145,11 @@ def random_weights(shape: dict):
     return RandomWeights()
 
 
-def dims_of(shape: dict) -> dict:
-    return {"num_layers": shape["layers"], "num_heads": shape["heads"], "kv_heads": shape["kv_heads"],
-            "head_dim": shape["head_dim"], "vocab_size": shape["vocab"]}
+def dims_of(shape: dict):
+    from specdeploy.exporter.dims import Dims
+
+    return Dims(num_layers=shape["layers"], num_heads=shape["heads"], kv_heads=shape["kv_heads"],
+                head_dim=shape["head_dim"], vocab_size=shape["vocab"])
 
 
 def write_target(shape: dict, path: Path, capacity: int):
@@ -165,7 +168,7 @@ def write_target(shape: dict, path: Path, capacity: int):
         graph.save(module.write_fused(graph, capacity))
     return ModelSpec(role="target", file=path.name, architecture="qwen2", dtype="float16", weights="full", capacity=capacity,
                      tokenizer_fingerprint="", graph="fused", trims_logits=True, takes_seqlens_k=True, argmax_ids=True,
-                     **{k: dims[k] for k in ("num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size")})
+                     **dims.spec_fields())
 
 
 def check_big(name: str, provider: str, workdir: Path, keep: bool = False) -> dict:

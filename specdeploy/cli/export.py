@@ -40,18 +40,18 @@ from .common import console
 def export(target, draft, out, dtype, weights, draft_weights, capacity, block_size, accuracy_level, graph, draft_vocab,
            force):
     """Export Hugging Face causal LMs to verify-v1 ONNX graphs plus a manifest."""
-    from ..exporter import ExportError, export_artifact
+    from ..exporter import ExportError, ExportOptions, export_artifact
 
     try:
+        options = ExportOptions(dtype=dtype, weights=weights, draft_weights=draft_weights, capacity=capacity, graph=graph,
+                                block_size=int(block_size), accuracy_level=accuracy_level, draft_vocab=draft_vocab,
+                                force=force)
         with console.status("exporting") as status:
             def progress(step):
                 console.log(step)
                 status.update(step)
 
-            manifest = export_artifact(target, out, draft=draft, dtype=dtype, weights=weights, capacity=capacity,
-                                       force=force, draft_weights=draft_weights, progress=progress,
-                                       block_size=int(block_size), accuracy_level=accuracy_level, graph=graph,
-                                       draft_vocab=draft_vocab)
+            manifest = export_artifact(target, out, draft=draft, options=options, progress=progress)
     except (ExportError, ContractError) as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(f"[green]exported[/] {', '.join(manifest.models)} to {out}")

@@ -4,7 +4,7 @@ import warnings
 from pathlib import Path
 
 from ..contract import REEXPORT_INT8, ContractError, Manifest, saturating_int8
-from .base import Engine, EngineInputError, EngineOutput
+from .base import Engine, EngineClosedError, EngineInputError, EngineOutput, KVCache
 from .ort import OrtEngine, ProviderError
 from .vetting import check_external_data
 
@@ -36,4 +36,5 @@ def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = 
         raise ContractError(f"{spec.file}: ONNX Runtime cannot load it ({type(exc).__name__}: {exc})") from exc
 
 
-__all__ = ["Engine", "EngineInputError", "EngineOutput", "OrtEngine", "ProviderError", "load_engine"]
+__all__ = ["Engine", "EngineClosedError", "EngineInputError", "EngineOutput", "KVCache", "OrtEngine", "ProviderError",
+           "load_engine"]

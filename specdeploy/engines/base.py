@@ -9,51 +9,20 @@ from __future__ import annotations
 import time
 import weakref
 from abc import ABC, abstractmethod
+from functools import cached_property
 
 import numpy as np
 
 from ..contract import PREFILL_CHUNK, ModelSpec
-
-NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
-
-
-# Where an engine's buffers live: host memory (NumPy) or one GPU's (CuPy); the engines' memory (``ort.HostMemory``,
-# ``ort.CudaMemory``) allocates them, the functions below work on either.
-
-class Transfers:
-    """Bytes this process has copied between host and device memory through the engines (inputs in, outputs read):
-    what a cycle moves across PCIe, for tools/gpu_check.py. K/V never crosses: no engine path copies a cache."""
-
-    def __init__(self):
-        self.to_device = self.to_host = 0
-
-
-transfers = Transfers()
-
-
-def address(array) -> int:
-    """The address of an array's first element, host (``__array_interface__``) or device (``__cuda_array_interface__``)."""
-    interface = getattr(array, "__cuda_array_interface__", None) or array.__array_interface__
-    return interface["data"][0]
-
-
-def on_host(array) -> np.ndarray:
-    """``array`` in host memory: itself when it is a NumPy array, else a copy (a CuPy array's ``get``)."""
-    if isinstance(array, np.ndarray):
-        return array
-    transfers.to_host += array.nbytes
-    return array.get()
-
-
-def settle(array) -> None:
-    """Wait for copies queued on a device array's GPU (CuPy's stream) before a session reads it: ONNX Runtime's kernels
-    run on a stream of their own. Host arrays are written at once."""
-    if not isinstance(array, np.ndarray):
-        array.device.synchronize()
+from .memory import NUMPY_DTYPES, address, copy_prefixes, describe, on_host, settle
 
 
 class EngineInputError(ValueError):
     """An input that does not fit the engine's verify contract."""
+
+
+class EngineClosedError(RuntimeError):
+    """A call on an engine that was closed (``Engine.close``)."""
 
 
 class EngineOutput:
@@ -67,15 +36,12 @@ class EngineOutput:
     """
 
     def __init__(self, logits, new_kv, seconds: float, stage_seconds: float = 0.0, ids=None):
-        # host logits are a field at once (the CPU's hot path reads them); device logits stay in ``_computed`` until
-        # ``__getattr__`` copies them on first read
-        self._computed = logits  # where the engine computed them: host or device
-        if isinstance(logits, np.ndarray):
+        self._computed = logits  # where the engine computed them: host or device (``__getattr__`` copies those)
+        if isinstance(logits, np.ndarray):  # a field at once: the CPU's hot path reads them
             self.logits = logits
         self._ids = ids  # the graph's argmax output, host or device, where it has one
-        # The new tokens' K/V as the graph returned them, already written into the cache by ``infer``:
-        # [2 * layers, batch, kv_heads, tokens, head_dim] (explicit graphs; None where the graph writes in place:
-        # the fused form, whose new K/V are in the cache at past_len ..)
+        # The new tokens' K/V as the graph returned them, already in the cache: [2 * layers, batch, kv_heads, tokens,
+        # head_dim]; None where the graph writes the cache itself (the fused form)
         self.new_kv = new_kv
         self.seconds = seconds  # the backend's call, without input checks and K/V staging
         self.stage_seconds = stage_seconds  # writing the new K/V into the cache
@@ -159,16 +125,14 @@ class KVCache:
             settle(self.stacked)
 
     def select(self, rows) -> KVCache:
-        """A cache of only ``rows`` (finished rows leave the batch; in order), lengths along, on the same memory:
-        the rows that stay move up over those that left, and this handle is spent. Copied into a new array, a
-        leave at 8 rows of the real pair's 1024-slot caches moved 470 MB (0.3-1.1 s measured on this machine).
-        Only each row's valid prefix moves: the slots past it are ignored, and a draft that has seen nothing of
-        its rows (a server's batch decoding plainly) moves nothing."""
+        """A cache of only ``rows`` (finished rows leave the batch; in order), lengths along, on the same memory (a new
+        array would move the whole cache): the rows that stay move up over those that left, and this handle is spent.
+        Only each row's valid prefix moves: a draft that has seen nothing of its rows moves nothing."""
         rows = [int(r) for r in rows]
         lengths = self.past_len[rows]
         in_place = rows == sorted(rows) and self._first_rows()
         to = self.stacked if in_place else np.zeros_like(self.stacked[:, : len(rows)])  # CuPy's for device arrays
-        _copy_prefixes(to, range(len(rows)), self.stacked, rows, lengths)
+        copy_prefixes(to, range(len(rows)), self.stacked, rows, lengths)
         kept = KVCache(self.held[:, : len(rows)], self.held) if in_place else KVCache(to)
         kept.commit(lengths)
         return kept
@@ -195,24 +159,66 @@ class KVCache:
             shape = list(self.stacked.shape)
             shape[1] = batch + joining
             joined = KVCache(np.zeros_like(self.stacked, shape=shape))  # zeros: never-written slots hold no NaN
-            _copy_prefixes(joined.stacked, range(batch), self.stacked, range(batch), self.past_len)
-        _copy_prefixes(joined.stacked, range(batch, batch + joining), other.stacked, range(joining), other.past_len)
+            copy_prefixes(joined.stacked, range(batch), self.stacked, range(batch), self.past_len)
+        copy_prefixes(joined.stacked, range(batch, batch + joining), other.stacked, range(joining), other.past_len)
         joined.commit(np.concatenate([self.past_len, other.past_len]))
         return joined
 
 
-def _copy_prefixes(to: np.ndarray, to_rows, source: np.ndarray, rows, lengths) -> None:
-    """Row ``to_rows[i]`` of ``to`` takes the first ``lengths[i]`` slots of row ``rows[i]`` of ``source``, every
-    layer at once (the caches' [2 * layers, batch, kv_heads, capacity, head_dim] layout)."""
-    for to_row, row, n in zip(to_rows, rows, np.asarray(lengths).tolist()):
-        if n and not (to is source and to_row == row):
-            to[:, to_row, :, :n] = source[:, row, :, :n]
-    settle(to)
+class ExplicitCalls:
+    """How a checked call runs and keeps the cache current in the explicit form: the backend returns the new tokens'
+    K/V, then written into the cache at each row's past_len. Each engine chooses its form's way once (``call_form``)."""
+
+    rows_alone = False  # a call of several rows runs as one
+
+    @staticmethod
+    def run(engine: Engine, input_ids: np.ndarray, past_len: np.ndarray, cache: KVCache, kept: int) -> EngineOutput:
+        start = time.perf_counter()
+        logits, new_kv, ids = engine.infer_impl(input_ids, past_len, cache, kept)
+        ran = time.perf_counter()
+        cache.stage(new_kv, past_len)
+        return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran, ids)
+
+
+class FusedCalls:
+    """The fused form: the graph writes the new tokens' K/V into the cache itself, nothing to stage.
+    GroupQueryAttention takes several new tokens after a past only at batch 1, so such calls at a larger batch run
+    row by row, on views of the rows' buffers (each row of a layer's cache is one contiguous block)."""
+
+    rows_alone = True  # a call of several rows and tokens runs row by row (``feed`` gives each row its own tokens)
+
+    @staticmethod
+    def run(engine: Engine, input_ids: np.ndarray, past_len: np.ndarray, cache: KVCache, kept: int) -> EngineOutput:
+        start = time.perf_counter()
+        batch, tokens = input_ids.shape
+        if batch == 1 or tokens == 1:
+            logits, _, ids = engine.infer_impl(input_ids, past_len, cache, kept)
+            return EngineOutput(logits, None, time.perf_counter() - start, ids=ids)
+        logits = ids = None
+        for b in range(batch):
+            row_logits, _, row_ids = engine.infer_impl(input_ids[b : b + 1], past_len[b : b + 1], cache.rows(b, b + 1), kept)
+            if logits is None:  # where the rows' outputs are: host or device (CuPy's for device arrays)
+                logits = np.empty_like(row_logits, shape=(batch, *row_logits.shape[1:]))
+                ids = None if row_ids is None else np.empty_like(row_ids, shape=(batch, kept))
+            logits[b] = row_logits[0]
+            if ids is not None:
+                ids[b] = row_ids[0]
+        return EngineOutput(logits, None, time.perf_counter() - start, ids=ids)
+
+
+class ClosedCalls:
+    """An engine after ``close``: every call is refused."""
+
+    rows_alone = False
+
+    @staticmethod
+    def run(engine: Engine, *args) -> EngineOutput:
+        raise EngineClosedError(f"{engine.spec.role}: the engine is closed (Engine.close); load it again to run it")
 
 
 class Engine(ABC):
     """A verify-v1 decoder. ``infer`` checks inputs, times the call and keeps the cache current;
-    backends implement ``infer_impl``."""
+    backends implement ``infer_impl``. ``close`` (or leaving ``with engine:``) releases what the backend holds."""
 
     spec: ModelSpec
 
@@ -220,19 +226,24 @@ class Engine(ABC):
     def cache_dtype(self) -> np.dtype:
         return np.dtype(NUMPY_DTYPES[self.spec.dtype])
 
+    @cached_property
+    def call_form(self) -> ExplicitCalls | FusedCalls | ClosedCalls:
+        """How this engine's calls run and write the cache, chosen once from its graph's form."""
+        return FusedCalls() if self.spec.writes_cache else ExplicitCalls()
+
     def allocate_cache(self, batch: int, capacity: int) -> KVCache:
         """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim],
         where this engine computes (host memory here)."""
         shape = self.spec.cache_shape(batch, capacity)
         return KVCache(np.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype))
 
-    def infer(self, input_ids: np.ndarray, past_len: np.ndarray, cache, last: int | None = None) -> EngineOutput:
+    def infer(self, input_ids: np.ndarray, past_len: np.ndarray, cache: KVCache, last: int | None = None) -> EngineOutput:
         """Run new tokens ``input_ids`` [batch, tokens] at ``past_len`` [batch] over ``cache``.
 
         The new tokens' K/V are written into the cache at slots past_len[b] .. past_len[b] + tokens;
-        ``cache.past_len`` is the caller's to move. ``cache`` is a ``KVCache`` or a list of per-layer arrays.
-        ``last``: only the logits after each row's last ``last`` tokens are wanted; a graph that can
-        (``spec.trims_logits``) computes only those, [batch, last, vocab], the others all of them.
+        ``cache.past_len`` is the caller's to move. ``last``: only the logits after each row's last ``last`` tokens
+        are wanted; a graph that can (``spec.trims_logits``) computes only those, [batch, last, vocab], the others
+        all of them. Raises EngineInputError for inputs that do not fit the contract, EngineClosedError once closed.
         """
         self._check(input_ids, past_len, cache)
         kept = input_ids.shape[1]
@@ -241,61 +252,37 @@ class Engine(ABC):
                 raise EngineInputError(f"{self.spec.role}: last | received {last}; expected at least 1 token's logits")
             if self.spec.trims_logits:
                 kept = min(last, kept)
-        start = time.perf_counter()
-        if self.spec.graph == "fused":  # spec.writes_cache, read as a field: no call on the hot path
-            logits, ids = self._infer_in_place(input_ids, past_len, cache, kept)
-            return EngineOutput(logits, None, time.perf_counter() - start, ids=ids)
-        logits, new_kv, ids = self.infer_impl(input_ids, past_len, cache, kept)
-        ran = time.perf_counter()
-        if isinstance(cache, KVCache):
-            cache.stage(new_kv, past_len)
-        else:
-            for buf, new in zip(cache, new_kv):
-                for b, s in enumerate(past_len.tolist()):
-                    buf[b, :, s : s + new.shape[2]] = new[b]
-            settle(cache[0])
-        return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran, ids)
-
-    def _infer_in_place(self, input_ids, past_len, cache, kept: int):
-        """A graph that writes its cache itself (fused form): (logits, argmax ids or None). GroupQueryAttention takes
-        several new tokens after a past only at batch 1, so such calls at a larger batch run row by row, on views of
-        the rows' buffers (each row of a layer's cache is one contiguous block)."""
-        batch, tokens = input_ids.shape
-        if batch == 1 or tokens == 1:
-            logits, _, ids = self.infer_impl(input_ids, past_len, cache, kept)
-            return logits, ids
-        logits = ids = None
-        for b in range(batch):
-            rows = cache.rows(b, b + 1) if isinstance(cache, KVCache) else [buf[b : b + 1] for buf in cache]
-            row_logits, _, row_ids = self.infer_impl(input_ids[b : b + 1], past_len[b : b + 1], rows, kept)
-            if logits is None:  # where the rows' outputs are: host or device (CuPy's for device arrays)
-                logits = np.empty_like(row_logits, shape=(batch, *row_logits.shape[1:]))
-                ids = None if row_ids is None else np.empty_like(row_ids, shape=(batch, kept))
-            logits[b] = row_logits[0]
-            if ids is not None:
-                ids[b] = row_ids[0]
-        return logits, ids
+        return self.call_form.run(self, input_ids, past_len, cache, kept)
 
     @abstractmethod
-    def infer_impl(self, input_ids, past_len, cache, kept: int) -> tuple:
+    def infer_impl(self, input_ids, past_len, cache: KVCache, kept: int) -> tuple:
         """Run the backend on checked inputs; return (logits, new K/V, ids): the logits of each row's last ``kept``
         tokens (all of them unless ``spec.trims_logits``), the new K/V per layer (None where the graph writes them
         into the cache itself) and each kept position's argmax ids [batch, kept] (None where the graph does not
         compute them). Outputs may be device arrays (``EngineOutput`` copies what is read to the host)."""
 
+    def close(self) -> None:
+        """Release what the backend holds (backends add their sessions and bound buffers); later calls raise
+        EngineClosedError. Closing twice is harmless. Caches from ``allocate_cache`` stay their holders'."""
+        self.call_form = ClosedCalls()
+        self._checked_cache = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _check(self, input_ids, past_len, cache) -> None:
         role = self.spec.role
         if not isinstance(input_ids, np.ndarray) or input_ids.dtype != np.int64 or input_ids.ndim != 2:
-            raise EngineInputError(
-                f"{role}: input tensor input_ids | received {_describe(input_ids)}; expected int64 [batch, tokens]"
-            )
+            raise EngineInputError(f"{role}: input tensor input_ids | received {describe(input_ids)}; expected int64 "
+                                   "[batch, tokens]")
         batch, tokens = input_ids.shape
         if batch == 0 or tokens == 0:
             raise EngineInputError(f"{role}: input tensor input_ids | received empty shape {input_ids.shape}")
         if not isinstance(past_len, np.ndarray) or past_len.dtype != np.int64 or past_len.shape != (batch,):
-            raise EngineInputError(
-                f"{role}: input tensor past_len | received {_describe(past_len)}; expected int64 ({batch},)"
-            )
+            raise EngineInputError(f"{role}: input tensor past_len | received {describe(past_len)}; expected int64 ({batch},)")
         capacity = self._check_cache(cache, batch)
         # decode, draft and verify calls pass a handful of values: Python's min/max beat four NumPy reductions
         past = past_len.tolist()
@@ -307,32 +294,29 @@ class Engine(ABC):
         else:
             low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= self.spec.vocab_size:
-            raise EngineInputError(
-                f"{role}: input_ids range [{low}, {high}] outside the vocabulary [0, {self.spec.vocab_size})"
-            )
+            raise EngineInputError(f"{role}: input_ids range [{low}, {high}] outside the vocabulary [0, {self.spec.vocab_size})")
 
     def _check_cache(self, cache, batch: int) -> int:
-        """Check the cache tensors' count, shapes and dtype; return their capacity.
-
-        A request passes the same cache on every call, so the last cache that passed is remembered and
-        not checked again while it is the one passed (by identity): 56 tensors on a 28-layer model.
-        """
+        """Check the cache handle and its tensors' count, shapes and dtype (each is bound on its own); return their
+        capacity. A request passes the same cache on every call: the last that passed is not checked again while it is
+        the one passed (by identity; 56 tensors on a 28-layer model)."""
         known = getattr(self, "_checked_cache", None)
         if known is not None and known() is cache and cache.stacked.shape[1] == batch:
             return cache.stacked.shape[3]
+        role = self.spec.role
+        if not isinstance(cache, KVCache):
+            raise EngineInputError(f"{role}: cache | received {describe(cache)}; expected a KVCache (Engine.allocate_cache)")
         if len(cache) != 2 * self.spec.num_layers:
-            raise EngineInputError(f"{self.spec.role}: received {len(cache)} cache tensors; expected {2 * self.spec.num_layers}")
-        first = cache[0]
+            raise EngineInputError(f"{role}: received {len(cache)} cache tensors; expected {2 * self.spec.num_layers}")
+        first = cache.buffers[0]
         capacity = first.shape[2] if first.ndim == 4 else -1
         expected = self.spec.cache_shape(batch, capacity)
-        for i, buf in enumerate(cache):
+        for i, buf in enumerate(cache.buffers):
             if buf.shape != expected or buf.dtype != self.cache_dtype:
                 name = f"cache_{'key' if i % 2 == 0 else 'value'}.{i // 2}"
                 raise EngineInputError(
-                    f"{self.spec.role}: input tensor {name} | received {_describe(buf)}; expected {self.spec.dtype} {expected}"
-                )
-        if isinstance(cache, KVCache):  # a list may change between calls; a handle's buffers do not
-            self._checked_cache = weakref.ref(cache)  # weak: a finished request's caches must go
+                    f"{role}: input tensor {name} | received {describe(buf)}; expected {self.spec.dtype} {expected}")
+        self._checked_cache = weakref.ref(cache)  # weak: a finished request's caches must go
         return capacity
 
 
@@ -349,7 +333,7 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
     seen = cache.past_len.tolist()
     lags = [end - past for end, past in zip(ends, seen)]
     width = max(lags)
-    if width > 1 and len(ends) > 1 and engine.spec.writes_cache and isinstance(cache, KVCache):  # row by row anyway
+    if width > 1 and len(ends) > 1 and engine.call_form.rows_alone:  # row by row anyway
         return _feed_rows(engine, cache, tokens, ends), width
     if lags.count(width) == len(lags):  # every row lags alike (always at batch 1, a draft's catch-up each cycle):
         start, last = seen, None  # each row from its own past, its last fed token at the end
@@ -373,7 +357,7 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
 
 def _feed_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) -> np.ndarray:
     """``feed`` one row at a time, each row its own tokens: a graph that writes its cache itself runs such a
-    call row by row anyway (``Engine._infer_in_place``), and padded to the longest row, a draft's catch-up
+    call row by row anyway (``FusedCalls``), and padded to the longest row, a draft's catch-up
     of one joining row at a batch of 4 computed its prompt 4 times. A row with nothing new re-feeds its last
     token, for its logits."""
     logits = np.empty((len(ends), engine.spec.vocab_size), np.float32)
@@ -393,9 +377,3 @@ def prefill(engine: Engine, cache: KVCache, tokens: np.ndarray, goal: list[int])
         if all(past >= end for past, end in zip(seen, goal)):
             return
         feed(engine, cache, tokens, [min(end, past + PREFILL_CHUNK) for past, end in zip(seen, goal)])
-
-
-def _describe(value) -> str:
-    if isinstance(value, np.ndarray):
-        return f"{value.dtype} {value.shape}"
-    return type(value).__name__

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import ModelSpec, io_problems
-from .base import Engine, KVCache, address, transfers
+from .base import Engine, KVCache
 from .graphs import PLAIN, GraphIds, open_session, run_options
+from .memory import address, transfers
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -70,72 +71,43 @@ class OrtEngine(Engine):
         JSON) by ``self.session.end_profiling()`` (``tools/profile_ops.py``). ``cuda_graphs``: capture each call shape
         as a CUDA graph (provider "cuda" only; default: on where every node can run on the GPU, a fused graph that
         takes seqlens_k, and no profile is asked for)."""
-        import onnxruntime as ort
-
-        if provider not in PROVIDERS:
-            raise ProviderError(f"provider {provider!r} is unknown; expected one of {', '.join(PROVIDERS)}")
-        check_provider(path, spec, provider)  # what the artifact must change is said first, wherever it is run
-        wanted = PROVIDERS[provider]
-        available = ort.get_available_providers()
-        if wanted not in available:
-            raise ProviderError(
-                f"provider {provider!r} ({wanted}) is not available in this onnxruntime build; available: {available}. "
-                "CUDA and TensorRT need onnxruntime-gpu in place of onnxruntime (the two overwrite each other's "
-                "files): pip uninstall -y onnxruntime && pip install onnxruntime-gpu 'specdeploy[gpu]'"
-            )
-        if cuda_graphs and provider != "cuda":
-            raise ProviderError(f"{path}: cuda_graphs needs provider 'cuda', got {provider!r}")
+        wanted = _wanted_provider(path, spec, provider, cuda_graphs)
         if cuda_graphs is None:
             cuda_graphs = provider == "cuda" and spec.takes_seqlens_k and profile is None
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = {
-            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[optimization]
-        if profile is not None:
-            options.enable_profiling = True
-            options.profile_file_prefix = str(profile)
-        if threads is not None:
-            shared_thread_pool(threads)
-        if _global_pool is not None:  # once a process has the shared pool, every session must use it
-            options.use_per_session_threads = False
-        else:
-            # A pool of its own, whose threads stop spinning when a call ends: left spinning, the idle model's
-            # threads ran against the busy one's on the same cores (fixed K = 4 at 20.7 tok/s, 29.8 with spinning
-            # stopped, docs/results/thread_pool/thread_pool.txt). No process-wide pool unless asked for (``threads``):
-            # once one exists, ONNX Runtime refuses every later session a pool of its own, the user's too.
-            options.add_session_config_entry("session.force_spinning_stop", "1")
+        options = _session_options(optimization, profile, threads)
         # TensorRT's EP takes no user stream (ONNX Runtime's Python API passes one to the CUDA EP alone)
         self.memory = HostMemory() if wanted == "CPUExecutionProvider" else CudaMemory(shared_stream=provider == "cuda")
-
-        def create(graphs: bool):
-            device_options = self.memory.provider_options() | ({"enable_cuda_graph": "1"} if graphs else {})
-            chain = [(wanted, device_options)] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
-            try:
-                return ort.InferenceSession(str(path), options, providers=chain)
-            except Exception as exc:
-                if "user_compute_stream" not in str(exc):
-                    raise
-                self.memory.shared_stream = False  # a build that takes no user stream: inputs uploaded and waited for
-                return create(graphs)
-
-        self.session, captures = open_session(create, cuda_graphs, str(path))
-        active = self.session.get_providers()
-        if active[0] != wanted:
-            raise ProviderError(f"provider {wanted} was requested but the session fell back to {active}")
-        # ONNX Runtime's Python API retries an EP that refused its options without them ("EP Error ... Falling back"):
-        # what counts is what the EP took
-        applied = self.session.get_provider_options().get(wanted, {})
-        if isinstance(self.memory, CudaMemory) and applied.get("has_user_compute_stream", "1") != "1":
-            self.memory.shared_stream = False
-        captures = captures and applied.get("enable_cuda_graph", "1") == "1"
+        self.session, captures = open_session(lambda graphs: self._create(path, options, wanted, graphs), cuda_graphs, str(path))
+        captures = self._check_providers(wanted, captures)
         self.spec = spec
         self.graphs = GraphIds(str(path)) if captures else None
         self._check_graph()
         self._local = threading.local()
+
+    def _create(self, path: Path, options, wanted: str, graphs: bool):
+        """An InferenceSession on ``wanted`` (the CPU EP behind a device EP), capturing CUDA graphs if ``graphs``."""
+        import onnxruntime as ort
+
+        device_options = self.memory.provider_options() | ({"enable_cuda_graph": "1"} if graphs else {})
+        chain = [(wanted, device_options)] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
+        try:
+            return ort.InferenceSession(str(path), options, providers=chain)
+        except Exception as exc:
+            if "user_compute_stream" not in str(exc):
+                raise
+            self.memory.shared_stream = False  # a build that takes no user stream: inputs uploaded and waited for
+            return self._create(path, options, wanted, graphs)
+
+    def _check_providers(self, wanted: str, captures: bool) -> bool:
+        """Refuse a session that fell back to another EP; return whether it captures CUDA graphs after all (ONNX Runtime
+        retries an EP that refused its options without them, "EP Error ... Falling back": what counts is what it took)."""
+        active = self.session.get_providers()
+        if active[0] != wanted:
+            raise ProviderError(f"provider {wanted} was requested but the session fell back to {active}")
+        applied = self.session.get_provider_options().get(wanted, {})
+        if isinstance(self.memory, CudaMemory) and applied.get("has_user_compute_stream", "1") != "1":
+            self.memory.shared_stream = False
+        return captures and applied.get("enable_cuda_graph", "1") == "1"
 
     def _check_graph(self) -> None:
         """The graph's inputs and outputs must be the ones the manifest declares, in order, with its types
@@ -161,13 +133,18 @@ class OrtEngine(Engine):
         shape = self.spec.cache_shape(batch, capacity)
         return KVCache(self.memory.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype))
 
-    def infer_impl(self, input_ids, past_len, cache, kept):
+    def infer_impl(self, input_ids, past_len, cache: KVCache, kept):
         batch, tokens = input_ids.shape
         shape = self._buffers((batch, tokens, kept))
-        buffers = cache.buffers if isinstance(cache, KVCache) else list(cache)  # a list's contents may change
-        binding, options = shape.binding(cache, buffers)
+        binding, options = shape.binding(cache)
         shape.run(binding, options, input_ids, past_len)
         return shape.logits, shape.new_kv, shape.ids
+
+    def close(self) -> None:
+        """Release the session and every buffer bound to it (every thread's); later calls raise EngineClosedError."""
+        super().close()
+        self._local = threading.local()  # the old one, and each thread's buffers with it, goes
+        self.session = self.graphs = None
 
     def _buffers(self, shape: tuple[int, int, int]) -> ShapeBuffers:
         """The buffers (and bindings) of calls of ``shape`` (batch, tokens, logits kept) on this thread.
@@ -190,6 +167,49 @@ class OrtEngine(Engine):
             if len(shapes) > REUSED_SHAPES:
                 shapes.popitem(last=False)
         return made
+
+
+def _wanted_provider(path: Path, spec: ModelSpec, provider: str, cuda_graphs: bool | None) -> str:
+    """The ONNX Runtime EP of ``provider``; ProviderError where it is unknown, cannot run this graph (or CUDA graphs),
+    or is missing from this onnxruntime build."""
+    import onnxruntime as ort
+
+    if provider not in PROVIDERS:
+        raise ProviderError(f"provider {provider!r} is unknown; expected one of {', '.join(PROVIDERS)}")
+    check_provider(path, spec, provider)  # what the artifact must change is said first, wherever it is run
+    wanted, available = PROVIDERS[provider], ort.get_available_providers()
+    if wanted not in available:
+        raise ProviderError(
+            f"provider {provider!r} ({wanted}) is not available in this onnxruntime build; available: {available}. "
+            "CUDA and TensorRT need onnxruntime-gpu in place of onnxruntime (the two overwrite each other's "
+            "files): pip uninstall -y onnxruntime && pip install onnxruntime-gpu 'specdeploy[gpu]'")
+    if cuda_graphs and provider != "cuda":
+        raise ProviderError(f"{path}: cuda_graphs needs provider 'cuda', got {provider!r}")
+    return wanted
+
+
+def _session_options(optimization: str, profile: Path | None, threads: int | None):
+    """ONNX Runtime SessionOptions: the optimization level, the profiler where asked for, and the thread pool."""
+    import onnxruntime as ort
+
+    levels = ort.GraphOptimizationLevel
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = {"none": levels.ORT_DISABLE_ALL, "basic": levels.ORT_ENABLE_BASIC,
+                                        "extended": levels.ORT_ENABLE_EXTENDED, "all": levels.ORT_ENABLE_ALL}[optimization]
+    if profile is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile)
+    if threads is not None:
+        shared_thread_pool(threads)
+    if _global_pool is not None:  # once a process has the shared pool, every session must use it
+        options.use_per_session_threads = False
+    else:
+        # A pool of its own whose threads stop spinning when a call ends: the idle model's spinning threads slowed the
+        # busy one's (docs/results/thread_pool/thread_pool.txt). No process-wide pool unless asked for (``threads``):
+        # once one exists, ONNX Runtime refuses every later session a pool of its own, the user's too.
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+    return options
 
 
 def check_provider(path: Path, spec: ModelSpec, provider: str) -> None:
@@ -270,16 +290,13 @@ class CudaMemory:
 
 # --- bindings: IOBindings of an ONNX Runtime engine: every input and output bound once, by address, where the session computes.
 
-def cache_key(cache) -> tuple:
-    """Where a cache's tensors are, as a hashable key: for a ``KVCache`` its one array's address, shape and strides
-    (tensor i is element i; kept on the handle, whose array never changes), for a list of tensors each one's."""
+def cache_key(cache: KVCache) -> tuple:
+    """Where a cache's tensors are, as a hashable key: its one array's address, shape and strides (tensor i is
+    element i; kept on the handle, whose array never changes)."""
     key = getattr(cache, "binding_key", None)
-    if key is not None:
-        return key
-    stacked = getattr(cache, "stacked", None)
-    if stacked is None:
-        return tuple((address(buf), buf.shape, buf.strides) for buf in cache)
-    cache.binding_key = key = (address(stacked), stacked.shape, stacked.strides)
+    if key is None:
+        stacked = cache.stacked
+        cache.binding_key = key = (address(stacked), stacked.shape, stacked.strides)
     return key
 
 
@@ -324,13 +341,14 @@ class ShapeBuffers:
         self.bindings: dict[tuple, tuple] = {}  # cache key -> (IOBinding, RunOptions or None, allocation)
         self.graph_ids: dict[tuple, int] = {}  # cache key -> graph id, kept while these buffers live
 
-    def binding(self, cache, buffers: list) -> tuple:
-        """(IOBinding, RunOptions or None) for calls over ``cache`` (whose tensors are ``buffers``): made once per
-        cache; a new cache's drops the bindings of other allocations (a finished request's rows)."""
+    def binding(self, cache: KVCache) -> tuple:
+        """(IOBinding, RunOptions or None) for calls over ``cache``: made once per cache; a new cache's drops the
+        bindings of other allocations (a finished request's rows)."""
         key = cache_key(cache)
         found = self.bindings.get(key)
         if found is not None:
             return found[:2]
+        buffers = cache.buffers
         owner = allocation(buffers[0])
         for other in [k for k, (_, _, o) in self.bindings.items() if o != owner]:
             del self.bindings[other]

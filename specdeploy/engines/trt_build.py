@@ -99,34 +99,12 @@ def build_engines(directory: Path, max_batch: int = 1, max_draft: int = 8, capac
         raise BuildError(f"{', '.join(fused)}: a fused graph (ONNX Runtime's contrib ops) cannot be built with "
                          "TensorRT; export with --graph explicit for TensorRT")
     trt = tensorrt()
-    logger = trt.Logger(trt.Logger.WARNING)
+    logger = trt.Logger(trt.Logger.WARNING)  # one for every role's build
     device = device_facts()
-    cache_path = directory / "timing.cache"
     for role, spec in manifest.models.items():
         profiles = plan_profiles(spec, max_batch, max_draft, capacity, opt_capacity)
-        log(f"{role}: parsing {spec.file}")
-        builder = trt.Builder(logger)
-        network = builder.create_network(0)  # TensorRT-RTX is always strongly typed; TensorRT takes precision flags
-        parser = trt.OnnxParser(network, logger)
-        if not parser.parse_from_file(str(directory / spec.file)):
-            errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
-            raise BuildError(f"{spec.file}: TensorRT's ONNX parser refused the graph: {errors}")
-        config = builder.create_builder_config()
-        _set_precision(trt, config, precision, spec)
-        for profile in profiles:
-            optimization = builder.create_optimization_profile()
-            for name, (low, opt, high) in profile.shapes(spec).items():
-                optimization.set_shape(name, low, opt, high)
-            config.add_optimization_profile(optimization)
-        cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
-        config.set_timing_cache(cache, ignore_mismatch=False)
-        log(f"{role}: building ({', '.join(p.name for p in profiles)} profiles)")
-        plan = builder.build_serialized_network(network, config)
-        if plan is None:
-            raise BuildError(f"{spec.file}: TensorRT could not build an engine (see the log above)")
         plan_file = f"{role}.plan"
-        (directory / plan_file).write_bytes(bytes(plan))
-        cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+        (directory / plan_file).write_bytes(_build_plan(trt, logger, directory, spec, profiles, precision, log))
         manifest.engines[role] = {
             "file": plan_file,
             "module": trt.__name__,
@@ -139,6 +117,34 @@ def build_engines(directory: Path, max_batch: int = 1, max_draft: int = 8, capac
         manifest.files[name] = sha256_file(directory / name)
     manifest.write(directory)
     return manifest
+
+
+def _build_plan(trt, logger, directory: Path, spec: ModelSpec, profiles: list[Profile], precision: str, log) -> bytes:
+    """TensorRT's serialized plan of ``spec``'s graph over ``profiles``; the artifact's ``timing.cache`` is read
+    before and written after, so that later builds reuse its timings."""
+    cache_path = directory / "timing.cache"
+    log(f"{spec.role}: parsing {spec.file}")
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)  # TensorRT-RTX is always strongly typed; TensorRT takes precision flags
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(directory / spec.file)):
+        errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
+        raise BuildError(f"{spec.file}: TensorRT's ONNX parser refused the graph: {errors}")
+    config = builder.create_builder_config()
+    _set_precision(trt, config, precision, spec)
+    for profile in profiles:
+        optimization = builder.create_optimization_profile()
+        for name, (low, opt, high) in profile.shapes(spec).items():
+            optimization.set_shape(name, low, opt, high)
+        config.add_optimization_profile(optimization)
+    cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    log(f"{spec.role}: building ({', '.join(p.name for p in profiles)} profiles)")
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise BuildError(f"{spec.file}: TensorRT could not build an engine (see the log above)")
+    cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    return bytes(plan)
 
 
 def _is_rtx(trt) -> bool:

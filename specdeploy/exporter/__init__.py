@@ -2,6 +2,9 @@
 
 from . import gpt2, llama  # noqa: F401  (registers the architectures)
 from .artifact import export_artifact
-from .registry import ARCHITECTURES, ExportError
+from .dims import Dims
+from .errors import ExportError
+from .options import ExportOptions
+from .registry import ARCHITECTURES
 
-__all__ = ["ARCHITECTURES", "ExportError", "export_artifact"]
+__all__ = ["ARCHITECTURES", "Dims", "ExportError", "ExportOptions", "export_artifact"]

@@ -15,128 +15,84 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..contract import (
-    DTYPES,
-    GRAPH_FORMS,
-    GRAPH_ROLE_KEY,
-    WEIGHT_FORMATS,
-    Manifest,
-    ModelSpec,
-    io_problems,
-    sha256_file,
-    tokenizer_fingerprint,
-)
+from ..contract import GRAPH_ROLE_KEY, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
 from ..version import __version__
 from . import onnx_graph
-from .checkpoint import gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
+from .checkpoint import Checkpoint, gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
+from .dims import Dims
 from .fused import FusedGraph
 from .int8 import Int8Error, to_int8_per_row
+from .options import ExportOptions, Form
 from .output import output_dir, remove_abandoned, replace
-from .registry import ExportError, lookup
+from .registry import Architecture, ExportError, lookup
 from .tokenizer import differences
 
-DEFAULT_CAPACITY = 2048  # cache slots when the model allows as many and --capacity is not given
+DEFAULT_CAPACITY = 2048  # cache slots when the model allows as many and no capacity is given
 
 Progress = Callable[[str], None]
 
 
-def export_artifact(
-    target: str | Path,
-    out: str | Path,
-    draft: str | Path | None = None,
-    dtype: str = "float32",
-    weights: str = "full",
-    capacity: int | None = None,
-    force: bool = False,
-    draft_weights: str | None = None,
-    progress: Progress = lambda step: None,
-    block_size: int = 32,
-    accuracy_level: int = 4,
-    isolate: bool | None = None,
-    graph: str = "explicit",
-    draft_vocab: int | None = None,
-) -> Manifest:
+def export_artifact(target: str | Path, out: str | Path, draft: str | Path | None = None,
+                    options: ExportOptions | None = None, progress: Progress = lambda step: None,
+                    **settings) -> Manifest:
     """Export a target (and optionally a draft) checkpoint to a verify-v1 artifact dir at ``out``.
 
-    ``weights``: "full", "int4" or "int8" for the target; ``draft_weights`` defaults to the same.
-    ``block_size`` and ``accuracy_level`` tune ONNX Runtime's MatMulNBits quantizer (int4 only).
-    ``capacity``: cache slots a request may use (default: the model's max_position_embeddings, at most
-    2048). ``isolate``: trace each model in a child process (default: for GGUF files and large checkpoints).
-    ``graph``: "explicit" (standard ops, traced by torch.onnx) or "fused" (ONNX Runtime's fused LLM ops with
-    the cache written in place, written directly from the weights; int4 weights quantized as they are written).
-    ``draft_vocab``: the draft scores only tokens 0 .. draft_vocab - 1 (fused graphs; byte-level BPE ids come in
-    merge order, so the first ids are the most common ones): a smaller head, a faster draft step.
-    Returns the manifest written. Raises ExportError on bad input, before writing anything.
+    ``options``: how (``ExportOptions``; or its fields as keywords, ``capacity=96``, not both). ``progress`` is told
+    each step. Returns the manifest written. Raises ExportError on bad input, before writing anything.
     """
-    out = Path(out)
-    if graph not in GRAPH_FORMS:
-        raise ExportError(f"graph {graph!r} is not supported; expected one of {', '.join(GRAPH_FORMS)}")
-    if dtype not in DTYPES:
-        raise ExportError(f"dtype {dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
-    for name, value in (("weights", weights), ("draft weights", draft_weights or weights)):
-        if value not in WEIGHT_FORMATS:
-            raise ExportError(f"{name} {value!r} is not supported; expected one of {', '.join(WEIGHT_FORMATS)}")
-    if block_size not in (16, 32, 64, 128, 256):
-        raise ExportError(f"block_size {block_size} is not supported; expected 16, 32, 64, 128 or 256")
-    if accuracy_level not in (0, 1, 2, 3, 4):
-        raise ExportError(f"accuracy_level {accuracy_level} is not supported; expected 0 to 4")
-    if draft_vocab is not None:
-        if draft is None:
-            raise ExportError(f"draft_vocab {draft_vocab}: there is no draft model to trim (give a draft)")
-        if graph != "fused":
-            raise ExportError(f"draft_vocab {draft_vocab} needs the fused graph form (graph='fused'), got {graph!r}")
-        if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int) or draft_vocab < 1:
-            raise ExportError(f"draft_vocab must be a positive integer, got {draft_vocab!r}")
-    if capacity is not None and capacity < 2:
-        raise ExportError(f"capacity must be >= 2, got {capacity}")
-    out = output_dir(out, force)  # refused now, not after minutes of exporting
-
+    if options is not None and settings:
+        raise TypeError(f"export_artifact: give options or its fields as keywords ({', '.join(settings)}), not both")
+    options = options if options is not None else ExportOptions(**settings)
+    options.check_draft(draft)
+    out = output_dir(Path(out), options.force)  # refused now, not after minutes of exporting
     sources = {"target": target} if draft is None else {"target": target, "draft": draft}
     if draft is not None:
         progress("checking that draft and target share a tokenizer and vocabulary")
         _check_pair(target, draft)
-        if draft_vocab is not None:  # refused now, not after minutes of exporting the target
-            vocab = load_tokenizer_and_config(draft, tokenizer=False)[1].vocab_size
-            if draft_vocab >= vocab:
-                raise ExportError(f"draft_vocab {draft_vocab} leaves nothing out of the vocabulary of {vocab}; "
-                                  "give fewer tokens, or none")
-
+        _check_draft_vocab(draft, options.draft_vocab)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     (staging / ".pid").write_text(str(os.getpid()))
     try:
-        specs = {}
-        for role, source in sources.items():
-            # One checkpoint in memory at a time (a 1.5B model is ~7 GB of fp32 weights), and large
-            # ones traced in a child process: torch keeps the heap of a traced export, which the
-            # quantizer that comes next needs.
-            isolated = _is_large(source) if isolate is None else isolate
-            fmt = weights if role == "target" else (draft_weights or weights)
-            # a fused graph is written in its dtype (float16 from the start: no fp32 copy of the model, and no
-            # converter's casts), but for int8, whose rewrite reads fp32 graphs
-            fused_dtype = dtype if graph == "fused" and fmt != "int8" else "float32"
-            form = Form(graph, (block_size, accuracy_level) if graph == "fused" and fmt == "int4" else None,
-                        draft_vocab if role == "draft" else None, fused_dtype)
-            facts = (_trace_in_child if isolated else _trace)(role, source, staging, capacity, progress, form)
-            written = "full" if form.int4 else fmt  # a fused int4 graph is quantized as it is written
-            _compress(role, staging / f"{role}.onnx", dtype, written, (block_size, accuracy_level), progress,
-                      converted=fused_dtype != dtype)
-            _stamp_role(staging / f"{role}.onnx", role)
-            specs[role] = ModelSpec(role=role, file=f"{role}.onnx", dtype=dtype, weights=fmt, graph=graph, **facts)
-        if capacity is None:  # each model's own limit; the pair serves what both allow
-            least = min(spec.capacity for spec in specs.values())
-            specs = {role: dataclasses.replace(spec, capacity=least) for role, spec in specs.items()}
+        specs = {role: _export_model(role, source, staging, options, progress) for role, source in sources.items()}
         (staging / ".pid").unlink()
-        progress("hashing files")
-        files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
-        manifest = Manifest(models=specs, files=files, exporter_version=__version__, opset=onnx_graph.OPSET)
-        manifest.write(staging)
+        manifest = _write_manifest(staging, specs, options.capacity, progress)
         replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     progress(f"wrote {out}")
+    return manifest
+
+
+def _export_model(role: str, source, staging: Path, options: ExportOptions, progress: Progress) -> ModelSpec:
+    """Write ``role``'s graph from checkpoint ``source`` into ``staging`` in its final form; return its spec.
+
+    One checkpoint in memory at a time (a 1.5B model is ~7 GB of fp32 weights), and large ones traced in a child
+    process: torch keeps the heap of a traced export, which the quantizer that comes next needs."""
+    form = options.form(role)
+    isolated = _is_large(source) if options.isolate is None else options.isolate
+    facts = (_trace_in_child if isolated else _trace)(role, source, staging, options.capacity, progress, form)
+    path = staging / f"{role}.onnx"
+    fmt = options.weights_of(role)
+    written = "full" if form.int4 else fmt  # a fused int4 graph is quantized as it is written
+    _compress(role, path, options.dtype, written, (options.block_size, options.accuracy_level), progress,
+              converted=form.dtype != options.dtype)
+    _stamp_role(path, role)
+    return ModelSpec(role=role, file=path.name, dtype=options.dtype, weights=fmt, graph=options.graph, **facts)
+
+
+def _write_manifest(staging: Path, specs: dict[str, ModelSpec], capacity: int | None, progress: Progress) -> Manifest:
+    """The manifest of the models in ``staging``, written there with every file's sha256. Without a ``capacity``
+    given, each model's own limit: the pair serves what both allow."""
+    if capacity is None:
+        least = min(spec.capacity for spec in specs.values())
+        specs = {role: dataclasses.replace(spec, capacity=least) for role, spec in specs.items()}
+    progress("hashing files")
+    files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
+    manifest = Manifest(models=specs, files=files, exporter_version=__version__, opset=onnx_graph.OPSET)
+    manifest.write(staging)
     return manifest
 
 
@@ -156,21 +112,20 @@ def _check_pair(target, draft) -> None:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class Form:
-    """Which graph a model is written as: "explicit" or "fused", and for a fused int4 graph the quantizer's
-    (block_size, accuracy_level), applied as the weights are written."""
-
-    graph: str = "explicit"
-    int4: tuple[int, int] | None = None
-    vocab_kept: int | None = None  # a draft's head cut to the first tokens (``draft_vocab``)
-    dtype: str = "float32"  # what a fused graph is written in (an explicit graph is traced in float32)
+def _check_draft_vocab(draft, draft_vocab: int | None) -> None:
+    """Refuse a ``draft_vocab`` that leaves nothing out of the draft's vocabulary: now, not after minutes of
+    exporting the target."""
+    if draft_vocab is None:
+        return
+    vocab = load_tokenizer_and_config(draft, tokenizer=False)[1].vocab_size
+    if draft_vocab >= vocab:
+        raise ExportError(f"draft_vocab {draft_vocab} leaves nothing out of the vocabulary of {vocab}; "
+                          "give fewer tokens, or none")
 
 
 def _trace(role: str, source, staging: Path, capacity: int | None, progress: Progress, form: Form = Form()) -> dict:
-    """Load a checkpoint and write its verify graph to ``staging/role.onnx``; return the model's facts."""
-    import torch
-
+    """Load a checkpoint and write its verify graph to ``staging/role.onnx``; return the model's facts (the
+    ``ModelSpec`` fields it fills). The target's tokenizer files are written beside it."""
     progress(f"loading {role} {source}")
     checkpoint = load_checkpoint(source)
     if role == "target":
@@ -179,44 +134,58 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
             (staging / "tokenizer_config.json").write_text(json.dumps(checkpoint.tokenizer_config, indent=2))
     arch = lookup(checkpoint.config.model_type)
     dims = arch.dims(checkpoint.config)
-    if capacity is None:
-        capacity = min(DEFAULT_CAPACITY, dims["max_positions"] or DEFAULT_CAPACITY)
-    elif dims["max_positions"] and capacity > dims["max_positions"]:
-        raise ExportError(
-            f"{role}: capacity {capacity} exceeds the model's max_position_embeddings {dims['max_positions']}"
-        )
+    capacity = _capacity(role, capacity, dims)
+    fused = form.graph == "fused"
     facts = {
         "capacity": capacity,
         "architecture": checkpoint.config.model_type,
-        **{k: dims[k] for k in ("num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size")},
+        **dims.spec_fields(),
         "tokenizer_fingerprint": tokenizer_fingerprint(checkpoint.tokenizer),
         "eos_token_ids": tuple(checkpoint.eos_token_ids),
         "parameters": checkpoint.parameters,
         "vocab_kept": form.vocab_kept,
-        "trims_logits": form.graph == "fused",
-        "takes_seqlens_k": form.graph == "fused",
-        "argmax_ids": form.graph == "fused",
+        "trims_logits": fused,
+        "takes_seqlens_k": fused,
+        "argmax_ids": fused,
     }
-    progress(f"{role}: building the verify graph ({arch.name}, {dims['num_layers']} layers)")
-    with torch.no_grad():
-        # the fused form is written layer by layer, each built from the checkpoint as it is reached
-        module = arch.build(checkpoint.config, checkpoint.weights, capacity, streamed=form.graph == "fused")
-        if form.graph == "fused":
-            progress(f"{role}: writing the fused graph" + (" (int4 weights)" if form.int4 else ""))
-            graph = FusedGraph(staging / f"{role}.onnx", dims, dtype=form.dtype, int4=form.int4, vocab_kept=form.vocab_kept,
-                               progress=lambda step: progress(f"{role}: {step}"))
-            graph.save(module.write_fused(graph, capacity))
-        else:
-            checkpoint.weights.clear()  # the module holds its own (transposed) copies
-            progress(f"{role}: exporting to ONNX")
-            onnx_graph.export_graph(module, dims, staging / f"{role}.onnx")
-    del module, checkpoint
+    progress(f"{role}: building the verify graph ({arch.name}, {dims.num_layers} layers)")
+    _write_graph(role, arch, checkpoint, dims, capacity, form, staging / f"{role}.onnx", progress)
+    del checkpoint
     gc.collect()
     traced = ModelSpec(role=role, file=f"{role}.onnx", dtype=form.dtype, weights="full", graph=form.graph, **facts)
     problems = io_problems(traced, onnx_graph.declared_io(staging / f"{role}.onnx"))
     if problems:  # a config that disagrees with its own weights (vocab_size, heads, head_dim)
         raise ExportError(f"{role}: the checkpoint's config.json disagrees with its weights: " + "; ".join(problems[:3]))
     return facts
+
+
+def _capacity(role: str, capacity: int | None, dims: Dims) -> int:
+    """The cache slots ``role`` is exported for: ``capacity``, which the model must allow, or its own limit (at most
+    DEFAULT_CAPACITY)."""
+    if capacity is None:
+        return min(DEFAULT_CAPACITY, dims.max_positions or DEFAULT_CAPACITY)
+    if dims.max_positions and capacity > dims.max_positions:
+        raise ExportError(f"{role}: capacity {capacity} exceeds the model's max_position_embeddings {dims.max_positions}")
+    return capacity
+
+
+def _write_graph(role: str, arch: Architecture, checkpoint: Checkpoint, dims: Dims, capacity: int, form: Form, path: Path,
+                 progress: Progress) -> None:
+    """Write ``checkpoint``'s verify graph at ``path`` in ``form``: the fused form written layer by layer, each built
+    from the checkpoint as it is reached; the explicit form traced by torch.onnx."""
+    import torch
+
+    with torch.no_grad():
+        module = arch.build(checkpoint.config, checkpoint.weights, capacity, streamed=form.graph == "fused")
+        if form.graph == "fused":
+            progress(f"{role}: writing the fused graph" + (" (int4 weights)" if form.int4 else ""))
+            graph = FusedGraph(path, dims, dtype=form.dtype, int4=form.int4, vocab_kept=form.vocab_kept,
+                               progress=lambda step: progress(f"{role}: {step}"))
+            graph.save(module.write_fused(graph, capacity))
+        else:
+            checkpoint.weights.clear()  # the module holds its own (transposed) copies
+            progress(f"{role}: exporting to ONNX")
+            onnx_graph.export_graph(module, dims, path)
 
 
 def _trace_in_child(role: str, source, staging: Path, capacity: int | None, progress: Progress, form: Form) -> dict:

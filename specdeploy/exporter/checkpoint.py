@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from .errors import ExportError
 from .lazy_weights import LazyWeights, SafetensorsWeights
-from .registry import ExportError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 

@@ -29,6 +29,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..contract import IR_VERSION, input_names, output_names
+from .dims import Dims
 from .onnx_graph import EXTERNAL_DATA_BYTES, OPSET
 
 MS = "com.microsoft"
@@ -38,7 +39,7 @@ ALIGN = 4096  # external tensors start on page boundaries: ONNX Runtime may memo
 class FusedGraph:
     """Collects nodes and streams initializers to ``path``'s external-data file; ``save`` writes the graph."""
 
-    def __init__(self, path: Path, dims: dict, dtype=np.float32, int4: tuple[int, int] | None = None,
+    def __init__(self, path: Path, dims: Dims, dtype=np.float32, int4: tuple[int, int] | None = None,
                  vocab_kept: int | None = None, progress=lambda step: None):
         self.path, self.dims, self.dtype, self.int4 = Path(path), dims, np.dtype(dtype), int4
         self.progress = progress
@@ -50,14 +51,14 @@ class FusedGraph:
         self.bytes = 0
         self._names: dict[str, int] = {}
         self._node_names: dict[str, int] = {}  # nodes have their own namespace: "layers.3.down" names both
-        layers, kv_heads, head_dim = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
+        layers, kv_heads, head_dim = dims.num_layers, dims.kv_heads, dims.head_dim
         elem = helper.np_dtype_to_tensor_dtype(self.dtype)
         cache = ["batch", kv_heads, "capacity", head_dim]
         self.inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
                        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"])]  # ModelSpec.takes_seqlens_k
         self.inputs += [helper.make_tensor_value_info(name, elem, cache) for name in input_names(layers)[2:]]
         self.inputs += [helper.make_tensor_value_info("num_logits", TensorProto.INT64, [1])]  # ModelSpec.trims_logits
-        self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "kept", dims["vocab_size"]])]
+        self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "kept", dims.vocab_size])]
         self.outputs += [helper.make_tensor_value_info(name, elem, cache) for name in output_names(layers, "fused")[1:]]
         self.outputs += [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "kept"])]  # ModelSpec.argmax_ids
 
@@ -119,7 +120,7 @@ class FusedGraph:
 
     def layer_written(self, layer: int) -> None:
         """Report progress at each quarter of the layers: a 1.5B's dequantized, quantized layers take ~45 s."""
-        layers = self.dims["num_layers"]
+        layers = self.dims.num_layers
         if (layer + 1) * 4 // layers > layer * 4 // layers:
             self.progress(f"{layer + 1}/{layers} layers written")
 
@@ -154,7 +155,7 @@ class FusedGraph:
         """GroupQueryAttention over packed q/k/v [batch, T, (heads + 2 kv_heads) * head_dim], cache in place."""
         dims = self.dims
         inputs = [qkv, "", "", f"cache_key.{layer}", f"cache_value.{layer}", *lengths]
-        attributes = {"num_heads": dims["num_heads"], "kv_num_heads": dims["kv_heads"]}
+        attributes = {"num_heads": dims.num_heads, "kv_num_heads": dims.kv_heads}
         if rotary is not None:
             inputs += list(rotary)
             attributes.update(do_rotary=1, rotary_interleaved=0)

@@ -17,8 +17,8 @@ from functools import cache
 import numpy as np
 import torch
 
+from .errors import ExportError
 from .lazy_weights import LazyWeights
-from .registry import ExportError
 
 ROWS_PER_CHUNK = 4096  # dequantize large tensors in slices: gguf-py's temporaries are several times the output
 THREADS = min(4, os.cpu_count() or 1)  # slices dequantized at once: each holds ~100 MB of temporaries

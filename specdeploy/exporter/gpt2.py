@@ -9,21 +9,22 @@ import torch
 from onnx import TensorProto
 from torch import nn
 
+from .dims import Dims
 from .fused import MS, FusedGraph, skip_outputs
 from .layers import cached_attention, frozen, layer_norm, positions
 from .registry import ExportError, register, take
 
 
 class Gpt2Verify(nn.Module):
-    def __init__(self, config, weights: dict[str, torch.Tensor], dims: dict):
+    def __init__(self, config, weights: dict[str, torch.Tensor], dims: Dims):
         super().__init__()
         self.eps = config.layer_norm_epsilon
-        self.heads, self.head_dim = dims["num_heads"], dims["head_dim"]
+        self.heads, self.head_dim = dims.num_heads, dims.head_dim
         self.wte = frozen(take(weights, "transformer.wte.weight"))
         self.wpe = frozen(take(weights, "transformer.wpe.weight"))
         self.lm_head = frozen(weights.get("lm_head.weight", self.wte.data).t())
         self.ln_f = nn.ParameterList([frozen(take(weights, f"transformer.ln_f.{p}")) for p in ("weight", "bias")])
-        self.layers = nn.ModuleList(_Block(weights, f"transformer.h.{i}.") for i in range(dims["num_layers"]))
+        self.layers = nn.ModuleList(_Block(weights, f"transformer.h.{i}.") for i in range(dims.num_layers))
 
     def forward(self, input_ids, past_len, *cache):
         batch, tokens = input_ids.shape
@@ -99,17 +100,12 @@ class Gpt2Family:
     name = "gpt2"
     model_types = ("gpt2",)
 
-    def dims(self, config) -> dict:
-        return {
-            "num_layers": config.n_layer,
-            "num_heads": config.n_head,
-            "kv_heads": config.n_head,
-            "head_dim": config.n_embd // config.n_head,
-            "vocab_size": config.vocab_size,
-            "max_positions": config.n_positions,
-        }
+    def dims(self, config) -> Dims:
+        return Dims(num_layers=config.n_layer, num_heads=config.n_head, kv_heads=config.n_head,
+                    head_dim=config.n_embd // config.n_head, vocab_size=config.vocab_size, max_positions=config.n_positions)
 
-    def build(self, config, weights, capacity, streamed: bool = False):  # a GPT-2 is small: always built whole
+    def build(self, config, weights: dict[str, torch.Tensor], capacity: int,
+              streamed: bool = False) -> Gpt2Verify:  # a GPT-2 is small: always built whole
         if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "reorder_and_upcast_attn", False):
             raise ExportError("gpt2 variants with scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn are not supported")
         if not getattr(config, "scale_attn_weights", True):

@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from .dims import Dims
 from .fused import MS, FusedGraph, rotary_tables, skip_outputs
 from .layers import apply_rope, cached_attention, frozen, positions, rms_norm, rope_tables, transposed
 from .registry import ExportError, register, take
@@ -34,18 +35,18 @@ def _rope(config, head_dim: int) -> tuple[torch.Tensor, float]:
 
 
 class LlamaVerify(nn.Module):
-    def __init__(self, config, weights: dict[str, torch.Tensor], dims: dict, streamed: bool = False):
+    def __init__(self, config, weights: dict[str, torch.Tensor], dims: Dims, streamed: bool = False):
         """``streamed``: build each layer from ``weights`` only when ``write_fused`` reaches it, so that no
         more than one layer's fp32 weights is ever held (the fused form; ``forward`` needs them all)."""
         super().__init__()
         self.eps = config.rms_norm_eps
-        self.heads, self.kv_heads, self.head_dim = dims["num_heads"], dims["kv_heads"], dims["head_dim"]
+        self.heads, self.kv_heads, self.head_dim = dims.num_heads, dims.kv_heads, dims.head_dim
         inv_freq, self.rope_scaling = _rope(config, self.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.embed = frozen(take(weights, "model.embed_tokens.weight"))
         self.lm_head = transposed(weights.pop("lm_head.weight", self.embed.data))
         self.norm = frozen(take(weights, "model.norm.weight"))
-        self.num_layers = dims["num_layers"]
+        self.num_layers = dims.num_layers
         self.pending = weights if streamed else None  # the checkpoint's layers, taken one by one by write_fused
         # streamed: no layers here, so that ``forward`` fails loudly instead of running none
         self.layers = None if streamed else nn.ModuleList(
@@ -149,19 +150,18 @@ class LlamaFamily:
     name = "llama"
     model_types = ("llama", "mistral", "qwen2")
 
-    def dims(self, config) -> dict:
+    def dims(self, config) -> Dims:
         heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return {
-            "num_layers": config.num_hidden_layers,
-            "num_heads": heads,
-            "kv_heads": getattr(config, "num_key_value_heads", None) or heads,
-            "head_dim": head_dim,
-            "vocab_size": config.vocab_size,
-            "max_positions": getattr(config, "max_position_embeddings", None),
-        }
+        return Dims(
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            vocab_size=config.vocab_size,
+            max_positions=getattr(config, "max_position_embeddings", None),
+        )
 
-    def build(self, config, weights, capacity, streamed: bool = False):
+    def build(self, config, weights: dict[str, torch.Tensor], capacity: int, streamed: bool = False) -> LlamaVerify:
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ExportError(f"hidden_act {act!r} is not supported for {config.model_type}; expected 'silu'")

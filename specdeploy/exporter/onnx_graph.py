@@ -10,7 +10,8 @@ import onnx
 import torch
 
 from ..contract import input_names, output_names
-from .registry import ExportError
+from .dims import Dims
+from .errors import ExportError
 
 OPSET = 18
 # Models past this size keep their weights as ONNX external data. Protobuf caps a file at 2 GB, and
@@ -22,14 +23,14 @@ EXTERNAL_DATA_BYTES = 32 << 20
 EXAMPLE_BATCH, EXAMPLE_TOKENS, EXAMPLE_CAPACITY = 3, 5, 11
 
 
-def export_graph(module: torch.nn.Module, dims: dict, path: Path) -> None:
+def export_graph(module: torch.nn.Module, dims: Dims, path: Path) -> None:
     """Trace ``module`` into a verify-v1 graph at ``path`` with dynamic batch, tokens and capacity.
 
     Weights are streamed from the torch module to disk (as ONNX external data when large), so the
     exporter never holds a second in-memory copy of a multi-GB model.
     """
-    layers, kv_heads, head_dim = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
-    input_ids = torch.randint(0, dims["vocab_size"], (EXAMPLE_BATCH, EXAMPLE_TOKENS))
+    layers, kv_heads, head_dim = dims.num_layers, dims.kv_heads, dims.head_dim
+    input_ids = torch.randint(0, dims.vocab_size, (EXAMPLE_BATCH, EXAMPLE_TOKENS))
     past_len = torch.tensor([2, 4, 3][:EXAMPLE_BATCH], dtype=torch.int64)
     cache = [torch.zeros(EXAMPLE_BATCH, kv_heads, EXAMPLE_CAPACITY, head_dim) for _ in range(2 * layers)]
     batch, tokens, capacity = (torch.export.Dim(n) for n in ("batch", "tokens", "capacity"))

@@ -1,30 +1,50 @@
-"""Architectures are registered, not branched on: one small module per family."""
+"""Architectures are registered, not branched on: one small module per family, which a type checker can check against
+the protocols here (``Architecture``, and ``VerifyModel`` for what its ``build`` returns)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 import torch
-from torch import nn
+
+from .dims import Dims
+from .errors import ExportError
+from .fused import FusedGraph
 
 
-class ExportError(ValueError):
-    """A checkpoint or option the exporter cannot turn into a verify-v1 artifact."""
+class VerifyModel(Protocol):
+    """A family's verify-v1 model (a torch module): ``forward`` is the explicit form, traced by torch.onnx, and
+    ``write_fused`` writes the fused form into a ``FusedGraph``."""
+
+    def forward(self, input_ids: torch.Tensor, past_len: torch.Tensor, *cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(logits [batch, tokens, vocab] float32, new_key.0, new_value.0, ...: [batch, kv_heads, tokens, head_dim])
+        of new tokens ``input_ids`` [batch, tokens] at ``past_len`` [batch] over ``cache`` (2 * layers tensors of
+        [batch, kv_heads, capacity, head_dim])."""
+        ...
+
+    def write_fused(self, graph: FusedGraph, capacity: int) -> str:
+        """Write the same forward as ONNX Runtime's fused ops into ``graph``; return the logits' name."""
+        ...
 
 
 class Architecture(Protocol):
+    """A model family: the config ``model_types`` it reads, its sizes and its verify model."""
+
     name: str
     model_types: tuple[str, ...]
 
-    def dims(self, config) -> dict:
-        """num_layers, num_heads, kv_heads, head_dim, vocab_size, max_positions of a config."""
+    def dims(self, config) -> Dims:
+        """The sizes of a config."""
+        ...
 
-    def build(self, config, weights: dict[str, torch.Tensor], capacity: int, streamed: bool = False) -> nn.Module:
-        """The explicit verify-v1 forward of this family, filled with ``weights``; with ``streamed``, its
-        ``write_fused`` may take layers from ``weights`` as it writes them (the forward then cannot run)."""
+    def build(self, config, weights: dict[str, torch.Tensor], capacity: int, streamed: bool = False) -> VerifyModel:
+        """The verify model of this family, filled with ``weights``; with ``streamed``, its ``write_fused`` may take
+        layers from ``weights`` as it writes them (the forward then cannot run)."""
+        ...
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
+__all__ = ["ARCHITECTURES", "Architecture", "ExportError", "VerifyModel", "lookup", "register", "take"]
 
 
 def register(arch: Architecture) -> Architecture:

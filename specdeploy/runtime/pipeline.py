@@ -142,6 +142,18 @@ class Pipeline:
             self.suffix_store.save(path, spec.tokenizer_fingerprint, spec.vocab_size)
         return path
 
+    def close(self) -> None:
+        """Close the engines (their sessions and bound buffers); later requests fail. Closing twice is harmless."""
+        for engine in (self.draft, self.target):
+            if engine is not None:
+                engine.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def cache_bytes(self, batch: int, capacity: int, speculative: bool = True) -> dict[str, int]:
         """KV-cache bytes a batch of ``batch`` rows of ``capacity`` slots allocates, per model and in total.
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdeploy.contract import Manifest
-from specdeploy.engines import EngineInputError, OrtEngine, ProviderError, load_engine
+from specdeploy.engines import EngineClosedError, EngineInputError, KVCache, OrtEngine, ProviderError, load_engine
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +39,24 @@ def test_outputs_are_stacked_and_reused_per_shape_only(engine):
     np.testing.assert_array_equal(again.new_kv, kept[1])
 
 
+def _with_tensor(cache, index: int, tensor) -> KVCache:
+    """A handle over ``cache``'s array whose tensor ``index`` is ``tensor``: the engine binds a handle's tensors one by
+    one, so each is checked (these cases passed a list of tensors before ``infer`` took a KVCache alone)."""
+    handle = KVCache(cache.stacked)
+    handle.buffers[index] = tensor
+    return handle
+
+
 @pytest.mark.parametrize("mutate,match", [
     (lambda ids, past, cache: (ids.astype(np.int32), past, cache), r"input_ids \| received int32 \(2, 3\); expected int64"),
     (lambda ids, past, cache: (ids[0], past, cache), r"input_ids \| received int64 \(3,\)"),
     (lambda ids, past, cache: (ids, past[:1], cache), r"past_len \| received int64 \(1,\); expected int64 \(2,\)"),
-    (lambda ids, past, cache: (ids, past, cache[:3]), "received 3 cache tensors; expected 4"),
-    (lambda ids, past, cache: (ids, past, [cache[0], cache[1], cache[2].astype(np.float16), cache[3]]),
+    (lambda ids, past, cache: (ids, past, KVCache(cache.stacked[:3])), "received 3 cache tensors; expected 4"),
+    (lambda ids, past, cache: (ids, past, _with_tensor(cache, 2, cache[2].astype(np.float16))),
      r"cache_key.1 \| received float16 \(2, 2, 10, 8\); expected float32 \(2, 2, 10, 8\)"),
-    (lambda ids, past, cache: (ids, past, [cache[0][:, :1], *cache[1:]]), r"cache_key.0 \| received float32 \(2, 1, 10, 8\)"),
+    (lambda ids, past, cache: (ids, past, _with_tensor(cache, 0, cache[0][:, :1])),
+     r"cache_key.0 \| received float32 \(2, 1, 10, 8\)"),
+    (lambda ids, past, cache: (ids, past, list(cache)), r"cache \| received list; expected a KVCache"),
     (lambda ids, past, cache: (ids, np.array([8, 2]), cache), r"past_len \[8, 2\] \+ 3 new tokens exceeds cache capacity 10"),
     (lambda ids, past, cache: (ids + 200, past, cache), r"outside the vocabulary \[0, 128\)"),
 ])
@@ -59,12 +69,12 @@ def test_bad_inputs_name_the_tensor(engine, mutate, match):
 
 def test_checks_hold_after_a_cache_has_passed(engine):
     """Cache tensors that passed are not re-checked while the same ones come back; anything else is."""
-    buffers = list(engine.allocate_cache(2, 80))
+    buffers = engine.allocate_cache(2, 80)  # a KVCache where this test passed a list of its tensors before
     engine.infer(np.ones((2, 1), np.int64), np.array([0, 0]), buffers)
     expected = r"cache_key.0 \| received float32 \(2, 2, 80, 8\); expected float32 \(1, 2, 80, 8\)"
     with pytest.raises(EngineInputError, match=expected):
         engine.infer(np.ones((1, 1), np.int64), np.array([0]), buffers)  # the same tensors, another batch
-    swapped = [*buffers[:3], buffers[3].astype(np.float16)]
+    swapped = _with_tensor(buffers, 3, buffers[3].astype(np.float16))
     with pytest.raises(EngineInputError, match=r"cache_value.1 \| received float16"):
         engine.infer(np.ones((2, 1), np.int64), np.array([0, 0]), swapped)
     long_ids = np.ones((2, 40), np.int64)  # 80 ids: the NumPy range check
@@ -72,7 +82,7 @@ def test_checks_hold_after_a_cache_has_passed(engine):
     with pytest.raises(EngineInputError, match=r"input_ids range \[1, 128\] outside the vocabulary"):
         engine.infer(long_ids, np.array([0, 0]), buffers)
     with pytest.raises(EngineInputError, match=r"input_ids range \[-1, 1\]"):
-        engine.infer(np.array([[1, -1]]), np.array([0]), [b[:1] for b in buffers])
+        engine.infer(np.array([[1, -1]]), np.array([0]), buffers.rows(0, 1))
 
 
 def test_unavailable_provider_fails_loudly(pair_dir):
@@ -97,13 +107,12 @@ def test_a_finished_requests_caches_are_not_kept_alive(engine):
     import gc
     import weakref
 
-    old = engine.allocate_cache(2, 16)
-    old_buffers = list(old)
+    old = engine.allocate_cache(2, 16)  # KVCaches passed themselves where this test passed lists of their tensors
     for tokens in (1, 3):  # two shapes, two bindings holding the old cache
-        engine.infer(np.ones((2, tokens), np.int64), np.array([0, 0]), old_buffers)
+        engine.infer(np.ones((2, tokens), np.int64), np.array([0, 0]), old)
     gone = weakref.ref(old)
-    del old, old_buffers
-    new = list(engine.allocate_cache(1, 16))
+    del old
+    new = engine.allocate_cache(1, 16)
     engine.infer(np.ones((1, 1), np.int64), np.array([0]), new)
     gc.collect()
     assert gone() is None
@@ -309,7 +318,7 @@ class _DeviceArray:
 
 def test_device_outputs_reach_the_host_only_when_read_and_ids_alone_when_only_ids_are():
     from specdeploy.engines import EngineOutput
-    from specdeploy.engines.base import transfers
+    from specdeploy.engines.memory import transfers
 
     logits = np.random.default_rng(3).standard_normal((2, 5, 40)).astype(np.float32)
     copies, before = [], transfers.to_host
@@ -341,3 +350,18 @@ def test_a_fused_fp32_artifact_is_refused_on_cuda_before_any_session(fused_dirs,
         message = str(caught.value)
         assert str(directory) in message and f"the {role} model" in message
         assert "got float32, expected float16" in message and "--dtype float16 --graph fused" in message
+
+
+def test_a_closed_engine_lets_its_session_go_and_refuses_calls(pair_dir):
+    import gc
+    import weakref
+
+    with load_engine(pair_dir, Manifest.read(pair_dir), "target") as engine:
+        cache = engine.allocate_cache(1, 8)
+        engine.infer(np.array([[5, 6]]), np.array([0]), cache)
+        session = weakref.ref(engine.session)
+    gc.collect()
+    assert session() is None  # nothing still holds it: not the engine, nor a thread's bound buffers
+    with pytest.raises(EngineClosedError, match="target: the engine is closed"):
+        engine.infer(np.array([[5]]), np.array([2]), cache)
+    engine.close()  # closing twice is harmless

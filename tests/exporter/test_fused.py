@@ -12,6 +12,7 @@ import pytest
 
 from specdeploy.contract import IR_VERSION, Manifest
 from specdeploy.engines import EngineInputError, load_engine
+from specdeploy.exporter.dims import Dims
 from specdeploy.exporter.fused import FusedGraph
 from tests import tiny
 
@@ -60,8 +61,8 @@ def test_head_dim_the_fused_rotary_cannot_take_is_refused(tmp_path):
 
 def test_the_fused_writer_reports_each_quarter_of_the_layers(tmp_path):
     messages = []
-    graph = FusedGraph(tmp_path / "m.onnx", {"num_layers": 28, "kv_heads": 2, "head_dim": 16, "vocab_size": 10},
-                       progress=messages.append)
+    graph = FusedGraph(tmp_path / "m.onnx", Dims(num_layers=28, num_heads=2, kv_heads=2, head_dim=16, vocab_size=10),
+                       progress=messages.append)  # a dict of the sizes before Dims (its num_heads unread here)
     for layer in range(28):
         graph.layer_written(layer)
     graph.data.close()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdeploy import GenerationConfig, Pipeline
-from specdeploy.exporter import artifact
+from specdeploy.exporter import ExportOptions, artifact
 from specdeploy.exporter.checkpoint import gguf_vocabulary_digest, load_checkpoint
 from specdeploy.exporter.registry import ExportError
 from tests import tiny
@@ -181,7 +181,7 @@ def test_a_gguf_tensor_that_disagrees_with_the_metadata_is_named(tmp_path, graph
     write_tiny_gguf(path, reshaped={"blk.1.attn_q.weight": (HIDDEN - 8, HIDDEN)})
     with pytest.raises(ExportError, match=r"tensor blk\.1\.attn_q\.weight \(model\.layers\.1\.self_attn\.q_proj\.weight\) "
                                           r"has shape \(56, 64\); the file's metadata \(heads, sizes\) makes it \(64, 64\)"):
-        artifact.export_artifact(path, tmp_path / "art", graph=graph, isolate=False)
+        artifact.export_artifact(path, tmp_path / "art", options=ExportOptions(graph=graph, isolate=False))
     assert not (tmp_path / "art").exists()
 
 

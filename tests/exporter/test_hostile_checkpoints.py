@@ -51,7 +51,7 @@ def test_a_config_that_disagrees_with_its_weights_is_refused(checkpoints, tmp_pa
     """config.json claiming a vocabulary of 10**12 beside 128-token weights: no artifact is written."""
     import json
 
-    from specdeploy.exporter import export_artifact
+    from specdeploy.exporter import ExportOptions, export_artifact
 
     source = tmp_path / "ckpt"
     shutil.copytree(checkpoints["target"], source)
@@ -59,7 +59,7 @@ def test_a_config_that_disagrees_with_its_weights_is_refused(checkpoints, tmp_pa
     config["vocab_size"] = 10**12
     (source / "config.json").write_text(json.dumps(config))
     with pytest.raises(ExportError, match=r"config.json disagrees with its weights: logits: .* 1000000000000"):
-        export_artifact(source, tmp_path / "art", capacity=64)
+        export_artifact(source, tmp_path / "art", options=ExportOptions(capacity=64))
     assert not (tmp_path / "art").exists()
 
 

@@ -47,7 +47,11 @@ def _reference(model, sequence: np.ndarray):
 
 
 def _garbage_cache(engine, batch, capacity, rng):
-    return [rng.uniform(-50, 50, buf.shape).astype(buf.dtype) for buf in engine.allocate_cache(batch, capacity)]
+    """A KVCache filled with garbage (a list of garbage tensors before ``infer`` took a KVCache alone: the same values,
+    drawn in the same order)."""
+    cache = engine.allocate_cache(batch, capacity)
+    cache.stacked[...] = rng.uniform(-50, 50, cache.shape).astype(cache.stacked.dtype)
+    return cache
 
 
 def _tolerance(reference):
@@ -88,7 +92,7 @@ def test_decode_and_verify_after_ragged_past(exported, tokens):
     cache = _garbage_cache(engine, 3, capacity, rng)
     # the past comes from the engine's own prefill of each row, written into the garbage-filled buffers
     for b in range(3):
-        engine.infer(sequences[b][None, : PAST[b]], np.zeros(1, np.int64), [buf[b : b + 1] for buf in cache])
+        engine.infer(sequences[b][None, : PAST[b]], np.zeros(1, np.int64), cache.rows(b, b + 1))  # was a list of row views
     before = [buf.copy() for buf in cache]
     new_ids = np.stack([s[PAST[b] :] for b, s in enumerate(sequences)])
     out = engine.infer(new_ids, PAST.astype(np.int64), cache)

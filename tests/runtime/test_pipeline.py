@@ -325,3 +325,16 @@ def test_a_target_only_artifact_decodes_by_default_with_lookup_or_plainly(checkp
     assert fixed.token_ids == plain.token_ids and any(r.lookup and r.k for r in fixed.records)
     with pytest.raises(ConfigError, match="needs a draft model"):
         single.generate([prompt], GenerationConfig(drafter="model"))
+
+
+def test_closing_a_pipeline_closes_its_engines(pair_dir):
+    import numpy as np
+
+    from specdeploy.engines import EngineClosedError
+
+    with Pipeline.load(pair_dir) as pipeline:
+        assert pipeline.generate(["w5 w6"], GenerationConfig(max_new_tokens=2))[0].token_ids
+    for engine in (pipeline.target, pipeline.draft):
+        assert engine.session is None
+        with pytest.raises(EngineClosedError, match="the engine is closed"):
+            engine.infer(np.array([[5]]), np.zeros(1, np.int64), engine.allocate_cache(1, 4))

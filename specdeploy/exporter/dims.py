@@ -1,0 +1,24 @@
+"""The sizes a model family reads off its config (``Architecture.dims``), which the graph writers and the manifest
+take from it. A leaf: the families, the writers and the registry import it, it imports none of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Dims:
+    """A model's sizes: layers, attention heads (query and key/value), head dim, vocabulary and, where the config
+    says, the most positions it was trained for (None: no limit given)."""
+
+    num_layers: int
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int | None = None
+
+    def spec_fields(self) -> dict[str, int]:
+        """The ``ModelSpec`` fields these sizes fill: num_layers, num_heads, kv_heads, head_dim, vocab_size."""
+        return {"num_layers": self.num_layers, "num_heads": self.num_heads, "kv_heads": self.kv_heads,
+                "head_dim": self.head_dim, "vocab_size": self.vocab_size}

@@ -1,0 +1,100 @@
+"""What an export writes: one validated options object, shared by ``specdeploy export`` and ``export_artifact``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..contract import DTYPES, GRAPH_FORMS, WEIGHT_FORMATS
+from .errors import ExportError
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits block sizes
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits compute types (4: int8 activations)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How an artifact is exported, checked when made: ExportError names the option and says got versus expected.
+
+    ``dtype``: the weights' and the caches' dtype. ``weights``: the target's weight format ("full", "int4", "int8");
+    ``draft_weights`` the draft's (None: as ``weights``). ``capacity``: cache slots a request may use (None: the
+    model's max_position_embeddings, at most 2048). ``graph``: "explicit" (standard ops, traced by torch.onnx) or
+    "fused" (ONNX Runtime's fused LLM ops with the cache written in place, written straight from the weights; int4
+    weights quantized as they are written). ``block_size`` and ``accuracy_level`` tune ONNX Runtime's MatMulNBits
+    quantizer (int4 only). ``draft_vocab``: the draft scores only tokens 0 .. draft_vocab - 1 (fused graphs; byte-level
+    BPE ids come in merge order, so the first ids are the most common ones): a smaller head, a faster draft step.
+    ``isolate``: trace each model in a child process (None: for GGUF files and large checkpoints). ``force``: replace
+    an existing artifact directory.
+    """
+
+    dtype: str = "float32"
+    weights: str = "full"
+    draft_weights: str | None = None
+    capacity: int | None = None
+    graph: str = "explicit"
+    block_size: int = 32
+    accuracy_level: int = 4
+    draft_vocab: int | None = None
+    isolate: bool | None = None
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        _one_of("dtype", self.dtype, DTYPES)
+        _one_of("weights", self.weights, WEIGHT_FORMATS)
+        if self.draft_weights is not None:
+            _one_of("draft_weights", self.draft_weights, WEIGHT_FORMATS, ", or None (as weights)")
+        _one_of("graph", self.graph, GRAPH_FORMS)
+        _one_of("block_size", self.block_size, BLOCK_SIZES)
+        _one_of("accuracy_level", self.accuracy_level, ACCURACY_LEVELS)
+        if self.capacity is not None and (not _is_int(self.capacity) or self.capacity < 2):
+            raise ExportError(f"capacity: got {self.capacity!r}; expected an integer >= 2, or None (the model's "
+                              "max_position_embeddings, at most 2048)")
+        if self.draft_vocab is not None and (not _is_int(self.draft_vocab) or self.draft_vocab < 1):
+            raise ExportError(f"draft_vocab: got {self.draft_vocab!r}; expected a positive integer, or None (the whole "
+                              "vocabulary)")
+        for name, value, expected in (("isolate", self.isolate, (True, False, None)), ("force", self.force, (True, False))):
+            if not any(value is choice for choice in expected):
+                raise ExportError(f"{name}: got {value!r}; expected {' or '.join(map(str, expected))}")
+
+    def check_draft(self, draft) -> None:
+        """Refuse a ``draft_vocab`` without a draft model to trim (``draft`` None), or with the explicit graph form:
+        checked with the models given, the missing draft said first."""
+        if self.draft_vocab is None:
+            return
+        if draft is None:
+            raise ExportError(f"draft_vocab: got {self.draft_vocab} and no draft; expected a draft: there is no draft "
+                              "model to trim (give a draft)")
+        if self.graph != "fused":
+            raise ExportError(f"draft_vocab: got {self.draft_vocab} with graph {self.graph!r}; expected graph 'fused': "
+                              "draft_vocab needs the fused graph form")
+
+    def weights_of(self, role: str) -> str:
+        """The weight format of ``role`` ("target" or "draft")."""
+        return self.weights if role == "target" else (self.draft_weights or self.weights)
+
+    def form(self, role: str) -> Form:
+        """How ``role``'s graph is written. A fused graph is written in its dtype (float16 from the start: no fp32
+        copy of the model, and no converter's casts), but for int8, whose rewrite reads fp32 graphs."""
+        fmt, fused = self.weights_of(role), self.graph == "fused"
+        return Form(graph=self.graph, int4=(self.block_size, self.accuracy_level) if fused and fmt == "int4" else None,
+                    vocab_kept=self.draft_vocab if role == "draft" else None,
+                    dtype=self.dtype if fused and fmt != "int8" else "float32")
+
+
+@dataclass(frozen=True)
+class Form:
+    """Which graph a model is written as: "explicit" or "fused", and for a fused int4 graph the quantizer's
+    (block_size, accuracy_level), applied as the weights are written."""
+
+    graph: str = "explicit"
+    int4: tuple[int, int] | None = None
+    vocab_kept: int | None = None  # a draft's head cut to the first tokens (``draft_vocab``)
+    dtype: str = "float32"  # what a fused graph is written in (an explicit graph is traced in float32)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _one_of(name: str, value, choices: tuple, also: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, type(choices[0])) or value not in choices:
+        raise ExportError(f"{name}: got {value!r}; expected one of {', '.join(map(str, choices))}{also}")
