@@ -90,9 +90,9 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
     ``pipelines`` maps each setting's ``artifact`` label to its loaded ``Pipeline``. Chat prompts (``Prompt.messages``)
     are rendered with each artifact's own chat template. Prompts run in their order (batch by batch), so a
     conversation's turns run after each other, and each setting drafts from an index of its own answers in the round
-    so far (a suffix index: a later prompt drafts from an earlier one's answer). A greedy run whose tokens differ from its baseline's on the same
-    prompt and round gets a ``divergence``: the first differing position and the plain target's margin there
-    (``Pipeline.first_divergence``). Returns ``summarize``'s summary.
+    so far (a suffix index: a later prompt drafts from an earlier one's answer). A greedy run whose tokens differ
+    from its baseline's on the same prompt and round gets a ``divergence``: the first differing position and the
+    plain target's margin there (``Pipeline.first_divergence``). Returns ``summarize``'s summary.
     """
     missing = sorted({s.artifact for s in grid} - set(pipelines))
     if missing:
