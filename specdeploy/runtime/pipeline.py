@@ -29,24 +29,11 @@ from .rows import RowResult, RowSettings
 from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
-from .suffix_store import SuffixFileError, SuffixStore
+from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFileError, SuffixStore, row_indexes
 from .telemetry import CycleRecord, FinishReason, summarize
 
 CATCHUP_TOKENS = 32  # a draft catch-up long enough to time a rate, not a call
 CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
-
-
-SHARED_SCOPE = "shared"  # the pipeline's own index, in its store
-
-
-class Shared:
-    """The default of ``suffix_index``: the pipeline's shared index (None means none)."""
-
-    def __repr__(self) -> str:
-        return "the pipeline's shared index"
-
-
-SHARED = Shared()
 
 
 class GenerationError(RuntimeError):
@@ -289,7 +276,7 @@ class Pipeline:
                             why="capacity is {limit} slots a row (as asked)" if capacity else EXPORTED)
         request_ids = [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
-        indexes = _row_indexes(self.suffix_index if suffix_index is SHARED else suffix_index, len(prompts))
+        indexes = row_indexes(self.suffix_index if suffix_index is SHARED else suffix_index, len(prompts))
         settings = [self.row_settings(row, 0 if mine else i, index)
                     for i, (row, index) in enumerate(zip(row_configs, indexes))]
         if config.speculative and config.k not in self._warmed:
@@ -395,15 +382,6 @@ class Pipeline:
         if not config.speculative:
             return NoDrafter()
         return make_drafter(config.drafter, self.draft, stop_below)
-
-
-def _row_indexes(given, rows: int) -> list[SuffixIndex | None]:
-    """``start``'s ``suffix_index`` as one index (or None) per row; ConfigError for anything else."""
-    indexes = list(given) if isinstance(given, (list, tuple)) else [given] * rows
-    if len(indexes) != rows or not all(index is None or isinstance(index, SuffixIndex) for index in indexes):
-        raise ConfigError(f"suffix_index: got {_short(given)}; expected a SuffixIndex, None for none, or one of "
-                          f"either per prompt ({rows})")
-    return indexes
 
 
 def _check_prompt_list(prompts, expected: str) -> None:

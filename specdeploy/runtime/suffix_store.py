@@ -17,6 +17,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from ..files import FileMissing, FileRefused, read_regular
+from .errors import ConfigError
 from .suffix import SuffixIndex
 
 FORMAT = "specdeploy.suffix-index"
@@ -27,6 +28,17 @@ DEFAULT_TOKENS = 65_536
 DEFAULT_SEQUENCES = 4096
 DEFAULT_SCOPES = 16
 BYTES_PER_TOKEN_IN_FILE = 8  # a token id in JSON: up to six digits, a comma and a space
+SHARED_SCOPE = "shared"  # a pipeline's own index, in its store
+
+
+class Shared:
+    """The default of ``Pipeline.start``'s ``suffix_index``: the pipeline's shared index (None means none)."""
+
+    def __repr__(self) -> str:
+        return "the pipeline's shared index"
+
+
+SHARED = Shared()
 
 
 class SuffixFileError(ValueError):
@@ -97,6 +109,15 @@ class SuffixStore:
             for number, tokens in enumerate(sequences):
                 index.add(f"saved-{name}-{number}", tokens)  # drafted from "saved-...": a text of an earlier process
         return sum(len(s) for s in scopes.values())
+
+
+def row_indexes(given, rows: int) -> list[SuffixIndex | None]:
+    """``Pipeline.start``'s ``suffix_index`` as one index (or None) per row; ConfigError for anything else."""
+    indexes = list(given) if isinstance(given, (list, tuple)) else [given] * rows
+    if len(indexes) != rows or not all(index is None or isinstance(index, SuffixIndex) for index in indexes):
+        raise ConfigError(f"suffix_index: got {_short(given)}; expected a SuffixIndex, None for none, or one of "
+                          f"either per prompt ({rows})")
+    return indexes
 
 
 def _checked(data, path: Path, tokenizer: str, vocab_size: int) -> dict[str, list[list[int]]]:
