@@ -351,6 +351,7 @@ def main() -> None:
                         "8), asking for JSON records")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per cycle, both systems' fixed-K runs")
+    parser.add_argument("--no-fixed", action="store_true", help="leave specdeploy's fixed-K run out (the peer's stays)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of each system")
     parser.add_argument("--block-size", type=int, default=128, help="the peer's int4 block size")
     parser.add_argument("--accuracy-level", type=int, default=4, help="the peer's MatMulNBits accuracy level")
@@ -398,7 +399,7 @@ def main() -> None:
         if name in workers:  # two artifacts of the same formats: their folder names tell them apart
             name = f"specdeploy ({artifact.name})"
         workers[name] = Worker("specdeploy", str(artifact), args.threads, args.k)
-        grid += [(name, config) for config in configurations(args.k)]
+        grid += [(name, config) for config in configurations(args.k) if not (args.no_fixed and config.startswith("fixed"))]
     reference_name = f"{grid[2][0]}: plain"
     for system, config in grid:  # warm-up, unmeasured: first calls allocate
         workers[system].run(config, encode(Prompt("warm-up", "def add(a, b):")), 8, measured=False)
