@@ -10,7 +10,8 @@ requests still open are cut, and the process exits 1 (not by the signal, and wit
 ``server_config`` is how every server of this package is configured: X-Forwarded-* headers believed only from
 the proxies the operator names (uvicorn believes loopback's by default, so any local client could choose the
 address logged), and a client that half-closes its socket after sending its request (``shutdown(SHUT_WR)``)
-still gets its answer (asyncio closes a connection at EOF unless the protocol keeps it open).
+still gets its answer (asyncio closes a connection at EOF unless the protocol keeps it open), while one that
+went away is still found out and cancelled.
 """
 
 from __future__ import annotations
@@ -73,9 +74,20 @@ def server_config(app, forwarded_allow_ips: str | None = None, **options) -> uvi
                           http=_answering_half_closed(), **options)
 
 
+PROBES = (0.0, 0.0, 0.01, 0.05, 0.25, 1.0, 5.0, 30.0)  # seconds between "100 Continue"s to a client that stopped sending
+# (on loopback a gone client's reset is back before the next turn of the loop; across a network after a round trip)
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
 def _answering_half_closed() -> type:
     """uvicorn's HTTP protocol, keeping a connection whose client has stopped sending open until the request in
-    flight has been answered, then closing it (there can be no next request)."""
+    flight has been answered, then closing it (there can be no next request).
+
+    A client that half-closed and one that went away look alike (end of input) until something is written to them:
+    a gone client's host answers a write with a reset, and the next write fails, which ends its request (freed
+    within one cycle, as any disconnect). So while the answer is not begun, an HTTP/1.1 client is sent
+    ``100 Continue`` now and then (``PROBES``): every HTTP/1.1 client skips 1xx answers it did not ask for
+    (RFC 9110 15.2), so a client still reading sees only its answer."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class AnsweringHalfClosed(AutoHTTPProtocol):
@@ -83,8 +95,21 @@ def _answering_half_closed() -> type:
 
         def eof_received(self):
             self.peer_done = True
+            if not self._awaiting_answer():
+                return None
+            self._probe(0)
+            return True  # keep writing: the answer is still to come
+
+        def _awaiting_answer(self) -> bool:
             cycle = getattr(self, "cycle", None)
-            return True if cycle is not None and not cycle.response_complete else None  # True: keep writing
+            return cycle is not None and not cycle.response_started and not cycle.disconnected \
+                and not self.transport.is_closing()
+
+        def _probe(self, index: int) -> None:
+            if not self._awaiting_answer() or self.cycle.scope.get("http_version") != "1.1":
+                return
+            self.transport.write(CONTINUE)
+            self.loop.call_later(PROBES[min(index + 1, len(PROBES) - 1)], self._probe, index + 1)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

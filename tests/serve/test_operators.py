@@ -54,6 +54,8 @@ def _raw(url: str, request: bytes, half_close: bool) -> bytes:
         answer = b""
         while chunk := connection.recv(65536):
             answer += chunk
+    while answer.startswith(b"HTTP/1.1 100 "):  # 1xx answers a client skips (the server's probes that it is there)
+        answer = answer.split(b"\r\n\r\n", 1)[1]
     return answer
 
 
