@@ -51,7 +51,7 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
 @click.option("--api-key", envvar="SPECDEPLOY_API_KEY", default=None, callback=text_setting(secret=True),
               help="Clients must send 'Authorization: Bearer KEY' (all routes but /health* and /metrics). "
                    "Also read from SPECDEPLOY_API_KEY, which keeps it out of the process list.")
-@click.option("--chat-template", default=None, callback=text_setting(),
+@click.option("--chat-template", default=None, callback=text_setting(free_text=True),
               help="A Jinja chat template (a file, or the template itself) in place of the artifact's.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None,
               help="Requests without a seed draw theirs from this one in turn: a sequence of requests is reproducible.")

@@ -43,9 +43,10 @@ def _text_problem(value: str, secret: bool) -> str | None:
     return None
 
 
-def text_setting(form: Callable[[str], str | None] | None = None, secret: bool = False):
+def text_setting(form: Callable[[str], str | None] | None = None, secret: bool = False, free_text: bool = False):
     """A click callback that refuses an empty, padded or control-character value (or, for an option that reads an
-    environment variable, that variable set but empty), then ``form(value)``'s problem, if it names one."""
+    environment variable, that variable set but empty), then ``form(value)``'s problem, if it names one.
+    ``free_text``: whitespace and newlines are the value's own (a template): only emptiness is refused."""
 
     def check(ctx: click.Context, param: click.Parameter, value):
         envvar = param.envvar if isinstance(param.envvar, str) else None
@@ -55,7 +56,8 @@ def text_setting(form: Callable[[str], str | None] | None = None, secret: bool =
                                            "or the variable unset")
             return None
         for item in value if isinstance(value, tuple) else (value,):
-            problem = _text_problem(item, secret) or (form(item) if form is not None else None)
+            problem = ("got an empty value" if not item else None) if free_text else _text_problem(item, secret)
+            problem = problem or (form(item) if form is not None else None)
             if problem is not None:
                 raise click.ClickException(f"{_where(ctx, param)}: {problem}")
         return value
