@@ -25,6 +25,7 @@ from .acceptance import greedy_accept_row, sampled_accept
 from .batching import isolate, join, merge, plan_rows, prefill_chunk, prefill_rows
 from .config import GenerationConfig
 from .drafters import Drafter, Proposal
+from .guards import check_merge, checked_join, one_thread
 from .policies import Policy
 from .rows import RowResult, RowSettings
 from .sampling import keyed_noise, penalize_rows, row_probabilities, unseeded_generator
@@ -270,6 +271,7 @@ class Generation:
     lengths = property(lambda self: np.array(self.state.lengths, np.int64))
     active = property(lambda self: np.array(self.state.active, np.int64))
 
+    @one_thread
     def step(self) -> list[tuple[int, list[int]]]:
         """One cycle over the active rows (after the prefill, on the first call): (request index, newly committed token
         ids) per row. If an engine call fails, the cycle is rolled back (lengths only: nothing was committed) and re-run
@@ -349,23 +351,29 @@ class Generation:
                   for b, at in enumerate(state.lengths)]  # seeded rows' draws keyed by position
         return sampled_accept(p, proposal.q, proposal.drafts, proposal.drafted, state.rngs(), noises)
 
+    @one_thread
     def prefill(self) -> None:
         """The target sees every prompt token but the last (each cycle starts from x[L - 1]); the first
         ``step()`` calls this when nobody did."""
         self.prefill_seconds = prefill_rows(self, 0)
 
+    @one_thread
     def prefill_chunk(self, tokens: int, draft: bool | Callable[[], bool] = True) -> bool:
         """Prefill at most ``tokens`` more of each prompt, in both models (``prefill.prefill_chunk``); True once done."""
         return prefill_chunk(self, tokens, draft)
 
+    @one_thread
     def merge(self, other: Generation) -> None:
-        """Take ``other``'s rows (prefilled, with the same capacity and speculation) into this batch."""
+        """Take ``other``'s rows (prefilled, with the same capacity and speculation) into this batch (``guards``)."""
+        check_merge(self, other)
         merge(self, other)
 
+    @one_thread
     def join(self, prompts: list[np.ndarray], request_ids: list[str], settings: Sequence[RowSettings] | None = None) -> None:
-        """Requests join the batch between cycles, as new rows at its end (``batching.join``)."""
-        join(self, prompts, request_ids, settings)
+        """Requests join the batch between cycles, as new rows at its end (``batching.join``; arguments: ``guards``)."""
+        join(self, checked_join(self, prompts, request_ids, settings), request_ids, settings)
 
+    @one_thread
     def cancel(self, index: int) -> None:
         """Request ``index`` leaves the batch now (finish reason "cancelled"); its cache rows are freed."""
         if index in self.state.active:
@@ -387,6 +395,7 @@ class Generation:
             row.records.append(tuple.__new__(CycleRecord, (row.request_id, self.cycle, k, n, n + 1 if n < k else None,
                                                            final, len(new), draft_s, verify_s, accept_s, cache_s, batch, lookup)))
 
+    @one_thread
     def leave(self, finished: list[int]) -> None:
         """Batch rows ``finished`` leave, with their cache rows."""
         keep = self.state.leave(finished)
