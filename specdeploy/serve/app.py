@@ -39,7 +39,6 @@ from .responses import Reply, refusal
 from .scheduler import Overloaded, Scheduler, ShuttingDown
 from .sse import EventStream, watch_disconnect
 
-CLIENT_FIELDS = ("messages", "tools", "prompt")  # what a client's ConfigError may name as its param
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/health/live", "/health/ready", "/metrics")
 
 
@@ -172,13 +171,12 @@ def _invalid(exc: ValidationError) -> ApiError:
 
 async def _prepare(workers: PromptWorkers, job: Callable, param: str, what: str, client: str):
     """``job()`` (a prompt's tokens) off the event loop, in ``client``'s turn. The client's own mistakes
-    (``ConfigError``) are a 400 naming the field its message starts with (``tools``, or ``param``); anything else,
+    (``ConfigError``) are a 400 naming ``param`` (or ``tools``, where the template failed on them); anything else,
     or running past the time limit, is ``what``'s (the artifact's) fault: a 500."""
     try:
         return await workers.run(job, client)
     except ConfigError as exc:
-        field = str(exc).split(":", 1)[0].split("[", 1)[0].split(".", 1)[0]
-        raise ApiError(400, str(exc), field if field in CLIENT_FIELDS else param) from None
+        raise ApiError(400, str(exc), "tools" if str(exc).startswith("tools:") else param) from None
     except TemplateTimeout as exc:  # CPU time the template itself used: a busy machine is not counted
         raise ApiError(500, f"{what} did not finish within {exc.seconds:g} s of CPU time (--template-seconds): "
                        f"{short(str(exc), 300)[1:-1]}", kind="server_error", code="prompt_timeout") from None
