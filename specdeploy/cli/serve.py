@@ -17,7 +17,7 @@ import click
 
 from ..engines.ort import PROVIDERS
 from .common import speculation_options, threads_option
-from .settings import networks_form, origins_form, root_path_form, text_setting
+from .settings import check_environment, networks_form, origins_form, root_path_form, text_setting
 
 TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a template
 
@@ -91,6 +91,7 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     from ..runtime.config import ConfigError
     from ..serve.scheduler import Scheduler, context_slots
 
+    check_environment("SPECDEPLOY_CACHE")
     if bool(ssl_keyfile) != bool(ssl_certfile):
         raise click.ClickException("--ssl-keyfile and --ssl-certfile: got one of them; expected both, or neither")
     root_path = root_path or ""

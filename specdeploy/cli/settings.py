@@ -65,6 +65,16 @@ def text_setting(form: Callable[[str], str | None] | None = None, secret: bool =
     return check
 
 
+def check_environment(*names: str) -> None:
+    """Refuse, in one line, an environment variable among ``names`` that is set but empty, padded or holds a control
+    character (``SPECDEPLOY_CACHE``: a padded path would make a directory of that name)."""
+    for name in names:
+        value = os.environ.get(name)
+        problem = None if value is None else _text_problem(value, secret=False)
+        if problem is not None:
+            raise click.ClickException(f"the environment variable {name}: {problem}; or leave it unset")
+
+
 def root_path_form(value: str) -> str | None:
     if ROOT_PATH.fullmatch(value):
         return None

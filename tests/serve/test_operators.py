@@ -30,6 +30,7 @@ from .test_process import SPECULATION, _stream, running
     ({}, ["--allowed-origins", "https://app.example/path"], "expected scheme://host[:port] without a path"),
     ({}, ["--forwarded-allow-ips", "10.0.0.0/8,proxy"], "--forwarded-allow-ips: got 'proxy'; expected IP addresses"),
     ({}, ["--chat-template", ""], "--chat-template: got an empty value"),
+    ({"SPECDEPLOY_CACHE": "/var/cache/specdeploy "}, [], "the environment variable SPECDEPLOY_CACHE: got a value padded"),
 ])
 def test_operator_settings_are_checked_wherever_they_come_from(pair_dir, env, args, message):
     """An empty secret used to start the server with no key at all, a padded one to refuse every client."""
