@@ -15,6 +15,8 @@ numbers per row, where each distinct NumPy routine costs microseconds (``tools/b
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -25,7 +27,8 @@ from .acceptance import greedy_accept_row, sampled_accept
 from .batching import isolate, join, merge, plan_rows, prefill_chunk, prefill_rows
 from .config import GenerationConfig
 from .drafters import Drafter, Proposal
-from .guards import check_merge, checked_join, one_thread
+from .errors import ConcurrentUseError
+from .guards import check_merge, checked_join
 from .policies import Policy
 from .rows import RowResult, RowSettings
 from .sampling import keyed_noise, penalize_rows, row_probabilities, unseeded_generator
@@ -230,6 +233,32 @@ class BatchState:
         """Row ``b`` ends with an engine fault that is its own."""
         row = self.rows[self.active[b]]
         row.finish_reason, row.error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
+
+
+def one_thread(method):
+    """A ``Generation`` method that a second thread may not enter while another is inside any such method: two
+    threads stepping one batch interleave its cycles on the same caches (wrong tokens, silently in most trials). The
+    second caller fails at once (ConcurrentUseError) rather than queueing; the thread inside may re-enter."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        held, me = self.__dict__, threading.get_ident()
+        if held.get("_in_use_by") == me:  # re-entered by the thread inside (``step`` runs ``prefill``)
+            return method(self, *args, **kwargs)
+        lock = held.get("_in_use") or held.setdefault("_in_use", threading.Lock())  # one lock, whichever thread wins
+        if not lock.acquire(False):
+            raise ConcurrentUseError(f"Generation.{name}: called while another thread is in Generation."
+                                     f"{held.get('_in_use_in')}; a Generation is moved by one thread at a time (share "
+                                     "the Pipeline; give each thread its own Generation)")
+        held["_in_use_by"], held["_in_use_in"] = me, name
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            held["_in_use_by"] = None
+            lock.release()
+
+    return guarded
 
 
 class Generation:

@@ -1,47 +1,19 @@
-"""How the low-level API may be used, checked where it is called: a ``Generation`` is moved by one thread at a time,
-and ``join``/``merge`` take what a batch can hold, refused otherwise with the package's own errors.
-
-Two threads stepping one batch interleave its cycles on the same caches: wrong tokens, silently in most trials.
-A lock taken without waiting makes the second caller fail at once, naming both calls, rather than queueing (the
-cost is a lock a call, well under a microsecond). The same thread may re-enter (``step`` runs ``prefill``).
+"""What ``Generation.join`` and ``Generation.merge`` may be given, checked before the batch is touched: anything a
+batch cannot take is refused with the package's own errors, naming the argument (``ConfigError``), instead of a
+raw NumPy or attribute error from inside the batch (or, for ``merge(itself)``, rows decoded twice). That one thread
+at a time moves a ``Generation`` is the decoder's own guard (``decoder.one_thread``).
 """
 
 from __future__ import annotations
 
-import functools
-import threading
 from collections.abc import Sequence
+from threading import get_ident
 
 import numpy as np
 
 from .config import checked_token_ids
 from .errors import ConcurrentUseError, ConfigError
 from .rows import RowSettings
-
-
-def one_thread(method):
-    """Guard a ``Generation`` method: ConcurrentUseError while another thread is inside any guarded method."""
-
-    @functools.wraps(method)
-    def guarded(self, *args, **kwargs):
-        lock = self.__dict__.get("_in_use")
-        if lock is None:
-            lock = self.__dict__.setdefault("_in_use", threading.Lock())  # setdefault: one lock, whichever thread wins
-        me = threading.get_ident()
-        if self.__dict__.get("_in_use_by") == me:  # re-entered by the thread inside
-            return method(self, *args, **kwargs)
-        if not lock.acquire(blocking=False):
-            raise ConcurrentUseError(f"Generation.{method.__name__}: called while another thread is in "
-                                     f"Generation.{self.__dict__.get('_in_use_in')}; a Generation is moved by one thread "
-                                     "at a time (share the Pipeline; give each thread its own Generation)")
-        self._in_use_by, self._in_use_in = me, method.__name__
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self._in_use_by = None
-            lock.release()
-
-    return guarded
 
 
 def checked_join(generation, prompts, request_ids, settings) -> list[np.ndarray]:
@@ -72,17 +44,17 @@ def check_merge(generation, other) -> None:
         raise ConfigError("other: got this Generation itself; expected another batch (its rows are already here)")
     if other.target is not generation.target:
         raise ConfigError("other: a Generation of another pipeline's target engine; expected one this pipeline started")
+    if other.state.capacity != generation.state.capacity:
+        raise ConfigError(f"merge: capacity {other.state.capacity} != {generation.state.capacity}: other has another "
+                          "capacity than this batch (start it with capacity=...)")
     if other.prefill_seconds is None:
         raise ConfigError("other: not prefilled; expected a Generation whose prefill is done (call other.prefill())")
-    if other.state.capacity != generation.state.capacity:
-        raise ConfigError(f"other: capacity {other.state.capacity}; expected this batch's {generation.state.capacity} "
-                          "(start it with capacity=...)")
     if (other.draft_cache is None) != (generation.draft_cache is None) or other.k != generation.k:
         raise ConfigError(f"other: speculation k={other.k} {'with' if other.draft_cache is not None else 'without'} a "
                           f"draft model; expected this batch's k={generation.k} "
                           f"{'with' if generation.draft_cache is not None else 'without'} one")
     lock = other.__dict__.get("_in_use")
-    if lock is not None and lock.locked() and other.__dict__.get("_in_use_by") != threading.get_ident():
+    if lock is not None and lock.locked() and other.__dict__.get("_in_use_by") != get_ident():
         raise ConcurrentUseError(f"Generation.merge: other is in Generation.{other.__dict__.get('_in_use_in')} in another "
                                  "thread; a Generation is moved by one thread at a time")
 

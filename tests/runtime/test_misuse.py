@@ -90,7 +90,7 @@ def test_merge_refuses_what_a_batch_cannot_take_naming_why(pipeline, alone):
     for other, match in [("w20", r"other: got str; expected a Generation"),
                          (run, r"other: got this Generation itself"),
                          (fresh, r"other: not prefilled; expected a Generation whose prefill is done"),
-                         (smaller, rf"other: capacity {run.state.capacity - 1}; expected this batch's"),
+                         (smaller, rf"merge: capacity {run.state.capacity - 1} != {run.state.capacity}: other has another"),
                          (plain, r"other: speculation k=0 without a draft model; expected this batch's k=3 with one")]:
         with pytest.raises(ConfigError, match=match):
             run.merge(other)
