@@ -71,7 +71,8 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
 @click.option("--access-log/--no-access-log", default=True, show_default=True,
               help="One line per request on stderr, with its request id.")
 @click.option("--template-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="How long a chat template may render, or a prompt tokenize, before the request fails with 500.")
+              help="The CPU time a chat template may use before the request fails with 500 (a busy machine's waiting is "
+                   "not counted; the wall clock stops a render only at 10 times this plus 5 s).")
 @click.option("--ray-replicas", type=click.IntRange(min=1), default=None,
               help="Run this many replicas under Ray Serve (a local Ray instance; needs ray[serve]), same API.")
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
