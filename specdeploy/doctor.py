@@ -7,6 +7,17 @@ from pathlib import Path
 from .contract import REEXPORT_INT8, ContractError, Manifest, read_tokenizer, saturating_int8, tokenizer_problems, verify_files
 
 MIN_OPSET = 17
+UNREADABLE = ("PermissionError", "Permission denied")  # what a file this user may not read says, wherever it is read
+READABLE_FIX = ("the file may well be intact: make it readable by the user running specdeploy (chmod a+r, or chown), "
+                "or run as the artifact's owner; no re-export is needed")
+MISSING_FIX = "restore the file that the export wrote there (a regular file), or re-export the artifact"
+CHANGED_FIX = "the file changed after export: re-export, or restore the original file"
+
+
+def _fixed(problem: str, fix: str) -> tuple[str, str]:
+    """(problem, what to do): a file this user may not read is a matter of permissions, whatever ``fix`` the check
+    that met it would give for a broken file."""
+    return (problem, READABLE_FIX) if any(mark in problem for mark in UNREADABLE) else (problem, fix)
 
 
 def diagnose(directory: Path) -> list[tuple[str, str]]:
@@ -16,10 +27,10 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
     try:
         manifest = Manifest.read(directory)
     except ContractError as exc:
-        return [(str(exc), "re-export the artifact with `specdeploy export`")]
+        return [_fixed(str(exc), "re-export the artifact with `specdeploy export`")]
     problems = []
     for line in verify_files(directory, manifest):
-        problems.append((line, "the file changed after export: re-export, or restore the original file"))
+        problems.append(_fixed(line, MISSING_FIX if line.endswith("missing or not a regular file") else CHANGED_FIX))
     if manifest.opset and manifest.opset < MIN_OPSET:
         problems.append((f"opset {manifest.opset} < {MIN_OPSET}", "re-export with this version of specdeploy"))
     problems += [(what, REEXPORT_INT8) for what in saturating_int8(manifest).values()]
@@ -28,14 +39,15 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
         try:
             tokenizer = read_tokenizer(tokenizer_path, manifest.tokenizer)
         except ContractError as exc:
-            problems.append((str(exc), "re-export the artifact"))
+            problems.append(_fixed(str(exc), "re-export the artifact"))
         else:
             problems += [(problem, "export draft and target together, with the target's own tokenizer")
                          for problem in tokenizer_problems(tokenizer, manifest)]
             try:
                 chat_template(Path(directory), manifest, tokenizer)
             except ContractError as exc:
-                problems.append((str(exc), "re-export the artifact from a checkpoint whose tokenizer_config.json is sound"))
+                problems.append(_fixed(str(exc), "re-export the artifact from a checkpoint whose tokenizer_config.json "
+                                                 "is sound"))
     draft, target = manifest.draft, manifest.target
     if draft is not None:
         if draft.vocab_size != target.vocab_size:
@@ -60,7 +72,7 @@ def _check_graphs(directory: Path, manifest: Manifest) -> list[tuple[str, str]]:
             load_engine(directory, manifest, role)
             check_graph_facts(Path(directory) / spec.file, spec)
         except (ProviderError, ContractError) as exc:  # ContractError: unreadable, or ONNX Runtime refused it
-            problems.append((str(exc), "re-export the artifact"))
+            problems.append(_fixed(str(exc), "re-export the artifact"))
         except Exception as exc:  # ONNX Runtime's own load errors (corrupt graph, bad opset)
             problems.append((f"{role}: ONNX Runtime cannot load {manifest.models[role].file}: {exc}",
                              "re-export the artifact"))

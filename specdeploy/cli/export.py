@@ -54,4 +54,8 @@ def export(target, draft, out, dtype, weights, draft_weights, capacity, block_si
             manifest = export_artifact(target, out, draft=draft, options=options, progress=progress)
     except (ExportError, ContractError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except OSError as exc:  # what the filesystem refused that no check foresaw (a disk filling, a permission changed)
+        where = exc.filename or out
+        raise click.ClickException(f"{where}: {exc.strerror or exc} ({type(exc).__name__}); nothing was written "
+                                   f"to {out}") from exc
     console.print(f"[green]exported[/] {', '.join(manifest.models)} to {out}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -10,32 +11,35 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..files import FileRefused, regular_size
+from ..files import FileRefused, open_regular
 from ..reports.graph import graph_summary
 from .common import human, read_manifest
 
 SHOWN_FILES = 50  # rows of the files table; --json lists them all
+SHOWN_UNREADABLE = 20  # files that cannot be read, named on stderr; the rest are counted
 
 
 @click.command()
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest, file sizes and graph summaries as JSON.")
 def inspect(directory, as_json):
-    """Show an artifact's contract, tensors, graphs (nodes, nodes per layer, op counts), sizes and files."""
+    """Show an artifact's contract, tensors, graphs (nodes, nodes per layer, op counts), sizes and files. A file the
+    manifest lists that cannot be read (missing, permissions, not a graph) is named with the reason, in its table
+    rows and once more at the end (--json: ``unreadable_files``); ``doctor`` checks the artifact."""
     manifest = read_manifest(directory)
-    sizes, unreadable = {}, {}  # name -> bytes of each regular file; name -> why it is not one (missing, a FIFO, ...)
+    sizes, unreadable = {}, {}  # name -> bytes of each regular file; name -> why it cannot be read
     for name in manifest.files:
         try:
-            sizes[name] = regular_size(directory / name)
+            sizes[name] = _readable_size(directory / name)
         except FileRefused as exc:
-            sizes[name], unreadable[name] = None, str(exc).removeprefix(f"{directory / name}: ")
+            sizes[name], unreadable[name] = None, exc.reason
     graphs = {}
     for role, spec in manifest.models.items():
-        if sizes.get(spec.file) is not None:
+        if spec.file not in unreadable:
             try:
                 graphs[role] = graph_summary(directory / spec.file)
             except Exception as exc:  # onnx's own errors for a truncated or foreign file; FileRefused if swapped
-                unreadable[spec.file] = f"not a readable ONNX graph ({type(exc).__name__})"
+                unreadable[spec.file] = f"not a readable ONNX graph ({type(exc).__name__}: {str(exc)[:120]})"
     if as_json:
         data = json.loads(manifest.to_json())
         data["file_sizes"] = sizes
@@ -76,7 +80,11 @@ def inspect(directory, as_json):
     out.print(tensors)
     table = Table("role", "nodes", "per layer", "most frequent ops",
                   title="graphs, as stored (ONNX Runtime fuses some at load; each node is a dispatch)")
-    for role, summary in graphs.items():
+    for role, spec in manifest.models.items():
+        if role not in graphs:  # said, not left out: the table would look complete
+            table.add_row(role, "-", "-", Text(f"{spec.file}: {unreadable.get(spec.file, 'not read')}"))
+            continue
+        summary = graphs[role]
         per_layer = summary["nodes_per_layer"]
         ops = ", ".join(f"{op} {count}" for op, count in list(summary["ops"].items())[:6])
         table.add_row(role, str(summary["nodes"]), "-" if per_layer is None else f"{per_layer:g}", ops)
@@ -85,7 +93,28 @@ def inspect(directory, as_json):
     listed = sorted(manifest.files.items())
     for name, digest in listed[:SHOWN_FILES]:
         size = sizes[name]
-        files.add_row(Text(name), Text(unreadable.get(name, "?")) if size is None else human(size), digest[:16] + "…")
+        note = unreadable.get(name)
+        shown = note if size is None else human(size) + (f" ({note})" if note else "")
+        files.add_row(Text(name), Text(shown or "?"), digest[:16] + "…")
     if len(listed) > SHOWN_FILES:
         files.add_row(f"… and {len(listed) - SHOWN_FILES:,} more", "", "")
     out.print(files)
+    _say_unreadable(out, unreadable)
+
+
+def _readable_size(path: Path) -> int:
+    """The size of the regular file at ``path``, once it has been opened for reading (a stat alone says nothing of
+    permissions); FileRefused saying why not."""
+    with open_regular(path) as handle:
+        return os.fstat(handle.fileno()).st_size
+
+
+def _say_unreadable(out: Console, unreadable: dict[str, str]) -> None:
+    """One line per file that cannot be read (the first SHOWN_UNREADABLE, then a count), after the tables."""
+    named = sorted(unreadable.items())
+    for name, why in named[:SHOWN_UNREADABLE]:
+        out.print(Text(f"cannot read {name}: {why}", style="red"))
+    if len(named) > SHOWN_UNREADABLE:
+        out.print(Text(f"… and {len(named) - SHOWN_UNREADABLE:,} more files that cannot be read", style="red"))
+    if named:
+        out.print(f"{len(named):,} listed files cannot be read; `specdeploy doctor` says what to do about them")

@@ -17,16 +17,18 @@ import click
 
 from ..engines.ort import PROVIDERS
 from .common import speculation_options, threads_option
+from .settings import check_environment, networks_form, origins_form, root_path_form, text_setting
 
 TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a template
 
 
 @click.command()
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--host", default="127.0.0.1", show_default=True, callback=text_setting(),
+              help="Address to listen on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
               help="Port to listen on; 0 picks a free one (printed once bound).")
-@click.option("--served-model-name", "--model-name", "model_name", default=None,
+@click.option("--served-model-name", "--model-name", "model_name", default=None, callback=text_setting(),
               help="The model id clients send (default: the artifact directory's name).")
 @click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
@@ -46,26 +48,31 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
 @speculation_options("Draft length (the maximum, for adaptive policies); a request may ask for fewer.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 * 2**20, show_default=True,
               help="Larger request bodies are refused with 413, whatever their transfer encoding.")
-@click.option("--api-key", envvar="SPECDEPLOY_API_KEY", default=None,
+@click.option("--api-key", envvar="SPECDEPLOY_API_KEY", default=None, callback=text_setting(secret=True),
               help="Clients must send 'Authorization: Bearer KEY' (all routes but /health* and /metrics). "
                    "Also read from SPECDEPLOY_API_KEY, which keeps it out of the process list.")
-@click.option("--chat-template", default=None,
+@click.option("--chat-template", default=None, callback=text_setting(free_text=True),
               help="A Jinja chat template (a file, or the template itself) in place of the artifact's.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None,
               help="Requests without a seed draw theirs from this one in turn: a sequence of requests is reproducible.")
 @click.option("--ssl-keyfile", type=click.Path(exists=True, dir_okay=False), default=None, help="Serve HTTPS with this key.")
 @click.option("--ssl-certfile", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Serve HTTPS with this certificate.")
-@click.option("--root-path", default="", help="The path prefix a proxy serves this server under (ASGI root_path).")
-@click.option("--allowed-origins", multiple=True,
+@click.option("--root-path", default=None, callback=text_setting(root_path_form),
+              help="The path prefix a proxy serves this server under (ASGI root_path), such as /llm.")
+@click.option("--allowed-origins", multiple=True, callback=text_setting(origins_form),
               help="Browser origins allowed cross-origin requests (CORS): repeat it, separate with commas, or give a JSON "
                    "list, as vllm serve takes it; '*' for any.")
+@click.option("--forwarded-allow-ips", default=None, callback=text_setting(networks_form),
+              help="Proxies (addresses or CIDR networks, comma-separated; '*' for any) whose X-Forwarded-For and "
+                   "X-Forwarded-Proto are believed; by default none are, so a client cannot choose the address logged.")
 @click.option("--drain-seconds", type=click.FloatRange(min=0), default=25.0, show_default=True,
               help="On SIGTERM: how long running requests may go on before they are ended (each with a final event).")
 @click.option("--access-log/--no-access-log", default=True, show_default=True,
               help="One line per request on stderr, with its request id.")
 @click.option("--template-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="How long a chat template may render, or a prompt tokenize, before the request fails with 500.")
+              help="The CPU time a chat template may use before the request fails with 500 (a busy machine's waiting is "
+                   "not counted; the wall clock stops a render only at 10 times this plus 5 s).")
 @click.option("--suffix-scope", type=click.Choice(["key", "global", "none"]), default="key", show_default=True,
               help="Whose earlier answers a request drafts from: those under its own API key (the bearer token it "
                    "sends), everyone's (global), or none but its own text. Drafts never change a text; their speed "
@@ -80,15 +87,13 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
               help="Run this many replicas under Ray Serve (a local Ray instance; needs ray[serve]), same API.")
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
           prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, max_body_bytes, api_key,
-          chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins, drain_seconds, access_log,
-          template_seconds, suffix_scope, suffix_cache, suffix_tokens, ray_replicas):
+          chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins, forwarded_allow_ips, drain_seconds,
+          access_log, template_seconds, suffix_scope, suffix_cache, suffix_tokens, ray_replicas):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
     not), /v1/models, /health (readiness), /health/live and /metrics."""
     try:
-        import uvicorn
-
         from ..serve.app import create_app
-        from ..serve.lifecycle import DrainingServer
+        from ..serve.lifecycle import DrainingServer, server_config
     except ImportError as exc:
         raise click.ClickException(f"serve needs the 'serve' extra: pip install 'specdeploy[serve]' ({exc})") from exc
     from .. import GenerationConfig, Pipeline
@@ -98,10 +103,10 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     from ..runtime.suffix_store import SuffixStore
     from ..serve.scheduler import Scheduler, context_slots
 
+    check_environment("SPECDEPLOY_CACHE")
     if bool(ssl_keyfile) != bool(ssl_certfile):
         raise click.ClickException("--ssl-keyfile and --ssl-certfile: got one of them; expected both, or neither")
-    if api_key is not None and not api_key.strip():
-        raise click.ClickException("--api-key: got an empty key; expected a non-empty one (or no --api-key)")
+    root_path = root_path or ""
     origins = _origins(allowed_origins)
     try:
         config = GenerationConfig(k=k, policy=policy, drafter=drafter, confidence_threshold=confidence_threshold)
@@ -132,8 +137,8 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     scheduler = Scheduler(pipeline, config, context, max_batch=max_batch, max_queue=max_queue,
                           prefill_chunk=prefill_chunk, seed=seed)
     app = create_app(pipeline, scheduler, name, suffix_scope=suffix_scope, **app_settings)
-    settings = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, root_path=root_path,
-                              ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, timeout_graceful_shutdown=5)
+    settings = server_config(app, host=host, port=port, root_path=root_path, ssl_keyfile=ssl_keyfile,
+                             ssl_certfile=ssl_certfile, forwarded_allow_ips=forwarded_allow_ips)
     try:
         socket = settings.bind_socket()
     except (OSError, SystemExit) as exc:  # uvicorn exits on a port in use
@@ -143,14 +148,18 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     scheme = "https" if ssl_certfile else "http"
     click.echo(f"serving {directory} as {name!r} on {scheme}://{host}:{bound}{root_path}/v1 "
                f"(batch {max_batch}, queue {max_queue}, context {context}, KV cache up to "
-               f"{sizes['total'] / 2**20:.0f} MiB{', API key required' if api_key else ''}, suffix index per "
-               f"{ {'key': 'API key', 'global': 'server', 'none': 'request'}[suffix_scope]}); "
+               f"{sizes['total'] / 2**20:.0f} MiB; {'an API key required' if api_key else 'no API key: any client served'}; "
+               f"X-Forwarded-For {'believed from ' + forwarded_allow_ips if forwarded_allow_ips else 'ignored'}; "
+               f"suffix index per { {'key': 'API key', 'global': 'server', 'none': 'request'}[suffix_scope]}); "
                f"ready once /health answers 200", err=True)
+    server = DrainingServer(settings, app.state.lifecycle, drain_seconds)
     try:
-        DrainingServer(settings, app.state.lifecycle, drain_seconds).run(sockets=[socket])
+        server.run(sockets=[socket])
     finally:
         scheduler.stop()
         _save_suffix_cache(pipeline)
+    if server.cut_short:  # a second signal: the requests still open were cut, not drained
+        sys.exit(1)
 
 
 def _save_suffix_cache(pipeline) -> None:
@@ -190,7 +199,11 @@ def _chat_template(artifact, value: str):
     from ..runtime.config import ConfigError
 
     path = Path(value)
-    if path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # a name too long to be a path (ENAMETOOLONG): a template given inline
+        is_file = False
+    if is_file:
         if path.stat().st_size > TEMPLATE_FILE_LIMIT:
             raise ConfigError(f"--chat-template: {path} is {path.stat().st_size:,} bytes; expected a template of at most "
                               f"{TEMPLATE_FILE_LIMIT:,}")
@@ -203,6 +216,9 @@ def _chat_template(artifact, value: str):
         Environment().parse(text)  # parsing runs none of the template: safe here, and its errors are the clearest
     except TemplateSyntaxError as exc:
         raise ConfigError(f"--chat-template: {exc} (line {exc.lineno})") from exc
+    except (RecursionError, MemoryError) as exc:  # Jinja's parser recurses once per nested block
+        raise ConfigError(f"--chat-template: nested too deeply to compile ({type(exc).__name__}); expected a template "
+                          f"whose blocks nest at most a few hundred deep") from exc
     template = ChatTemplate({"chat_template": text, "bos_token": artifact.bos_token, "eos_token": artifact.eos_token,
                              "add_bos_token": artifact.add_bos_token})
     try:

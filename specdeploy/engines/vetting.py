@@ -21,7 +21,7 @@ from pathlib import Path
 from ..contract import GRAPH_ROLE_KEY, ContractError, Manifest, ModelSpec
 from ..files import FileRefused
 
-FACTS = "graph_vetting.1"  # remembered per file identity (``digests``); raise the number whenever _facts changes
+FACTS = "graph_vetting.2"  # remembered per file identity (``digests``); raise the number whenever _facts changes
 SINGULAR = {"functions": "function", "graphs": "graph", "tensors": "tensor", "sparse_tensors": "sparse tensor"}
 
 
@@ -47,8 +47,9 @@ def check_external_data(path: Path, manifest: Manifest) -> None:
 def check_graph_facts(path: Path, spec: ModelSpec) -> None:
     """Refuse a manifest entry that disagrees with what its graph states of itself: the role it was exported as
     (target and draft files swapped in the manifest, which carries no hash of itself), the heads its attention nodes
-    declare (``num_heads``, ``kv_heads``, one node a layer) and the positions its position tables cover (the
-    capacity may not exceed them: a request would fail inside ONNX Runtime at the first position beyond)."""
+    declare (``num_heads``, ``kv_heads``, one node a layer; in the explicit form, the head counts its projections are
+    reshaped into) and the positions its position tables cover (the capacity may not exceed them: a request would
+    fail inside ONNX Runtime at the first position beyond)."""
     facts = _graph_facts(path)
     problems = []
     if facts["role"] is not None and facts["role"] != spec.role:  # stamped by the exporter since 0.3.4
@@ -61,6 +62,10 @@ def check_graph_facts(path: Path, spec: ModelSpec) -> None:
                             f"({spec.num_heads}, {spec.kv_heads})")
         if len(attention) != spec.num_layers:
             problems.append(f"it has {len(attention)} attention nodes (one a layer); the manifest says {spec.num_layers} layers")
+    heads = {h for h, d in facts.get("views", ()) if d == spec.head_dim}
+    if not attention and heads and heads != {spec.num_heads, spec.kv_heads}:  # the explicit form: its head reshapes
+        problems.append(f"it reshapes its projections into heads of {sorted(heads)}; the manifest says num_heads "
+                        f"{spec.num_heads}, kv_heads {spec.kv_heads}")
     positions = facts["positions"]
     if positions is not None and spec.capacity > positions["rows"]:
         problems.append(f"capacity {spec.capacity} in the manifest, but its position table {positions['name']!r} covers "
@@ -116,7 +121,37 @@ def _shape_facts(graph) -> dict:
             if dims is not None and len(dims) == 2:
                 tables.append((node.input[0], dims[0]))
     name, rows = min(tables, key=lambda table: table[1], default=(None, None))
-    return {"attention": attention, "positions": None if name is None else {"name": name, "rows": rows}}
+    return {"attention": attention, "positions": None if name is None else {"name": name, "rows": rows},
+            "views": _head_views(graph)}
+
+
+def _head_views(graph) -> list[tuple[int, int]]:
+    """(heads, head_dim) of each Reshape into [batch, tokens, heads, head_dim] whose last two sizes are constants:
+    how the explicit form splits its projections into heads (query heads, and key/value heads)."""
+    from onnx import numpy_helper
+
+    constants = {tensor.name: tensor for tensor in graph.initializer}
+    producers = {}
+    for node in graph.node:
+        for output in node.output:
+            producers[output] = node
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+
+    def scalar(name):
+        tensor = constants.get(name)
+        if tensor is None or list(tensor.dims) not in ([], [1]):
+            return None
+        return int(numpy_helper.to_array(tensor).reshape(-1)[0])
+
+    views = set()
+    for node in graph.node:
+        shape = producers.get(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
+        if shape is not None and shape.op_type == "Concat" and len(shape.input) == 4:
+            heads, size = scalar(shape.input[2]), scalar(shape.input[3])
+            if heads is not None and size is not None and heads > 0 and size > 0:
+                views.add((heads, size))
+    return sorted(views)
 
 
 def _tensors(message, where: str = "") -> Iterator[tuple[str, object]]:

@@ -3,6 +3,11 @@
 ``--force`` replaces only what specdeploy wrote: a directory whose ``manifest.json`` is ours (its ``contract``)
 and which holds nothing but that manifest and the files it lists. Anything else there (a web app's
 ``manifest.json``, notes kept beside the graphs) means the directory is refused, and nothing is deleted.
+
+What the filesystem can refuse is refused before any work, in one line: a symlink loop, a path under a regular
+file, a directory one may not write. The new artifact's directory gets the permissions the umask gives (a staging
+dir is made 0700), and once it is in place the export has succeeded: the artifact it replaced is removed, and what
+cannot be removed now (a read-only directory, say) is left under a name the next export removes.
 """
 
 from __future__ import annotations
@@ -29,12 +34,16 @@ def output_dir(out: Path, force: bool) -> Path:
     points to the new artifact). Refused in one line: the directory one stands in (or one holding it), a dangling
     symlink, an existing ``out`` without ``force``, and with it anything ``replaceable`` refuses."""
     out = Path(out)
-    if out.is_symlink():
-        target = out.resolve()
-        if not target.exists():
-            raise ExportError(f"{out}: a symlink to {target}, which does not exist; give a directory to write")
-        out = target
-    here, where = Path.cwd().resolve(), out.resolve()
+    try:
+        if out.is_symlink():
+            target = out.resolve(strict=False)
+            if not target.exists():
+                raise ExportError(f"{out}: a symlink to {target}, which does not exist; give a directory to write")
+            out = target
+        here, where = Path.cwd().resolve(), out.resolve()
+    except (RuntimeError, OSError) as exc:  # ELOOP: Python 3.11 raises RuntimeError for a loop, 3.13 OSError
+        raise ExportError(f"--out {out}: cannot be followed ({exc}); give a directory, or a symlink to one") from exc
+    _check_writable(out)
     if where == here or where in here.parents:
         raise ExportError(f"--out {out}: the current directory, or one that holds it; give the artifact a directory of "
                           "its own (--out ./artifact)")
@@ -45,6 +54,20 @@ def output_dir(out: Path, force: bool) -> Path:
     return out
 
 
+def _check_writable(out: Path) -> None:
+    """Refuse ``out`` when the directory it would be made in cannot be: its nearest existing ancestor is not a
+    directory (``--out notes.txt/art``), or is one this process may not write."""
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        if ancestor.is_symlink():  # a dangling link on the way
+            raise ExportError(f"--out {out}: {ancestor} is a symlink to nothing; expected a directory")
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ExportError(f"--out {out}: {ancestor} is a file, not a directory; give a path under a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ExportError(f"--out {out}: cannot write in {ancestor} (permission denied); give a directory you may write")
+
+
 def replaceable(out: Path) -> None:
     """Refuse (ExportError) unless ``out`` is an artifact directory specdeploy wrote that holds only its own files."""
     if not out.is_dir():
@@ -53,7 +76,10 @@ def replaceable(out: Path) -> None:
     if listed is None:
         raise ExportError(f"{out}: not an artifact directory (no manifest.json), or not one `specdeploy export` wrote "
                           f"(contract {CONTRACT!r}); --force replaces only artifacts")
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in listed or p.is_symlink() or not p.is_file())
+    try:
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in listed or p.is_symlink() or not p.is_file())
+    except OSError as exc:
+        raise ExportError(f"{out}: cannot be listed ({exc.strerror or exc}); --force needs to see what it replaces") from exc
     if foreign:
         more = f" and {len(foreign) - SHOWN:,} more" if len(foreign) > SHOWN else ""
         raise ExportError(f"{out}: holds files specdeploy did not write ({', '.join(foreign[:SHOWN])}{more}); move them out "
@@ -73,10 +99,11 @@ def artifact_files(directory: Path) -> set[str] | None:
 
 
 def replace(staging: Path, out: Path) -> None:
-    """Put the finished ``staging`` dir at ``out``. An artifact already there (``replaceable`` checked once more: an
-    export takes minutes) is swapped out in one step where the system can (Linux's ``renameat2`` with
-    RENAME_EXCHANGE: a reader sees the old artifact or the new, never neither), else moved aside first; it is then
-    deleted, and nothing of it stays behind."""
+    """Put the finished ``staging`` dir at ``out``, with the permissions the umask gives. An artifact already there
+    (``replaceable`` checked once more: an export takes minutes) is swapped out in one step where the system can
+    (Linux's ``renameat2`` with RENAME_EXCHANGE: a reader sees the old artifact or the new, never neither), else
+    moved aside first; it is then removed (``discard``): from the swap on, the export has succeeded."""
+    staging.chmod(0o777 & ~_umask())
     if not (out.exists() or out.is_symlink()):
         staging.rename(out)
         return
@@ -87,19 +114,56 @@ def replace(staging: Path, out: Path) -> None:
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         out.rename(old)  # onto the empty dir just made
         staging.rename(out)
-    (old / ".pid").write_text(str(os.getpid()))  # a kill before the next line leaves it to the next export to remove
+    discard(old, out)
+
+
+def discard(old: Path, out: Path) -> None:
+    """Remove ``old``, the artifact ``out`` replaced, raising nothing: it is renamed ``.NAME.replaced-PID`` first, so
+    that what cannot be removed now (a kill, a read-only directory) is found and removed by the next export."""
+    aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
     try:
-        shutil.rmtree(old)
+        old.rename(aside)
+        old = aside
+    except OSError:  # a name taken by a leftover of this process: removed where it lies
+        pass
+    try:
+        _remove(old)
     except OSError as exc:
-        warnings.warn(f"{out}: replaced, but the previous artifact at {old} could not be removed ({exc})", stacklevel=2)
+        warnings.warn(f"{out}: replaced, but the previous artifact at {old} could not be removed ({exc}); the next "
+                      f"export to {out} removes it", stacklevel=2)
+
+
+def _remove(directory: Path) -> None:
+    """``shutil.rmtree``, making a directory writable where removing from it was refused (an artifact someone made
+    read-only)."""
+    def writable_then_again(function, path, _exc):
+        parent = Path(path).parent
+        parent.chmod(parent.stat().st_mode | 0o700)
+        function(path)
+
+    shutil.rmtree(directory, onerror=writable_then_again)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it; set back at once
+    os.umask(mask)
+    return mask
 
 
 def remove_abandoned(out: Path) -> None:
-    """Staging dirs (and replaced artifacts) of an export that was killed, whose process is gone, would hold gigabytes
-    forever. So would a ``.NAME.old`` artifact that exporters before 0.3.4 left when killed: removed only if it is one."""
+    """Staging dirs and replaced artifacts of an export that was killed, or that could not remove them, would hold
+    gigabytes forever. So would a ``.NAME.old`` artifact that exporters before 0.3.4 left when killed: removed only
+    if it is one. A ``.NAME.replaced-PID`` is removed once its process has ended (or is this one)."""
     old = out.with_name(f".{out.name}.old")
     if old.is_dir() and not old.is_symlink() and artifact_files(old) is not None:
         shutil.rmtree(old, ignore_errors=True)
+    for left in out.parent.glob(f".{out.name}.replaced-*"):
+        pid = left.name.rsplit("-", 1)[1]
+        if left.is_dir() and not left.is_symlink() and pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+            try:
+                _remove(left)
+            except OSError:
+                pass  # tried again next time
     for staging in out.parent.glob(f".{out.name}.*"):
         pid_file = staging / ".pid"
         if staging.is_symlink() or not staging.is_dir() or not pid_file.is_file():
@@ -110,6 +174,16 @@ def remove_abandoned(out: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
         except PermissionError:
             pass  # alive, someone else's
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
 
 
 AT_FDCWD, RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>

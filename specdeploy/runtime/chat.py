@@ -7,6 +7,12 @@ renders the same string here as there. It runs in a child process (``chat_worker
 an output-size limit and a memory limit: a template that loops, computes or repeats without end is
 stopped, and said to be the artifact's fault (``ChatTemplateError``), while messages the template
 refuses (its ``raise_exception``) or that are malformed are the client's (``ConfigError``).
+
+The time limit counts the CPU time the render consumes, not the wall time: on a busy machine a harmless
+template waits for a core and is not blamed for it (the wall clock is only a backstop, ``WALL_FACTOR`` times
+longer, for a worker that stops being scheduled at all). A template that fails on the client's ``tools``
+(it renders the same messages without them) is the client's fault: malformed tool schemas are data the
+template cannot be expected to take, while its failing on messages it was given is the artifact's.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from ..files import MAX_JSON_BYTES, read_regular
 from .config import ConfigError, check_unicode
 
 MAX_MESSAGES = 1024
-TIME_LIMIT = 2.0  # seconds a render may take: real templates take a millisecond or less
+TIME_LIMIT = 2.0  # CPU seconds a render may take: real templates take a millisecond or less
+WALL_FACTOR, WALL_GRACE = 10.0, 5.0  # the wall-clock backstop: WALL_FACTOR x the CPU limit + WALL_GRACE seconds
 MAX_RENDERED_CHARS = 16 * 2**20  # output characters; far beyond any prompt an artifact's capacity takes
 WORKERS = 4  # child processes rendering at once; more requests wait for one
 DEFAULT_TEMPLATE = "default"  # the template used among named ones, as transformers chooses it without tools
@@ -36,6 +43,14 @@ DEFAULT_TEMPLATE = "default"  # the template used among named ones, as transform
 class ChatTemplateError(RuntimeError):
     """The artifact's chat template failed on its own: it raised an error, recursed, or overran its time, output
     or memory limit. A fault of the artifact, not of the messages (a server answers 500, naming the template)."""
+
+
+class TemplateTimeout(ChatTemplateError):
+    """The chat template used more than its CPU-time limit (``seconds``), or its worker stopped answering."""
+
+    def __init__(self, message: str, seconds: float):
+        super().__init__(message)
+        self.seconds = seconds
 
 
 class ChatTemplate:
@@ -66,23 +81,47 @@ class ChatTemplate:
         """The chat template of a tokenizer_config.json (a regular file of at most MAX_JSON_BYTES)."""
         return cls(json.loads(read_regular(Path(path), MAX_JSON_BYTES).decode("utf-8")), source=f"{path}")
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+               time_limit: float | None = None, max_chars: int | None = None) -> str:
         """The prompt text of ``messages`` ([{"role": ..., "content": ...}, ...]), ending with the assistant's
         turn opened when ``add_generation_prompt``; ``tools`` (JSON schemas, as transformers takes them) go to the
-        template as its ``tools`` variable.
+        template as its ``tools`` variable. ``time_limit`` (CPU seconds; a server's setting) replaces this template's
+        own for one render, and ``max_chars`` (output characters: what the caller's context could ever hold) tightens
+        its own.
 
-        Raises ConfigError for messages that are malformed or that the template refuses (``raise_exception``), and
-        ChatTemplateError when the template fails on its own or overruns its limits."""
+        Raises ConfigError for messages that are malformed, too long for ``max_chars`` themselves, or that the
+        template refuses (``raise_exception``), and for tools the template fails on; ChatTemplateError when the
+        template fails on its own or overruns its limits (TemplateTimeout: its time)."""
         if self.template is None:
             if self.named:
                 raise ChatTemplateError(f"{self.source}: has named chat templates ({', '.join(self.named)}) and none "
                                         f"named {DEFAULT_TEMPLATE!r}, which is the one used without tools")
             raise ConfigError("messages: this artifact's tokenizer has no chat template; give a plain prompt instead")
-        variables = {"messages": _checked(messages), "add_generation_prompt": bool(add_generation_prompt), "tools": tools,
+        seconds = self.time_limit if time_limit is None else time_limit
+        chars = self.max_chars if max_chars is None else min(max_chars, self.max_chars)
+        messages = _checked(messages)
+        _check_size(messages, tools, chars)
+        answer = self._answer(messages, add_generation_prompt, tools, seconds, chars)
+        if "error" in answer and tools and "refused" not in answer:
+            plain = self._answer(messages, add_generation_prompt, None, seconds, chars)
+            if "text" in plain:  # the same conversation renders without the client's tools: they are the cause
+                raise ConfigError(f"tools: the chat template fails on them ({answer['error']}: {answer['message']}); "
+                                  "expected OpenAI function tools: {'type': 'function', 'function': {'name': str, "
+                                  "'description': str, 'parameters': a JSON schema object}}")
+        return self._text(answer, seconds)
+
+    def _answer(self, messages: list[dict], add_generation_prompt: bool, tools, seconds: float, chars: int) -> dict:
+        variables = {"messages": messages, "add_generation_prompt": bool(add_generation_prompt), "tools": tools,
                      "documents": None, "bos_token": self.bos_token, "eos_token": self.eos_token}
-        answer = renderer().render(self.template, variables, self.time_limit, self.max_chars, self.source)
+        return renderer().render(self.template, variables, seconds, chars, self.source)
+
+    def _text(self, answer: dict, seconds: float) -> str:
+        """The rendered text of the worker's ``answer``, or the error it says."""
         if "refused" in answer:
             raise ConfigError(f"chat template: {answer['refused']}")
+        if answer.get("error") == "TimeLimit":
+            raise TemplateTimeout(f"{self.source}: the chat template took longer than {seconds:g} s of CPU time; "
+                                  "rendering was stopped", seconds)
         if answer.get("error") == "SecurityError":
             raise ChatTemplateError(f"{self.source}: the chat template was refused by the sandbox ({answer['message']})")
         if "error" in answer:
@@ -93,6 +132,20 @@ class ChatTemplate:
         except ConfigError as exc:  # a surrogate the messages did not bring: the template's own text has it
             raise ChatTemplateError(f"{self.source}: the chat template's output is not valid Unicode ({exc})") from exc
         return answer["text"]
+
+
+def _check_size(messages: list[dict], tools, chars: int) -> None:
+    """Refuse a conversation whose own text (its strings, and the tools as JSON) is already more than a render may
+    produce: the client's doing, found before any template runs."""
+    size = sum(len(value) for message in messages for value in message.values() if isinstance(value, str))
+    if tools:
+        try:
+            size += len(json.dumps(tools))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ConfigError(f"tools: not JSON data ({exc})") from exc
+    if size > chars:
+        raise ConfigError(f"messages: {size:,} characters{' with the tools' if tools else ''}, more than the {chars:,} "
+                          "that a prompt of this model's context can hold; shorten them")
 
 
 def _template(value, source: str) -> tuple[str | None, list[str]]:
@@ -151,21 +204,27 @@ class TemplateRenderer:
         self._lock = threading.Lock()
 
     def render(self, template: str, variables: dict, seconds: float, max_chars: int, source: str) -> dict:
-        """The worker's answer to one request: {"text"}, {"refused"} or {"error", "message"}; ChatTemplateError where the
-        worker overran ``seconds`` or died (out of memory, say)."""
-        request = json.dumps({"template": template, "variables": variables, "max_chars": max_chars, "seconds": seconds})
+        """The worker's answer to one request: {"text"}, {"refused"} or {"error", "message"} ("TimeLimit" past ``seconds``
+        of CPU time); TemplateTimeout where the worker did not answer within the wall-clock backstop, ChatTemplateError
+        where it died (out of memory, say). Time waiting for a free worker is not counted."""
+        wall = seconds * WALL_FACTOR + WALL_GRACE
+        request = json.dumps({"template": template, "variables": variables, "max_chars": max_chars, "seconds": seconds,
+                              "wall_seconds": wall})
         with self._slots:
             worker = self._sent(request.encode() + b"\n")
             try:
-                line = _read_line(worker.stdout, time.monotonic() + seconds)
+                line = _read_line(worker.stdout, time.monotonic() + wall)
             except BaseException:
                 _stop(worker)
                 raise
             if line is None:
                 _stop(worker)
                 code = worker.returncode
-                why = f"took longer than {seconds:g} s" if code in (None, -9) else f"ended its process (exit code {code})"
-                raise ChatTemplateError(f"{source}: the chat template {why}; rendering was stopped")
+                if code in (None, -9, -14):  # killed here, or by its own alarm: it stopped answering
+                    raise TemplateTimeout(f"{source}: the chat template took longer than {wall:g} s of wall time (its "
+                                          f"limit is {seconds:g} s of CPU time); rendering was stopped", seconds)
+                raise ChatTemplateError(f"{source}: the chat template ended its process (exit code {code}); rendering "
+                                        "was stopped")
             with self._lock:
                 self._idle.append(worker)
         return json.loads(line)

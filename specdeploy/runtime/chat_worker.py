@@ -5,10 +5,13 @@ spending time or memory without end (nested loops, ``10 ** 10 ** 8``, ``'x' * 10
 cannot be stopped from outside. So templates render here, one request at a time, and the parent
 (``chat.TemplateRenderer``) kills the process when a render overruns. Within it, the limits fail fast
 with a clear reason where they can: powers, products and repetitions past a size are refused before
-they are computed, and the output is counted as it is produced. Memory is capped by ``RLIMIT_AS``, and an
-alarm ends the process if a render outlives its parent's deadline (an orphaned child stops by itself).
+they are computed, and the output is counted as it is produced. Time is counted as the CPU time the render
+uses (``ITIMER_PROF``), so a busy machine is not blamed on the template; memory is capped by ``RLIMIT_AS``, and
+an alarm ends the process if a render outlives its parent's wall-clock backstop (an orphaned child stops by
+itself).
 
-Protocol: one JSON object a line each way. In: ``{"template", "variables", "max_chars", "seconds"}``.
+Protocol: one JSON object a line each way. In: ``{"template", "variables", "max_chars", "seconds", "wall_seconds"}``
+(``seconds``: CPU time; ``wall_seconds``: the parent's backstop).
 Out: ``{"text": ...}``, ``{"refused": message}`` (the template's own ``raise_exception``: a refusal of the
 messages) or ``{"error": kind, "message": ...}`` (the template failed on its own; SecurityError: the sandbox
 refused what it tried).
@@ -30,6 +33,15 @@ COMPILED_KEPT = 8  # templates kept compiled
 
 class Refusal(Exception):
     """``raise_exception`` in a template: it refuses the messages it was given."""
+
+
+class CpuLimit(BaseException):
+    """The render used its CPU time (raised by the profiling timer's signal; a BaseException, so that no
+    ``except Exception`` on the way swallows it)."""
+
+
+def _over_cpu(signum, frame):
+    raise CpuLimit()
 
 
 def environment(max_chars: list[int]):
@@ -100,6 +112,8 @@ def render(sandbox, compiled: dict, request: dict, max_chars: list[int]) -> dict
         return {"text": "".join(pieces)}
     except Refusal as exc:
         return {"refused": str(exc)}
+    except CpuLimit:
+        return {"error": "TimeLimit", "message": f"it used more than {request['seconds']:g} s of CPU time"}
     except RecursionError:
         return {"error": "RecursionError", "message": "it recursed without end"}
     except MemoryError:
@@ -117,10 +131,16 @@ def main() -> None:
         pass
     max_chars = [0]
     sandbox, compiled = environment(max_chars), {}
+    signal.signal(signal.SIGPROF, _over_cpu)
     for line in sys.stdin:
         request = json.loads(line)
-        signal.setitimer(signal.ITIMER_REAL, request["seconds"] + ALARM_GRACE)  # SIGALRM's default action ends us
-        answer = render(sandbox, compiled, request, max_chars)
+        signal.setitimer(signal.ITIMER_REAL, request.get("wall_seconds", request["seconds"]) + ALARM_GRACE)  # ends us
+        signal.setitimer(signal.ITIMER_PROF, request["seconds"])
+        try:
+            answer = render(sandbox, compiled, request, max_chars)
+            signal.setitimer(signal.ITIMER_PROF, 0)
+        except CpuLimit:  # the (one-shot) timer fired after the render, before it was stopped: its time was used
+            answer = {"error": "TimeLimit", "message": f"it used more than {request['seconds']:g} s of CPU time"}
         signal.setitimer(signal.ITIMER_REAL, 0)
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()

@@ -59,7 +59,7 @@ class GenerationConfig:
 
     def __post_init__(self):
         def bad(name, expected):
-            return ConfigError(f"{name}: got {getattr(self, name)!r}; expected {expected}")
+            return ConfigError(f"{name}: got {_short(getattr(self, name))}; expected {expected}")
 
         def whole(name, low, expected):
             value = getattr(self, name)
@@ -168,5 +168,9 @@ def is_integer(value) -> bool:
 
 
 def _is_number(value) -> bool:
-    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-            and math.isfinite(value))
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past a float's range (10 ** 400): no number a setting can take
+        return False

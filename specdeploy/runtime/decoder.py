@@ -15,6 +15,8 @@ numbers per row, where each distinct NumPy routine costs microseconds (``tools/b
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -25,6 +27,8 @@ from .acceptance import greedy_accept_row, sampled_accept
 from .batching import isolate, join, merge, plan_rows, prefill_chunk, prefill_rows
 from .config import GenerationConfig
 from .drafters import Drafter, Proposal
+from .errors import ConcurrentUseError
+from .guards import check_merge, checked_join
 from .policies import Policy
 from .rows import RowResult, RowSettings
 from .sampling import keyed_noise, penalize_rows, row_probabilities, unseeded_generator
@@ -240,6 +244,32 @@ class BatchState:
         row.finish_reason, row.error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
 
 
+def one_thread(method):
+    """A ``Generation`` method that a second thread may not enter while another is inside any such method: two
+    threads stepping one batch interleave its cycles on the same caches (wrong tokens, silently in most trials). The
+    second caller fails at once (ConcurrentUseError) rather than queueing; the thread inside may re-enter."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        held, me = self.__dict__, threading.get_ident()
+        if held.get("_in_use_by") == me:  # re-entered by the thread inside (``step`` runs ``prefill``)
+            return method(self, *args, **kwargs)
+        lock = held.get("_in_use") or held.setdefault("_in_use", threading.Lock())  # one lock, whichever thread wins
+        if not lock.acquire(False):
+            raise ConcurrentUseError(f"Generation.{name}: called while another thread is in Generation."
+                                     f"{held.get('_in_use_in')}; a Generation is moved by one thread at a time (share "
+                                     "the Pipeline; give each thread its own Generation)")
+        held["_in_use_by"], held["_in_use_in"] = me, name
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            held["_in_use_by"] = None
+            lock.release()
+
+    return guarded
+
+
 class Generation:
     """One batch of requests in flight; ``step()`` runs one cycle and reports what each row committed. The target's
     cache and the draft model's (``draft_cache``; None for a drafter without a model) hold the batch's rows; requests
@@ -279,6 +309,7 @@ class Generation:
     lengths = property(lambda self: np.array(self.state.lengths, np.int64))
     active = property(lambda self: np.array(self.state.active, np.int64))
 
+    @one_thread
     def step(self) -> list[tuple[int, list[int]]]:
         """One cycle over the active rows (after the prefill, on the first call): (request index, newly committed token
         ids) per row. If an engine call fails, the cycle is rolled back (lengths only: nothing was committed) and re-run
@@ -362,23 +393,29 @@ class Generation:
                   for b, at in enumerate(state.lengths)]  # seeded rows' draws keyed by position
         return sampled_accept(p, proposal.q, proposal.drafts, proposal.drafted, state.rngs(), noises)
 
+    @one_thread
     def prefill(self) -> None:
         """The target sees every prompt token but the last (each cycle starts from x[L - 1]); the first
         ``step()`` calls this when nobody did."""
         self.prefill_seconds = prefill_rows(self, 0)
 
+    @one_thread
     def prefill_chunk(self, tokens: int, draft: bool | Callable[[], bool] = True) -> bool:
         """Prefill at most ``tokens`` more of each prompt, in both models (``prefill.prefill_chunk``); True once done."""
         return prefill_chunk(self, tokens, draft)
 
+    @one_thread
     def merge(self, other: Generation) -> None:
-        """Take ``other``'s rows (prefilled, with the same capacity and speculation) into this batch."""
+        """Take ``other``'s rows (prefilled, with the same capacity and speculation) into this batch (``guards``)."""
+        check_merge(self, other)
         merge(self, other)
 
+    @one_thread
     def join(self, prompts: list[np.ndarray], request_ids: list[str], settings: Sequence[RowSettings] | None = None) -> None:
-        """Requests join the batch between cycles, as new rows at its end (``batching.join``)."""
-        join(self, prompts, request_ids, settings)
+        """Requests join the batch between cycles, as new rows at its end (``batching.join``; arguments: ``guards``)."""
+        join(self, checked_join(self, prompts, request_ids, settings), request_ids, settings)
 
+    @one_thread
     def cancel(self, index: int) -> None:
         """Request ``index`` leaves the batch now (finish reason "cancelled"); its cache rows are freed."""
         if index in self.state.active:
@@ -402,6 +439,7 @@ class Generation:
                                                            final, len(new), draft_s, verify_s, accept_s, cache_s, batch, lookup,
                                                            origin)))
 
+    @one_thread
     def leave(self, finished: list[int]) -> None:
         """Batch rows ``finished`` leave, with their cache rows; each one's text joins its scope's suffix index."""
         self.state.publish(finished)

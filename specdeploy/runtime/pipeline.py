@@ -219,18 +219,22 @@ class Pipeline:
         return ids
 
     def chat_prompt(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None, time_limit: float | None = None) -> list[int]:
         """Token ids of ``messages`` rendered with the tokenizer's chat template, as transformers'
-        ``apply_chat_template(messages, tools=tools, tokenize=True)`` gives them (the template places BOS itself)."""
-        return self._tokenize(self.chat_template.render(messages, add_generation_prompt, tools))
+        ``apply_chat_template(messages, tools=tools, tokenize=True)`` gives them (the template places BOS itself).
+        ``time_limit``: CPU seconds the render may take (the template's own limit when None). The rendered text is
+        bounded by what the capacity could ever hold (``CHARS_PER_TOKEN_BOUND`` a slot), before it is tokenized."""
+        return self._tokenize(self.chat_template.render(messages, add_generation_prompt, tools, time_limit=time_limit,
+                                                        max_chars=CHARS_PER_TOKEN_BOUND * self.target.spec.capacity))
 
     def chat(self, messages: Sequence[dict], config: GenerationConfig | None = None) -> GenerationResult:
         """The assistant's reply to ``messages`` ([{"role": "system" | "user" | "assistant", "content": ...}])."""
         return self.generate([self.chat_prompt(messages)], config)[0]
 
     def _tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text``; a text whose start alone is already longer than any request may be is
-        refused before the rest is tokenized (a 12 MB prompt costs no more than its first part)."""
+        """Token ids of ``text``; a text longer than ``CHARS_PER_TOKEN_BOUND`` characters a slot of capacity is
+        refused having tokenized no more than that much of it (a 12 MB prompt, or one enormous word, costs no more
+        than its first part: tokenizing holds the interpreter, a server's event loop included)."""
         capacity = self.target.spec.capacity
         head = CHARS_PER_TOKEN_BOUND * capacity
         if len(text) > head:
@@ -238,6 +242,8 @@ class Pipeline:
             if tokens >= capacity:
                 raise ConfigError(f"prompt: {len(text):,} characters, and its first {head:,} alone are {tokens:,} "
                                   f"tokens, over the artifact's capacity of {capacity} tokens")
+            raise ConfigError(f"prompt: {len(text):,} characters; expected at most {head:,} ({CHARS_PER_TOKEN_BOUND} "
+                              f"a token of the artifact's capacity of {capacity}: no text that fits is longer)")
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig,

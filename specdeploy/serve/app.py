@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.routing import Route
 
 from ..runtime.cache import CapacityError
-from ..runtime.chat import ChatTemplateError
+from ..runtime.chat import ChatTemplateError, TemplateTimeout
 from ..runtime.config import ConfigError
 from . import errors
 from .errors import ApiError, short
@@ -48,8 +48,8 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
                template_seconds: float = 10.0, suffix_scope: str = "key") -> FastAPI:
     """The server's ASGI app. ``default_max_tokens``: a request without max_tokens gets this many at most (None:
     the room its prompt leaves in the context); ``api_key``: every route but the probes and /metrics needs it;
-    ``allowed_origins``: browsers' cross-origin requests allowed from these (CORS); ``template_seconds``: how
-    long a chat template may render (or a prompt tokenize) before the request is answered with a 500;
+    ``allowed_origins``: browsers' cross-origin requests allowed from these (CORS); ``template_seconds``: the CPU
+    time a chat template may use before the request is answered with a 500 (wall time only as a backstop);
     ``suffix_scope``: whose earlier answers a request drafts from (``scopes.SCOPES``: per API key by default)."""
     scope_of = suffix_scopes(pipeline.suffix_store, suffix_scope)
     app = FastAPI(title="specdeploy", docs_url=None, redoc_url=None, openapi_url=None)
@@ -89,7 +89,7 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
         body = await _parse(request, CompletionRequest)
         _check(body)
         prompts = await _prepare(workers, lambda: [pipeline.encode(p) for p in body.prompts()], "prompt",
-                                 "tokenizing the prompt")
+                                 "tokenizing the prompt", _client(request))
         return await _serve(request, body, prompts, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -97,8 +97,9 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
         body = await _parse(request, ChatRequest)
         _check(body)
         messages, tools = body.template_messages(), body.template_tools()
-        prompt = await _prepare(workers, lambda: np.array(pipeline.chat_prompt(messages, tools=tools), np.int64),
-                                "messages", "the artifact's chat template")
+        prompt = await _prepare(workers, lambda: np.array(pipeline.chat_prompt(messages, tools=tools,
+                                                                               time_limit=template_seconds), np.int64),
+                                "messages", "the artifact's chat template", _client(request))
         return await _serve(request, body, [prompt], chat=True)
 
     def _check(body: Sampling) -> None:
@@ -172,13 +173,17 @@ def _invalid(exc: ValidationError) -> ApiError:
     return ApiError(400, f"{'.'.join(where)}: {first.get('msg')}{got}", where[0])
 
 
-async def _prepare(workers: PromptWorkers, job: Callable, param: str, what: str):
-    """``job()`` (a prompt's tokens) off the event loop. The client's own mistakes (``ConfigError``) are a 400
-    naming ``param``; anything else, or running past the time limit, is ``what``'s (the artifact's) fault: a 500."""
+async def _prepare(workers: PromptWorkers, job: Callable, param: str, what: str, client: str):
+    """``job()`` (a prompt's tokens) off the event loop, in ``client``'s turn. The client's own mistakes
+    (``ConfigError``) are a 400 naming ``param`` (or ``tools``, where the template failed on them); anything else,
+    or running past the time limit, is ``what``'s (the artifact's) fault: a 500."""
     try:
-        return await workers.run(job)
+        return await workers.run(job, client)
     except ConfigError as exc:
-        raise ApiError(400, str(exc), param) from None
+        raise ApiError(400, str(exc), "tools" if str(exc).startswith("tools:") else param) from None
+    except TemplateTimeout as exc:  # CPU time the template itself used: a busy machine is not counted
+        raise ApiError(500, f"{what} did not finish within {exc.seconds:g} s of CPU time (--template-seconds): "
+                       f"{short(str(exc), 300)[1:-1]}", kind="server_error", code="prompt_timeout") from None
     except PromptTimeout as exc:
         raise ApiError(500, f"{what} {exc} (a limit of this server)", kind="server_error", code="prompt_timeout") from None
     except ChatTemplateError as exc:  # the artifact's template failed on its own or overran its limits
@@ -187,6 +192,11 @@ async def _prepare(workers: PromptWorkers, job: Callable, param: str, what: str)
     except Exception as exc:  # anything else making the prompt: a fault of this server's, never the client's
         raise ApiError(500, f"{what} failed: {type(exc).__name__}: {short(str(exc), 300)[1:-1]}", kind="server_error",
                        code="chat_template_error" if param == "messages" else "prompt_error") from None
+
+
+def _client(request: Request) -> str:
+    """Whose turn a prompt job waits for: the client's address (as believed: see ``lifecycle.server_config``)."""
+    return request.client.host if request.client else ""
 
 
 def _warm_template(pipeline) -> Future:

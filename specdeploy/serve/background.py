@@ -14,11 +14,13 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, timeout: float 
     """Run ``app`` with uvicorn until the block ends; yields its base URL. Port 0 picks a free port."""
     import uvicorn
 
+    from .lifecycle import server_config
+
     if port == 0:
         with socket.socket() as probe:
             probe.bind((host, 0))
             port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(app, host=host, port=port))  # as `specdeploy serve` runs it
     thread = threading.Thread(target=server.run, name="specdeploy-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from .errors import ApiError, short
+from .errors import ApiError
 
 access_log = logging.getLogger("specdeploy.serve.access")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # a client's X-Request-Id is echoed only when it looks like one
@@ -24,6 +24,15 @@ def route_path(scope) -> str:
     """The path the routes see: without the --root-path prefix a proxy may have left on it."""
     path, root = scope["path"], scope.get("root_path", "")
     return path[len(root):] or "/" if root and path.startswith(root) else path
+
+
+def log_field(value, limit: int = 200) -> str:
+    """``value`` as one field of a log line: cut to ``limit`` characters, and every character a reader or a log
+    parser could take for structure (control characters, newlines, spaces, quotes, backslashes, non-ASCII) escaped,
+    so that no client-chosen text (a path, a forwarded address) can forge a field or a line."""
+    text = str(value)
+    cut = text[:limit].encode("unicode_escape").decode("ascii").replace('"', "\\x22").replace(" ", "\\x20")
+    return cut if len(text) <= limit else f"{cut}...({len(text):,}chars)"
 
 
 def header(scope, name: bytes) -> str | None:
@@ -62,9 +71,9 @@ class RequestLog:
             path = route_path(scope)
             self.observe(path, status)
             client = scope.get("client") or ("-", 0)
-            access_log.info('%s:%s "%s %s HTTP/%s" %d %.3fs request_id=%s', client[0], client[1], scope["method"],
-                            short(path, 200)[1:-1], scope.get("http_version", "1.1"), status, time.perf_counter() - began,
-                            request_id)
+            access_log.info('%s:%s "%s %s HTTP/%s" %d %.3fs request_id=%s', log_field(client[0], 64), log_field(client[1]),
+                            log_field(scope["method"], 16), log_field(path), log_field(scope.get("http_version", "1.1")),
+                            status, time.perf_counter() - began, request_id)
 
 
 class ApiKey:

@@ -207,9 +207,19 @@ class Message(Body):
         return "\n".join(texts)
 
 
+class FunctionSpec(Body):
+    """A tool's function as OpenAI defines it: checked here, so that a malformed schema is a 400 naming the field
+    before a chat template fails on it."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
 class FunctionTool(Body):
     type: Literal["function"]
-    function: dict[str, Any]
+    function: FunctionSpec
 
 
 class ResponseFormat(Body):
@@ -250,7 +260,7 @@ class ChatRequest(Sampling):
         """The tools' JSON schemas for the chat template; none when the request says the model must not call one."""
         if not self.tools or self.tool_choice == "none":
             return None
-        return [tool.model_dump() for tool in self.tools]
+        return [{"type": tool.type, "function": tool.function.model_dump(exclude_none=True)} for tool in self.tools]
 
     def unsupported(self, server: GenerationConfig) -> tuple[str, str] | None:
         if self.response_format is not None and self.response_format.type != "text":

@@ -157,3 +157,25 @@ def test_inspect_summarises_a_manifest_of_many_files(pair_dir, tmp_path):
     result = run("inspect", art)
     assert result.exit_code == 0 and "… and 99,953 more" in result.output and len(result.output) < 50_000
     assert len(json.loads(run("inspect", art, "--json").output)["file_sizes"]) == 100_003
+
+
+def test_inspect_names_a_graph_it_cannot_read_and_doctor_advises_permissions_not_a_re_export(pair_dir, tmp_path,
+                                                                                              monkeypatch):
+    """inspect dropped an unreadable graph from its table without a word; doctor told a user who may not read a file
+    to re-export the artifact."""
+    art = tmp_path / "art"
+    shutil.copytree(pair_dir, art)
+    _refusing(monkeypatch, "draft.onnx")
+    shown = run("inspect", art)
+    assert "draft.onnx: cannot be read (PermissionError: Permission denied)" in shown.output
+    assert "cannot read draft.onnx" in shown.output and "1 listed files cannot be read" in shown.output
+    listed = json.loads(run("inspect", art, "--json").output)
+    assert "PermissionError" in listed["unreadable_files"]["draft.onnx"] and "draft" not in listed["graphs"]
+    doctor = run("doctor", art)
+    assert doctor.exit_code == 1 and "draft.onnx: cannot be read (PermissionError" in doctor.output
+    said = " ".join(doctor.output.split())
+    assert "make it readable by the user running specdeploy" in said and "the file changed after export" not in said
+    monkeypatch.undo()
+    (art / "draft.onnx").write_bytes(b"not a graph")
+    shown = run("inspect", art)
+    assert shown.exit_code == 0 and "cannot read draft.onnx: not a readable ONNX graph" in " ".join(shown.output.split())

@@ -356,3 +356,19 @@ def test_target_and_draft_swapped_are_refused_even_where_their_graphs_agree(self
     with pytest.raises(ContractError, match=match):
         Pipeline.load(art)
     assert any(match in problem for problem, _ in diagnose(art))
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"num_heads": 8}, r"it reshapes its projections into heads of \[2, 4\]; the manifest says num_heads 8, kv_heads 2"),
+    ({"num_heads": 2}, r"heads of \[2, 4\]; the manifest says num_heads 2, kv_heads 2"),
+])
+def test_an_explicit_manifest_disagreeing_with_its_head_count_is_refused(pair_dir, tmp_path, fields, match):
+    """Heads unlike the explicit graph's were accepted: its cache shapes show kv_heads only."""
+    from specdeploy.doctor import diagnose
+
+    art = _copy(pair_dir, tmp_path / "art")
+    _manifest_change(art, **fields)
+    with pytest.raises(ContractError, match=match):
+        Pipeline.load(art)
+    assert any(re.search(match, problem) for problem, _ in diagnose(art))
+    assert Pipeline.load(pair_dir).manifest.target.num_heads == 4  # the graph as exported is taken

@@ -114,3 +114,75 @@ def test_a_replaced_artifact_left_by_a_killed_export_is_removed_next_time(ckpt, 
     (left / ".pid").write_text("999999999")
     assert export(ckpt, tmp_path / "art").exit_code == 0
     assert not left.exists() and os.listdir(tmp_path) == ["art"]
+
+
+def _one_line(result) -> str:
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    lines = result.output.strip().splitlines()
+    assert len([line for line in lines if line.startswith("Error:")]) == 1 and "Traceback" not in result.output
+    return lines[-1]
+
+
+def test_out_paths_the_filesystem_refuses_are_one_line_and_leave_nothing(ckpt, tmp_path, monkeypatch):
+    """A symlink loop, a path under a regular file and a directory one may not write used to end in tracebacks."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert "cannot be followed" in _one_line(export(ckpt, loop, "--force"))
+    (tmp_path / "notes.txt").write_text("mine")
+    assert "notes.txt is a file, not a directory" in _one_line(export(ckpt, tmp_path / "notes.txt" / "art"))
+    monkeypatch.setattr(output.os, "access", lambda path, mode: False)  # as a user without write access sees it
+    assert "cannot write in" in _one_line(export(ckpt, tmp_path / "sub" / "art"))
+    monkeypatch.undo()
+    real_mkdtemp = output.tempfile.mkdtemp
+
+    def refused(*args, **kwargs):  # what no check foresees: the filesystem refuses at the moment of writing
+        raise PermissionError(13, "Permission denied", kwargs.get("dir"))
+
+    monkeypatch.setattr(output.tempfile, "mkdtemp", refused)
+    assert "Permission denied (PermissionError); nothing was written" in _one_line(export(ckpt, tmp_path / "art"))
+    monkeypatch.setattr(output.tempfile, "mkdtemp", real_mkdtemp)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop", "notes.txt"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_a_new_artifact_has_the_permissions_the_umask_gives(ckpt, tmp_path, umask):
+    """A staging directory is made 0700, and it used to become the artifact so: a service account could not load it."""
+    before = os.umask(umask)
+    try:
+        assert export(ckpt, tmp_path / "art").exit_code == 0
+        assert export(ckpt, tmp_path / "art", "--force", "--capacity", "48").exit_code == 0
+    finally:
+        os.umask(before)
+    assert (tmp_path / "art").stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (tmp_path / "art" / "manifest.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_replaced_artifact_that_cannot_be_removed_now_fails_nothing_and_goes_next_time(ckpt, tmp_path, monkeypatch):
+    """The export succeeded, and used to report failure and leave the old artifact as a hidden directory for good."""
+    art = tmp_path / "art"
+    assert export(ckpt, art).exit_code == 0
+    real_remove = output._remove
+
+    def refused(directory):
+        raise PermissionError(13, "Permission denied", str(directory))
+
+    monkeypatch.setattr(output, "_remove", refused)
+    with pytest.warns(UserWarning, match="could not be removed .*the next export to .* removes it"):
+        result = export(ckpt, art, "--force", "--capacity", "48")
+    assert result.exit_code == 0, result.output
+    assert tiny.read_json(art / "manifest.json")["models"]["target"]["capacity"] == 48
+    left = [p.name for p in tmp_path.iterdir() if p.name != "art"]
+    assert left == [f".art.replaced-{os.getpid()}"]
+    monkeypatch.setattr(output, "_remove", real_remove)
+    assert export(ckpt, art, "--force").exit_code == 0
+    assert os.listdir(tmp_path) == ["art"]
+
+
+def test_a_read_only_replaced_artifact_is_removed(tmp_path):
+    old = tmp_path / "old"
+    (old / "sub").mkdir(parents=True)
+    (old / "sub" / "target.onnx").write_text("x")
+    (old / "sub").chmod(0o555)
+    old.chmod(0o555)
+    output.discard(old, tmp_path / "art")
+    assert os.listdir(tmp_path) == []

@@ -260,3 +260,24 @@ def test_the_scheduler_starts_a_batch_without_the_request_the_runtime_refuses(pi
                                                                                             ignore_eos=True))[0].token_ids
     finally:
         loop.close()
+
+
+TOOLS_TEMPLATE = ("{% for t in tools or [] %}{{ t['function']['name'] }}"
+                  "{% for name, p in t['function']['parameters']['properties'].items() %} w{{ p['n'] }}{% endfor %}"
+                  "{% endfor %}{% for m in messages %} {{ m['content'] }}{% endfor %} w15")
+
+
+def test_tools_a_template_fails_on_are_the_clients_400_naming_tools(pair_dir):
+    loaded = Pipeline.load(pair_dir)
+    loaded.chat_template = ChatTemplate({"chat_template": TOOLS_TEMPLATE})
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 2,
+            "tools": [{"type": "function", "function": {"name": "w9", "parameters": {"properties": {"x": {"n": 7}}}}}]}
+    with serving(loaded) as (url, _):
+        status, answer = _post(url, body, "/v1/chat/completions")
+        assert status == 200 and json.loads(answer)["usage"]["prompt_tokens"] == 4  # w9 w7 w5 w15
+        body["tools"][0]["function"]["parameters"] = {"properties": "x"}  # a schema whose properties are no object
+        error = _error(*_post(url, body, "/v1/chat/completions"), 400)
+        assert error["param"] == "tools" and "tools: the chat template fails on them" in error["message"]
+        body["tools"][0]["function"] = {"parameters": {}}  # no name: refused at the door, naming it
+        error = _error(*_post(url, body, "/v1/chat/completions"), 400)
+        assert error["param"] == "tools" and "tools.0.function.name" in error["message"]

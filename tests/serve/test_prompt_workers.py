@@ -41,3 +41,46 @@ def test_a_jobs_result_and_exception_reach_the_request():
             await workers.run(fails)
 
     asyncio.run(both())
+
+
+def test_clients_take_turns_for_the_prompt_slots():
+    """One client's many slow renders used to put another client's plain completion behind all of them."""
+    workers, order = PromptWorkers(seconds=5, workers=1), []
+    gate = threading.Event()
+
+    def job(name):
+        def run():
+            if name == "a0":
+                gate.wait(10)  # holds the one slot while everyone else queues
+            order.append(name)
+        return run
+
+    async def clients():
+        first = asyncio.ensure_future(workers.run(job("a0"), "10.0.0.1"))
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(workers.run(job(f"a{i}"), "10.0.0.1")) for i in (1, 2, 3)]
+        rest.append(asyncio.ensure_future(workers.run(job("b0"), "10.0.0.2")))
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(first, *rest)
+
+    asyncio.run(clients())
+    assert order == ["a0", "b0", "a1", "a2", "a3"]
+
+
+def test_a_request_that_leaves_while_waiting_gives_its_place_on():
+    workers, gate, order = PromptWorkers(seconds=5, workers=1), threading.Event(), []
+
+    async def clients():
+        first = asyncio.ensure_future(workers.run(lambda: gate.wait(10), "a"))
+        await asyncio.sleep(0)
+        gone = asyncio.ensure_future(workers.run(lambda: order.append("gone"), "b"))
+        kept = asyncio.ensure_future(workers.run(lambda: order.append("kept"), "c"))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        gate.set()
+        await asyncio.gather(first, kept)
+        assert await workers.run(lambda: 7, "d") == 7 and workers._free == 1
+
+    asyncio.run(clients())
+    assert order == ["kept"]
