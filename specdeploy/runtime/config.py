@@ -23,8 +23,7 @@ MIN_TEMPERATURE = 1e-6
 # time in proportion to them at every cycle.
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
-# ONNX Runtime threads per core at most: more only oversubscribe the cores (its pool spins), and where it cannot
-# start them it aborts the process (threads=100,000 segfaulted after 12-30 s and 1-2 GB).
+# ONNX Runtime threads per core at most: more only oversubscribe the cores, and too many abort the process inside it
 MAX_THREADS_PER_CORE = 4
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

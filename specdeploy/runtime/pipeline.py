@@ -99,7 +99,7 @@ class Pipeline:
         is corrupt, too large or for another tokenizer is refused in one line (``log``, default: a warning) and the
         pipeline starts with an empty index. ``suffix_store``: the indexes to use (bounds, scopes).
         """
-        threads = checked_threads(threads)  # before any work: 100,000 used to abort the process inside ONNX Runtime
+        threads = checked_threads(threads)  # before any work: too many abort the process inside ONNX Runtime
         directory = Path(directory)
         manifest, tokenizer, chat, target, draft = open_artifact(directory, provider, threads, verify_hashes)
         remembered = RememberedCosts(machine_key(directory, provider, threads)) if remember_costs else None
@@ -242,7 +242,8 @@ class Pipeline:
 
     def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig,
               row_configs: Sequence[GenerationConfig] | None = None, capacity: int | None = None,
-              suffix_index: SuffixIndex | None | Shared = SHARED) -> Generation:
+              suffix_index: SuffixIndex | None | Shared = SHARED, *, policy: Policy | None = None,
+              request_ids: Sequence[str] | None = None, **listeners) -> Generation:
         """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work.
 
         ``config`` sets the batch's speculation (k, drafter, policy); ``row_configs`` gives each prompt its
@@ -252,7 +253,9 @@ class Pipeline:
         ``capacity`` fixes the cache slots per row (at least what the rows need), so that batches started
         apart can be merged. ``suffix_index``: the index of earlier requests' texts these draft from, and which
         theirs join when they finish (default: this pipeline's ``suffix_index``; None: their own text alone), or
-        one per prompt (a server's requests under different API keys).
+        one per prompt (a server's requests under different API keys). ``policy``: the draft-length policy (default: a
+        new one for ``config``; a server passes its own, which outlives a batch); ``request_ids``: the rows' ids
+        (default: req-N); ``listeners``: ``Generation``'s ``joining`` and ``on_verified``.
         """
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
@@ -265,7 +268,7 @@ class Pipeline:
         ids = [self.encode(p) for p in prompts]
         for row in {config, *row_configs}:
             self.check_stop_tokens(row)
-        policy = self.policy_for(config)
+        policy = policy or self.policy_for(config)
         drafter = self.drafter_for(config, policy.stop_below)
         limit = min(s.capacity for s in self.manifest.models.values())
         if capacity is not None and (not is_integer(capacity) or not 1 <= capacity <= limit):
@@ -274,7 +277,7 @@ class Pipeline:
         needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens),
                             capacity or limit, self._specs(drafter.uses_model), self.max_cache_bytes,
                             why="capacity is {limit} slots a row (as asked)" if capacity else EXPORTED)
-        request_ids = [f"req-{next(self._ids)}" for _ in ids]
+        request_ids = list(request_ids) if request_ids is not None else [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
         indexes = row_indexes(self.suffix_index if suffix_index is SHARED else suffix_index, len(prompts))
         settings = [self.row_settings(row, 0 if mine else i, index)
@@ -282,7 +285,7 @@ class Pipeline:
         if config.speculative and config.k not in self._warmed:
             self.warm_up(config.k)
         return Generation(self.target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
-                          settings=settings)
+                          settings=settings, **listeners)
 
     def policy_for(self, config: GenerationConfig) -> Policy:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
@@ -323,7 +326,7 @@ class Pipeline:
             run = self.start(prompts[first : first + batch_size], config, suffix_index=suffix_index)
             while not run.done:
                 run.step()
-            results += [self.result(row, settings.config) for row, settings in zip(run.rows, run.state.settings)]
+            results += [self.result(request.result, request.settings.config) for request in run.requests]
         self._keep_costs()
         return results
 

@@ -1,16 +1,20 @@
-"""What one request in a batch decodes with (``RowSettings``) and what it produced (``RowResult``)."""
+"""One request in a batch: what it decodes with (``RowSettings``), what it produced (``RowResult``), and the record that
+keeps both with its stop tokens, generator and keyed noise (``Request``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from .config import GenerationConfig
+from .sampling import keyed_noise
 from .suffix import SuffixIndex
 from .telemetry import CycleRecord, FinishReason
+
+if TYPE_CHECKING:  # as in ``sampling``: config imports the registry, and so the drafters, which read rows
+    from .config import GenerationConfig
 
 
 @dataclass(slots=True)
@@ -37,3 +41,74 @@ class RowSettings(NamedTuple):
     stop_check: StopCheck | None = None
     seed_stream: int = 0  # its draws come from [seed, seed_stream]: prompt i of one call draws from stream i
     index: SuffixIndex | None = None  # its scope's suffix index: drafts from earlier requests' text, and its own joins
+
+
+@dataclass(slots=True)
+class Request:
+    """One request of a batch, in one record: its result so far, its settings, the token ids that end it (``stops``),
+    its generator, and a seeded sampled row's noise by position (``noise``; None for any other row)."""
+
+    result: RowResult
+    settings: RowSettings
+    stops: set[int]
+    generator: np.random.Generator
+    noise: dict[int, np.ndarray] | None
+
+    def noise_at(self, position: int, vocab: int) -> np.ndarray | None:
+        """Its keyed noise [vocab] for its token at ``position`` (``sampling.keyed_noise``, made once); None unless
+        it is seeded and sampled."""
+        noise = self.noise
+        if noise is None:
+            return None
+        if position not in noise:
+            noise[position] = keyed_noise(self.settings.config.seed, self.settings.seed_stream, position, vocab)
+        return noise[position]
+
+    def truncate(self, new: list[int], left: int) -> list[int]:
+        """``new`` tokens cut at a stop token, at ``left`` (what max_new_tokens leaves) or at a stop string; the
+        result's finish reason says why it finished."""
+        row, stops = self.result, self.stops
+        if not stops.isdisjoint(new):
+            end = next(i for i, token in enumerate(new) if token in stops)
+            new, row.finish_reason = new[: end + 1], FinishReason.EOS
+        if len(new) >= left:
+            del new[left:]
+            row.finish_reason = row.finish_reason or FinishReason.LENGTH
+        stop_check = self.settings.stop_check
+        if stop_check is not None:
+            keep = stop_check(row.token_ids, new)
+            if keep is not None:
+                new, row.finish_reason = new[:keep], FinishReason.STOP
+        return new
+
+    def fail(self, exc: Exception) -> None:
+        """It ends with an engine fault that is its own (finish reason "error")."""
+        self.result.finish_reason, self.result.error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
+
+    def publish(self) -> None:
+        """Its prompt and answer join its scope's suffix index (``RowSettings.index``), for the requests that follow:
+        only committed tokens, never drafts; a failed request's are left out."""
+        row, shared = self.result, self.settings.index
+        if shared is not None and row.finish_reason != FinishReason.ERROR:
+            shared.add(row.request_id, [*row.prompt_ids.tolist(), *row.token_ids])
+
+
+class BatchView(Protocol):
+    """What drafters and acceptance read of a batch's rows, all in batch order: ``decoder.BatchState`` is one, and any
+    object with these members over plain arrays is another (a drafter's test needs no batch state)."""
+
+    tokens: np.ndarray  # [batch, capacity] row b's committed tokens x[0:L_b], then anything (last cycle's drafts)
+    lengths: list[int]  # [batch] committed length L_b
+    greedy: bool  # every row decodes greedily: no distribution is needed
+    penalized: bool  # some row has a repetition penalty
+    configs: list[GenerationConfig]  # [batch] each row's settings
+    scopes: list[tuple[RowResult, SuffixIndex | None]]  # [batch] each row's result so far and its scope's suffix index
+
+    @property
+    def batch(self) -> int: ...
+
+    def rngs(self) -> list[np.random.Generator]:
+        """[batch] each row's generator."""
+
+    def noise(self, b: int, position: int, vocab: int) -> np.ndarray | None:
+        """Row b's keyed noise [vocab] for its token at ``position``; None unless it is seeded and sampled."""

@@ -25,8 +25,8 @@ from ..runtime.telemetry import FinishReason, mean_accepted_length
 from .errors import ApiError
 from .logprobs import Formatter, TokenLogprob
 from .protocol import OPENAI_NAMES, Sampling
-from .scheduler import Event, Overloaded, ShuttingDown, Ticket
 from .sse import PING, PING_SECONDS, event
+from .tickets import Event, Overloaded, ShuttingDown, Ticket
 
 FINISH = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
