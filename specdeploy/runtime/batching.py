@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ..engines.base import Engine, KVCache, prefill
+from .rows import Request
 
 
 class RowCaches:
@@ -23,11 +24,12 @@ class RowCaches:
         self.cache = target.allocate_cache(rows, capacity)
         self.draft_cache = draft.allocate_cache(rows, capacity) if draft is not None else None
 
-    def prefill(self, tokens: np.ndarray, past_len: list[int], first: int = 0) -> list[tuple[int, Exception]]:
+    def prefill(self, tokens: np.ndarray, live: list[Request], past_len: list[int],
+                first: int = 0) -> tuple[list[int], float]:
         """Bring the target's rows ``first ..`` up to ``past_len`` (one per row from ``first``) of ``tokens`` [batch,
-        capacity]. If the batched prefill fails, each row is prefilled alone; returns the rows that failed alone, each
-        with its fault (their caches keep what they had)."""
-        cache, batch = self.cache, len(tokens)
+        capacity]; ``live``: the batch's requests, whose results hear how long it took. If the batched prefill fails,
+        each row is prefilled alone, and a row that fails alone fails its request. Returns those rows and the seconds."""
+        began, cache, batch = time.perf_counter(), self.cache, len(tokens)
         rows, failed = cache.rows(first, batch), []
         try:
             prefill(self.target, rows, tokens[first:], past_len)
@@ -39,10 +41,14 @@ class RowCaches:
                 try:
                     prefill(self.target, single, tokens[b : b + 1], past_len[b - first : b - first + 1])
                 except Exception as exc:
-                    failed.append((b, exc))
+                    live[b].fail(exc)
+                    failed.append(b)
                 done += single.past_len.tolist()
         cache.commit(cache.past_len.tolist()[:first] + done)
-        return failed
+        ended = time.perf_counter()
+        for request in live[first:]:
+            request.result.prefill_seconds, request.result.decode_started = ended - began, ended
+        return failed, ended - began
 
     def prefill_draft(self, tokens: np.ndarray) -> tuple[float, int]:
         """Bring the draft's rows up to what the target has seen of ``tokens``; returns the seconds it took and the

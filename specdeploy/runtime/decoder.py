@@ -9,20 +9,17 @@ One cycle, for every active row b with L_b committed tokens x[0:L_b]:
   seen of the new prefix (rollback moves a length).
 Rows accept different numbers of tokens in the same call; finished rows leave the batch.
 
-Glossary (the runtime's words, one meaning each):
-- *request*: one prompt and its answer, a ``rows.Request`` record (result, settings, stop ids, generator, noise), found
-  by its *request index* in ``BatchState.requests``; ``rows`` (``Generation.rows``) lists their results by that index.
-- *row* b: a request's place in the batch now (``active[b]`` is its request index); ``batch``: how many rows there are.
-- *committed length* L_b (``lengths``): the tokens a row has committed, prompt included. A model's cache holds K/V for
-  a prefix of them, ``past_len`` long: the target's L_b - 1 between cycles, the draft's what it has seen (its *lag*,
-  ``Drafter.behind``, counts the rest).
-- *k*: the most drafts a row may have (the batch's ``k``, a row's own ``config.k``, the policy's choice of a cycle);
-  *drafted* (``Proposal.drafted``, a record's ``k``): the drafts a row really proposed.
-- *emitted*: the n + 1 tokens acceptance gives a row (n accepted drafts, then one recovered or bonus token); *committed*:
-  those of them the row keeps (cut at a stop); a record's ``emitted`` counts them.
+Glossary (one meaning each):
+- *request*: a prompt and its answer, one ``rows.Request`` record (result, settings, stop ids, generator, noise) at its
+  *request index* in ``requests``; ``rows`` lists their results (``RowResult``) by that index.
+- *row* b: a request's place in the batch now (``active[b]``: its request index); ``batch``: how many rows.
+- *committed length* L_b (``lengths``): a row's committed tokens, prompt included; a cache's ``past_len``: the prefix
+  of them it holds (the target's L_b - 1 between cycles); the draft's *lag* (``Drafter.behind``): what it lacks.
+- *k*: the most drafts a row may have (batch, row or policy); *drafted* (a record's ``k``): the drafts it proposed.
+- *emitted*: the n + 1 tokens acceptance gives a row; *committed*: those it keeps (cut at a stop), a record's
+  ``emitted`` their count.
 
-Bookkeeping runs on Python ints: a cycle touches a handful of numbers per row, where each distinct NumPy routine costs
-microseconds (``tools/bench_overhead.py``).
+Bookkeeping runs on Python ints: each distinct NumPy routine costs microseconds (``tools/bench_overhead.py``).
 """
 
 from __future__ import annotations
@@ -40,19 +37,23 @@ from .config import GenerationConfig
 from .drafters import Drafter, Proposal
 from .policies import CycleOutcome, Policy
 from .rows import Request, RowResult, RowSettings
-from .sampling import unseeded_generator
 from .telemetry import CycleRecord, FinalToken, FinishReason
+
+# () -> (rows about to join this batch: a server's staged and queued requests, tokens the draft lacks of them, their
+# tokens to come): whether the draft's catch-up pays is judged for the batch they make together
+Joining = Callable[[], tuple[int, int, int]]
+# (logits [batch, K + 1, vocab] of a verification, (request index, tokens) each row committed): called after the commit,
+# before the next call reuses the buffer (token j of row b drawn from logits[b, j]); None: on a GPU they never leave it
+Verified = Callable[[np.ndarray, list[tuple[int, list[int]]]], None]
 
 
 class BatchState:
-    """Token buffer [batch, capacity], committed lengths, and the batch's requests, one record each (``requests``, by
-    request index; ``active[b]``: row b's). Requests ``join`` and ``leave`` between cycles; ``row`` gives one row alone,
-    on this state's buffers and records; ``snapshot``/``restore`` undo a failed cycle. What a cycle reads of the active
-    records (``live``, ``configs``, ``scopes`` in batch order, and the flags) is derived when rows come or go."""
+    """Token buffer [batch, capacity], committed lengths, and the requests, one record each. Requests ``join`` and
+    ``leave`` between cycles; ``row`` gives one row alone, on the same buffers and records; ``snapshot``/``restore``
+    undo a failed cycle. What a cycle reads of the active records is derived when rows come or go (``_derive``)."""
 
     def __init__(self, config: GenerationConfig, capacity: int, eos: set[int]):
-        # config: the batch's speculation (k, drafter, policy) and the settings of rows joined without their own;
-        # eos: the model's EOS ids (each row adds its stop_token_ids, or drops them with ignore_eos)
+        # config: the batch's speculation and the settings of rows joined without their own; eos: the model's EOS ids
         self.config, self.capacity, self.eos = config, capacity, eos
         self.tokens = np.zeros((0, capacity), np.int64)  # [batch, capacity]
         self.lengths: list[int] = []  # [batch] committed length
@@ -84,12 +85,8 @@ class BatchState:
         for b, prompt in enumerate(prompts):
             added[b, : len(prompt)] = prompt
         for prompt, request_id, row in zip(prompts, request_ids, settings):
-            config, seeded = row.config, row.config.seed is not None
             self.active.append(len(self.requests))
-            self.requests.append(Request(
-                RowResult(request_id, prompt), row, set(config.stop_token_ids) | (set() if config.ignore_eos else self.eos),
-                np.random.default_rng([config.seed, row.seed_stream]) if seeded else unseeded_generator(),
-                {} if seeded and not config.greedy else None))
+            self.requests.append(Request.open(RowResult(request_id, prompt), row, self.eos))
             self.lengths.append(len(prompt))
         self.tokens = np.concatenate([self.tokens, added])
         self._derive()
@@ -211,16 +208,10 @@ class Generation:
 
     def __init__(self, target: Engine, drafter: Drafter, policy: Policy, config: GenerationConfig,
                  prompts: list[np.ndarray], request_ids: list[str], capacity: int | None = None,
-                 settings: Sequence[RowSettings] | None = None, *,
-                 joining: Callable[[], tuple[int, int, int]] | None = None,
-                 on_verified: Callable[[np.ndarray, list[tuple[int, list[int]]]], None] | None = None):
-        """``config`` sets the batch's speculation (k, drafter, policy) and, unless ``settings`` gives each prompt its
-        own, every row's sampling, length and stop settings. ``joining``: () -> (rows, tokens the draft lacks of them,
-        their tokens to come) of the rows about to join this batch (a server's staged and queued requests; default
-        none): whether the draft's catch-up pays is judged for the batch they make together. ``on_verified``:
-        (logits [batch, K + 1, vocab] of a verification, (request index, tokens) each row committed from it), called
-        after the commit, before the next call reuses the logits' buffer: token j of a row was drawn from logits[b, j]
-        (a server's logprobs); None: nobody asks, and on a GPU the logits never leave it."""
+                 settings: Sequence[RowSettings] | None = None, *, joining: Joining | None = None,
+                 on_verified: Verified | None = None):
+        """``config`` sets the batch's speculation and, unless ``settings`` gives each prompt its own, every row's
+        settings. Listeners: ``joining`` (``Joining``; default: none join) and ``on_verified`` (``Verified``)."""
         self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
         self.k = config.k if config.speculative else 0
         if capacity is None:
@@ -348,16 +339,12 @@ class Generation:
     def _prefill_rows(self, first: int, past_len: list[int] | None = None) -> float:
         """Prefill rows ``first ..`` in the target up to ``past_len`` (default: all but each prompt's last token);
         returns the seconds it took. Rows whose prefill fails alone leave, with finish_reason "error"."""
-        began, state = time.perf_counter(), self.state
-        failed = self.caches.prefill(state.tokens, past_len or [length - 1 for length in state.lengths[first:]], first)
-        ended = time.perf_counter()
-        for request in state.live[first:]:
-            request.result.prefill_seconds, request.result.decode_started = ended - began, ended
-        for b, exc in failed:
-            state.live[b].fail(exc)
+        state = self.state
+        failed, seconds = self.caches.prefill(state.tokens, state.live,
+                                              past_len or [length - 1 for length in state.lengths[first:]], first)
         if failed:
-            self.leave([b for b, _ in failed])
-        return ended - began
+            self.leave(failed)
+        return seconds
 
     def prefill_chunk(self, tokens: int, draft: bool | None = True) -> bool:
         """Prefill at most ``tokens`` more of each prompt, in the target and (``draft``) the draft; True once done.
@@ -365,15 +352,19 @@ class Generation:
         A server prefills requests that join a running batch this way, a chunk between two of its cycles, then
         ``merge``s them: running rows never wait for a whole long prompt, in either model. Without ``draft`` the draft
         has seen nothing of these rows: a cycle then judges whether that catch-up pays. ``draft=None``: the draft
-        prefills them if that catch-up pays in the batch they will make (``_catchup_pays``), judged once, after the
-        target's first chunk, so that what happened meanwhile (requests that queued up) counts.
+        prefills them if that catch-up pays in the batch they will make (``_catchup_pays``), judged once, at the first
+        draft chunk (after the target's first): a burst's clients arrive ms apart, and the first judged alone would have
+        the draft prefill it for a batch that then decodes plainly (tools/load_test.py).
         """
         state, caches = self.state, self.caches
         past_len = [min(past + tokens, length - 1) for past, length in zip(caches.cache.past_len.tolist(), state.lengths)]
         self.prefill_spent += self._prefill_rows(0, past_len)
         if self.done:
             return True
-        if caches.draft_cache is not None and self.k and (self._draft_prefill_pays() if draft is None else draft):
+        if draft is None and self._draft_prefills is None and caches.draft_cache is not None and self.k:
+            lag = self.drafter.behind(state, caches.draft_cache)
+            self._draft_prefills = not lag or self._catchup_pays(state.batch, lag, sum(state.budgets()[0]))
+        if caches.draft_cache is not None and self.k and (self._draft_prefills if draft is None else draft):
             spent, widest = caches.prefill_draft(state.tokens)
             self.prefill_spent += spent
             if widest:  # what the draft's catch-up costs: the policy weighs it before paying one
@@ -385,15 +376,6 @@ class Generation:
         for request in state.live:
             request.result.prefill_seconds, request.result.decode_started = self.prefill_seconds, ended
         return True
-
-    def _draft_prefill_pays(self) -> bool:
-        """``prefill_chunk(draft=None)``'s judgement, made at its first draft chunk and kept: the clients of a burst
-        arrive a few ms apart, so the first request, judged alone, would have the draft prefill it for a batch that
-        then decodes plainly (tools/load_test.py)."""
-        if self._draft_prefills is None:
-            lag = self.drafter.behind(self.state, self.draft_cache)
-            self._draft_prefills = not lag or self._catchup_pays(self.state.batch, lag, sum(self.state.budgets()[0]))
-        return self._draft_prefills
 
     def join(self, prompts: list[np.ndarray], request_ids: list[str], settings: Sequence[RowSettings] | None = None) -> None:
         """Requests join the batch between cycles, as new rows at its end; once the batch is prefilled, theirs is done

@@ -268,7 +268,7 @@ class Pipeline:
         ids = [self.encode(p) for p in prompts]
         for row in {config, *row_configs}:
             self.check_stop_tokens(row)
-        policy = policy or self.policy_for(config)
+        policy = policy if policy is not None else self.policy_for(config)
         drafter = self.drafter_for(config, policy.stop_below)
         limit = min(s.capacity for s in self.manifest.models.values())
         if capacity is not None and (not is_integer(capacity) or not 1 <= capacity <= limit):

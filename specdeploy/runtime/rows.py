@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from .sampling import keyed_noise
+from .sampling import keyed_noise, unseeded_generator
 from .suffix import SuffixIndex
 from .telemetry import CycleRecord, FinishReason
 
@@ -53,6 +53,15 @@ class Request:
     stops: set[int]
     generator: np.random.Generator
     noise: dict[int, np.ndarray] | None
+
+    @classmethod
+    def open(cls, result: RowResult, settings: RowSettings, eos: set[int]) -> Request:
+        """A request starting with ``result`` (its prompt): it stops at its stop ids and the model's ``eos`` (unless it
+        ignores EOS), draws from its seed's stream, and a seeded sampled one keys its draws by position."""
+        config, seeded = settings.config, settings.config.seed is not None
+        stops = set(config.stop_token_ids) | (set() if config.ignore_eos else eos)
+        generator = np.random.default_rng([config.seed, settings.seed_stream]) if seeded else unseeded_generator()
+        return cls(result, settings, stops, generator, {} if seeded and not config.greedy else None)
 
     def noise_at(self, position: int, vocab: int) -> np.ndarray | None:
         """Its keyed noise [vocab] for its token at ``position`` (``sampling.keyed_noise``, made once); None unless

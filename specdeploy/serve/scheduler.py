@@ -13,22 +13,18 @@ others admitted with it are started without it. Before the first turn the engine
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 
-import numpy as np
-
-from ..runtime.cache import CapacityError, slots_needed
+from ..runtime.cache import slots_needed
 from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.decoder import Generation
 from ..runtime.rows import RowResult
-from ..runtime.suffix import SuffixIndex
 from ..runtime.telemetry import FinishReason
+from .intake import Intake
 from .logprobs import Logprobs
 from .tickets import Event, Overloaded, ShuttingDown, Ticket
 
@@ -51,12 +47,9 @@ def context_slots(pipeline, asked: int | None, k: int = 0) -> int:
     return asked or min(limit, DEFAULT_CONTEXT)
 
 
-class Scheduler:
-    """Owns a pipeline's engines: at most ``max_batch`` rows decode together and ``max_queue`` wait.
-
-    ``seed``: requests that give no seed draw theirs from it in turn (``next_seed``), so that a sequence of
-    requests is reproducible as vLLM's --seed makes it; without it they draw from the OS's entropy.
-    """
+class Scheduler(Intake):
+    """Owns a pipeline's engines: at most ``max_batch`` rows decode together and ``max_queue`` wait. Front ends submit,
+    cancel and drain through its ``Intake``; its thread admits, prefills, merges and steps the batches."""
 
     def __init__(self, pipeline, config: GenerationConfig, capacity: int, max_batch: int = 8, max_queue: int = 64,
                  prefill_chunk: int = 256, on_finish=None, seed: int | None = None):
@@ -65,24 +58,15 @@ class Scheduler:
                                  ("capacity", capacity, slots_needed(1, 1, k))):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name}: got {value!r}; expected an integer >= {low}")
-        self.pipeline, self.config, self.capacity = pipeline, config, capacity
-        self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
+        super().__init__(config, capacity, max_batch, max_queue, seed)
+        self.pipeline, self.prefill_chunk = pipeline, prefill_chunk
         self.on_finish = on_finish  # called on the scheduler's thread with (ticket, row) when a request ends
         # one policy for the server's life: what it learned (acceptance, costs per batch size) outlives a batch
         self.policy = pipeline.policy_for(config)
-        self.queue: deque[Ticket] = deque()
-        self.tickets: dict[str, Ticket] = {}  # request id -> ticket, for every request admitted and not finished
         self.running: Generation | None = None
         self.staging: Generation | None = None
-        self._ids = itertools.count()
-        self._seeds = None if seed is None else np.random.SeedSequence(seed)
-        self._wake = threading.Condition()
-        self._stopping = False
-        self._closed = False  # no new requests (a drain)
-        self._abort = ""  # why every open request must end now
         self.logprobs = Logprobs()  # of the requests in flight that asked for them
         self._thread = threading.Thread(target=self._serve, name="specdeploy-scheduler", daemon=True)
-        self.cycle_seconds = 0.05  # a running estimate, for the retry hint
         self.cached_tokens = 0  # tokens the rows' caches hold, after the last turn
         self.ready = threading.Event()  # set once the engines have warmed up
         self.warm_up_seconds: float | None = None
@@ -102,77 +86,6 @@ class Scheduler:
     def rows(self) -> int:
         """Rows decoding or prefilling now."""
         return sum(g.batch for g in (self.running, self.staging) if g is not None)
-
-    @property
-    def busy(self) -> bool:
-        """Requests are queued or running."""
-        return bool(self.queue or self.tickets)
-
-    @property
-    def speculative_slots(self) -> int:
-        """Slots a verification writes beyond a request's tokens (``cache.slots_needed``)."""
-        return slots_needed(0, 0, self.config.k if self.config.speculative else 0)
-
-    def room(self, prompt_tokens: int) -> int:
-        """New tokens a prompt of ``prompt_tokens`` leaves room for in this server's context (< 1: it does not fit)."""
-        return self.capacity - slots_needed(prompt_tokens, 0, self.config.k if self.config.speculative else 0)
-
-    def next_seed(self) -> int | None:
-        """A seed for a request that gives none: the next of the server's --seed, or None (the OS's entropy)."""
-        if self._seeds is None:
-            return None
-        with self._wake:
-            child = self._seeds.spawn(1)[0]
-        return int(child.generate_state(1, np.uint64)[0]) >> 1
-
-    def submit(self, prompt: np.ndarray, config: GenerationConfig, loop: asyncio.AbstractEventLoop) -> Ticket:
-        """Queue one request of one choice (``submit_choices``)."""
-        return self.submit_choices([(prompt, config)], loop)[0]
-
-    def submit_choices(self, requests: Sequence[tuple[np.ndarray, GenerationConfig]], loop: asyncio.AbstractEventLoop,
-                       top_logprobs: int | None = None, index: SuffixIndex | None = None) -> list[Ticket]:
-        """Queue the choices of one request, (prompt ids, settings) each, all or none; they share one events queue
-        and draft from ``index`` (its scope's suffix index) besides their own text.
-        Raises ``CapacityError`` when one cannot fit a row, ``Overloaded`` when ``max_queue`` requests would be
-        waiting, ``ShuttingDown`` once the server stops admitting."""
-        for prompt, config in requests:
-            needed = slots_needed(len(prompt), config.max_new_tokens, self.config.k if self.config.speculative else 0)
-            if needed > self.capacity:
-                raise CapacityError(f"prompt ({len(prompt)} tokens) + max_tokens ({config.max_new_tokens}) + "
-                                    f"{self.speculative_slots} speculative slots = {needed} tokens, over this server's "
-                                    f"context of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
-        events: asyncio.Queue = asyncio.Queue()
-        tickets = [Ticket(prompt, config, loop, events, choice, top_logprobs, f"cmpl-{next(self._ids)}", index=index)
-                   for choice, (prompt, config) in enumerate(requests)]
-        with self._wake:
-            if self._closed or self._stopping:
-                raise ShuttingDown("the server is shutting down: it takes no new requests; retry on another replica")
-            if len(self.queue) + len(tickets) > self.max_queue:
-                longest = max(config.max_new_tokens for _, config in requests)
-                wait = (len(self.queue) / self.max_batch + 1) * self.cycle_seconds * longest
-                raise Overloaded(f"{len(self.queue)} requests are queued (--max-queue {self.max_queue}); retry later",
-                                 retry_after=max(1.0, round(wait, 1)))
-            self.queue.extend(tickets)
-            self._wake.notify()
-        return tickets
-
-    def cancel(self, tickets: Sequence[Ticket]) -> None:
-        """The client went away: its requests leave their batch (or the queue) on the next turn."""
-        with self._wake:
-            for ticket in tickets:
-                ticket.cancelled = True
-            self._wake.notify()
-
-    def close(self) -> None:
-        """Admit no new requests (``submit`` raises ``ShuttingDown``); those queued and running go on."""
-        with self._wake:
-            self._closed = True
-
-    def abort(self, reason: str) -> None:
-        """End every queued and running request on the next turn, each with ``reason`` (``Ticket.ended_by``)."""
-        with self._wake:
-            self._closed, self._abort = True, reason
-            self._wake.notify()
 
     def _serve(self) -> None:
         self._warm_up()
@@ -202,9 +115,8 @@ class Scheduler:
         """Before the first request (those that come meanwhile wait in the queue): ONNX Runtime's first calls
         at a shape are dear, and the cost policy learns from its first measurements (``Pipeline.warm_up``).
         ``ready`` is set once it is done; a failure is kept in ``warm_up_error`` and the server stays unready."""
-        k = self.config.k if self.config.speculative else 0
         try:
-            self.warm_up_seconds = self.pipeline.warm_up(k, self.prefill_chunk)
+            self.warm_up_seconds = self.pipeline.warm_up(self.k, self.prefill_chunk)
         except Exception as exc:  # an engine that fails here fails requests too, each with its error
             self.warm_up_error = f"{type(exc).__name__}: {exc}"
             log.warning("warming up the engines failed: %s", self.warm_up_error)
@@ -295,11 +207,11 @@ class Scheduler:
     def _generation(self, tickets: list[Ticket]) -> Generation:
         """A staging batch of ``tickets``: the server's policy (what it learned outlives a batch), and listeners for the
         rows about to join it and for the logprobs of its committed tokens."""
-        staged = self.pipeline.start([t.prompt for t in tickets], self.config, [t.config for t in tickets],
-                                     capacity=self.capacity, suffix_index=[t.index for t in tickets], policy=self.policy,
-                                     request_ids=[t.request_id for t in tickets],
-                                     joining=lambda: self._joining(staged),
-                                     on_verified=lambda logits, committed: self.logprobs.keep(staged, logits, committed))
+        staged = self.pipeline.start(
+            [t.prompt for t in tickets], self.config, [t.config for t in tickets], capacity=self.capacity,
+            suffix_index=[t.index for t in tickets], policy=self.policy, request_ids=[t.request_id for t in tickets],
+            joining=lambda: self._joining(staged),
+            on_verified=lambda logits, committed: self.logprobs.keep(staged, logits, committed))
         return staged
 
     def _joining(self, generation: Generation) -> tuple[int, int, int]:
