@@ -1,12 +1,9 @@
 """The decoder: a batch state and the cycle that moves it.
 
-One cycle, for every active row b with L_b committed tokens x[0:L_b]:
-  the policy says how many tokens to draft, by the draft model and by prompt lookup,
-  the drafter proposes d_1..d_K,
-  the target runs [x[L_b - 1], d_1..d_K] (K + 1 tokens) from past_len L_b - 1,
-  acceptance keeps n_b drafts and emits one recovered or bonus token,
-  the state commits them; the target's past_len moves to L_b + n_b, the draft's to what it has
-  seen of the new prefix (rollback moves a length).
+One cycle, for every active row b with L_b committed tokens x[0:L_b]: the policy says how many tokens to draft (by
+the draft model, by prompt lookup or a suffix index), the drafter proposes d_1..d_K, the target runs
+[x[L_b - 1], d_1..d_K] from past_len L_b - 1, acceptance keeps n_b drafts and emits one recovered or bonus token, the
+state commits them; each cache's past_len moves to what it has seen of the new prefix (rollback moves a length).
 Rows accept different numbers of tokens in the same call; finished rows leave the batch.
 
 Glossary (one meaning each):
@@ -37,13 +34,13 @@ from .config import GenerationConfig
 from .drafters import Drafter, Proposal
 from .policies import CycleOutcome, Policy
 from .rows import Request, RowResult, RowSettings
+from .sampling import unseeded_generator
 from .telemetry import CycleRecord, FinalToken, FinishReason
 
-# () -> (rows about to join this batch: a server's staged and queued requests, tokens the draft lacks of them, their
-# tokens to come): whether the draft's catch-up pays is judged for the batch they make together
+# () -> (rows about to join: a server's staged and queued requests, tokens the draft lacks of them, tokens to come)
 Joining = Callable[[], tuple[int, int, int]]
-# (logits [batch, K + 1, vocab] of a verification, (request index, tokens) each row committed): called after the commit,
-# before the next call reuses the buffer (token j of row b drawn from logits[b, j]); None: on a GPU they never leave it
+# (logits [batch, K + 1, vocab] of a verification, (request index, tokens) each row committed), after the commit and
+# before the next call reuses the buffer: token j of row b was drawn from logits[b, j]
 Verified = Callable[[np.ndarray, list[tuple[int, list[int]]]], None]
 
 
@@ -86,7 +83,7 @@ class BatchState:
             added[b, : len(prompt)] = prompt
         for prompt, request_id, row in zip(prompts, request_ids, settings):
             self.active.append(len(self.requests))
-            self.requests.append(Request.open(RowResult(request_id, prompt), row, self.eos))
+            self.requests.append(Request.open(RowResult(request_id, prompt), row, self.eos, unseeded_generator))
             self.lengths.append(len(prompt))
         self.tokens = np.concatenate([self.tokens, added])
         self._derive()
@@ -184,27 +181,18 @@ class BatchState:
             at = self.lengths[b] + n  # the target has seen x[0:L] and n drafts; the next token follows them
             self.tokens[b, at] = emitted[b][n]
             self.lengths[b] = at + 1
-            if request.noise:  # the noise of committed positions is spent
-                request.noise = {position: noise for position, noise in request.noise.items() if position > at}
-            new = request.truncate(emitted[b][: n + 1], left[b])
-            row = request.result
-            row.token_ids += new
-            committed.append((index, new))
-            if row.finish_reason:
+            committed.append((index, request.commit(emitted[b][: n + 1], left[b], at)))
+            if request.result.finish_reason:
                 finished.append(b)
         return committed, finished
 
 
 class Generation:
-    """One batch of requests in flight; ``step()`` runs one cycle and reports what each row committed. Its rows' KV
-    caches (``caches``: the target's ``cache`` and the draft model's ``draft_cache``, None for a drafter without a
-    model) follow the batch state's rows; requests join, leave and merge between cycles. ``prefill()`` runs first
-    (``step()`` calls it if need be).
-
-    A front end (a server's scheduler) talks to it through: ``step``, ``done``, ``rows``, ``in_flight`` (the active
-    requests), ``outlook`` (rows, the draft's lag, tokens still to come), ``prefill_chunk``, ``join``, ``merge``,
-    ``cancel``, ``release`` and ``fail_all``; it gives its policy and listeners at construction. ``policy`` stays a
-    plain attribute: a front end or test may swap it between cycles, and the next cycle asks the new one."""
+    """One batch of requests in flight: ``step()`` runs one cycle (after ``prefill()``) and reports what each row
+    committed; the rows' caches (``caches``) follow the batch state's rows. A front end gives its policy and listeners
+    at construction and talks to it through ``step``, ``done``, ``rows``, ``in_flight``, ``outlook``, ``prefill_chunk``,
+    ``join``, ``merge``, ``cancel``, ``release`` and ``fail_all``. ``policy`` stays a plain attribute: the next cycle
+    asks whichever a test or front end set."""
 
     def __init__(self, target: Engine, drafter: Drafter, policy: Policy, config: GenerationConfig,
                  prompts: list[np.ndarray], request_ids: list[str], capacity: int | None = None,
@@ -234,14 +222,12 @@ class Generation:
     batch = property(lambda self: self.state.batch)  # rows in flight
     cache = property(lambda self: self.caches.cache)
     draft_cache = property(lambda self: self.caches.draft_cache)
+    # the active requests, in batch order: (request index, result so far)
+    in_flight = property(lambda self: [(i, request.result) for i, request in zip(self.state.active, self.state.live)])
     # views of the state, for tests and tools
     tokens = property(lambda self: self.state.tokens)
     lengths = property(lambda self: np.array(self.state.lengths, np.int64))
     active = property(lambda self: np.array(self.state.active, np.int64))
-
-    def in_flight(self) -> list[tuple[int, RowResult]]:
-        """The active requests, in batch order: (request index, result so far)."""
-        return [(index, request.result) for index, request in zip(self.state.active, self.state.live)]
 
     def outlook(self) -> tuple[int, int, int]:
         """(rows, tokens the draft lacks of them: its lag, ``Drafter.behind``; their new tokens still to come)."""
@@ -259,10 +245,9 @@ class Generation:
         return [request.result for request in self.state.live]
 
     def step(self) -> list[tuple[int, list[int]]]:
-        """One cycle over the active rows (after the prefill, on the first call): (request index, newly committed token
-        ids) per row. If an engine call fails, the cycle is rolled back (lengths only: nothing was committed) and re-run
-        row by row, so that a fault tied to one row fails that row alone; a failed row ends with finish_reason "error"
-        and its message in ``error``, and the other rows go on."""
+        """One cycle over the active rows (after the prefill, on the first call): (request index, committed tokens) per
+        row. If an engine call fails, the cycle is rolled back (lengths only) and re-run row by row: a fault tied to one
+        row fails that row alone (finish_reason "error", its message in ``error``), and the other rows go on."""
         if self.prefill_seconds is None:
             self.prefill()
             if self.done:
@@ -309,16 +294,13 @@ class Generation:
 
     def _draft_lengths(self, state: BatchState, draft_cache: KVCache | None, left: list[int],
                        caps: list[int]) -> tuple[int, int]:
-        """Drafts this cycle makes by the draft model and by prompt lookup, as the policy prices them, at most the rows'
-        largest cap. The model drafts only where its catch-up pays (``_catchup_pays``)."""
+        """This cycle's (model drafts, free drafts) a row, as the policy prices them (``Drafter.plan``), at most the
+        rows' largest cap; the model drafts only where its catch-up pays (``_catchup_pays``)."""
         most = min(self.k, max(caps))
         if most <= 0:
             return 0, 0
         batch = len(left)
-        free = (self.policy.index_k(batch) if self.drafter.indexes else
-                self.policy.next_k(batch, lookup=True) if self.drafter.looks_up else 0)
-        lookup_k = min(free, most)
-        k = min(self.policy.next_k(batch), most) if self.drafter.uses_model else 0
+        k, lookup_k = self.drafter.plan(self.policy, batch, most)
         behind = self.drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
         if behind and not self._catchup_pays(batch, behind, sum(left)):
             k = 0
@@ -331,19 +313,17 @@ class Generation:
         joining, lacking, coming = self.joining()
         return self.policy.catchup_pays(rows + joining, lag + lacking, to_come + coming)
 
-    def prefill(self) -> None:
-        """The target sees every prompt token but the last (each cycle starts from x[L - 1]); the first
-        ``step()`` calls this when nobody did."""
-        self.prefill_seconds = self._prefill_rows(0)
-
-    def _prefill_rows(self, first: int, past_len: list[int] | None = None) -> float:
-        """Prefill rows ``first ..`` in the target up to ``past_len`` (default: all but each prompt's last token);
-        returns the seconds it took. Rows whose prefill fails alone leave, with finish_reason "error"."""
+    def prefill(self, first: int = 0, past_len: list[int] | None = None) -> float:
+        """The target prefills rows ``first ..`` up to ``past_len`` (default: all but each prompt's last token, as each
+        cycle starts from x[L - 1]); rows whose prefill fails alone leave, with finish_reason "error". Returns the
+        seconds; the whole batch's (the default) are its ``prefill_seconds``, and the first ``step()`` runs it if need be."""
         state = self.state
         failed, seconds = self.caches.prefill(state.tokens, state.live,
                                               past_len or [length - 1 for length in state.lengths[first:]], first)
         if failed:
             self.leave(failed)
+        if not first and past_len is None:
+            self.prefill_seconds = seconds
         return seconds
 
     def prefill_chunk(self, tokens: int, draft: bool | None = True) -> bool:
@@ -358,7 +338,7 @@ class Generation:
         """
         state, caches = self.state, self.caches
         past_len = [min(past + tokens, length - 1) for past, length in zip(caches.cache.past_len.tolist(), state.lengths)]
-        self.prefill_spent += self._prefill_rows(0, past_len)
+        self.prefill_spent += self.prefill(0, past_len)
         if self.done:
             return True
         if draft is None and self._draft_prefills is None and caches.draft_cache is not None and self.k:
@@ -387,7 +367,7 @@ class Generation:
         self.caches.add(len(prompts))
         self.draft_caught_up = False  # the draft has seen nothing of them
         if self.prefill_seconds is not None:
-            self._prefill_rows(first)
+            self.prefill(first)
 
     def merge(self, other: Generation) -> None:
         """Take ``other``'s rows (prefilled, with the same capacity and speculation) into this batch."""

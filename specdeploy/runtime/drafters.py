@@ -22,7 +22,7 @@ import numpy as np
 
 from ..engines.base import Engine, KVCache, feed
 from .errors import ConfigError
-from .policies import CycleOutcome
+from .policies import CycleOutcome, Policy
 from .rows import BatchView, RowResult
 from .sampling import keyed_token, penalize, row_probabilities, sample
 from .suffix import LEVELS, SuffixIndex, propose
@@ -76,6 +76,12 @@ class Drafter:
         self._own: dict[int, tuple] = {}  # an index drafter's: (a request's result, an index of its text), by id(result)
         self._found_facts: tuple[list, list] | None = None  # the last ``_found``'s estimates and origins
         self.price: Price | None = None  # an index drafter's: how many of a row's drafts to keep (None: all)
+
+    def plan(self, policy: Policy, batch: int, most: int) -> tuple[int, int]:
+        """This cycle's (model drafts, free drafts) a row, as ``policy`` prices the sources this drafter has (index
+        drafts by ``index_k``, lookup by ``next_k(lookup=True)``, the model by ``next_k``), at most ``most`` each."""
+        free = policy.index_k(batch) if self.indexes else policy.next_k(batch, lookup=True) if self.looks_up else 0
+        return (min(policy.next_k(batch), most) if self.uses_model else 0), min(free, most)
 
     def priced_by(self, price: Price | None) -> None:
         """Index drafts are kept as ``price`` says (the generation's policy's ``free_drafts``; None: all found)."""

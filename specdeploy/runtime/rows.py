@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from .sampling import keyed_noise, unseeded_generator
+from .sampling import keyed_noise
 from .suffix import SuffixIndex
 from .telemetry import CycleRecord, FinishReason
 
@@ -55,12 +55,14 @@ class Request:
     noise: dict[int, np.ndarray] | None
 
     @classmethod
-    def open(cls, result: RowResult, settings: RowSettings, eos: set[int]) -> Request:
+    def open(cls, result: RowResult, settings: RowSettings, eos: set[int],
+             unseeded: Callable[[], np.random.Generator]) -> Request:
         """A request starting with ``result`` (its prompt): it stops at its stop ids and the model's ``eos`` (unless it
-        ignores EOS), draws from its seed's stream, and a seeded sampled one keys its draws by position."""
+        ignores EOS), draws from its seed's stream (without a seed, from ``unseeded()``: ``sampling.unseeded_generator``
+        unless a test makes it repeatable), and a seeded sampled one keys its draws by position."""
         config, seeded = settings.config, settings.config.seed is not None
         stops = set(config.stop_token_ids) | (set() if config.ignore_eos else eos)
-        generator = np.random.default_rng([config.seed, settings.seed_stream]) if seeded else unseeded_generator()
+        generator = np.random.default_rng([config.seed, settings.seed_stream]) if seeded else unseeded()
         return cls(result, settings, stops, generator, {} if seeded and not config.greedy else None)
 
     def noise_at(self, position: int, vocab: int) -> np.ndarray | None:
@@ -73,10 +75,13 @@ class Request:
             noise[position] = keyed_noise(self.settings.config.seed, self.settings.seed_stream, position, vocab)
         return noise[position]
 
-    def truncate(self, new: list[int], left: int) -> list[int]:
-        """``new`` tokens cut at a stop token, at ``left`` (what max_new_tokens leaves) or at a stop string; the
-        result's finish reason says why it finished."""
-        row, stops = self.result, self.stops
+    def commit(self, emitted: list[int], left: int, at: int) -> list[int]:
+        """Its tokens of ``emitted`` (the last at position ``at``), cut at a stop token, at ``left`` (what
+        max_new_tokens leaves) or at a stop string, added to its result, whose finish reason says why it finished;
+        returns them. The noise of positions up to ``at`` is spent."""
+        if self.noise:
+            self.noise = {position: noise for position, noise in self.noise.items() if position > at}
+        row, stops, new = self.result, self.stops, emitted
         if not stops.isdisjoint(new):
             end = next(i for i, token in enumerate(new) if token in stops)
             new, row.finish_reason = new[: end + 1], FinishReason.EOS
@@ -88,6 +93,7 @@ class Request:
             keep = stop_check(row.token_ids, new)
             if keep is not None:
                 new, row.finish_reason = new[:keep], FinishReason.STOP
+        row.token_ids += new
         return new
 
     def fail(self, exc: Exception) -> None:

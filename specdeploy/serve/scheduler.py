@@ -129,7 +129,7 @@ class Scheduler(Intake):
             self._end(ticket, RowResult(ticket.request_id, ticket.prompt, finish_reason=FinishReason.CANCELLED))
         self.queue = deque(t for t in self.queue if not t.cancelled)
         for generation in (self.running, self.staging):
-            for index, row in generation.in_flight() if generation is not None else []:
+            for index, row in generation.in_flight if generation is not None else []:
                 ticket = self.tickets.get(row.request_id)
                 if ticket is not None and ticket.cancelled:
                     generation.cancel(index)
