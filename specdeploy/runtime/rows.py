@@ -46,7 +46,8 @@ class RowSettings(NamedTuple):
 @dataclass(slots=True)
 class Request:
     """One request of a batch, in one record: its result so far, its settings, the token ids that end it (``stops``),
-    its generator, and a seeded sampled row's noise by position (``noise``; None for any other row)."""
+    its generator, and a seeded sampled row's noise by position (``noise``; None for any other row). A cycle's commit
+    updates it (``decoder.BatchState.commit``, in the cycle's own module)."""
 
     result: RowResult
     settings: RowSettings
@@ -74,27 +75,6 @@ class Request:
         if position not in noise:
             noise[position] = keyed_noise(self.settings.config.seed, self.settings.seed_stream, position, vocab)
         return noise[position]
-
-    def commit(self, emitted: list[int], left: int, at: int) -> list[int]:
-        """Its tokens of ``emitted`` (the last at position ``at``), cut at a stop token, at ``left`` (what
-        max_new_tokens leaves) or at a stop string, added to its result, whose finish reason says why it finished;
-        returns them. The noise of positions up to ``at`` is spent."""
-        if self.noise:
-            self.noise = {position: noise for position, noise in self.noise.items() if position > at}
-        row, stops, new = self.result, self.stops, emitted
-        if not stops.isdisjoint(new):
-            end = next(i for i, token in enumerate(new) if token in stops)
-            new, row.finish_reason = new[: end + 1], FinishReason.EOS
-        if len(new) >= left:
-            del new[left:]
-            row.finish_reason = row.finish_reason or FinishReason.LENGTH
-        stop_check = self.settings.stop_check
-        if stop_check is not None:
-            keep = stop_check(row.token_ids, new)
-            if keep is not None:
-                new, row.finish_reason = new[:keep], FinishReason.STOP
-        row.token_ids += new
-        return new
 
     def fail(self, exc: Exception) -> None:
         """It ends with an engine fault that is its own (finish reason "error")."""
