@@ -15,7 +15,7 @@ import numpy as np
 from ..contract import PREFILL_CHUNK, Manifest
 from ..engines.base import feed
 from .artifact import open_artifact
-from .cache import EXPORTED, cache_bytes, plan_batch
+from .cache import EXPORTED, cache_bytes, plan_batch, slots_needed
 from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
 from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer
@@ -145,7 +145,7 @@ class Pipeline:
             if k and self.draft is not None:
                 shapes += [(self.draft, t, 1) for t in (1, 2, CATCHUP_TOKENS)]
             for engine in dict.fromkeys(engine for engine, _, _ in shapes):  # the target first
-                room = engine.spec.capacity - k - 2
+                room = engine.spec.capacity - slots_needed(0, 1, k)  # the longest prompt of a one-token request
                 prompt = min(prompt_tokens, PREFILL_CHUNK, room)
                 cache = engine.allocate_cache(1, engine.spec.capacity)
                 if prompt > 0:
