@@ -22,8 +22,8 @@ import signal
 import sys
 from datetime import datetime
 
-MEMORY_BYTES = 2 * 2**30  # address space; jinja2 and the interpreter take ~50 MB of it
-MAX_INT_BITS = 2**16  # integers a template computes; 10 ** 10 ** 8 would take minutes and 40 MB
+MEMORY_BYTES = 2 * 2**30  # address space: far above what jinja2 and the interpreter need, far below a runaway's
+MAX_INT_BITS = 2**16  # integers a template computes: a tower of powers would take minutes and the memory
 ALARM_GRACE = 2.0  # seconds past the parent's deadline before the process ends itself
 COMPILED_KEPT = 8  # templates kept compiled
 
