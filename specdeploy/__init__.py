@@ -14,7 +14,7 @@ _EXPORTS = {
     "Manifest": "specdeploy.contract",
     "ModelSpec": "specdeploy.contract",
     "GenerationConfig": "specdeploy.runtime.config",
-    "GenerationResult": "specdeploy.runtime.pipeline",
+    "GenerationResult": "specdeploy.runtime.results",
     "Pipeline": "specdeploy.runtime.pipeline",
 }
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sampling import keyed_token, sample
+from ..engines.base import EngineOutput
+from .rows import BatchView
+from .sampling import keyed_token, penalize_rows, row_probabilities, sample
 
 PAD = -1
 
@@ -136,3 +138,22 @@ def _one_hot(token: int, vocab: int) -> np.ndarray:
     out = np.zeros(vocab)
     out[token] = 1.0
     return out
+
+
+def accept_rows(verified: EngineOutput, drafts: np.ndarray, drafted: list[int], q: np.ndarray | None,
+                rows: BatchView) -> tuple[list[int], list[list[int]]]:
+    """A cycle's verification of ``rows``: (accepted drafts, emitted tokens) per row, from the target's ``verified``
+    output over drafts [batch, K] (row b's first ``drafted[b]`` real; q [batch, K, vocab] or None: one-hot). Greedy on
+    Python ints while every row is greedy, from the target's argmax ids alone (on a GPU, K + 1 integers a row reach
+    the host, not K + 1 rows of logits); else by ``sampled_accept``, seeded rows keyed by position."""
+    logits = None if rows.greedy and not rows.penalized else verified.logits  # greedy alone: the ids suffice
+    if rows.penalized:
+        logits = penalize_rows(logits, rows.tokens, rows.lengths, drafts, rows.configs)
+    if rows.greedy:  # each row keeps the drafts equal to the target's argmax, then emits its own token
+        target = (verified.ids if logits is None else logits.argmax(-1)).tolist()  # [batch][K + 1]
+        return [min(greedy_accept_row(t, d), n) for t, d, n in zip(target, drafts.tolist(), drafted)], target
+    p = row_probabilities(logits, rows.configs)  # [batch, K + 1, vocab]
+    width, vocab = drafts.shape[1], p.shape[-1]
+    noises = [None if rows.noise(b, at, vocab) is None else [rows.noise(b, at + j, vocab) for j in range(width + 1)]
+              for b, at in enumerate(rows.lengths)]  # seeded rows' draws keyed by position
+    return sampled_accept(p, q, drafts, drafted, rows.rngs(), noises)

@@ -37,8 +37,7 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
     if draft_spec is not None and draft_spec.vocab_size != manifest.target.vocab_size:
         raise ContractError(f"draft vocab {draft_spec.vocab_size} differs from target vocab {manifest.target.vocab_size}")
     roles = ["target"] if draft_spec is None else ["target", "draft"]
-    # ONNX Runtime builds a session (reading, optimising and pre-packing the weights) without holding the
-    # GIL: both models at once, and the tokenizer read meanwhile, take ~1 s less on 2 cores than in turn
+    # ONNX Runtime builds a session without holding the GIL: both models and the tokenizer load at once
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdeploy-load") as pool:
         engines = [pool.submit(_engine, directory, manifest, role, provider, threads) for role in roles]
         tokenizer, chat = _tokenizer(directory, manifest)  # a refused tokenizer is raised once the sessions end
@@ -58,7 +57,7 @@ def _tokenizer(directory: Path, manifest: Manifest) -> tuple[object, ChatTemplat
     """The artifact's tokenizer, checked against its models, and its chat template."""
     path = directory / manifest.tokenizer
     tokenizer = read_tokenizer(path)
-    # a function of the file's bytes alone (0.35 s for Qwen's 151k tokens): computed once per file identity
+    # a function of the file's bytes alone, and dear for a large vocabulary: computed once per file identity
     facts = remembered_fact(path, "tokenizer_facts", lambda _: tokenizer_facts(tokenizer))
     problems = tokenizer_problems(tokenizer, manifest, facts)
     if problems:

@@ -1,139 +1,91 @@
-"""A generation's rows coming and going: their prefill (all at once, or a chunk at a time in both models), joins,
-merges, and a failed cycle re-run row by row."""
+"""The KV caches of a batch's rows, one per model, and the prefill calls that fill them (``RowCaches``).
+
+Rows are in batch order, as the generation's batch state has them; they join, leave and merge with its requests.
+What a row's cache holds is its ``past_len``: the target's, all of a row's committed tokens but the last once
+prefilled (each cycle starts from x[L - 1]); the draft's, what it has seen of them (``Drafter.behind`` counts the rest).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..engines.base import prefill
-from .cache import plan_capacity
-from .config import GenerationConfig
-from .policies import CycleOutcome
-from .rows import RowSettings
-
-if TYPE_CHECKING:
-    from .decoder import Generation
+from ..engines.base import Engine, KVCache, prefill
+from .rows import Request
 
 
-def prefill_rows(generation: Generation, first: int, goal: list[int] | None = None) -> float:
-    """Prefill rows ``first ..`` of the batch in the target (up to ``goal``: default, all but each prompt's last
-    token); returns the seconds it took. If the batched prefill fails, each row is prefilled alone and only rows
-    that fail alone leave (with finish_reason "error")."""
-    began, state, cache = time.perf_counter(), generation.state, generation.cache
-    goal = goal or [length - 1 for length in state.lengths[first:]]
-    rows = cache.rows(first, state.batch)
-    failed = []
-    try:
-        prefill(generation.target, rows, state.tokens[first:], goal)
-        done = rows.past_len.tolist()
-    except Exception:  # an engine fault: find the rows it belongs to
-        done = []
-        for b in range(first, state.batch):
-            single = cache.rows(b, b + 1)  # from the batch's lengths: nothing of the failed call counts
-            try:
-                prefill(generation.target, single, state.tokens[b : b + 1], goal[b - first : b - first + 1])
-            except Exception as exc:
-                state.fail(b, exc)
-                failed.append(b)
-            done += single.past_len.tolist()
-    cache.commit(cache.past_len.tolist()[:first] + done)
-    ended = time.perf_counter()
-    for index in state.active[first:]:
-        state.rows[index].prefill_seconds, state.rows[index].decode_started = ended - began, ended
-    if failed:
-        generation.leave(failed)
-    return ended - began
+class RowCaches:
+    """The target's cache (``cache``) and the draft model's (``draft_cache``; None without a draft model) of the same
+    rows, ``capacity`` slots each."""
 
+    def __init__(self, target: Engine, draft: Engine | None, rows: int, capacity: int):
+        self.target, self.draft, self.capacity = target, draft, capacity
+        self.cache = target.allocate_cache(rows, capacity)
+        self.draft_cache = draft.allocate_cache(rows, capacity) if draft is not None else None
 
-def prefill_chunk(generation: Generation, tokens: int, draft: bool | Callable[[], bool] = True) -> bool:
-    """Prefill at most ``tokens`` more of each prompt, in the target and (``draft``) the draft; True once done.
-
-    A server prefills requests that join a running batch this way, a chunk between two of its cycles, then
-    ``merge``s them: running rows never wait for a whole long prompt, in either model. Without ``draft`` the
-    draft has seen nothing of these rows: a cycle then judges whether that catch-up pays. A callable ``draft``
-    is asked after the target's chunk, so that what happened meanwhile (requests that queued up) counts.
-    """
-    state, cache, draft_cache = generation.state, generation.cache, generation.draft_cache
-    goal = [min(past + tokens, length - 1) for past, length in zip(cache.past_len.tolist(), state.lengths)]
-    generation.prefill_spent += prefill_rows(generation, 0, goal)
-    if generation.done:
-        return True
-    if draft_cache is not None and generation.k and (draft() if callable(draft) else draft):
-        began, seen = time.perf_counter(), draft_cache.past_len.tolist()
-        prefill(generation.drafter.engine, draft_cache, state.tokens, cache.past_len.tolist())
-        spent = time.perf_counter() - began
-        generation.prefill_spent += spent
-        widest = max(now - before for now, before in zip(draft_cache.past_len.tolist(), seen))
-        if widest:  # what the draft's catch-up costs: the policy weighs it before paying one
-            generation.policy.observe(CycleOutcome(state.batch, first_call_seconds=spent, first_call_tokens=widest))
-    if cache.past_len.tolist() != [length - 1 for length in state.lengths]:
-        return False
-    generation.prefill_seconds = generation.prefill_spent
-    ended = time.perf_counter()
-    for index in state.active:
-        state.rows[index].prefill_seconds, state.rows[index].decode_started = generation.prefill_seconds, ended
-    return True
-
-
-def join(generation: Generation, prompts: list[np.ndarray], request_ids: list[str],
-         settings: Sequence[RowSettings] | None = None) -> None:
-    """Requests join the batch between cycles, as new rows at its end; once the batch is prefilled, theirs is done
-    here. Each must fit the batch's capacity (prompt + max_new_tokens + k + 1)."""
-    state = generation.state
-    plan_rows(prompts, generation.config, settings, generation.k, state.capacity)
-    first = state.batch
-    state.join(prompts, request_ids, settings)
-    generation.cache = generation.cache.extend(generation.target.allocate_cache(len(prompts), state.capacity))
-    if generation.draft_cache is not None:
-        joining = generation.drafter.engine.allocate_cache(len(prompts), state.capacity)
-        generation.draft_cache = generation.draft_cache.extend(joining)
-        generation.draft_caught_up = False  # the draft has seen nothing of them
-    if generation.prefill_seconds is not None:
-        prefill_rows(generation, first)
-
-
-def merge(generation: Generation, other: Generation) -> None:
-    """``other``'s rows (prefilled, with the same capacity and speculation) join ``generation``'s batch."""
-    if other.state.capacity != generation.state.capacity:
-        raise ValueError(f"merge: capacity {other.state.capacity} != {generation.state.capacity}")
-    generation.state.merge(other.state)
-    generation.cache = generation.cache.extend(other.cache)
-    if generation.draft_cache is not None:
-        generation.draft_cache = generation.draft_cache.extend(other.draft_cache)
-        generation.draft_caught_up = False  # of the rows that joined, it may have seen nothing
-
-
-def plan_rows(prompts: list[np.ndarray], config: GenerationConfig, settings: Sequence[RowSettings] | None, k: int,
-              limit: int) -> int:
-    """Cache slots the rows need (``plan_capacity``): each prompt with its own max_new_tokens."""
-    news = [row.config.max_new_tokens for row in settings] if settings else [config.max_new_tokens] * len(prompts)
-    return max(plan_capacity([len(prompt)], new, k, limit) for prompt, new in zip(prompts, news))
-
-
-def isolate(generation: Generation) -> tuple[list, list[int]]:
-    """Re-run a failed cycle for each row alone, on views of its slots of the batch buffers, so that a fault tied to
-    one row fails that row alone (finish reason "error"); returns what ``Generation.cycle_rows`` returns."""
-    state, committed, finished = generation.state, [], []
-    for b in range(state.batch):
-        single, cache = state.row(b), generation.cache.rows(b, b + 1)
-        draft = None if generation.draft_cache is None else generation.draft_cache.rows(b, b + 1)
-        generation.draft_caught_up = False  # what a row's cycle finds says nothing of the next row's draft
+    def prefill(self, tokens: np.ndarray, live: list[Request], past_len: list[int],
+                first: int = 0) -> tuple[list[int], float]:
+        """Bring the target's rows ``first ..`` up to ``past_len`` (one per row from ``first``) of ``tokens`` [batch,
+        capacity]; ``live``: the batch's requests, whose results hear how long it took. If the batched prefill fails,
+        each row is prefilled alone, and a row that fails alone fails its request. Returns those rows and the seconds."""
+        began, cache, batch = time.perf_counter(), self.cache, len(tokens)
+        rows, failed = cache.rows(first, batch), []
         try:
-            new, done = generation.cycle_rows(single, cache, draft)
-        except Exception as exc:
-            state.fail(b, exc)
-            committed.append((state.active[b], []))
-            finished.append(b)
-            continue
-        state.lengths[b] = single.lengths[0]
-        generation.cache.commit_row(b, cache.past_len.item(0))
+            prefill(self.target, rows, tokens[first:], past_len)
+            done = rows.past_len.tolist()
+        except Exception:  # an engine fault: find the rows it belongs to
+            done = []
+            for b in range(first, batch):
+                single = cache.rows(b, b + 1)  # from the batch's lengths: nothing of the failed call counts
+                try:
+                    prefill(self.target, single, tokens[b : b + 1], past_len[b - first : b - first + 1])
+                except Exception as exc:
+                    live[b].fail(exc)
+                    failed.append(b)
+                done += single.past_len.tolist()
+        cache.commit(cache.past_len.tolist()[:first] + done)
+        ended = time.perf_counter()
+        for request in live[first:]:
+            request.result.prefill_seconds, request.result.decode_started = ended - began, ended
+        return failed, ended - began
+
+    def prefill_draft(self, tokens: np.ndarray) -> tuple[float, int]:
+        """Bring the draft's rows up to what the target has seen of ``tokens``; returns the seconds it took and the
+        tokens its widest row took in (0: it lacked nothing)."""
+        began, before = time.perf_counter(), self.draft_cache.past_len.tolist()
+        prefill(self.draft, self.draft_cache, tokens, self.cache.past_len.tolist())
+        spent = time.perf_counter() - began
+        return spent, max(now - seen for now, seen in zip(self.draft_cache.past_len.tolist(), before))
+
+    def add(self, rows: int) -> None:
+        """``rows`` new rows at the end, with nothing seen."""
+        self.cache = self.cache.extend(self.target.allocate_cache(rows, self.capacity))
+        if self.draft_cache is not None:
+            self.draft_cache = self.draft_cache.extend(self.draft.allocate_cache(rows, self.capacity))
+
+    def merge(self, other: RowCaches) -> None:
+        """``other``'s rows (the same capacity) at the end; ``other`` is spent."""
+        if other.capacity != self.capacity:
+            raise ValueError(f"merge: capacity {other.capacity} != {self.capacity}")
+        self.cache = self.cache.extend(other.cache)
+        if self.draft_cache is not None:
+            self.draft_cache = self.draft_cache.extend(other.draft_cache)
+
+    def select(self, keep: list[int]) -> None:
+        """Only rows ``keep`` stay, in that order (the others leave)."""
+        self.cache = self.cache.select(keep)
+        if self.draft_cache is not None:
+            self.draft_cache = self.draft_cache.select(keep)
+
+    def alone(self, b: int) -> tuple[KVCache, KVCache | None]:
+        """Row ``b``'s slots of each cache, as views (a failed cycle re-run row by row); ``commit_alone`` takes back
+        their lengths."""
+        draft = None if self.draft_cache is None else self.draft_cache.rows(b, b + 1)
+        return self.cache.rows(b, b + 1), draft
+
+    def commit_alone(self, b: int, cache: KVCache, draft: KVCache | None) -> None:
+        """Row ``b`` keeps what its views (``alone``) now hold."""
+        self.cache.commit_row(b, cache.past_len.item(0))
         if draft is not None:
-            generation.draft_cache.commit_row(b, draft.past_len.item(0))
-        committed += new
-        finished += [b] if done else []
-    generation.draft_caught_up = False
-    return committed, finished
+            self.draft_cache.commit_row(b, draft.past_len.item(0))

@@ -6,8 +6,13 @@ K/V for a prefix of a row's tokens, ``past_len[b]`` long; rollback moves that le
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
 from ..contract import ModelSpec
 from .config import GenerationConfig
+from .rows import RowSettings
 
 
 class CapacityError(ValueError):
@@ -18,11 +23,17 @@ EXPORTED = "the artifact was exported with capacity {limit}"
 ADVICE = "shorten the prompt, lower max_new_tokens or k, or re-export with a larger --capacity"
 
 
+def slots_needed(prompt: int, max_new_tokens: int, k: int) -> int:
+    """Cache slots one request needs: its prompt, its new tokens, and the k + 1 a verification writes beyond them
+    (the one home of this rule)."""
+    return prompt + max_new_tokens + k + 1
+
+
 def plan_capacity(prompt_lengths: list[int], max_new_tokens: int, k: int, limit: int, role: str = "target",
                   why: str = EXPORTED) -> int:
-    """Slots a batch needs: longest prompt + max_new_tokens + k + 1; refused above ``limit`` (``why`` says
+    """Slots a batch needs: ``slots_needed`` of its longest prompt; refused above ``limit`` (``why`` says
     where the limit comes from)."""
-    needed = max(prompt_lengths) + max_new_tokens + k + 1
+    needed = slots_needed(max(prompt_lengths), max_new_tokens, k)
     if needed > limit:
         advice = ADVICE if why == EXPORTED else ADVICE.split(", or")[0]
         raise CapacityError(
@@ -55,3 +66,11 @@ def plan_batch(prompt_lengths: list[int], config: GenerationConfig, limit: int, 
                 "tokens or k"
             )
     return capacity
+
+
+def rows_slots(prompts: list[np.ndarray], config: GenerationConfig, settings: Sequence[RowSettings] | None, k: int,
+               limit: int) -> int:
+    """Cache slots rows need (``plan_capacity``), each prompt with its own max_new_tokens (``settings``; default
+    ``config``'s)."""
+    news = [row.config.max_new_tokens for row in settings] if settings else [config.max_new_tokens] * len(prompts)
+    return max(plan_capacity([len(prompt)], new, k, limit) for prompt, new in zip(prompts, news))

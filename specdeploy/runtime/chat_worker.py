@@ -25,8 +25,8 @@ import signal
 import sys
 from datetime import datetime
 
-MEMORY_BYTES = 2 * 2**30  # address space; jinja2 and the interpreter take ~50 MB of it
-MAX_INT_BITS = 2**16  # integers a template computes; 10 ** 10 ** 8 would take minutes and 40 MB
+MEMORY_BYTES = 2 * 2**30  # address space: far above what jinja2 and the interpreter need, far below a runaway's
+MAX_INT_BITS = 2**16  # integers a template computes: a tower of powers would take minutes and the memory
 ALARM_GRACE = 2.0  # seconds past the parent's deadline before the process ends itself
 COMPILED_KEPT = 8  # templates kept compiled
 
@@ -68,16 +68,7 @@ def environment(max_chars: list[int]):
         intercepted_binops = frozenset(["**", "*"])
 
         def call_binop(self, context, operator, left, right):
-            if operator == "**" and _integer(left) and _integer(right) and right > 0 and abs(left) > 1 \
-                    and right * math.log2(abs(left)) > MAX_INT_BITS:
-                raise OverflowError(f"{_short(left)} ** {_short(right)} has more than {MAX_INT_BITS} bits")
-            if operator == "*":
-                if _integer(left) and _integer(right) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
-                    raise OverflowError(f"a product of more than {MAX_INT_BITS} bits")
-                sized, times = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
-                if isinstance(sized, (str, list, tuple)) and _integer(times) and len(sized) * times > max_chars[0]:
-                    raise OverflowError(f"{type(sized).__name__} of {len(sized):,} repeated {times:,} times: over "
-                                        f"{max_chars[0]:,} items")
+            _check_binop(operator, left, right, max_chars[0])
             return super().call_binop(context, operator, left, right)
 
     def raise_exception(message):
@@ -91,6 +82,21 @@ def environment(max_chars: list[int]):
     sandbox.globals["raise_exception"] = raise_exception
     sandbox.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return sandbox
+
+
+def _check_binop(operator: str, left, right, max_chars: int) -> None:
+    """Refuse (OverflowError) a ``**`` or ``*`` whose result would pass the bounds: ``MAX_INT_BITS`` for integers,
+    ``max_chars`` items for a repeated string or list."""
+    if operator == "**" and _integer(left) and _integer(right) and right > 0 and abs(left) > 1 \
+            and right * math.log2(abs(left)) > MAX_INT_BITS:
+        raise OverflowError(f"{_short(left)} ** {_short(right)} has more than {MAX_INT_BITS} bits")
+    if operator == "*":
+        if _integer(left) and _integer(right) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise OverflowError(f"a product of more than {MAX_INT_BITS} bits")
+        sized, times = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
+        if isinstance(sized, (str, list, tuple)) and _integer(times) and len(sized) * times > max_chars:
+            raise OverflowError(f"{type(sized).__name__} of {len(sized):,} repeated {times:,} times: over "
+                                f"{max_chars:,} items")
 
 
 def render(sandbox, compiled: dict, request: dict, max_chars: list[int]) -> dict:

@@ -23,8 +23,7 @@ MIN_TEMPERATURE = 1e-6
 # time in proportion to them at every cycle.
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
-# ONNX Runtime threads per core at most: more only oversubscribe the cores (its pool spins), and where it cannot
-# start them it aborts the process (threads=100,000 segfaulted after 12-30 s and 1-2 GB).
+# ONNX Runtime threads per core at most: more only oversubscribe the cores, and too many abort the process inside it
 MAX_THREADS_PER_CORE = 4
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -92,21 +91,8 @@ class GenerationConfig:
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
             raise bad("ignore_eos", "True or False")
         object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
-            raise bad("stop", "a string or a list of non-empty strings")
-        if len(stop) > MAX_STOP_STRINGS:
-            raise ConfigError(f"stop: got {len(stop):,} strings; expected at most {MAX_STOP_STRINGS}")
-        longest = max(stop, key=len, default="")
-        if len(longest) > MAX_STOP_CHARS:
-            raise ConfigError(f"stop: got a string of {len(longest):,} characters; expected at most {MAX_STOP_CHARS}")
-        for i, text in enumerate(stop):
-            check_unicode(text, f"stop[{i}]")
-        object.__setattr__(self, "stop", tuple(stop))
-        ids = self.stop_token_ids
-        if not isinstance(ids, (list, tuple)) or any(not is_integer(t) or not 0 <= t <= INT64_MAX for t in ids):
-            raise bad("stop_token_ids", "a list of non-negative integers")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+        object.__setattr__(self, "stop", _checked_stops(self.stop))
+        object.__setattr__(self, "stop_token_ids", _checked_stop_ids(self.stop_token_ids))
 
     @property
     def greedy(self) -> bool:
@@ -154,6 +140,28 @@ def checked_token_ids(ids, vocab: int, name: str) -> np.ndarray:
     if low < 0 or high >= vocab:
         raise ConfigError(f"{name}: range [{_short(low)}, {_short(high)}] outside the vocabulary [0, {vocab})")
     return np.array(items, np.int64)
+
+
+def _checked_stops(given) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings, bounded in number and length (a cycle's matching costs with them)."""
+    stop = (given,) if isinstance(given, str) else given
+    if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
+        raise ConfigError(f"stop: got {given!r}; expected a string or a list of non-empty strings")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ConfigError(f"stop: got {len(stop):,} strings; expected at most {MAX_STOP_STRINGS}")
+    longest = max(stop, key=len, default="")
+    if len(longest) > MAX_STOP_CHARS:
+        raise ConfigError(f"stop: got a string of {len(longest):,} characters; expected at most {MAX_STOP_CHARS}")
+    for i, text in enumerate(stop):
+        check_unicode(text, f"stop[{i}]")
+    return tuple(stop)
+
+
+def _checked_stop_ids(ids) -> tuple[int, ...]:
+    """``stop_token_ids`` as a tuple of non-negative int64 integers."""
+    if not isinstance(ids, (list, tuple)) or any(not is_integer(t) or not 0 <= t <= INT64_MAX for t in ids):
+        raise ConfigError(f"stop_token_ids: got {ids!r}; expected a list of non-negative integers")
+    return tuple(int(t) for t in ids)
 
 
 def _short(value) -> str:

@@ -1,16 +1,22 @@
 """The decoder: a batch state and the cycle that moves it.
 
-One cycle, for every active row b with L_b committed tokens x[0:L_b]:
-  the policy says how many tokens to draft, by the draft model and by prompt lookup,
-  the drafter proposes d_1..d_K,
-  the target runs [x[L_b - 1], d_1..d_K] (K + 1 tokens) from past_len L_b - 1,
-  acceptance keeps n_b drafts and emits one recovered or bonus token,
-  the state commits them; the target's past_len moves to L_b + n_b, the draft's to what it has
-  seen of the new prefix (rollback moves a length).
+One cycle, for every active row b with L_b committed tokens x[0:L_b]: the policy says how many tokens to draft (by
+the draft model, by prompt lookup or a suffix index), the drafter proposes d_1..d_K, the target runs
+[x[L_b - 1], d_1..d_K] from past_len L_b - 1, acceptance keeps n_b drafts and emits one recovered or bonus token, the
+state commits them; each cache's past_len moves to what it has seen of the new prefix (rollback moves a length).
 Rows accept different numbers of tokens in the same call; finished rows leave the batch.
 
-Row b of the batch serves request ``active[b]``. Bookkeeping runs on Python ints: a cycle touches a handful of
-numbers per row, where each distinct NumPy routine costs microseconds (``tools/bench_overhead.py``).
+Glossary (one meaning each):
+- *request*: a prompt and its answer, one ``rows.Request`` record (result, settings, stop ids, generator, noise) at its
+  *request index* in ``requests``; ``rows`` lists their results (``RowResult``) by that index.
+- *row* b: a request's place in the batch now (``active[b]``: its request index); ``batch``: how many rows.
+- *committed length* L_b (``lengths``): a row's committed tokens, prompt included; a cache's ``past_len``: the prefix
+  of them it holds (the target's L_b - 1 between cycles); the draft's *lag* (``Drafter.behind``): what it lacks.
+- *k*: the most drafts a row may have (batch, row or policy); *drafted* (a record's ``k``): the drafts it proposed.
+- *emitted*: the n + 1 tokens acceptance gives a row; *committed*: those it keeps (cut at a stop), a record's
+  ``emitted`` their count.
+
+Bookkeeping runs on Python ints: each distinct NumPy routine costs microseconds (``tools/bench_overhead.py``).
 """
 
 from __future__ import annotations
@@ -23,95 +29,86 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..engines.base import Engine, EngineOutput, KVCache
-from .acceptance import greedy_accept_row, sampled_accept
-from .batching import isolate, join, merge, plan_rows, prefill_chunk, prefill_rows
+from .acceptance import accept_rows
+from .batching import RowCaches
+from .cache import rows_slots
 from .config import GenerationConfig
 from .drafters import Drafter, Proposal
 from .errors import ConcurrentUseError
 from .guards import check_merge, checked_join
-from .policies import Policy
-from .rows import RowResult, RowSettings
-from .sampling import keyed_noise, penalize_rows, row_probabilities, unseeded_generator
+from .policies import CycleOutcome, Policy
+from .rows import Request, RowResult, RowSettings
+from .sampling import unseeded_generator
 from .telemetry import CycleRecord, FinalToken, FinishReason
+
+# () -> (rows about to join: a server's staged and queued requests, tokens the draft lacks of them, tokens to come)
+Joining = Callable[[], tuple[int, int, int]]
+# (logits [batch, K + 1, vocab] of a verification, (request index, tokens) each row committed), after the commit and
+# before the next call reuses the buffer: token j of row b was drawn from logits[b, j]
+Verified = Callable[[np.ndarray, list[tuple[int, list[int]]]], None]
 
 
 class BatchState:
-    """Token buffer [batch, capacity], committed lengths, active rows and their generators. Requests ``join`` and
-    ``leave`` between cycles; ``row`` gives one row alone, on this state's buffers (``batching.isolate`` takes back its
-    length); ``snapshot``/``restore`` undo a failed cycle."""
+    """Token buffer [batch, capacity], committed lengths, and the requests, one record each. Requests ``join`` and
+    ``leave`` between cycles; ``row`` gives one row alone, on the same buffers and records; ``snapshot``/``restore``
+    undo a failed cycle. What a cycle reads of the active records is derived when rows come or go (``_derive``)."""
 
     def __init__(self, config: GenerationConfig, capacity: int, eos: set[int]):
-        # config: the batch's speculation (k, drafter, policy) and the settings of rows joined without their own;
-        # eos: the model's EOS ids (each row adds its stop_token_ids, or drops them with ignore_eos)
+        # config: the batch's speculation and the settings of rows joined without their own; eos: the model's EOS ids
         self.config, self.capacity, self.eos = config, capacity, eos
-        self.greedy = True  # every row joined so far decodes greedily: acceptance and drafting need no distribution
-        self.penalized = False  # some row has a repetition penalty
-        self.sampling = False  # some row samples: its generator state is part of a snapshot
-        self.keyed = False  # some row samples with a seed: its draws are keyed by its positions (``noise``)
         self.tokens = np.zeros((0, capacity), np.int64)  # [batch, capacity]
-        self.lengths: list[int] = []  # [batch] committed tokens
+        self.lengths: list[int] = []  # [batch] committed length
         self.active: list[int] = []  # [batch] request index of each row
-        self.rows: list[RowResult] = []  # by request index, finished ones included
-        self.settings: list[RowSettings] = []  # by request index
-        self.stops: list[set[int]] = []  # by request index: the token ids that end it
-        self.generators: list[np.random.Generator] = []  # by request index
-        self.noises: list[dict[int, np.ndarray] | None] = []  # by request index: a seeded sampled row's noise by position
+        self.requests: list[Request | None] = []  # by request index, finished ones included (None once released)
+        self._derive()
 
-    @property
-    def batch(self) -> int:
-        return len(self.active)
+    def _derive(self) -> None:
+        """What every cycle reads of the active records, made when rows come or go rather than at each read."""
+        live = self.live = [self.requests[i] for i in self.active]  # [batch] the rows' records
+        configs = self.configs = [request.settings.config for request in live]  # [batch]
+        self.scopes = [(request.result, request.settings.index) for request in live]  # [batch] whose text, its index
+        self._rngs = [request.generator for request in live]
+        self.greedy = all(config.greedy for config in configs)  # acceptance and drafting need no distribution
+        self.sampling = not self.greedy  # the generators' states are part of a snapshot
+        self.penalized = any(config.repetition_penalty != 1.0 for config in configs)
+        self.keyed = any(request.noise is not None for request in live)  # some row's draws are keyed by position
+
+    rows = property(lambda self: [None if r is None else r.result for r in self.requests])  # results, by request index
+    batch = property(lambda self: len(self.active))
 
     def join(self, prompts: Sequence[np.ndarray], request_ids: Sequence[str],
              settings: Sequence[RowSettings] | None = None) -> None:
         """Add requests as new rows at the end of the batch, each with its own settings (``settings``; default:
         the batch's config without stop strings, prompt i drawing from seed stream i of the batch)."""
         if settings is None:
-            settings = [RowSettings(self.config, None, len(self.rows) + i) for i in range(len(prompts))]
+            settings = [RowSettings(self.config, None, len(self.requests) + i) for i in range(len(prompts))]
         added = np.zeros((len(prompts), self.capacity), np.int64)
         for b, prompt in enumerate(prompts):
             added[b, : len(prompt)] = prompt
         for prompt, request_id, row in zip(prompts, request_ids, settings):
-            config = row.config
-            self.active.append(len(self.rows))
-            self.rows.append(RowResult(request_id, prompt))
-            self.settings.append(row)
-            self.stops.append(set(config.stop_token_ids) | (set() if config.ignore_eos else self.eos))
-            seeded = config.seed is not None
-            self.generators.append(np.random.default_rng([config.seed, row.seed_stream]) if seeded else unseeded_generator())
-            keyed = not config.greedy and seeded
-            self.noises.append({} if keyed else None)
-            self.greedy &= config.greedy
-            self.sampling |= not config.greedy
-            self.keyed |= keyed
-            self.penalized |= config.repetition_penalty != 1.0
+            self.active.append(len(self.requests))
+            self.requests.append(Request.open(RowResult(request_id, prompt), row, self.eos, unseeded_generator))
             self.lengths.append(len(prompt))
         self.tokens = np.concatenate([self.tokens, added])
+        self._derive()
 
     def merge(self, other: BatchState) -> None:
-        """Append ``other``'s active rows (same capacity), with their results, settings and generators. An empty
-        batch starts afresh: the requests that left are forgotten, and so are their settings' needs."""
+        """Append ``other``'s active rows (same capacity), with their records. An empty batch starts afresh: the
+        requests that left are forgotten."""
         if not self.active:
-            self.rows, self.settings, self.stops, self.generators, self.noises = [], [], [], [], []
-            self.greedy, self.sampling, self.penalized, self.keyed = True, False, False, False
-        offset = len(self.rows)
-        self.rows += [other.rows[i] for i in other.active]
-        self.settings += [other.settings[i] for i in other.active]
-        self.stops += [other.stops[i] for i in other.active]
-        self.generators += [other.generators[i] for i in other.active]
-        self.noises += [other.noises[i] for i in other.active]
+            self.requests = []
+        offset = len(self.requests)
+        self.requests += other.live
         self.active += range(offset, offset + other.batch)
         self.lengths += other.lengths
         self.tokens = np.concatenate([self.tokens, other.tokens])
-        self.greedy &= other.greedy
-        self.sampling |= other.sampling
-        self.penalized |= other.penalized
-        self.keyed |= other.keyed
+        self._derive()
 
     def release(self, index: int) -> None:
         """Forget finished request ``index`` (its result has been handed on): a long-running batch that
         requests keep joining does not grow with the ones that left."""
         if index not in self.active:
-            self.rows[index] = self.settings[index] = self.stops[index] = self.generators[index] = self.noises[index] = None
+            self.requests[index] = None
 
     def leave(self, rows: Sequence[int]) -> list[int]:
         """Drop batch rows ``rows``; returns the rows that stay, in order (caches keep the same ones)."""
@@ -120,59 +117,44 @@ class BatchState:
         self.tokens = self.tokens[keep]
         self.lengths = [self.lengths[b] for b in keep]
         self.active = [self.active[b] for b in keep]
+        self._derive()
         return keep
 
     def row(self, b: int) -> BatchState:
-        """Row ``b`` alone, on a view of this token buffer and the same results, settings and generators."""
+        """Row ``b`` alone, on a view of this token buffer and the same records."""
         single = BatchState(self.config, self.capacity, self.eos)
-        single.greedy, single.penalized, single.sampling, single.keyed = self.greedy, self.penalized, self.sampling, self.keyed
-        single.rows, single.settings, single.stops, single.generators = self.rows, self.settings, self.stops, self.generators
-        single.noises = self.noises
-        single.tokens, single.lengths, single.active = self.tokens[b : b + 1], [self.lengths[b]], [self.active[b]]
+        single.requests, single.tokens, single.lengths, single.active = (self.requests, self.tokens[b : b + 1],
+                                                                         [self.lengths[b]], [self.active[b]])
+        single._derive()
         return single
 
     def snapshot(self) -> tuple:
         """What a cycle changes before it commits: lengths, and the generators' states when sampling."""
-        states = [self.generators[i].bit_generator.state for i in self.active] if self.sampling else None
+        states = [rng.bit_generator.state for rng in self._rngs] if self.sampling else None
         return tuple(self.lengths), states
 
     def restore(self, snapshot: tuple) -> None:
         lengths, states = snapshot
         self.lengths = list(lengths)
-        for i, state in zip(self.active, states or []):
-            self.generators[i].bit_generator.state = state
+        for rng, state in zip(self._rngs, states or []):
+            rng.bit_generator.state = state
 
     def rngs(self) -> list[np.random.Generator]:
         """The active rows' generators, in batch order."""
-        return [self.generators[i] for i in self.active]
-
-    def is_keyed(self, b: int) -> bool:
-        """Row b samples with a seed: its draws are keyed by position (``noise``)."""
-        return self.keyed and self.noises[self.active[b]] is not None
+        return self._rngs
 
     def noise(self, b: int, position: int, vocab: int) -> np.ndarray | None:
-        """Row b's keyed noise [vocab] for its token at ``position`` (``sampling.keyed_noise``, made once); None for a
-        row that is not seeded and sampled."""
-        index = self.active[b]
-        noises = self.noises[index]
-        if noises is None:
-            return None
-        if position not in noises:
-            row = self.settings[index]
-            noises[position] = keyed_noise(row.config.seed, row.seed_stream, position, vocab)
-        return noises[position]
-
-    def configs(self) -> list[GenerationConfig]:
-        """The active rows' settings, in batch order."""
-        return [self.settings[i].config for i in self.active]
+        """Row b's keyed noise [vocab] for its token at ``position`` (``Request.noise_at``); None for a row that is
+        not seeded and sampled."""
+        return self.live[b].noise_at(position, vocab)
 
     def budgets(self) -> tuple[list[int], list[int]]:
         """Each active row's new tokens left to commit, and the most drafts it may have (its own k, and one fewer
         than the tokens left), in batch order; one pass over the rows, which every cycle makes."""
         left, caps = [], []
-        for i in self.active:
-            config = self.settings[i].config
-            n = config.max_new_tokens - len(self.rows[i].token_ids)
+        for request in self.live:
+            config = request.settings.config
+            n = config.max_new_tokens - len(request.result.token_ids)
             left.append(n)
             caps.append(max(0, min(config.k, n - 1)))
         return left, caps
@@ -196,52 +178,21 @@ class BatchState:
         """Row b keeps its first accepted[b] drafts and emits emitted[b][accepted[b]] after them.
 
         Tokens past EOS, ``max_new_tokens`` (``left[b]``) or a stop string are cut, and the row's
-        finish reason is set. Returns (request index, new tokens) per row and the rows that finished.
+        finish reason is set. Returns (request index, committed tokens) per row and the rows that finished.
         """
         committed, finished = [], []
-        for b, (index, n) in enumerate(zip(self.active, accepted)):
+        for b, (index, request, n) in enumerate(zip(self.active, self.live, accepted)):
             at = self.lengths[b] + n  # the target has seen x[0:L] and n drafts; the next token follows them
             self.tokens[b, at] = emitted[b][n]
             self.lengths[b] = at + 1
-            row = self.rows[index]
-            if self.noises[index]:  # the noise of committed positions is spent
-                self.noises[index] = {at: noise for at, noise in self.noises[index].items() if at > self.lengths[b] - 1}
-            new = self._truncate(index, emitted[b][: n + 1], left[b])
+            if request.noise:  # the noise of committed positions is spent
+                request.noise = {position: noise for position, noise in request.noise.items() if position > at}
+            row, new = request.result, _truncate(request, emitted[b][: n + 1], left[b])
             row.token_ids += new
             committed.append((index, new))
             if row.finish_reason:
                 finished.append(b)
         return committed, finished
-
-    def _truncate(self, index: int, new: list[int], left: int) -> list[int]:
-        """Cut request ``index``'s new tokens at EOS, max_new_tokens or a stop string, and say why it finished."""
-        row, stops = self.rows[index], self.stops[index]
-        if not stops.isdisjoint(new):
-            end = next(i for i, token in enumerate(new) if token in stops)
-            new, row.finish_reason = new[: end + 1], FinishReason.EOS
-        if len(new) >= left:
-            del new[left:]
-            row.finish_reason = row.finish_reason or FinishReason.LENGTH
-        stop_check = self.settings[index].stop_check
-        if stop_check is not None:
-            keep = stop_check(row.token_ids, new)
-            if keep is not None:
-                new, row.finish_reason = new[:keep], FinishReason.STOP
-        return new
-
-    def publish(self, rows: Sequence[int]) -> None:
-        """Batch rows ``rows``' prompts and answers join their scope's suffix index (``RowSettings.index``), for the
-        requests that follow: only committed tokens, never drafts; a failed request's are left out."""
-        for b in rows:
-            index = self.active[b]
-            row, shared = self.rows[index], self.settings[index].index
-            if shared is not None and row.finish_reason != FinishReason.ERROR:
-                shared.add(row.request_id, [*row.prompt_ids.tolist(), *row.token_ids])
-
-    def fail(self, b: int, exc: Exception) -> None:
-        """Row ``b`` ends with an engine fault that is its own."""
-        row = self.rows[self.active[b]]
-        row.finish_reason, row.error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
 
 
 def one_thread(method):
@@ -271,50 +222,67 @@ def one_thread(method):
 
 
 class Generation:
-    """One batch of requests in flight; ``step()`` runs one cycle and reports what each row committed. The target's
-    cache and the draft model's (``draft_cache``; None for a drafter without a model) hold the batch's rows; requests
-    join, leave and merge between cycles. ``prefill()`` runs first (``step()`` calls it if need be)."""
+    """One batch of requests in flight: ``step()`` runs one cycle (after ``prefill()``) and reports what each row
+    committed; the rows' caches (``caches``) follow the batch state's rows. A front end gives its policy and listeners
+    at construction and talks to it through ``step``, ``done``, ``rows``, ``in_flight``, ``outlook``, ``prefill_chunk``,
+    ``join``, ``merge``, ``cancel``, ``release`` and ``fail_all``. ``policy`` stays a plain attribute: the next cycle
+    asks whichever a test or front end set."""
 
     def __init__(self, target: Engine, drafter: Drafter, policy: Policy, config: GenerationConfig,
                  prompts: list[np.ndarray], request_ids: list[str], capacity: int | None = None,
-                 settings: Sequence[RowSettings] | None = None):
-        """``config`` sets the batch's speculation (k, drafter, policy) and, unless ``settings`` gives each
-        prompt its own, every row's sampling, length and stop settings."""
+                 settings: Sequence[RowSettings] | None = None, *, joining: Joining | None = None,
+                 on_verified: Verified | None = None):
+        """``config`` sets the batch's speculation and, unless ``settings`` gives each prompt its own, every row's
+        settings. Listeners: ``joining`` (``Joining``; default: none join) and ``on_verified`` (``Verified``)."""
         self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
         self.k = config.k if config.speculative else 0
         if capacity is None:
-            capacity = plan_rows(prompts, config, settings, self.k, target.spec.capacity)
+            capacity = rows_slots(prompts, config, settings, self.k, target.spec.capacity)
         self.state = BatchState(config, capacity, set(target.spec.eos_token_ids))
         self.state.join(prompts, request_ids, settings)
-        self.cache = target.allocate_cache(len(prompts), capacity)
-        self.draft_cache = drafter.engine.allocate_cache(len(prompts), capacity) if drafter.uses_model else None
+        self.caches = RowCaches(target, drafter.engine if drafter.uses_model else None, len(prompts), capacity)
         self.cycle = 0
-        # the last cycle drafted every row by the model: the draft lacks no token ``Drafter.behind`` counts, so no catch-up
-        # is judged (asking cost 2 us a cycle at batch 1); joins, merges and a failed cycle's rows run alone clear it
+        # the last cycle drafted every row by the model: no catch-up to judge, as asking is dear (docs/results/overhead)
         self.draft_caught_up = False
         self.prefill_seconds: float | None = None  # of the batch it started with; None until prefilled
         self.prefill_spent = 0.0  # by ``prefill_chunk`` calls so far
-        # rows about to join (a server's prefilling and queued requests): () -> (rows, prompt tokens the draft lacks,
-        # tokens to come). A catch-up is judged for the batch they make: drafting there needs theirs too.
-        self.joining: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
-        # (logits [batch, K + 1, vocab] of a verification, (request index, tokens) each row committed from it), called
-        # after the commit, before the next call reuses the logits' buffer: token j of a row was drawn from logits[b, j]
-        # (a server's logprobs). None: nobody asks, and on a GPU the logits never leave it.
-        self.on_verified: Callable[[np.ndarray, list[tuple[int, list[int]]]], None] | None = None
+        self._draft_prefills: bool | None = None  # ``prefill_chunk(draft=None)``'s judgement, made once
+        self.joining = joining or (lambda: (0, 0, 0))
+        self.on_verified = on_verified
 
-    rows = property(lambda self: self.state.rows)  # list[RowResult], by request index
+    rows = property(lambda self: self.state.rows)  # list[RowResult], by request index (None once released)
+    requests = property(lambda self: self.state.requests)  # list[Request], by request index (None once released)
     done = property(lambda self: not self.state.active)
+    batch = property(lambda self: self.state.batch)  # rows in flight
+    cache = property(lambda self: self.caches.cache)
+    draft_cache = property(lambda self: self.caches.draft_cache)
+    # the active requests, in batch order: (request index, result so far)
+    in_flight = property(lambda self: [(i, request.result) for i, request in zip(self.state.active, self.state.live)])
     # views of the state, for tests and tools
     tokens = property(lambda self: self.state.tokens)
     lengths = property(lambda self: np.array(self.state.lengths, np.int64))
     active = property(lambda self: np.array(self.state.active, np.int64))
 
+    def outlook(self) -> tuple[int, int, int]:
+        """(rows, tokens the draft lacks of them: its lag, ``Drafter.behind``; their new tokens still to come)."""
+        return self.state.batch, self.drafter.behind(self.state, self.draft_cache), sum(self.state.budgets()[0])
+
+    def release(self, index: int) -> None:
+        """Forget finished request ``index`` once its result has been handed on (``BatchState.release``)."""
+        self.state.release(index)
+
+    def fail_all(self, exc: Exception) -> list[RowResult]:
+        """Every active request ends with ``exc`` (a fault outside a cycle's own isolation); returns their results.
+        The batch is spent."""
+        for request in self.state.live:
+            request.fail(exc)
+        return [request.result for request in self.state.live]
+
     @one_thread
     def step(self) -> list[tuple[int, list[int]]]:
-        """One cycle over the active rows (after the prefill, on the first call): (request index, newly committed token
-        ids) per row. If an engine call fails, the cycle is rolled back (lengths only: nothing was committed) and re-run
-        row by row, so that a fault tied to one row fails that row alone; a failed row ends with finish_reason "error"
-        and its message in ``error``, and the other rows go on."""
+        """One cycle over the active rows (after the prefill, on the first call): (request index, committed tokens) per
+        row. If an engine call fails, the cycle is rolled back (lengths only) and re-run row by row: a fault tied to one
+        row fails that row alone (finish_reason "error", its message in ``error``), and the other rows go on."""
         if self.prefill_seconds is None:
             self.prefill()
             if self.done:
@@ -322,13 +290,13 @@ class Generation:
         state = self.state
         snapshot = state.snapshot()
         try:
-            committed, finished = self.cycle_rows(state, self.cache, self.draft_cache)
+            committed, finished = self.cycle_rows(state, self.caches.cache, self.caches.draft_cache)
         except Exception:  # an engine fault, whatever its type: find the rows it belongs to
             state.restore(snapshot)
-            before = [length - 1 for length in state.lengths]  # what both models had seen: all but the last token
-            self.cache.commit(before)
-            self.drafter.rollback(self.draft_cache, before)
-            committed, finished = isolate(self)
+            past_len = [length - 1 for length in state.lengths]  # what both models had seen: all but the last token
+            self.caches.cache.commit(past_len)
+            self.drafter.rollback(self.caches.draft_cache, past_len)
+            committed, finished = self._isolate()
         self.cycle += 1
         if finished:
             self.leave(finished)
@@ -345,105 +313,176 @@ class Generation:
         # the target has seen all but each row's last token (prefill and commits keep it so): verify from its past_len
         verified = self.target.infer(state.verify_inputs(proposal.drafts), cache.past_len, cache)
         began = time.perf_counter()
-        accepted, emitted = self.accept(verified, proposal, state)
+        accepted, emitted = accept_rows(verified, proposal.drafts, proposal.drafted, proposal.q, state)
         accepted_at = time.perf_counter()
-        seen = [length + n for length, n in zip(state.lengths, accepted)]  # what the target has now seen
-        cache.commit(seen)
-        self.drafter.rollback(draft_cache, seen)
+        past_len = [length + n for length, n in zip(state.lengths, accepted)]  # what the target has now seen
+        cache.commit(past_len)
+        self.drafter.rollback(draft_cache, past_len)
         self.draft_caught_up = proposal.first_call_tokens > 0 and not any(proposal.lookup)
         committed, finished = state.commit(accepted, emitted, left)
         if self.on_verified is not None:
             self.on_verified(verified.logits, committed)
         self.policy.observe(proposal.outcome(accepted, verified.seconds))
-        self._record(state, proposal, accepted, committed, verified, accepted_at - began, time.perf_counter() - accepted_at)
+        _record(state, self.cycle, proposal, accepted, committed, verified, accepted_at - began,
+                time.perf_counter() - accepted_at)
         return committed, finished
 
     def _draft_lengths(self, state: BatchState, draft_cache: KVCache | None, left: list[int],
                        caps: list[int]) -> tuple[int, int]:
-        """Drafts this cycle makes by the draft model and by prompt lookup, as the policy prices them, at most the rows'
-        largest cap. The model drafts only where its catch-up pays, judged with the rows about to join (``joining``)."""
+        """This cycle's (model drafts, free drafts) a row, as the policy prices them (``Drafter.plan``), at most the
+        rows' largest cap; the model drafts only where its catch-up pays (``_catchup_pays``)."""
         most = min(self.k, max(caps))
         if most <= 0:
             return 0, 0
         batch = len(left)
-        free = (self.policy.index_k(batch) if self.drafter.indexes else
-                self.policy.next_k(batch, lookup=True) if self.drafter.looks_up else 0)
-        lookup_k = min(free, most)
-        k = min(self.policy.next_k(batch), most) if self.drafter.uses_model else 0
+        k, lookup_k = self.drafter.plan(self.policy, batch, most)
         behind = self.drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
-        if behind:
-            rows, lacking, to_come = self.joining()
-            if not self.policy.catchup_pays(batch + rows, behind + lacking, sum(left) + to_come):
-                k = 0
+        if behind and not self._catchup_pays(batch, behind, sum(left)):
+            k = 0
         return k, lookup_k
 
-    def accept(self, verified: EngineOutput, proposal: Proposal, state: BatchState) -> tuple[list[int], list[list[int]]]:
-        """(accepted drafts, emitted tokens) per row: greedy on Python ints while every row is greedy, from the
-        target's argmax ids alone (on a GPU, K + 1 integers a row reach the host, not K + 1 rows of logits)."""
-        logits = None if state.greedy and not state.penalized else verified.logits  # greedy alone: the ids suffice
-        if state.penalized:
-            logits = penalize_rows(logits, state.tokens, state.lengths, proposal.drafts, state.configs())
-        if state.greedy:  # each row keeps the drafts equal to the target's argmax, then emits its own token
-            target = (verified.ids if logits is None else logits.argmax(-1)).tolist()  # [batch][K + 1]
-            drafts = proposal.drafts.tolist()
-            return [min(greedy_accept_row(t, d), n) for t, d, n in zip(target, drafts, proposal.drafted)], target
-        p = row_probabilities(logits, state.configs())  # [batch, K + 1, vocab]
-        width, vocab = proposal.drafts.shape[1], p.shape[-1]
-        noises = [[state.noise(b, at + j, vocab) for j in range(width + 1)] if state.is_keyed(b) else None
-                  for b, at in enumerate(state.lengths)]  # seeded rows' draws keyed by position
-        return sampled_accept(p, proposal.q, proposal.drafts, proposal.drafted, state.rngs(), noises)
+    def _catchup_pays(self, rows: int, lag: int, to_come: int) -> bool:
+        """Does feeding the draft the ``lag`` tokens it lacks of ``rows`` rows (with ``to_come`` new tokens left) pay,
+        in the batch they make with the rows about to join (``joining``)? The policy's call, made here alone: for a
+        cycle's catch-up and for the draft's prefill of staged rows (``prefill_chunk(draft=None)``)."""
+        joining, lacking, coming = self.joining()
+        return self.policy.catchup_pays(rows + joining, lag + lacking, to_come + coming)
 
     @one_thread
-    def prefill(self) -> None:
-        """The target sees every prompt token but the last (each cycle starts from x[L - 1]); the first
-        ``step()`` calls this when nobody did."""
-        self.prefill_seconds = prefill_rows(self, 0)
+    def prefill(self, first: int = 0, past_len: list[int] | None = None) -> float:
+        """The target prefills rows ``first ..`` up to ``past_len`` (default: all but each prompt's last token, as each
+        cycle starts from x[L - 1]); rows whose prefill fails alone leave, with finish_reason "error". Returns the
+        seconds; the whole batch's (the default) are its ``prefill_seconds``, and the first ``step()`` runs it if need be."""
+        state = self.state
+        failed, seconds = self.caches.prefill(state.tokens, state.live,
+                                              past_len or [length - 1 for length in state.lengths[first:]], first)
+        if failed:
+            self.leave(failed)
+        if not first and past_len is None:
+            self.prefill_seconds = seconds
+        return seconds
 
     @one_thread
-    def prefill_chunk(self, tokens: int, draft: bool | Callable[[], bool] = True) -> bool:
-        """Prefill at most ``tokens`` more of each prompt, in both models (``prefill.prefill_chunk``); True once done."""
-        return prefill_chunk(self, tokens, draft)
+    def prefill_chunk(self, tokens: int, draft: bool | None = True) -> bool:
+        """Prefill at most ``tokens`` more of each prompt, in the target and (``draft``) the draft; True once done.
+
+        A server prefills requests that join a running batch this way, a chunk between two of its cycles, then
+        ``merge``s them: running rows never wait for a whole long prompt, in either model. Without ``draft`` the draft
+        has seen nothing of these rows: a cycle then judges whether that catch-up pays. ``draft=None``: the draft
+        prefills them if that catch-up pays in the batch they will make (``_catchup_pays``), judged once, at the first
+        draft chunk (after the target's first): a burst's clients arrive ms apart, and the first judged alone would have
+        the draft prefill it for a batch that then decodes plainly (tools/load_test.py).
+        """
+        state, caches = self.state, self.caches
+        past_len = [min(past + tokens, length - 1) for past, length in zip(caches.cache.past_len.tolist(), state.lengths)]
+        self.prefill_spent += self.prefill(0, past_len)
+        if self.done:
+            return True
+        if draft is None and self._draft_prefills is None and caches.draft_cache is not None and self.k:
+            lag = self.drafter.behind(state, caches.draft_cache)
+            self._draft_prefills = not lag or self._catchup_pays(state.batch, lag, sum(state.budgets()[0]))
+        if caches.draft_cache is not None and self.k and (self._draft_prefills if draft is None else draft):
+            spent, widest = caches.prefill_draft(state.tokens)
+            self.prefill_spent += spent
+            if widest:  # what the draft's catch-up costs: the policy weighs it before paying one
+                self.policy.observe(CycleOutcome(state.batch, first_call_seconds=spent, first_call_tokens=widest))
+        if caches.cache.past_len.tolist() != [length - 1 for length in state.lengths]:
+            return False
+        self.prefill_seconds = self.prefill_spent
+        ended = time.perf_counter()
+        for request in state.live:
+            request.result.prefill_seconds, request.result.decode_started = self.prefill_seconds, ended
+        return True
+
+    @one_thread
+    def join(self, prompts: list[np.ndarray], request_ids: list[str], settings: Sequence[RowSettings] | None = None) -> None:
+        """Requests join the batch between cycles, as new rows at its end; once the batch is prefilled, theirs is done
+        here. Each must fit the batch's capacity (``cache.slots_needed``)."""
+        state, prompts = self.state, checked_join(self, prompts, request_ids, settings)  # arguments: ``guards``
+        rows_slots(prompts, self.config, settings, self.k, state.capacity)
+        first = state.batch
+        state.join(prompts, request_ids, settings)
+        self.caches.add(len(prompts))
+        self.draft_caught_up = False  # the draft has seen nothing of them
+        if self.prefill_seconds is not None:
+            self.prefill(first)
 
     @one_thread
     def merge(self, other: Generation) -> None:
         """Take ``other``'s rows (prefilled, with the same capacity and speculation) into this batch (``guards``)."""
         check_merge(self, other)
-        merge(self, other)
-
-    @one_thread
-    def join(self, prompts: list[np.ndarray], request_ids: list[str], settings: Sequence[RowSettings] | None = None) -> None:
-        """Requests join the batch between cycles, as new rows at its end (``batching.join``; arguments: ``guards``)."""
-        join(self, checked_join(self, prompts, request_ids, settings), request_ids, settings)
+        self.caches.merge(other.caches)
+        self.state.merge(other.state)
+        self.draft_caught_up = False  # of the rows that joined, it may have seen nothing
 
     @one_thread
     def cancel(self, index: int) -> None:
         """Request ``index`` leaves the batch now (finish reason "cancelled"); its cache rows are freed."""
         if index in self.state.active:
-            self.state.rows[index].finish_reason = FinishReason.CANCELLED
+            self.state.requests[index].result.finish_reason = FinishReason.CANCELLED
             self.leave([self.state.active.index(index)])
-
-    def _record(self, state: BatchState, proposal: Proposal, accepted: list[int], committed: list, verified,
-                accept_s: float, cache_s: float) -> None:
-        """One record per row, with the drafts it had; the batched calls' seconds shared out equally among the rows
-        (staging the target's K/V counts as cache work)."""
-        batch, now = len(accepted), time.perf_counter()
-        draft_s, verify_s, accept_s = proposal.seconds / batch, verified.seconds / batch, accept_s / batch
-        cache_s = (cache_s + verified.stage_seconds) / batch
-        origins = proposal.origins or [None] * batch
-        for k, n, lookup, origin, (index, new) in zip(proposal.drafted, accepted, proposal.lookup, origins, committed):
-            row = state.rows[index]
-            row.decode_seconds = now - row.decode_started
-            final = FinalToken.PLAIN if k == 0 else (FinalToken.BONUS if n == k else FinalToken.RECOVERED)
-            # made as the tuple it is, in CycleRecord's field order: the named constructor cost 1 us a cycle more
-            row.records.append(tuple.__new__(CycleRecord, (row.request_id, self.cycle, k, n, n + 1 if n < k else None,
-                                                           final, len(new), draft_s, verify_s, accept_s, cache_s, batch, lookup,
-                                                           origin)))
 
     @one_thread
     def leave(self, finished: list[int]) -> None:
         """Batch rows ``finished`` leave, with their cache rows; each one's text joins its scope's suffix index."""
-        self.state.publish(finished)
-        keep = self.state.leave(finished)
-        self.cache = self.cache.select(keep)
-        if self.draft_cache is not None:
-            self.draft_cache = self.draft_cache.select(keep)
+        for b in finished:
+            self.state.live[b].publish()
+        self.caches.select(self.state.leave(finished))
+
+    def _isolate(self) -> tuple[list, list[int]]:
+        """Re-run a failed cycle for each row alone, on views of its slots of the batch buffers, so that a fault tied to
+        one row fails that row alone (finish reason "error"); returns what ``cycle_rows`` returns."""
+        state, committed, finished = self.state, [], []
+        for b in range(state.batch):
+            single, (cache, draft) = state.row(b), self.caches.alone(b)
+            self.draft_caught_up = False  # what a row's cycle finds says nothing of the next row's draft
+            try:
+                new, done = self.cycle_rows(single, cache, draft)
+            except Exception as exc:
+                state.live[b].fail(exc)
+                committed.append((state.active[b], []))
+                finished.append(b)
+                continue
+            state.lengths[b] = single.lengths[0]
+            self.caches.commit_alone(b, cache, draft)
+            committed += new
+            finished += [b] if done else []
+        self.draft_caught_up = False
+        return committed, finished
+
+
+def _truncate(request: Request, new: list[int], left: int) -> list[int]:
+    """``request``'s ``new`` tokens cut at a stop token, at ``left`` (what max_new_tokens leaves) or at a stop string;
+    its result's finish reason says why it finished. Here, not on the record: the cycle reads in fewer modules."""
+    row, stops = request.result, request.stops
+    if not stops.isdisjoint(new):
+        end = next(i for i, token in enumerate(new) if token in stops)
+        new, row.finish_reason = new[: end + 1], FinishReason.EOS
+    if len(new) >= left:
+        del new[left:]
+        row.finish_reason = row.finish_reason or FinishReason.LENGTH
+    stop_check = request.settings.stop_check
+    if stop_check is not None:
+        keep = stop_check(row.token_ids, new)
+        if keep is not None:
+            new, row.finish_reason = new[:keep], FinishReason.STOP
+    return new
+
+
+def _record(state: BatchState, cycle: int, proposal: Proposal, accepted: list[int], committed: list,
+            verified: EngineOutput, accept_s: float, cache_s: float) -> None:
+    """One record per row, with the drafts it had; the batched calls' seconds shared out equally among the rows
+    (staging the target's K/V counts as cache work)."""
+    batch, now = len(accepted), time.perf_counter()
+    draft_s, verify_s, accept_s = proposal.seconds / batch, verified.seconds / batch, accept_s / batch
+    cache_s = (cache_s + verified.stage_seconds) / batch
+    origins = proposal.origins or [None] * batch
+    for drafted, n, lookup, origin, request, (_, new) in zip(proposal.drafted, accepted, proposal.lookup, origins,
+                                                             state.live, committed):
+        row = request.result
+        row.decode_seconds = now - row.decode_started
+        final = FinalToken.PLAIN if drafted == 0 else (FinalToken.BONUS if n == drafted else FinalToken.RECOVERED)
+        # made as the tuple it is, in CycleRecord's field order: the named constructor is dearer (docs/results/overhead)
+        row.records.append(tuple.__new__(CycleRecord, (row.request_id, cycle, drafted, n, n + 1 if n < drafted else None,
+                                                       final, len(new), draft_s, verify_s, accept_s, cache_s, batch,
+                                                       lookup, origin)))

@@ -1,11 +1,12 @@
 """Drafters propose tokens for the target to verify: a draft model, a suffix index, prompt lookup, or none.
 
-A drafter is a proposer (``propose``, ``rollback``): it reads the batch state and, for a draft model, the
-draft's cache (``engines.base.KVCache``, owned by the generation with the batch's other rows), and returns a
-``Proposal``. What a drafter can do is declared: ``uses_model`` (it has a draft model and its cache),
-``looks_up`` (it drafts without a model call: by prompt lookup, or from a suffix index where it ``indexes``).
-How many drafts each source makes is the policy's choice (``k``, ``lookup_k``, and for index drafts each row's
-own count by ``price``: ``Policy.free_drafts``); each row drafts at most ``caps[b]`` (its own k and tokens left).
+A drafter is a proposer (``propose``, ``rollback``): it reads the batch's rows through a narrow view
+(``rows.BatchView``: arrays, settings and generators in batch order) and, for a draft model, the draft's cache
+(``engines.base.KVCache``, owned by the generation with the batch's other rows), and returns a ``Proposal``. What a
+drafter can do is declared: ``uses_model`` (it has a draft model and its cache), ``looks_up`` (it drafts without a
+model call: by prompt lookup, or from a suffix index where it ``indexes``). How many drafts each source makes is the
+policy's choice (``k``, ``lookup_k``, and for index drafts each row's own count by ``price``: ``Policy.free_drafts``);
+each row drafts at most ``caps[b]`` (its own k and tokens left).
 
 The default, ``HybridDrafter``, drafts from the suffix index where the policy prices its drafts above the draft
 model's, and by the draft model elsewhere.
@@ -16,18 +17,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..engines.base import Engine, KVCache, feed
 from .errors import ConfigError
-from .policies import CycleOutcome
+from .policies import CycleOutcome, Policy
+from .rows import BatchView, RowResult
 from .sampling import keyed_token, penalize, row_probabilities, sample
 from .suffix import LEVELS, SuffixIndex, propose
-
-if TYPE_CHECKING:
-    from .decoder import BatchState
 
 # (batch, a row's index drafts' estimates, whether the model drafts the other rows) -> how many of them to verify
 Price = Callable[[int, list[float], bool], int]
@@ -75,15 +73,21 @@ class Drafter:
         # n-grams: prompt lookup continues the latest earlier match of the last n tokens, the longest n first
         self.engine, self.stop_below, self.max_ngram, self.min_ngram = engine, stop_below, max_ngram, min_ngram
         self._buffer: tuple | None = None  # a model drafter's drafts (``ModelDrafter._columns``)
-        self._own: dict[int, tuple] = {}  # an index drafter's: (the request's row, an index of its text), by request index
+        self._own: dict[int, tuple] = {}  # an index drafter's: (a request's result, an index of its text), by id(result)
         self._found_facts: tuple[list, list] | None = None  # the last ``_found``'s estimates and origins
         self.price: Price | None = None  # an index drafter's: how many of a row's drafts to keep (None: all)
+
+    def plan(self, policy: Policy, batch: int, most: int) -> tuple[int, int]:
+        """This cycle's (model drafts, free drafts) a row, as ``policy`` prices the sources this drafter has (index
+        drafts by ``index_k``, lookup by ``next_k(lookup=True)``, the model by ``next_k``), at most ``most`` each."""
+        free = policy.index_k(batch) if self.indexes else policy.next_k(batch, lookup=True) if self.looks_up else 0
+        return (min(policy.next_k(batch), most) if self.uses_model else 0), min(free, most)
 
     def priced_by(self, price: Price | None) -> None:
         """Index drafts are kept as ``price`` says (the generation's policy's ``free_drafts``; None: all found)."""
         self.price = price
 
-    def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
+    def propose(self, state: BatchView, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
         """Up to ``k`` model drafts or ``lookup_k`` free drafts a row, row b at most ``caps[b]``; an index drafter
         keeps of a row's drafts what its ``price`` says (``priced_by``), from their estimates."""
         return Proposal.none(state.batch)
@@ -93,7 +97,7 @@ class Drafter:
         if cache is not None:
             cache.commit([min(seen, length) for seen, length in zip(cache.past_len.tolist(), lengths)])
 
-    def behind(self, state: BatchState, cache: KVCache | None) -> int:
+    def behind(self, state: BatchView, cache: KVCache | None) -> int:
         """Tokens (all rows together) the draft model must catch up on before drafting, beyond the one or two a
         drafting cycle leaves it: prompts it never saw, plain cycles since it last drafted."""
         if cache is None:
@@ -111,7 +115,7 @@ class PromptLookup(Drafter):
 
     looks_up = True
 
-    def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
+    def propose(self, state: BatchView, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
         began = time.perf_counter()
         found = self._free(state, lookup_k, caps, False)
         width = max(map(len, found))
@@ -123,7 +127,7 @@ class PromptLookup(Drafter):
         return self._facts(Proposal(drafts, None, list(map(len, found)), [len(f) > 0 for f in found],
                                     time.perf_counter() - began))
 
-    def _free(self, state: BatchState, lookup_k: int, caps: list[int], model: bool) -> list[np.ndarray]:
+    def _free(self, state: BatchView, lookup_k: int, caps: list[int], model: bool) -> list[np.ndarray]:
         """Each row's free drafts (``_found``); an index drafter's cut to what ``price`` keeps of them, the draft
         model drafting the other rows where ``model``."""
         self._found_facts = None
@@ -142,7 +146,7 @@ class PromptLookup(Drafter):
             proposal.estimates, proposal.origins = self._found_facts
         return proposal
 
-    def _found(self, state: BatchState, lookup_k: int, caps: list[int]) -> list[np.ndarray]:
+    def _found(self, state: BatchView, lookup_k: int, caps: list[int]) -> list[np.ndarray]:
         return [lookup(state.tokens[b, :length], min(lookup_k, cap), self.max_ngram, self.min_ngram)
                 for b, (length, cap) in enumerate(zip(state.lengths, caps))]
 
@@ -155,29 +159,27 @@ class SuffixDrafter(PromptLookup):
 
     looks_up = indexes = True
 
-    def _found(self, state: BatchState, lookup_k: int, caps: list[int]) -> list[np.ndarray]:
+    def _found(self, state: BatchView, lookup_k: int, caps: list[int]) -> list[np.ndarray]:
         found, estimates, origins = [], [], []
-        for b, (length, cap) in enumerate(zip(state.lengths, caps)):
-            request = state.active[b]
-            own, shared = self._own_text(state, b, request, length), state.settings[request].index
+        for b, (length, cap, (row, shared)) in enumerate(zip(state.lengths, caps, state.scopes)):
+            own = self._own_text(state, b, row, length)
             context = state.tokens[b, max(0, length - LEVELS[0]) : length].tolist()
             drafts, estimate, origin = propose((own, shared) if shared is not None else (own,), context,
                                                min(lookup_k, cap))
             found.append(np.array(drafts, np.int64))
             estimates.append(estimate)
             origins.append(origin)
-        if len(self._own) > 2 * len(state.active) + 8:  # requests that left: their text goes with them
-            active = set(state.active)
-            self._own = {request: index for request, index in self._own.items() if request in active}
+        if len(self._own) > 2 * state.batch + 8:  # requests that left: their text goes with them
+            live = {id(row) for row, _ in state.scopes}
+            self._own = {key: index for key, index in self._own.items() if key in live}
         self._found_facts = estimates, origins
         return found
 
-    def _own_text(self, state: BatchState, b: int, request: int, length: int) -> SuffixIndex:
-        """Request ``request``'s index of its own committed text x[0:length] (row ``b``), brought up to date."""
-        row = state.rows[request]
-        mine = self._own.get(request)
-        if mine is None or mine[0] is not row:  # a request index is reused once a batch empties: never another's text
-            mine = self._own[request] = (row, SuffixIndex())
+    def _own_text(self, state: BatchView, b: int, row: RowResult, length: int) -> SuffixIndex:
+        """The index of request ``row``'s own committed text x[0:length] (row ``b``), brought up to date."""
+        mine = self._own.get(id(row))
+        if mine is None or mine[0] is not row:  # never another request's text, whatever reuses its id
+            mine = self._own[id(row)] = (row, SuffixIndex())
         own, key = mine[1], row.request_id
         seen = own.length(key)
         if seen < length:
@@ -198,10 +200,10 @@ class ModelDrafter(Drafter):
                               "with --draft")
         super().__init__(engine, stop_below, max_ngram, min_ngram)
 
-    def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
+    def propose(self, state: BatchView, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
         return self._model(state, cache, k, caps) if k else Proposal.none(state.batch)
 
-    def _model(self, state: BatchState, cache: KVCache, k: int, caps: list[int]) -> Proposal:
+    def _model(self, state: BatchView, cache: KVCache, k: int, caps: list[int]) -> Proposal:
         """Up to k drafts a row by the draft model: every row drafts (greedy rows draw nothing), a sampled row only
         up to its cap, so that its random draws depend on its own settings alone, never on its batch mates'."""
         began = time.perf_counter()
@@ -210,14 +212,14 @@ class ModelDrafter(Drafter):
         caught_up = time.perf_counter()
         most = min(k, max(caps))
         columns, inputs = self._columns(most, batch)
-        # draft call i feeds draft i - 1 at L + i - 1; every call's offsets made here, not between calls: right after
-        # an ONNX Runtime call, small NumPy steps measured 2-3 times slower (tools/bench_overhead.py)
+        # draft call i feeds draft i - 1 at L + i - 1; offsets made here: NumPy runs slower right after an ORT call
+        # (docs/results/overhead)
         pasts = [np.array([at + i for at in lengths]) for i in range(most - 1)]
         if state.greedy:  # each draft the argmax after the last: no distribution, only its top probability if asked
             made = 0
             while made < most:
                 if state.penalized:
-                    logits = _penalized(logits, state, state.configs(), columns[:made].T)
+                    logits = _penalized(logits, state, state.configs, columns[:made].T)
                 if self.stop_below is not None and _top_probability(logits).max() < self.stop_below:
                     break
                 logits.argmax(-1, out=columns[made])
@@ -236,19 +238,19 @@ class ModelDrafter(Drafter):
 
     def _columns(self, most: int, batch: int) -> tuple[np.ndarray, list[np.ndarray]]:
         """A [most, batch] buffer for the drafts, and its rows as [batch, 1] views: draft i of every row is row i,
-        contiguous, so its view is the next call's input as it is. Kept from one cycle to the next (made anew each
-        cycle, they measured ~1 us more a cycle): a proposal's drafts are valid until the next."""
+        contiguous, so its view is the next call's input as it is. Kept from one cycle to the next, as making them
+        costs a cycle measurably (docs/results/overhead): a proposal's drafts are valid until the next."""
         if self._buffer is None or len(self._buffer[0]) < most or self._buffer[0].shape[1] != batch:
             columns = np.zeros((max(most, 1), batch), np.int64)
             self._buffer = columns, [column[:, None] for column in columns]
         return self._buffer
 
-    def _sampled(self, state: BatchState, cache: KVCache, logits: np.ndarray, columns: np.ndarray, inputs: list,
+    def _sampled(self, state: BatchView, cache: KVCache, logits: np.ndarray, columns: np.ndarray, inputs: list,
                  pasts: list, limits: list[int]):
         """Sampled (and greedy) rows' drafts into ``columns``, each drawn from the draft's distribution q (one-hot for
         greedy rows), row b at most ``limits[b]``: drafts made, draft calls after the catch-up, q [batch, made, vocab]
         and the drafts each row has (confidence may cut its limit)."""
-        configs, qs, made, steps, most = state.configs(), [], 0, 0, max(limits)
+        configs, qs, made, steps, most = state.configs, [], 0, 0, max(limits)
         while made < most:
             if state.penalized:
                 logits = _penalized(logits, state, configs, columns[:made].T)
@@ -282,7 +284,7 @@ class HybridDrafter(ModelDrafter, SuffixDrafter):
         Drafter.__init__(self, engine, stop_below, max_ngram, min_ngram)
         self.uses_model = engine is not None
 
-    def propose(self, state: BatchState, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
+    def propose(self, state: BatchView, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
         modelling = bool(k) and self.uses_model
         self._found_facts = None
         found = (self._free(state, lookup_k, caps, modelling) if lookup_k
@@ -342,7 +344,7 @@ def _fill(row: np.ndarray, drafts: np.ndarray, last: int) -> None:
     row[len(drafts) :] = drafts[-1] if len(drafts) else last
 
 
-def _penalized(logits: np.ndarray, state: BatchState, configs, so_far: np.ndarray) -> np.ndarray:
+def _penalized(logits: np.ndarray, state: BatchView, configs, so_far: np.ndarray) -> np.ndarray:
     return np.stack([penalize(logits[b], np.concatenate([state.tokens[b, :at], so_far[b]]), config.repetition_penalty)
                      for b, (at, config) in enumerate(zip(state.lengths, configs))])
 

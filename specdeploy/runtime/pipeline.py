@@ -7,7 +7,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +15,7 @@ import numpy as np
 from ..contract import PREFILL_CHUNK, Manifest
 from ..engines.base import feed
 from .artifact import open_artifact
-from .cache import EXPORTED, cache_bytes, plan_batch
+from .cache import EXPORTED, cache_bytes, plan_batch, slots_needed
 from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
 from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer
@@ -25,36 +25,16 @@ from .divergence import first_divergence
 from .drafters import Drafter, NoDrafter
 from .policies import CycleOutcome, Policy
 from .registry import make_drafter, make_policy
+from .results import GenerationError, GenerationResult, StreamChunk
 from .rows import RowResult, RowSettings
 from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
 from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFileError, SuffixStore, row_indexes
-from .telemetry import CycleRecord, FinishReason, summarize
+from .telemetry import FinishReason, summarize
 
 CATCHUP_TOKENS = 32  # a draft catch-up long enough to time a rate, not a call
 CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
-
-
-class GenerationError(RuntimeError):
-    """A request that failed while decoding (an engine fault); other requests are unaffected."""
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]  # generated tokens, prompt excluded
-    stats: dict
-    finish_reason: FinishReason | str = ""  # eos, length, stop, or error (then ``error`` says why)
-    records: list[CycleRecord] = field(default_factory=list)
-    error: str = ""
-
-
-@dataclass
-class StreamChunk:
-    text: str  # new text since the previous chunk
-    token_ids: list[int]  # tokens committed by this cycle
-    result: GenerationResult | None = None  # set on the last chunk only
 
 
 class Pipeline:
@@ -99,7 +79,7 @@ class Pipeline:
         is corrupt, too large or for another tokenizer is refused in one line (``log``, default: a warning) and the
         pipeline starts with an empty index. ``suffix_store``: the indexes to use (bounds, scopes).
         """
-        threads = checked_threads(threads)  # before any work: 100,000 used to abort the process inside ONNX Runtime
+        threads = checked_threads(threads)  # before any work: too many abort the process inside ONNX Runtime
         directory = Path(directory)
         manifest, tokenizer, chat, target, draft = open_artifact(directory, provider, threads, verify_hashes)
         remembered = RememberedCosts(machine_key(directory, provider, threads)) if remember_costs else None
@@ -146,7 +126,7 @@ class Pipeline:
 
         ``capacity`` already holds the speculative slots (prompt + max_new_tokens + k + 1).
         """
-        return cache_bytes(self._specs(speculative), batch, capacity)
+        return cache_bytes(_model_specs(self.target, self.draft if speculative else None), batch, capacity)
 
     def warm_up(self, k: int, prompt_tokens: int = 0) -> float:
         """Bring the shapes a request of at most ``k`` drafts calls at batch 1 into ``costs``: T = 1 .. k + 1 in the
@@ -165,7 +145,7 @@ class Pipeline:
             if k and self.draft is not None:
                 shapes += [(self.draft, t, 1) for t in (1, 2, CATCHUP_TOKENS)]
             for engine in dict.fromkeys(engine for engine, _, _ in shapes):  # the target first
-                room = engine.spec.capacity - k - 2
+                room = engine.spec.capacity - slots_needed(0, 1, k)  # the longest prompt of a one-token request
                 prompt = min(prompt_tokens, PREFILL_CHUNK, room)
                 cache = engine.allocate_cache(1, engine.spec.capacity)
                 if prompt > 0:
@@ -184,12 +164,6 @@ class Pipeline:
             self._warmed.add(k)
             return time.perf_counter() - began
 
-    def _specs(self, with_draft: bool) -> dict:
-        specs = {"target": self.target.spec}
-        if with_draft and self.draft is not None:
-            specs["draft"] = self.draft.spec
-        return specs
-
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
         """Token ids of a prompt: text, or a flat sequence of integer ids inside the vocabulary. Returns [tokens] int64.
 
@@ -202,7 +176,7 @@ class Pipeline:
             if not prompt:
                 raise ConfigError("prompt: got an empty string; expected at least one token")
             check_unicode(prompt, "prompt")
-            ids = self._tokenize(prompt)
+            ids = _tokenize(self.tokenizer, prompt, self.target.spec.capacity)
             if self._bos is not None and ids[:1] != [self._bos]:
                 ids = [self._bos, *ids]
             ids = np.array(ids, np.int64)
@@ -224,63 +198,47 @@ class Pipeline:
         ``apply_chat_template(messages, tools=tools, tokenize=True)`` gives them (the template places BOS itself).
         ``time_limit``: CPU seconds the render may take (the template's own limit when None). The rendered text is
         bounded by what the capacity could ever hold (``CHARS_PER_TOKEN_BOUND`` a slot), before it is tokenized."""
-        return self._tokenize(self.chat_template.render(messages, add_generation_prompt, tools, time_limit=time_limit,
-                                                        max_chars=CHARS_PER_TOKEN_BOUND * self.target.spec.capacity))
+        capacity = self.target.spec.capacity
+        text = self.chat_template.render(messages, add_generation_prompt, tools, time_limit=time_limit,
+                                         max_chars=CHARS_PER_TOKEN_BOUND * capacity)
+        return _tokenize(self.tokenizer, text, capacity)
 
     def chat(self, messages: Sequence[dict], config: GenerationConfig | None = None) -> GenerationResult:
         """The assistant's reply to ``messages`` ([{"role": "system" | "user" | "assistant", "content": ...}])."""
         return self.generate([self.chat_prompt(messages)], config)[0]
 
-    def _tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text``; a text longer than ``CHARS_PER_TOKEN_BOUND`` characters a slot of capacity is
-        refused having tokenized no more than that much of it (a 12 MB prompt, or one enormous word, costs no more
-        than its first part: tokenizing holds the interpreter, a server's event loop included)."""
-        capacity = self.target.spec.capacity
-        head = CHARS_PER_TOKEN_BOUND * capacity
-        if len(text) > head:
-            tokens = len(self.tokenizer.encode(text[:head], add_special_tokens=False).ids)
-            if tokens >= capacity:
-                raise ConfigError(f"prompt: {len(text):,} characters, and its first {head:,} alone are {tokens:,} "
-                                  f"tokens, over the artifact's capacity of {capacity} tokens")
-            raise ConfigError(f"prompt: {len(text):,} characters; expected at most {head:,} ({CHARS_PER_TOKEN_BOUND} "
-                              f"a token of the artifact's capacity of {capacity}: no text that fits is longer)")
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
     def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig,
               row_configs: Sequence[GenerationConfig] | None = None, capacity: int | None = None,
-              suffix_index: SuffixIndex | None | Shared = SHARED) -> Generation:
+              suffix_index: SuffixIndex | None | Shared = SHARED, *, policy: Policy | None = None,
+              request_ids: Sequence[str] | None = None, **listeners) -> Generation:
         """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work.
 
-        ``config`` sets the batch's speculation (k, drafter, policy); ``row_configs`` gives each prompt its
-        own sampling, length, stop and seed settings (default: ``config``'s), and its ``k`` caps that row's
-        drafts below the batch's. A seeded row's tokens do not depend on what shares its batch: prompt i of
-        one config draws from stream i of the seed, a prompt with its own config from stream 0 (as alone).
+        ``config`` sets the batch's speculation (k, drafter, policy); ``row_configs`` gives each prompt its own
+        settings (default: ``config``'s), its ``k`` capping that row's drafts. A seeded row's tokens do not depend on
+        its batch: prompt i of one config draws from stream i of the seed, a prompt with its own config from stream 0.
         ``capacity`` fixes the cache slots per row (at least what the rows need), so that batches started
         apart can be merged. ``suffix_index``: the index of earlier requests' texts these draft from, and which
         theirs join when they finish (default: this pipeline's ``suffix_index``; None: their own text alone), or
-        one per prompt (a server's requests under different API keys).
+        one per prompt (a server's requests under different API keys). ``policy`` (default: ``policy_for(config)``),
+        ``request_ids`` (default: req-N) and ``listeners`` (``joining``, ``on_verified``) go to the ``Generation``.
         """
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
         _check_prompt_list(prompts, "expected a non-empty list of prompts")
         mine = row_configs is not None
-        row_configs = [config] * len(prompts) if row_configs is None else list(row_configs)
-        if len(row_configs) != len(prompts) or not all(isinstance(c, GenerationConfig) for c in row_configs):
-            raise ConfigError(f"row_configs: got {_short(row_configs)}; expected one GenerationConfig per prompt "
-                              f"({len(prompts)})")
+        row_configs = _row_configs(config, row_configs, len(prompts))
         ids = [self.encode(p) for p in prompts]
         for row in {config, *row_configs}:
             self.check_stop_tokens(row)
-        policy = self.policy_for(config)
+        policy = policy if policy is not None else self.policy_for(config)
         drafter = self.drafter_for(config, policy.stop_below)
-        limit = min(s.capacity for s in self.manifest.models.values())
-        if capacity is not None and (not is_integer(capacity) or not 1 <= capacity <= limit):
-            raise ConfigError(f"capacity: got {_short(capacity)}; expected an integer in [1, {limit}] (the artifact's)")
+        limit = _checked_capacity(capacity, min(s.capacity for s in self.manifest.models.values()))
         longest = max(row_configs, key=lambda c: c.max_new_tokens)
+        specs = _model_specs(self.target, self.draft if drafter.uses_model else None)
         needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens),
-                            capacity or limit, self._specs(drafter.uses_model), self.max_cache_bytes,
+                            capacity or limit, specs, self.max_cache_bytes,
                             why="capacity is {limit} slots a row (as asked)" if capacity else EXPORTED)
-        request_ids = [f"req-{next(self._ids)}" for _ in ids]
+        request_ids = list(request_ids) if request_ids is not None else [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
         indexes = row_indexes(self.suffix_index if suffix_index is SHARED else suffix_index, len(prompts))
         settings = [self.row_settings(row, 0 if mine else i, index)
@@ -288,17 +246,12 @@ class Pipeline:
         if config.speculative and config.k not in self._warmed:
             self.warm_up(config.k)
         return Generation(self.target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
-                          settings=settings)
+                          settings=settings, **listeners)
 
     def policy_for(self, config: GenerationConfig) -> Policy:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
         belongs to the text: each request starts its own)."""
         return make_policy(config.policy, config.k, config.confidence_threshold, self.costs)
-
-    def _keep_costs(self) -> None:
-        """Remember what this pipeline's calls cost, for the next process (``remember_costs``)."""
-        if self._remembered is not None:
-            self._remembered.remember(self.costs)
 
     def row_settings(self, config: GenerationConfig, seed_stream: int = 0,
                      index: SuffixIndex | None = None) -> RowSettings:
@@ -329,8 +282,9 @@ class Pipeline:
             run = self.start(prompts[first : first + batch_size], config, suffix_index=suffix_index)
             while not run.done:
                 run.step()
-            results += [self.result(row, settings.config) for row, settings in zip(run.rows, run.state.settings)]
-        self._keep_costs()
+            results += [self.result(request.result, request.settings.config) for request in run.requests]
+        if self._remembered is not None:  # what this pipeline's calls cost, for the next process
+            self._remembered.remember(self.costs)
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
@@ -352,7 +306,8 @@ class Pipeline:
                     raise GenerationError(f"{row.request_id}: {row.error}")
                 if run.done:
                     result = self.result(row, config)
-                    self._keep_costs()
+                    if self._remembered is not None:
+                        self._remembered.remember(self.costs)
                     yield StreamChunk(text.finish(result.text), new, result)
                     return
                 yield StreamChunk(text.push(new), new)
@@ -375,12 +330,8 @@ class Pipeline:
         stats = summarize(row.records, seconds=row.decode_seconds)
         stats["prefill_s"] = row.prefill_seconds
         stats["prompt_tokens"] = int(len(row.prompt_ids))
-        text = self._cut_at_stop(self.decode(row.token_ids), config)
+        text = StopStrings(config.stop, None).cut(self.decode(row.token_ids))
         return GenerationResult(text, row.token_ids, stats, row.finish_reason, row.records, row.error)
-
-    @staticmethod
-    def _cut_at_stop(text: str, config: GenerationConfig) -> str:
-        return StopStrings(config.stop, None).cut(text) if config.stop else text
 
     def drafter_for(self, config: GenerationConfig, stop_below: float | None = None) -> Drafter:
         """The drafter ``config`` names, on this artifact's draft model (the hybrid drafter without one drafts by
@@ -388,6 +339,41 @@ class Pipeline:
         if not config.speculative:
             return NoDrafter()
         return make_drafter(config.drafter, self.draft, stop_below)
+
+
+def _tokenize(tokenizer, text: str, capacity: int) -> list[int]:
+    """Token ids of ``text``; a text longer than ``CHARS_PER_TOKEN_BOUND`` characters a slot of ``capacity`` is
+    refused having tokenized no more than that much of it (a 12 MB prompt, or one enormous word, costs no more than
+    its first part: tokenizing holds the interpreter, a server's event loop included)."""
+    head = CHARS_PER_TOKEN_BOUND * capacity
+    if len(text) > head:
+        tokens = len(tokenizer.encode(text[:head], add_special_tokens=False).ids)
+        if tokens >= capacity:
+            raise ConfigError(f"prompt: {len(text):,} characters, and its first {head:,} alone are {tokens:,} "
+                              f"tokens, over the artifact's capacity of {capacity} tokens")
+        raise ConfigError(f"prompt: {len(text):,} characters; expected at most {head:,} ({CHARS_PER_TOKEN_BOUND} "
+                          f"a token of the artifact's capacity of {capacity}: no text that fits is longer)")
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def _row_configs(config: GenerationConfig, given, prompts: int) -> list[GenerationConfig]:
+    """``start``'s ``row_configs`` as one GenerationConfig per prompt (default: ``config`` for each)."""
+    row_configs = [config] * prompts if given is None else list(given)
+    if len(row_configs) != prompts or not all(isinstance(c, GenerationConfig) for c in row_configs):
+        raise ConfigError(f"row_configs: got {_short(given)}; expected one GenerationConfig per prompt ({prompts})")
+    return row_configs
+
+
+def _checked_capacity(capacity, limit: int) -> int:
+    """``start``'s ``capacity`` checked against the artifact's ``limit`` (which it returns); None: that limit."""
+    if capacity is not None and (not is_integer(capacity) or not 1 <= capacity <= limit):
+        raise ConfigError(f"capacity: got {_short(capacity)}; expected an integer in [1, {limit}] (the artifact's)")
+    return limit
+
+
+def _model_specs(target, draft) -> dict:
+    """The specs of the models whose caches a batch allocates: the target's, and the draft's if ``draft``."""
+    return {"target": target.spec, **({"draft": draft.spec} if draft is not None else {})}
 
 
 def _check_prompt_list(prompts, expected: str) -> None:

@@ -22,8 +22,7 @@ from .suffix import SuffixIndex
 
 FORMAT = "specdeploy.suffix-index"
 VERSION = 1
-# per scope: ~500 requests of a 100-token prompt and a 128-token answer; an index takes 0.4-1.1 KB a token
-# (tools/bench_overhead.py --index), so a scope ~30-70 MB when full, the store at most DEFAULT_SCOPES times that
+# per scope: a few hundred chat turns, so that a full scope's index stays tens of MB (``bench_overhead --index``)
 DEFAULT_TOKENS = 65_536
 DEFAULT_SEQUENCES = 4096
 DEFAULT_SCOPES = 16

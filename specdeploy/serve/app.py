@@ -51,11 +51,9 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
     ``allowed_origins``: browsers' cross-origin requests allowed from these (CORS); ``template_seconds``: the CPU
     time a chat template may use before the request is answered with a 500 (wall time only as a backstop);
     ``suffix_scope``: whose earlier answers a request drafts from (``scopes.SCOPES``: per API key by default)."""
-    scope_of = suffix_scopes(pipeline.suffix_store, suffix_scope)
     app = FastAPI(title="specdeploy", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics(scheduler, model, ROUTES)
     scheduler.on_finish = metrics.finished
-    workers = PromptWorkers(template_seconds)
     lifecycle = Lifecycle(scheduler, _warm_template(pipeline))
     app.state.scheduler, app.state.metrics, app.state.lifecycle = scheduler, metrics, lifecycle
     errors.install(app, ", ".join(ROUTES))
@@ -66,70 +64,90 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])
     app.router.routes.append(Route("/metrics", _Asgi(make_asgi_app(metrics.registry)), methods=["GET"]))
-    server_id = uuid.uuid4().hex[:12]  # tells replicas apart behind a load balancer
+    api = Api(pipeline, scheduler, lifecycle, model, default_max_tokens, PromptWorkers(template_seconds),
+              suffix_scopes(pipeline.suffix_store, suffix_scope), template_seconds)
+    for path in ("/health", "/health/ready"):
+        app.get(path)(api.ready)
+    app.get("/health/live")(api.live)
+    app.get("/v1/models")(api.models)
+    app.post("/v1/completions")(api.completions)
+    app.post("/v1/chat/completions")(api.chat)
+    return app
 
-    @app.get("/health")
-    @app.get("/health/ready")
-    async def ready():
-        status = lifecycle.status()
-        body = {"status": status, "rows": scheduler.rows, "queued": len(scheduler.queue), "server": server_id}
+
+class Api:
+    """The routes' handlers over one scheduler: probes, the model list, completions and chat completions."""
+
+    def __init__(self, pipeline, scheduler: Scheduler, lifecycle: Lifecycle, model: str, default_max_tokens: int | None,
+                 workers: PromptWorkers, scope_of: Callable, template_seconds: float):
+        self.pipeline, self.scheduler, self.lifecycle, self.model = pipeline, scheduler, lifecycle, model
+        self.default_max_tokens, self.workers, self.scope_of = default_max_tokens, workers, scope_of
+        self.template_seconds = template_seconds
+        self.server_id = uuid.uuid4().hex[:12]  # tells replicas apart behind a load balancer
+
+    async def ready(self):
+        status = self.lifecycle.status()
+        body = {"status": status, "rows": self.scheduler.rows, "queued": len(self.scheduler.queue),
+                "server": self.server_id}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
-    @app.get("/health/live")
-    async def live():
-        return {"status": "alive", "server": server_id}
+    async def live(self):
+        return {"status": "alive", "server": self.server_id}
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "specdeploy",
-                                            "max_model_len": scheduler.capacity}]}
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "specdeploy",
+                                            "max_model_len": self.scheduler.capacity}]}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def completions(self, request: Request):
         body = await _parse(request, CompletionRequest)
-        _check(body)
-        prompts = await _prepare(workers, lambda: [pipeline.encode(p) for p in body.prompts()], "prompt",
+        self._check(body)
+        prompts = await _prepare(self.workers, lambda: [self.pipeline.encode(p) for p in body.prompts()], "prompt",
                                  "tokenizing the prompt", _client(request))
-        return await _serve(request, body, prompts, chat=False)
+        return await self._serve(request, body, prompts, chat=False)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
+    async def chat(self, request: Request):
         body = await _parse(request, ChatRequest)
-        _check(body)
+        self._check(body)
         messages, tools = body.template_messages(), body.template_tools()
-        prompt = await _prepare(workers, lambda: np.array(pipeline.chat_prompt(messages, tools=tools,
-                                                                               time_limit=template_seconds), np.int64),
-                                "messages", "the artifact's chat template", _client(request))
-        return await _serve(request, body, [prompt], chat=True)
+        prompt = await _prepare(self.workers, lambda: np.array(self.pipeline.chat_prompt(
+            messages, tools=tools, time_limit=self.template_seconds), np.int64), "messages", "the artifact's chat template",
+            _client(request))
+        return await self._serve(request, body, [prompt], chat=True)
 
-    def _check(body: Sampling) -> None:
+    def _check(self, body: Sampling) -> None:
         """What can be refused before any prompt is made: the model's name, what this server does not do, a drain."""
-        if body.model != model:
-            raise ApiError(404, f"model: got {short(body.model)}; this server serves {model!r} (GET /v1/models)", "model",
-                           code="model_not_found")
-        refused = body.unsupported(scheduler.config)
+        if body.model != self.model:
+            raise ApiError(404, f"model: got {short(body.model)}; this server serves {self.model!r} (GET /v1/models)",
+                           "model", code="model_not_found")
+        refused = body.unsupported(self.scheduler.config)
         if refused is not None:
             raise ApiError(400, f"{refused[0]}: {refused[1]}", refused[0])
-        if lifecycle.draining:
+        if self.lifecycle.draining:
             raise ApiError(503, "the server is shutting down: it takes no new requests; retry on another replica",
                            code="shutting_down")
 
-    async def _serve(request: Request, body: Sampling, prompts: list[np.ndarray], chat: bool):
-        asked = body.requested_max_tokens()
+    def _choices(self, body: Sampling, prompts: list[np.ndarray], chat: bool) -> list:
+        """(prompt, settings) of each choice of the request: as many new tokens as asked, else the room each prompt
+        leaves (at most ``default_max_tokens``), as vLLM does; a prompt that leaves no room is refused."""
+        scheduler, asked = self.scheduler, body.requested_max_tokens()
         seed = body.seed if body.seed is not None else scheduler.next_seed()
         choices = []
+        for prompt in prompts:
+            room = scheduler.room(len(prompt))
+            if room < 1:
+                raise ApiError(400, f"{'messages' if chat else 'prompt'}: {len(prompt)} tokens, and this server's "
+                               f"context is {scheduler.capacity} tokens per request with {scheduler.speculative_slots} "
+                               "of them speculative slots: no room for a new token; shorten it",
+                               "messages" if chat else "prompt", code="context_length_exceeded")
+            new = asked or min(room, self.default_max_tokens or room)
+            choices += [(prompt, config) for config in body.generation_configs(scheduler.config, new, seed)]
+        return choices
+
+    async def _serve(self, request: Request, body: Sampling, prompts: list[np.ndarray], chat: bool):
+        scheduler, lifecycle = self.scheduler, self.lifecycle
         try:
-            for prompt in prompts:
-                room = scheduler.room(len(prompt))
-                if room < 1:
-                    raise ApiError(400, f"{'messages' if chat else 'prompt'}: {len(prompt)} tokens, and this server's "
-                                   f"context is {scheduler.capacity} tokens per request with {scheduler.speculative_slots} "
-                                   "of them speculative slots: no room for a new token; shorten it",
-                                   "messages" if chat else "prompt", code="context_length_exceeded")
-                new = asked or min(room, default_max_tokens or room)  # left out: the room left, as vLLM does
-                choices += [(prompt, config) for config in body.generation_configs(scheduler.config, new, seed)]
-            tickets = scheduler.submit_choices(choices, asyncio.get_running_loop(), body.top_logprobs_count(),
-                                               scope_of(request.headers))
+            tickets = scheduler.submit_choices(self._choices(body, prompts, chat), asyncio.get_running_loop(),
+                                               body.top_logprobs_count(), self.scope_of(request.headers))
         except (ConfigError, CapacityError, Overloaded, ShuttingDown) as exc:
             raise refusal(exc) from None
         lifecycle.open += 1
@@ -139,13 +157,12 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
             if unfinished:  # a stream that failed, or a client that left: nobody will read them
                 scheduler.cancel(unfinished)
 
-        reply = Reply(pipeline, body, tickets, chat, model, request.scope.get("specdeploy.request_id", ""), closed)
+        reply = Reply(self.pipeline, body, tickets, chat, self.model, request.scope.get("specdeploy.request_id", ""),
+                      closed)
         if body.stream:
             return EventStream(reply.chunks(), lambda: scheduler.cancel(tickets))
         async with watch_disconnect(request.receive, lambda: scheduler.cancel(tickets)):
             return await reply.whole()
-
-    return app
 
 
 async def _parse(request: Request, model: type[BaseModel]):

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
          413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error", 499: "invalid_request_error",
          503: "service_unavailable_error"}
-ECHO_LIMIT = 80  # characters of a client's value repeated in a message: a model name may be 900,000 long
+ECHO_LIMIT = 80  # characters of a client's value repeated in a message: a client's value may be megabytes
 
 
 class ApiError(Exception):

@@ -18,6 +18,38 @@ class TokenLogprob(NamedTuple):
     top: list[tuple[int, float]]  # the most likely tokens at that position, most likely first, with their logprobs
 
 
+class Logprobs:
+    """The logprobs a server's requests asked for: it ``watch``es a request (``top`` alternatives a token), ``keep``s
+    the logprobs of each watched request's committed tokens from a verification's logits (``Generation.on_verified``),
+    and hands them over with the tokens (``take``); ``forget`` once the request ends. Nobody watching: nothing is done."""
+
+    def __init__(self):
+        self._top: dict[str, int] = {}  # request id -> alternatives listed with each token
+        self._kept: dict[str, list[TokenLogprob]] = {}  # request id -> this cycle's, until its tokens are sent
+
+    def watch(self, request_id: str, top: int | None) -> None:
+        if top is not None:
+            self._top[request_id] = top
+
+    def forget(self, request_id: str) -> None:
+        self._top.pop(request_id, None)
+        self._kept.pop(request_id, None)
+
+    def take(self, request_id: str) -> list[TokenLogprob] | None:
+        return self._kept.pop(request_id, None)
+
+    def keep(self, generation, logits: np.ndarray, committed: list[tuple[int, list[int]]]) -> None:
+        """The logprobs of each committed token of the watched rows of ``generation``, from its verification's logits
+        [batch, K + 1, vocab]; (request index, tokens) per row."""
+        if not self._top:
+            return
+        requests = generation.requests
+        for b, (index, new) in enumerate(committed):
+            top = self._top.get(requests[index].result.request_id) if new else None
+            if top is not None:
+                self._kept[requests[index].result.request_id] = token_logprobs(logits[b, : len(new)], new, top)
+
+
 def token_logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:
     """``tokens[j]``'s logprob under ``logits[j]`` [len(tokens), vocab], with the ``top`` most likely tokens there."""
     shifted = logits - logits.max(axis=-1, keepdims=True)

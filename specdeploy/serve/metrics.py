@@ -34,10 +34,15 @@ class ServerMetrics:
     """The server's registry; ``finished`` is the scheduler's ``on_finish``, ``responded`` the access log's count."""
 
     def __init__(self, scheduler, model_name: str, routes: tuple[str, ...] = ()):
-        self.registry = registry = CollectorRegistry()
+        self.registry = CollectorRegistry()
         self.routes = set(routes)
-        self.decoding = SpecDecodingMetrics(registry)
-        ns = "specdeploy"
+        self.decoding = SpecDecodingMetrics(self.registry)
+        self._declare_own(scheduler)
+        self._declare_vllm(scheduler, model_name)
+
+    def _declare_own(self, scheduler) -> None:
+        """specdeploy's own metrics: requests, HTTP responses, latency, rows, queue, suffix indexes."""
+        registry, ns = self.registry, "specdeploy"
         self.requests = Counter("requests", "Requests that ran, by finish reason (eos, stop, length, cancelled, abort, error)",
                                 ["finish_reason"], namespace=ns, registry=registry)
         self.http = Counter("http_responses", "HTTP responses by route (other: any unknown path) and status code",
@@ -56,7 +61,9 @@ class ServerMetrics:
             Gauge(f"suffix_index_{fact}", help, namespace=ns, registry=registry).set_function(
                 lambda fact=fact: store.stats()[fact])
 
-        labels = {"model_name": model_name, "engine": "0"}
+    def _declare_vllm(self, scheduler, model_name: str) -> None:
+        """The metrics vLLM serves, under its names and labels, so that its dashboards read this server."""
+        registry, labels = self.registry, {"model_name": model_name, "engine": "0"}
 
         def vllm(kind, name: str, help: str, extra: tuple[str, ...] = (), **options):
             metric = kind(f"vllm:{name}", help, [*labels, *extra], registry=registry, **options)

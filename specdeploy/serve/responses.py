@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import numpy as np
 from fastapi.responses import JSONResponse
@@ -25,8 +25,8 @@ from ..runtime.telemetry import FinishReason, mean_accepted_length
 from .errors import ApiError
 from .logprobs import Formatter, TokenLogprob
 from .protocol import OPENAI_NAMES, Sampling
-from .scheduler import Event, Overloaded, ShuttingDown, Ticket
 from .sse import PING, PING_SECONDS, event
+from .tickets import Event, Overloaded, ShuttingDown, Ticket
 
 FINISH = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
@@ -113,12 +113,9 @@ class Reply:
                     yield PING
                     continue
                 if got.kind == "tokens":
-                    delta = texts[got.choice].push(got.payload)
-                    logprobs = self._logprobs(got.logprobs, shown[got.choice])
-                    if logprobs and not self.chat:
-                        shown[got.choice] += sum(len(t) for t in logprobs["tokens"])
-                    if delta or logprobs:
-                        yield event(self._chunk(got.choice, delta, None, logprobs))
+                    piece = self._tokens(got, texts[got.choice], shown)
+                    if piece is not None:
+                        yield piece
                     continue
                 if got.kind == "error":
                     yield event(refusal(got.payload).body())
@@ -135,14 +132,28 @@ class Reply:
                 ended_by = ended_by or ticket.ended_by
                 final = self._chunk(got.choice, texts[got.choice].finish(result.text), reason)
                 yield event({**final, "speculative": speculative([ticket], {ticket.choice: row})})
-            else:
-                if ended_by:
-                    yield event(ApiError(503, ended_by, code="shutting_down").body())
-                elif self.body.stream_options is not None and self.body.stream_options.include_usage:
-                    yield event({**self._chunk(0, "", None), "choices": [], "usage": self._usage()})
+            else:  # async generators cannot ``yield from``
+                for piece in self._ending(ended_by):
+                    yield piece
             yield event("[DONE]")
         finally:
             self._close()
+
+    def _ending(self, ended_by: str) -> Iterator[bytes]:
+        """What follows every choice's last chunk: why the server ended them early, or the usage if asked."""
+        if ended_by:
+            yield event(ApiError(503, ended_by, code="shutting_down").body())
+        elif self.body.stream_options is not None and self.body.stream_options.include_usage:
+            yield event({**self._chunk(0, "", None), "choices": [], "usage": self._usage()})
+
+    def _tokens(self, got: Event, text: TextStream, shown: dict[int, int]) -> bytes | None:
+        """The chunk of a "tokens" event: its new text and logprobs, if any (``shown`` counts each choice's characters
+        so far, for the completions' ``text_offset``)."""
+        delta = text.push(got.payload)
+        logprobs = self._logprobs(got.logprobs, shown[got.choice])
+        if logprobs and not self.chat:
+            shown[got.choice] += sum(len(t) for t in logprobs["tokens"])
+        return event(self._chunk(got.choice, delta, None, logprobs)) if delta or logprobs else None
 
     def _chunk(self, choice: int, text: str | dict, finish_reason: str | None, logprobs: dict | None = None) -> dict:
         if self.chat:

@@ -22,6 +22,12 @@ def _state(tokens, lengths, config=None):
     return state
 
 
+def _generators(state, generators):
+    """Each request of ``state`` draws from ``generators`` (in place: its record keeps its own generator object)."""
+    for rng, generator in zip(state.rngs(), generators):
+        rng.bit_generator.state = generator.bit_generator.state
+
+
 class OneTokenACall:
     """The greedy draft model written out plainly: catch up, then one engine call per draft."""
 
@@ -119,7 +125,7 @@ def test_proposals_leave_the_batch_state_as_it_was(pair_dir, temperature):
     tokens = np.zeros((2, 32), np.int64)
     tokens[0, :5], tokens[1, :3] = [5, 6, 7, 8, 9], [10, 11, 12]
     state = _state(tokens, [5, 3], config)
-    state.generators = [np.random.default_rng(i) for i in range(2)]
+    _generators(state, [np.random.default_rng(i) for i in range(2)])
     before = tokens.copy()
     drafter, cache = ModelDrafter(engine), engine.allocate_cache(2, 32)
     proposal = drafter.propose(state, cache, 4, 0, [4, 4])
@@ -142,10 +148,10 @@ def test_hybrid_rows_take_lookup_or_the_model_each_on_their_own(pair_dir, temper
     results = {}
     for kind in (HybridDrafter, ModelDrafter):
         state = _state(tokens.copy(), [7, 3], config)
-        state.generators = [np.random.default_rng(i) for i in range(2)]
+        _generators(state, [np.random.default_rng(i) for i in range(2)])
         drafter, cache = kind(engine), engine.allocate_cache(2, 32)
         proposal = drafter.propose(state, cache, 4, 3, [4, 4])  # lookups of at most 3
-        results[kind] = proposal, cache.past_len.tolist(), [g.random() for g in state.generators]
+        results[kind] = proposal, cache.past_len.tolist(), [g.random() for g in state.rngs()]
     (hybrid, hybrid_past, hybrid_next), (model, model_past, model_next) = results[HybridDrafter], results[ModelDrafter]
     np.testing.assert_array_equal(hybrid.drafts[0, :3], [3, 9, 4])  # the lookup's 3, as the policy allowed
     np.testing.assert_array_equal(hybrid.drafts[1], model.drafts[1])

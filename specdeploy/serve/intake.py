@@ -1,0 +1,111 @@
+"""A server's intake: what front ends submit, checked and queued for the scheduler's thread (``Intake``).
+
+The queue side of ``scheduler.Scheduler``: requests are refused here when they cannot fit a row, the queue is full,
+or the server is shutting down; queued and admitted requests are cancelled here, and a drain closes the intake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..runtime.cache import CapacityError, slots_needed
+from ..runtime.config import GenerationConfig
+from ..runtime.suffix import SuffixIndex
+from .tickets import Overloaded, ShuttingDown, Ticket
+
+
+class Intake:
+    """Requests waiting (``queue``) and admitted (``tickets``) for rows of ``capacity`` cache slots, at most
+    ``max_queue`` waiting; ``seed``: requests that give none draw theirs from it in turn (``next_seed``), as vLLM's
+    --seed makes a sequence of requests reproducible (without it, from the OS's entropy). ``_wake`` guards the queue
+    and wakes the thread that serves it."""
+
+    def __init__(self, config: GenerationConfig, capacity: int, max_batch: int, max_queue: int, seed: int | None):
+        self.config, self.capacity, self.max_batch, self.max_queue = config, capacity, max_batch, max_queue
+        self.k = config.k if config.speculative else 0
+        self.queue: deque[Ticket] = deque()
+        self.tickets: dict[str, Ticket] = {}  # request id -> ticket, for every request admitted and not finished
+        self.cycle_seconds = 0.05  # a running estimate of a cycle, for the retry hint
+        self._ids = itertools.count()
+        self._seeds = None if seed is None else np.random.SeedSequence(seed)
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._closed = False  # no new requests (a drain)
+        self._abort = ""  # why every open request must end now
+
+    @property
+    def busy(self) -> bool:
+        """Requests are queued or running."""
+        return bool(self.queue or self.tickets)
+
+    @property
+    def speculative_slots(self) -> int:
+        """Slots a verification writes beyond a request's tokens (``cache.slots_needed``)."""
+        return slots_needed(0, 0, self.k)
+
+    def room(self, prompt_tokens: int) -> int:
+        """New tokens a prompt of ``prompt_tokens`` leaves room for in this server's context (< 1: it does not fit)."""
+        return self.capacity - slots_needed(prompt_tokens, 0, self.k)
+
+    def next_seed(self) -> int | None:
+        """A seed for a request that gives none: the next of the server's --seed, or None (the OS's entropy)."""
+        if self._seeds is None:
+            return None
+        with self._wake:
+            child = self._seeds.spawn(1)[0]
+        return int(child.generate_state(1, np.uint64)[0]) >> 1
+
+    def submit(self, prompt: np.ndarray, config: GenerationConfig, loop: asyncio.AbstractEventLoop) -> Ticket:
+        """Queue one request of one choice (``submit_choices``)."""
+        return self.submit_choices([(prompt, config)], loop)[0]
+
+    def submit_choices(self, requests: Sequence[tuple[np.ndarray, GenerationConfig]], loop: asyncio.AbstractEventLoop,
+                       top_logprobs: int | None = None, index: SuffixIndex | None = None) -> list[Ticket]:
+        """Queue the choices of one request, (prompt ids, settings) each, all or none; they share one events queue
+        and draft from ``index`` (its scope's suffix index) besides their own text.
+        Raises ``CapacityError`` when one cannot fit a row, ``Overloaded`` when ``max_queue`` requests would be
+        waiting, ``ShuttingDown`` once the server stops admitting."""
+        for prompt, config in requests:
+            needed = slots_needed(len(prompt), config.max_new_tokens, self.k)
+            if needed > self.capacity:
+                raise CapacityError(f"prompt ({len(prompt)} tokens) + max_tokens ({config.max_new_tokens}) + "
+                                    f"{self.speculative_slots} speculative slots = {needed} tokens, over this server's "
+                                    f"context of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
+        events: asyncio.Queue = asyncio.Queue()
+        tickets = [Ticket(prompt, config, loop, events, choice, top_logprobs, f"cmpl-{next(self._ids)}", index=index)
+                   for choice, (prompt, config) in enumerate(requests)]
+        with self._wake:
+            if self._closed or self._stopping:
+                raise ShuttingDown("the server is shutting down: it takes no new requests; retry on another replica")
+            if len(self.queue) + len(tickets) > self.max_queue:
+                longest = max(config.max_new_tokens for _, config in requests)
+                wait = (len(self.queue) / self.max_batch + 1) * self.cycle_seconds * longest
+                raise Overloaded(f"{len(self.queue)} requests are queued (--max-queue {self.max_queue}); retry later",
+                                 retry_after=max(1.0, round(wait, 1)))
+            self.queue.extend(tickets)
+            self._wake.notify()
+        return tickets
+
+    def cancel(self, tickets: Sequence[Ticket]) -> None:
+        """The client went away: its requests leave their batch (or the queue) on the next turn."""
+        with self._wake:
+            for ticket in tickets:
+                ticket.cancelled = True
+            self._wake.notify()
+
+    def close(self) -> None:
+        """Admit no new requests (``submit`` raises ``ShuttingDown``); those queued and running go on."""
+        with self._wake:
+            self._closed = True
+
+    def abort(self, reason: str) -> None:
+        """End every queued and running request on the next turn, each with ``reason`` (``Ticket.ended_by``)."""
+        with self._wake:
+            self._closed, self._abort = True, reason
+            self._wake.notify()
