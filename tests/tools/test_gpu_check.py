@@ -94,7 +94,7 @@ def test_the_real_pairs_traces_are_replayed_at_the_measured_costs(report):
     assert set(costs) == {"pasts", "target", "draft"}
     assert all(len(seconds) == len(costs["pasts"]) for seconds in costs["target"]["full"].values())
     replayed = pair["replay"]
-    assert set(replayed["tokens_per_s"]) == {"plain", "k=4", "cost", "hybrid, cost"}
+    assert set(replayed["tokens_per_s"]) == {"plain", "k=4", "cost", "lookup, cost", "suffix, cost", "hybrid, cost"}
     assert all(rate > 0 for rate in replayed["tokens_per_s"].values())
     assert replayed["speedup_over_plain"]["k=4"] == pytest.approx(
         replayed["tokens_per_s"]["k=4"] / replayed["tokens_per_s"]["plain"], rel=1e-2)
