@@ -99,9 +99,7 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
         raise GridError(f"the grid runs on artifacts {missing} that no pipeline was given for")
     settings = {setting.name: setting for setting in grid}
     inputs = {label: _inputs(label, pipeline, prompts) for label, pipeline in pipelines.items()}
-    for setting in grid:  # warm-up: the first calls of a session pay allocations and page faults
-        warm = replace(setting.config, max_new_tokens=min(4, setting.config.max_new_tokens))
-        pipelines[setting.artifact].generate([inputs[setting.artifact][0]], warm, suffix_index=None)
+    _warm_up(pipelines, grid, inputs)
     # each setting drafts from its own index of the answers it gave earlier in the round, empty at each round's start:
     # none may draft from another's answer to the same prompt, nor from its own of an earlier round
     indexes = {(setting.name, rep): SuffixIndex(DEFAULT_TOKENS, DEFAULT_SEQUENCES) for setting in grid
@@ -122,22 +120,33 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
                 baseline = settings[setting.baseline]
                 for index, prompt, result, plain in zip(itertools.count(first), batch, results[setting.name],
                                                         results[baseline.name]):
-                    tags = {"config": setting.name, "baseline": setting.baseline, "reference": setting.reference,
-                            "artifact": setting.artifact, "prompt_id": prompt.id, "prompt_set": prompt.source,
-                            "category": prompt.category, "repeat": rep}
-                    for record in result.records:
-                        sink.write(json.dumps({"type": "cycle", **tags, **record.to_dict()}) + "\n")
                     divergence = None
                     if setting.config.greedy and result.token_ids != plain.token_ids:
                         divergence = pipelines[setting.artifact].first_divergence(
                             inputs[setting.artifact][index], plain.token_ids, result.token_ids, baseline.config)
-                    sink.write(json.dumps({"type": "run", **tags, "tokens": result.stats["tokens"],
-                                           "seconds": result.stats["seconds"], "token_ids": result.token_ids,
-                                           "greedy": setting.config.greedy, "divergence": divergence,
-                                           "k": setting.config.k if setting.config.speculative else 0}) + "\n")
+                    _write_run(sink, setting, prompt, rep, result, divergence)
     summary = summarize(read_records(records_path))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _warm_up(pipelines: Mapping[str, Pipeline], grid: list[Setting], inputs: dict) -> None:
+    """A short run of each setting, unmeasured and drafting from no index: a session's first calls allocate."""
+    for setting in grid:
+        warm = replace(setting.config, max_new_tokens=min(4, setting.config.max_new_tokens))
+        pipelines[setting.artifact].generate([inputs[setting.artifact][0]], warm, suffix_index=None)
+
+
+def _write_run(sink, setting: Setting, prompt: Prompt, rep: int, result, divergence: dict | None) -> None:
+    """One run's cycle records and its run record, tagged with its setting, prompt and round."""
+    tags = {"config": setting.name, "baseline": setting.baseline, "reference": setting.reference,
+            "artifact": setting.artifact, "prompt_id": prompt.id, "prompt_set": prompt.source,
+            "category": prompt.category, "repeat": rep}
+    for record in result.records:
+        sink.write(json.dumps({"type": "cycle", **tags, **record.to_dict()}) + "\n")
+    sink.write(json.dumps({"type": "run", **tags, "tokens": result.stats["tokens"], "seconds": result.stats["seconds"],
+                           "token_ids": result.token_ids, "greedy": setting.config.greedy, "divergence": divergence,
+                           "k": setting.config.k if setting.config.speculative else 0}) + "\n")
 
 
 def _inputs(label: str, pipeline: Pipeline, prompts: list[Prompt]) -> list[str | list[int]]:
