@@ -166,6 +166,8 @@ class SuffixDrafter(PromptLookup):
             context = state.tokens[b, max(0, length - LEVELS[0]) : length].tolist()
             drafts, estimate, origin = propose((own, shared) if shared is not None else (own,), context,
                                                min(lookup_k, cap))
+            if shared is not None and origin is not None:
+                shared.touch(origin)  # drafted from: the last of the shared texts to be evicted
             found.append(np.array(drafts, np.int64))
             estimates.append(estimate)
             origins.append(origin)

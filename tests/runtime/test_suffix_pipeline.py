@@ -94,3 +94,13 @@ def test_a_corrupt_persisted_index_is_refused_in_one_line_and_the_pipeline_start
     pipeline = Pipeline.load(pair_dir, suffix_cache=path, log=said.append)
     assert len(said) == 1 and str(path) in said[0] and "not JSON" in said[0] and "\n" not in said[0]
     assert len(pipeline.suffix_index) == 0 and pipeline.generate(PROMPT, CONFIG)[0].token_ids
+
+
+def test_a_text_drafted_from_is_the_last_to_be_evicted(pipeline):
+    """The shared index evicts the least recently used text: added, or drafted from."""
+    index = SuffixIndex(max_sequences=2)
+    first = pipeline.generate(PROMPT, CONFIG, suffix_index=index)[0].records[0].request_id
+    pipeline.generate("w80 w81 w82", CONFIG, suffix_index=index)
+    again = pipeline.generate(PROMPT, CONFIG, suffix_index=index)[0]  # drafts from the first: it is used again
+    assert first in _sources(again) and len(index) == 2
+    assert first in index and again.records[0].request_id in index  # the unused second text went
