@@ -189,7 +189,7 @@ class SpecdeployWorker:
         began = time.perf_counter()
         self.pipeline = Pipeline.load(artifact, threads=threads)
         self.load_s = {"artifact": time.perf_counter() - began}
-        self.configs = {name: config for name, config in configurations(k).items()}
+        self.configs = configurations(k)
         # each configuration drafts from its own index of the answers it gave before, empty at the start: none may
         # draft from another's answer to the same prompt (that would measure a lookup of the answer)
         self.indexes = {name: SuffixIndex(DEFAULT_TOKENS, DEFAULT_SEQUENCES) for name in self.configs}

@@ -58,7 +58,7 @@ class GenerationConfig:
 
     def __post_init__(self):
         def bad(name, expected):
-            return ConfigError(f"{name}: got {_short(getattr(self, name))}; expected {expected}")
+            return ConfigError(f"{name}: got {short_value(getattr(self, name))}; expected {expected}")
 
         def whole(name, low, expected):
             value = getattr(self, name)
@@ -118,7 +118,7 @@ def checked_threads(threads) -> int | None:
         return None
     limit = max_threads()
     if not is_integer(threads) or not 1 <= threads <= limit:
-        raise ConfigError(f"threads: got {_short(threads)}; expected an integer in [1, {limit}] ({MAX_THREADS_PER_CORE} per "
+        raise ConfigError(f"threads: got {short_value(threads)}; expected an integer in [1, {limit}] ({MAX_THREADS_PER_CORE} per "
                           f"core of this machine's {os.cpu_count() or 1}), or None for ONNX Runtime's default")
     return int(threads)
 
@@ -131,14 +131,14 @@ def checked_token_ids(ids, vocab: int, name: str) -> np.ndarray:
     """A flat sequence of Python or NumPy integers as int64 ids, each inside [0, vocab); nothing coerced.
     ConfigError naming ``name`` otherwise (bytes, a string, floats, nested lists, ids beyond int64 or the vocabulary)."""
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
-        raise ConfigError(f"{name}: got {_short(ids)}; expected a list of token ids")
+        raise ConfigError(f"{name}: got {short_value(ids)}; expected a list of token ids")
     items = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
     wrong = next((t for t in items if not is_integer(t)), None)
     if wrong is not None:
-        raise ConfigError(f"{name}: got {_short(wrong)} among them; expected integers (a flat list of token ids)")
+        raise ConfigError(f"{name}: got {short_value(wrong)} among them; expected integers (a flat list of token ids)")
     low, high = (min(items), max(items)) if items else (0, 0)
     if low < 0 or high >= vocab:
-        raise ConfigError(f"{name}: range [{_short(low)}, {_short(high)}] outside the vocabulary [0, {vocab})")
+        raise ConfigError(f"{name}: range [{short_value(low)}, {short_value(high)}] outside the vocabulary [0, {vocab})")
     return np.array(items, np.int64)
 
 
@@ -164,7 +164,7 @@ def _checked_stop_ids(ids) -> tuple[int, ...]:
     return tuple(int(t) for t in ids)
 
 
-def _short(value) -> str:
+def short_value(value) -> str:
     """A value for an error message, cut short: a prompt may be megabytes."""
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:57]}... ({type(value).__name__})"

@@ -18,7 +18,7 @@ from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch, slots_needed
 from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
-from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer
+from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer, short_value
 from .cost_policy import CostPolicy, Costs
 from .decoder import Generation
 from .divergence import first_divergence
@@ -50,7 +50,7 @@ class Pipeline:
         self._bos = tokenizer.token_to_id(bos) if self.chat_template.add_bos_token and bos else None
         self.directory = directory
         if max_cache_bytes is not None and (not is_integer(max_cache_bytes) or max_cache_bytes < 1):
-            raise ConfigError(f"max_cache_bytes: got {_short(max_cache_bytes)}; expected an integer >= 1, or None")
+            raise ConfigError(f"max_cache_bytes: got {short_value(max_cache_bytes)}; expected an integer >= 1, or None")
         self.max_cache_bytes = max_cache_bytes
         self._ids = itertools.count()
         self._remembered = remembered_costs
@@ -185,7 +185,7 @@ class Pipeline:
                 raise ConfigError(f"prompt: encodes to token id {outside} ({self.tokenizer.id_to_token(outside)!r}), outside "
                                   f"the model's vocabulary [0, {vocab}): the artifact's tokenizer does not fit its models")
         elif isinstance(prompt, bytes) or not isinstance(prompt, (Sequence, np.ndarray)):
-            raise ConfigError(f"prompt: got {_short(prompt)}; expected a string or a list of token ids")
+            raise ConfigError(f"prompt: got {short_value(prompt)}; expected a string or a list of token ids")
         else:
             ids = checked_token_ids(prompt, vocab, "prompt ids")
         if ids.size == 0:
@@ -360,14 +360,14 @@ def _row_configs(config: GenerationConfig, given, prompts: int) -> list[Generati
     """``start``'s ``row_configs`` as one GenerationConfig per prompt (default: ``config`` for each)."""
     row_configs = [config] * prompts if given is None else list(given)
     if len(row_configs) != prompts or not all(isinstance(c, GenerationConfig) for c in row_configs):
-        raise ConfigError(f"row_configs: got {_short(given)}; expected one GenerationConfig per prompt ({prompts})")
+        raise ConfigError(f"row_configs: got {short_value(given)}; expected one GenerationConfig per prompt ({prompts})")
     return row_configs
 
 
 def _checked_capacity(capacity, limit: int) -> int:
     """``start``'s ``capacity`` checked against the artifact's ``limit`` (which it returns); None: that limit."""
     if capacity is not None and (not is_integer(capacity) or not 1 <= capacity <= limit):
-        raise ConfigError(f"capacity: got {_short(capacity)}; expected an integer in [1, {limit}] (the artifact's)")
+        raise ConfigError(f"capacity: got {short_value(capacity)}; expected an integer in [1, {limit}] (the artifact's)")
     return limit
 
 
@@ -379,10 +379,6 @@ def _model_specs(target, draft) -> dict:
 def _check_prompt_list(prompts, expected: str) -> None:
     """A list (or tuple) of at least one prompt; a bare string or bytes is not one."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
-        raise ConfigError(f"prompts: got {_short(prompts)}; {expected}")
+        raise ConfigError(f"prompts: got {short_value(prompts)}; {expected}")
 
 
-def _short(value) -> str:
-    """A value for an error message, cut short: a prompt may be megabytes."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}... ({type(value).__name__})"
