@@ -24,17 +24,7 @@ from specdeploy.workloads import PromptFileError, workload
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifact", type=Path, action="append", required=True,
-                        help="an artifact dir; give it again for each artifact to compare")
-    parser.add_argument("--humaneval", type=int, default=1, help="HumanEval prompts, from HumanEval/8 (default 1)")
-    parser.add_argument("--specbench", type=int, default=1, help="Spec-Bench prompts per category group (default 1)")
-    parser.add_argument("--prompt", action="append", default=[], help="a prompt of your own (repeatable)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--option", action="append", default=[],
-                        help="one more `specdeploy generate` argument, e.g. --option=--k=4 (repeatable)")
-    parser.add_argument("--out", type=Path, help="write the runs as JSON here")
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -46,7 +36,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if not prompts:
         parser.error("no prompts: give --prompt, --humaneval or --specbench")
+    runs = _time_runs(args, prompts)
+    summary = _medians(runs, prompts, args.artifact)
+    if args.out:
+        args.out.write_text(json.dumps({"max_new_tokens": args.max_new_tokens, "options": args.option,
+                                        "runs": runs, "summary": summary}, indent=1))
+    return 0
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifact", type=Path, action="append", required=True,
+                        help="an artifact dir; give it again for each artifact to compare")
+    parser.add_argument("--humaneval", type=int, default=1, help="HumanEval prompts, from HumanEval/8 (default 1)")
+    parser.add_argument("--specbench", type=int, default=1, help="Spec-Bench prompts per category group (default 1)")
+    parser.add_argument("--prompt", action="append", default=[], help="a prompt of your own (repeatable)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--option", action="append", default=[],
+                        help="one more `specdeploy generate` argument, e.g. --option=--k=4 (repeatable)")
+    parser.add_argument("--out", type=Path, help="write the runs as JSON here")
+    return parser
+
+
+def _time_runs(args: argparse.Namespace, prompts: list[tuple[str, str]]) -> list[dict]:
+    """Every round's run of each prompt on each artifact, the artifacts' order turning each round; prints each."""
     runs = []
     for round_ in range(args.rounds):
         for label, text in prompts:
@@ -56,20 +70,22 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"prompt": label, "artifact": str(artifact), "first_token_s": first, "whole_run_s": whole})
                 print(f"round {round_} {label:40.40} {artifact.name:40.40} first {first:6.2f} s  whole {whole:6.2f} s",
                       flush=True)
+    return runs
+
+
+def _medians(runs: list[dict], prompts: list[tuple[str, str]], artifacts: list[Path]) -> list[dict]:
+    """The median first-token and whole-run seconds per prompt and artifact, printed as a Markdown table."""
     summary = []
     print("\n| prompt | artifact | first token s (median) | whole run s (median) |\n|---|---|---|---|")
     for label, _ in prompts:
-        for artifact in args.artifact:
+        for artifact in artifacts:
             mine = [r for r in runs if r["prompt"] == label and r["artifact"] == str(artifact)]
             row = {"prompt": label, "artifact": str(artifact),
                    "first_token_s": statistics.median(r["first_token_s"] for r in mine),
                    "whole_run_s": statistics.median(r["whole_run_s"] for r in mine)}
             summary.append(row)
             print(f"| {label} | {artifact} | {row['first_token_s']:.2f} | {row['whole_run_s']:.2f} |")
-    if args.out:
-        args.out.write_text(json.dumps({"max_new_tokens": args.max_new_tokens, "options": args.option,
-                                        "runs": runs, "summary": summary}, indent=1))
-    return 0
+    return summary
 
 
 def _run(artifact: Path, prompt: str, tokens: int, options: list[str]) -> tuple[float, float]:

@@ -38,28 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tasks and --rounds must be at least 1")
 
     from specdeploy.contract import Manifest
-    from specdeploy.engines import load_engine
-    from specdeploy.exporter.int8 import to_int8_per_row
-    from specdeploy.exporter.onnx_graph import EXTERNAL_DATA_BYTES
     from specdeploy.workloads import humaneval_records
 
-    full = args.workdir / "full"
-    if not (full / "manifest.json").is_file():
-        print(f"exporting {args.checkpoint} with full weights to {full} ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "specdeploy.cli", "export", "--target", args.checkpoint, "--out", str(full),
-                        "--force"], check=True)
+    directories = _exports(args.checkpoint, args.workdir)
+    full = directories["fp32"]
     manifest = Manifest.read(full)
-    directories = {"fp32": full}
-    for name, reduce_range in VARIANTS.items():
-        directory = args.workdir / ("int8-7bit" if reduce_range else "int8-8bit")
-        if not (directory / ".done").is_file():
-            shutil.rmtree(directory, ignore_errors=True)
-            shutil.copytree(full, directory)
-            started = time.perf_counter()
-            to_int8_per_row(directory / manifest.target.file, EXTERNAL_DATA_BYTES, reduce_range=reduce_range)
-            print(f"{name}: rewritten in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-            (directory / ".done").touch()
-        directories[name] = directory
 
     from tokenizers import Tokenizer
 
@@ -67,22 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     records = humaneval_records()[: args.tasks]
     texts = [np.array([tokenizer.encode(r["prompt"] + r["canonical_solution"]).ids[: manifest.target.capacity - 8]])
              for r in records]
-
-    figures: dict[str, dict] = {}
-    logits: dict[str, list[np.ndarray]] = {}
-    for name, directory in directories.items():
-        engine = load_engine(directory, Manifest.read(directory), "target", "cpu", 2)
-        logits[name] = [_run(engine, ids) for ids in texts]
-        figures[name] = {f"ms T={t}": _time(engine, texts[0], t, args.rounds) for t in (1, 5)}
-        del engine
-    reference = logits["fp32"]
-    for name in VARIANTS:
-        agree = np.concatenate([(a.argmax(-1) == b.argmax(-1)).ravel() for a, b in zip(logits[name], reference)])
-        error = np.concatenate([(np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)).ravel()
-                                for a, b in zip(logits[name], reference)])
-        figures[name] |= {"top-1 agreement": float(agree.mean()), "relative error mean": float(error.mean()),
-                          "relative error max": float(error.max()), "positions": int(agree.size)}
-
+    figures = _figures(directories, texts, args.rounds)
     print(f"{args.checkpoint}: {len(texts)} HumanEval tasks, {sum(t.shape[1] for t in texts)} positions, vs fp32")
     print(f"{'variant':32} {'top-1':>7} {'err mean':>9} {'err max':>8} {'T=1 ms':>8} {'T=5 ms':>8}")
     for name, row in figures.items():
@@ -92,6 +60,54 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps({"checkpoint": str(args.checkpoint), "figures": figures}, indent=2))
     return 0
+
+
+def _exports(checkpoint: str, workdir: Path) -> dict[str, Path]:
+    """The fp32 export and its int8 rewrite at each range, by variant name; each made once, reused after."""
+    from specdeploy.contract import Manifest
+    from specdeploy.exporter.int8 import to_int8_per_row
+    from specdeploy.exporter.onnx_graph import EXTERNAL_DATA_BYTES
+
+    full = workdir / "full"
+    if not (full / "manifest.json").is_file():
+        print(f"exporting {checkpoint} with full weights to {full} ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "specdeploy.cli", "export", "--target", checkpoint, "--out", str(full),
+                        "--force"], check=True)
+    manifest = Manifest.read(full)
+    directories = {"fp32": full}
+    for name, reduce_range in VARIANTS.items():
+        directory = workdir / ("int8-7bit" if reduce_range else "int8-8bit")
+        if not (directory / ".done").is_file():
+            shutil.rmtree(directory, ignore_errors=True)
+            shutil.copytree(full, directory)
+            started = time.perf_counter()
+            to_int8_per_row(directory / manifest.target.file, EXTERNAL_DATA_BYTES, reduce_range=reduce_range)
+            print(f"{name}: rewritten in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+            (directory / ".done").touch()
+        directories[name] = directory
+    return directories
+
+
+def _figures(directories: dict[str, Path], texts: list[np.ndarray], rounds: int) -> dict[str, dict]:
+    """Per variant: the timed calls' median ms and, against fp32, the top-1 agreement and relative logits error."""
+    from specdeploy.contract import Manifest
+    from specdeploy.engines import load_engine
+
+    figures: dict[str, dict] = {}
+    logits: dict[str, list[np.ndarray]] = {}
+    for name, directory in directories.items():
+        engine = load_engine(directory, Manifest.read(directory), "target", "cpu", 2)
+        logits[name] = [_run(engine, ids) for ids in texts]
+        figures[name] = {f"ms T={t}": _time(engine, texts[0], t, rounds) for t in (1, 5)}
+        del engine
+    reference = logits["fp32"]
+    for name in VARIANTS:
+        agree = np.concatenate([(a.argmax(-1) == b.argmax(-1)).ravel() for a, b in zip(logits[name], reference)])
+        error = np.concatenate([(np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)).ravel()
+                                for a, b in zip(logits[name], reference)])
+        figures[name] |= {"top-1 agreement": float(agree.mean()), "relative error mean": float(error.mean()),
+                          "relative error max": float(error.max()), "positions": int(agree.size)}
+    return figures
 
 
 def _run(engine, ids: np.ndarray) -> np.ndarray:

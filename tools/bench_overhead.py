@@ -84,18 +84,7 @@ def main() -> None:
     from specdeploy import GenerationConfig, Pipeline
     from tests import tiny
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cycles", type=int, default=1500, help="cycles measured per configuration")
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--engine", choices=["ort", "instant"], default="ort",
-                        help="instant: engines that return at once (random logits), the runtime's own cost")
-    parser.add_argument("--drafters", default="model,prompt-lookup", help="comma-separated drafters to measure")
-    parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures (0: greedy)")
-    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
-    parser.add_argument("--policies", default="fixed", help="comma-separated draft-length policies")
-    parser.add_argument("--index", action="store_true", help="measure the suffix index alone (see above)")
-    parser.add_argument("--index-tokens", type=int, default=200_000, help="--index: tokens in the shared index")
-    args = parser.parse_args()
+    args = _parser().parse_args()
     if args.index:
         return index_costs(args.index_tokens, args.k)
 
@@ -109,29 +98,49 @@ def main() -> None:
         for policy, drafter, temperature, batch in itertools.product(
                 args.policies.split(","), args.drafters.split(","), map(float, args.temperatures.split(",")),
                 map(int, args.batches.split(","))):
-            per_cycle, checks = [], []
-            engines = (pipeline.target, pipeline.draft)
             gen = GenerationConfig(k=args.k, policy=policy, drafter=drafter, temperature=temperature, seed=0,
                                    max_new_tokens=200, ignore_eos=True)
-            cycles = 0
-            while cycles < args.cycles:
-                run = pipeline.start(["w5 w6 w7 w8 w5 w6"] * batch, gen)
-                run.prefill()
-                while not run.done:
-                    spent, backend, staging = _totals(engines)
-                    began = time.perf_counter()
-                    run.step()
-                    wall = time.perf_counter() - began
-                    spent, backend, staging = (after - before for after, before in
-                                               zip(_totals(engines), (spent, backend, staging)))
-                    per_cycle.append(wall - spent + staging)
-                    checks.append(spent - backend - staging)
-                    cycles += 1
+            per_cycle, checks = _overheads(pipeline, gen, batch, args.cycles)
             median = statistics.median(per_cycle) * 1e6
             mean = statistics.fmean(per_cycle) * 1e6
             print(f"policy={policy:<5} drafter={drafter:<13} temperature={temperature} batch={batch}: overhead per cycle "
-                  f"median {median:6.1f} us, mean {mean:6.1f} us ({cycles} cycles); engines' input checks "
+                  f"median {median:6.1f} us, mean {mean:6.1f} us ({len(per_cycle)} cycles); engines' input checks "
                   f"{statistics.median(checks) * 1e6:5.1f} us", flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cycles", type=int, default=1500, help="cycles measured per configuration")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--engine", choices=["ort", "instant"], default="ort",
+                        help="instant: engines that return at once (random logits), the runtime's own cost")
+    parser.add_argument("--drafters", default="model,prompt-lookup", help="comma-separated drafters to measure")
+    parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures (0: greedy)")
+    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    parser.add_argument("--policies", default="fixed", help="comma-separated draft-length policies")
+    parser.add_argument("--index", action="store_true", help="measure the suffix index alone (see above)")
+    parser.add_argument("--index-tokens", type=int, default=200_000, help="--index: tokens in the shared index")
+    return parser
+
+
+def _overheads(pipeline, gen, batch: int, cycles: int) -> tuple[list[float], list[float]]:
+    """Per cycle, whole runs until at least ``cycles``: the seconds outside engine calls plus K/V staging, and the
+    seconds in the engines' input checks."""
+    per_cycle, checks = [], []
+    engines = (pipeline.target, pipeline.draft)
+    while len(per_cycle) < cycles:
+        run = pipeline.start(["w5 w6 w7 w8 w5 w6"] * batch, gen)
+        run.prefill()
+        while not run.done:
+            spent, backend, staging = _totals(engines)
+            began = time.perf_counter()
+            run.step()
+            wall = time.perf_counter() - began
+            spent, backend, staging = (after - before for after, before in
+                                       zip(_totals(engines), (spent, backend, staging)))
+            per_cycle.append(wall - spent + staging)
+            checks.append(spent - backend - staging)
+    return per_cycle, checks
 
 
 def index_costs(tokens: int, k: int) -> None:

@@ -337,6 +337,29 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
+    parser = _parser()
+    args = parser.parse_args()
+    if args.worker:
+        return worker_main(args.worker, args.spec, args.threads, args.k)
+    if not args.artifact:
+        parser.error("--artifact is required")
+    prompts, encode, ids_of = _encoded_prompts(args, parser)
+    version = ensure_peer()
+    workers, grid = _start_workers(args)
+    runs = _run_grid(workers, grid, prompts, ids_of, encode, args.max_tokens)
+    for worker in workers.values():
+        worker.close()
+    report = _report(args, version, prompts, workers, grid, runs)
+    text = markdown(report)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        # appended, not with_suffix: an --out named after a version (bench_peer_0.3.1) keeps its dots
+        args.out.with_name(args.out.name + ".md").write_text(text)
+        args.out.with_name(args.out.name + ".json").write_text(json.dumps(report, indent=1))
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifact", type=Path, action="append", help="a specdeploy artifact of the pair (make "
                         "demo's); repeat to compare several (the first is the reference)")
@@ -358,17 +381,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")
     parser.add_argument("--worker", choices=("peer", "specdeploy"), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        return worker_main(args.worker, args.spec, args.threads, args.k)
-    if not args.artifact:
-        parser.error("--artifact is required")
+    return parser
 
-    import onnxruntime
 
-    import specdeploy
+def _encoded_prompts(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list, Callable, list]:
+    """The workload's (group, prompt) pairs, the first artifact's encoder and each prompt's ids; a usage error where
+    the workload cannot be had or a prompt does not fit an artifact."""
     from specdeploy.contract import Manifest
-    from specdeploy.workloads import Prompt, PromptFileError, workload
+    from specdeploy.workloads import PromptFileError, workload
 
     try:  # before the peer's minutes of set-up: a workload that cannot be had is an error, never skipped
         # HumanEval, then Spec-Bench per group, the conversations' turns, the structured prompts
@@ -385,7 +405,14 @@ def main() -> None:
             if len(ids) + args.max_tokens + 9 > capacity:  # 9: the cost policy's k <= 8 drafts and the bonus token
                 parser.error(f"prompt {prompt.id}: {len(ids)} tokens, {args.max_tokens} new and up to 9 speculative "
                              f"need {len(ids) + args.max_tokens + 9} slots; {artifact} has {capacity}")
-    version = ensure_peer()
+    return prompts, encode, ids_of
+
+
+def _start_workers(args: argparse.Namespace) -> tuple[dict[str, Worker], list[tuple[str, str]]]:
+    """The peer's worker (its models built first) and one per artifact, by system name, and the (system,
+    configuration) grid they run."""
+    from specdeploy.contract import Manifest
+
     models = {role: peer_model(args.gguf_dir / name, args.block_size, args.accuracy_level, args.threads)
               for role, name in GGUF.items()}
     pair = peer_pair(models["target"], models["draft"], args.k)
@@ -400,7 +427,14 @@ def main() -> None:
             name = f"specdeploy ({artifact.name})"
         workers[name] = Worker("specdeploy", str(artifact), args.threads, args.k)
         grid += [(name, config) for config in configurations(args.k) if not (args.no_fixed and config.startswith("fixed"))]
-    reference_name = f"{grid[2][0]}: plain"
+    return workers, grid
+
+
+def _run_grid(workers: dict[str, Worker], grid: list[tuple[str, str]], prompts: list, ids_of: list[list[int]],
+              encode: Callable, max_tokens: int) -> dict[str, list[dict]]:
+    """Every prompt through every configuration, in rotating order with plain first; the runs by "system: config"."""
+    from specdeploy.workloads import Prompt
+
     for system, config in grid:  # warm-up, unmeasured: first calls allocate
         workers[system].run(config, encode(Prompt("warm-up", "def add(a, b):")), 8, measured=False)
     runs = {f"{s}: {c}": [] for s, c in grid}
@@ -408,11 +442,21 @@ def main() -> None:
         order = grid[index % len(grid):] + grid[: index % len(grid)]
         order.sort(key=lambda sc: sc[1] != "plain")  # plain first: the others are compared with it
         for system, config in order:
-            runs[f"{system}: {config}"].append(workers[system].run(config, ids, args.max_tokens) | {"group": group})
+            runs[f"{system}: {config}"].append(workers[system].run(config, ids, max_tokens) | {"group": group})
         line = ", ".join(f"{name} {len(r[-1]['tokens']) / r[-1]['seconds']:.1f}" for name, r in runs.items())
         log(f"[{index + 1}/{len(prompts)}] {group} {prompt.id}: tok/s {line}")
-    for worker in workers.values():
-        worker.close()
+    return runs
+
+
+def _report(args: argparse.Namespace, version: str, prompts: list, workers: dict[str, Worker],
+            grid: list[tuple[str, str]], runs: dict[str, list[dict]]) -> dict:
+    """The report ``markdown`` renders and OUT.json holds: set-up, workers, summaries overall and per group, runs."""
+    import onnxruntime
+
+    import specdeploy
+    from tools.provenance import provenance  # here: the workers run this file as a script, without the package
+
+    reference_name = f"{grid[2][0]}: plain"
     reference = [r["tokens"] for r in runs[reference_name]]
     own_plain = {system: [r["tokens"] for r in runs[f"{system}: {config}"]] for system, config in grid
                  if config in ("plain", "target")}
@@ -422,10 +466,8 @@ def main() -> None:
         keep = [i for i, (g, _) in enumerate(prompts) if g == group]
         return {name: summarize([r[i] for i in keep], [own_plain[name.split(": ")[0]][i] for i in keep],
                                 [reference[i] for i in keep]) for name, r in runs.items()}
-    from tools.provenance import provenance  # here: the workers run this file as a script, without the package
-
     facts = provenance("tools.bench_peer")  # date, command, machine, commit
-    report = {
+    return {
         "setup": {
             **facts, "machine": f"{facts['machine']}, no GPU", "onnxruntime": onnxruntime.__version__, "peer": version,
             "specdeploy": specdeploy.__version__, "max_tokens": args.max_tokens,
@@ -440,13 +482,6 @@ def main() -> None:
         "runs": {name: [{k: v for k, v in run.items() if k != "tokens"} | {"tokens": len(run["tokens"])} for run in r]
                  for name, r in runs.items()},
     }
-    text = markdown(report)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        # appended, not with_suffix: an --out named after a version (bench_peer_0.3.1) keeps its dots
-        args.out.with_name(args.out.name + ".md").write_text(text)
-        args.out.with_name(args.out.name + ".json").write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

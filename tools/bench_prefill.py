@@ -53,33 +53,45 @@ def main(argv: list[str] | None = None) -> int:
     vocab = min(e.spec.vocab_size for e in engines.values())
     prompts = {n: np.random.default_rng(n).integers(0, vocab, (1, n)) for n in lengths}
 
+    seconds, last_logits = _time_rounds(engines, prompts, lengths, args.rounds)
+    rows = _rows(args.artifact, engines, seconds, last_logits)
+    _print(rows)
+    if args.out:
+        args.out.write_text(json.dumps({"lengths": lengths, "rounds": args.rounds, "threads": args.threads,
+                                        "rows": rows}, indent=1))
+    return 0
+
+
+def _time_rounds(engines: dict, prompts: dict[int, np.ndarray], lengths: list[int], rounds: int) -> tuple[dict, dict]:
+    """The cold round and ``rounds`` more of every model on every prompt: seconds per (artifact index, role, length),
+    and the last round's last-position logits."""
     seconds: dict[tuple, list[float]] = {}
     last_logits: dict[tuple, np.ndarray] = {}
     order = list(engines.items())
-    for round_ in range(args.rounds + 1):
+    for round_ in range(rounds + 1):
         for n in lengths:
             turn = round_ % len(order)  # each model goes first in turn: nothing gains from its place in a round
             for key, engine in order[turn:] + order[:turn]:
                 taken, logits = _prefill(engine, prompts[n])
                 seconds.setdefault((*key, n), []).append(taken)
                 last_logits[(*key, n)] = logits
+    return seconds, last_logits
 
+
+def _rows(artifacts: list[Path], engines: dict, seconds: dict, last_logits: dict) -> list[dict]:
+    """One row per artifact, model and length: cold and warm ms, and against the first artifact's same model."""
     rows = []
     for (index, role, n), times in seconds.items():
         reference = seconds[0, role, n] if (0, role, n) in seconds else None
         differs = last_logits.get((0, role, n))
         rows.append({
-            "artifact": str(args.artifact[index]), "index": index, "role": role, "tokens": n,
+            "artifact": str(artifacts[index]), "index": index, "role": role, "tokens": n,
             "trims_logits": engines[index, role].spec.trims_logits,
             "cold_ms": 1000 * times[0], "warm_ms": 1000 * statistics.median(times[1:]),
             "warm_vs_first_artifact": statistics.median(times[1:]) / statistics.median(reference[1:]) if reference else None,
             "max_logit_difference": None if differs is None else float(np.abs(last_logits[index, role, n] - differs).max()),
         })
-    _print(rows)
-    if args.out:
-        args.out.write_text(json.dumps({"lengths": lengths, "rounds": args.rounds, "threads": args.threads,
-                                        "rows": rows}, indent=1))
-    return 0
+    return rows
 
 
 def _prefill(engine, ids: np.ndarray) -> tuple[float, np.ndarray]:

@@ -107,6 +107,24 @@ def report(label: str, params: int, medians: dict[int, float]) -> str:
 def main() -> None:
     from specdeploy.engines import OrtEngine
 
+    args = _parser().parse_args()
+    token_counts = [int(t) for t in args.tokens.split(",")]
+
+    print(f"median latency of one call, batch 1, past {args.capacity // 2}, capacity {args.capacity}, "
+          f"{args.threads} threads, {args.repeats} repeats")
+    if args.artifact:
+        return _time_artifact(args, token_counts)
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes.split(","):
+            for weights in args.weights.split(","):
+                path, spec = build(size, weights, args.capacity, Path(tmp), args.block_size, args.accuracy_level)
+                engine = OrtEngine(path, spec, threads=args.threads)
+                medians = measure(engine, args.capacity, token_counts, args.repeats)
+                print(report(f"llama-{size} {weights}", spec.parameters, medians), flush=True)
+                del engine
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="30m,125m", help="comma list of " + ", ".join(SIZES))
     parser.add_argument("--weights", default="full", help="comma list of full, int4")
@@ -120,45 +138,36 @@ def main() -> None:
     parser.add_argument("--variants", default="", help="with --artifact: quantization variants of its fp32 target")
     parser.add_argument("--optimization", default="all", choices=["none", "basic", "extended", "all"],
                         help="ONNX Runtime graph optimization level")
-    args = parser.parse_args()
-    token_counts = [int(t) for t in args.tokens.split(",")]
+    return parser
 
-    print(f"median latency of one call, batch 1, past {args.capacity // 2}, capacity {args.capacity}, "
-          f"{args.threads} threads, {args.repeats} repeats")
-    if args.artifact:
-        import dataclasses
 
-        from specdeploy.contract import Manifest
+def _time_artifact(args: argparse.Namespace, token_counts: list[int]) -> None:
+    """Print the timings of ``--artifact``'s models, or of its fp32 target re-quantized as each of ``--variants``."""
+    import dataclasses
 
-        manifest = Manifest.read(args.artifact)
-        if args.variants:
-            spec = manifest.target
-            if spec.weights != "full" or spec.dtype != "float32":
-                sys.exit("--variants needs an artifact with an fp32, full-weight target")
-            with tempfile.TemporaryDirectory(dir=args.artifact.parent) as tmp:
-                for variant in args.variants.split(","):
-                    path = quantized_variant(args.artifact / spec.file, variant, Path(tmp))
-                    engine = OrtEngine(path, dataclasses.replace(spec, weights="int4"), threads=args.threads,
-                                       optimization=args.optimization)
-                    medians = measure(engine, min(args.capacity, spec.capacity), token_counts, args.repeats)
-                    print(report(f"target {variant}", spec.parameters, medians), flush=True)
-                    del engine
-                    path.unlink()
-                    path.with_name(path.name + ".data").unlink(missing_ok=True)
-            return
-        for role, spec in manifest.models.items():
-            engine = OrtEngine(args.artifact / spec.file, spec, threads=args.threads, optimization=args.optimization)
-            medians = measure(engine, min(args.capacity, spec.capacity), token_counts, args.repeats)
-            print(report(f"{role} {spec.weights}/{spec.dtype}", spec.parameters, medians), flush=True)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        for size in args.sizes.split(","):
-            for weights in args.weights.split(","):
-                path, spec = build(size, weights, args.capacity, Path(tmp), args.block_size, args.accuracy_level)
-                engine = OrtEngine(path, spec, threads=args.threads)
-                medians = measure(engine, args.capacity, token_counts, args.repeats)
-                print(report(f"llama-{size} {weights}", spec.parameters, medians), flush=True)
+    from specdeploy.contract import Manifest
+    from specdeploy.engines import OrtEngine
+
+    manifest = Manifest.read(args.artifact)
+    if args.variants:
+        spec = manifest.target
+        if spec.weights != "full" or spec.dtype != "float32":
+            sys.exit("--variants needs an artifact with an fp32, full-weight target")
+        with tempfile.TemporaryDirectory(dir=args.artifact.parent) as tmp:
+            for variant in args.variants.split(","):
+                path = quantized_variant(args.artifact / spec.file, variant, Path(tmp))
+                engine = OrtEngine(path, dataclasses.replace(spec, weights="int4"), threads=args.threads,
+                                   optimization=args.optimization)
+                medians = measure(engine, min(args.capacity, spec.capacity), token_counts, args.repeats)
+                print(report(f"target {variant}", spec.parameters, medians), flush=True)
                 del engine
+                path.unlink()
+                path.with_name(path.name + ".data").unlink(missing_ok=True)
+        return
+    for role, spec in manifest.models.items():
+        engine = OrtEngine(args.artifact / spec.file, spec, threads=args.threads, optimization=args.optimization)
+        medians = measure(engine, min(args.capacity, spec.capacity), token_counts, args.repeats)
+        print(report(f"{role} {spec.weights}/{spec.dtype}", spec.parameters, medians), flush=True)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,29 @@ PAIRS = {"1.5b": "0.5b", "7b": "0.5b", "test": "test"}  # target -> draft of the
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    only = args.only.split(",") if args.only else None
+    big, peer = [b for b in args.big.split(",") if b], [b for b in args.peer.split(",") if b]
+    if any(b not in BIG for b in big + peer):
+        parser.error(f"--big/--peer: got {args.big!r}/{args.peer!r}; expected names among {', '.join(BIG)}")
+    if args.build:
+        if only and any(n not in ARTIFACTS for n in only):
+            parser.error(f"--only: got {args.only!r}; expected names among {', '.join(ARTIFACTS)}")
+        build(args.build, only or list(ARTIFACTS), args.vendor_tokenizers)
+        return 0
+    options = {"big": big, "peer": peer, "replay_tokens": args.replay_tokens,
+               "replay_ks": [int(k) for k in args.replay_ks.split(",")], "loader": args.loader, "budget": args.budget}
+    report = run(args.run, args.out, args.provider, only, options)
+    if args.results:
+        write_results(report, args.results, args.commit or commit())
+    failed = [name for name, r in report["artifacts"].items() if _failures(r)]
+    failed += [f"{part} {name}" for part in ("big", "peer") for name, r in report[part].items() if "error" in r]
+    print(f"done in {report['seconds']:.0f} s; " + (f"failures in {', '.join(failed)}" if failed else "no failures"))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--build", type=Path, metavar="DIR", help="export the tiny artifacts into DIR (needs the export extra)")
@@ -101,25 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=280.0, help="--run: seconds after which the rest is skipped")
     parser.add_argument("--vendor-tokenizers", action="store_true",
                         help="--build: put the tokenizers wheel (cp312 manylinux x86_64) into DIR/wheels")
-    args = parser.parse_args(argv)
-    only = args.only.split(",") if args.only else None
-    big, peer = [b for b in args.big.split(",") if b], [b for b in args.peer.split(",") if b]
-    if any(b not in BIG for b in big + peer):
-        parser.error(f"--big/--peer: got {args.big!r}/{args.peer!r}; expected names among {', '.join(BIG)}")
-    if args.build:
-        if only and any(n not in ARTIFACTS for n in only):
-            parser.error(f"--only: got {args.only!r}; expected names among {', '.join(ARTIFACTS)}")
-        build(args.build, only or list(ARTIFACTS), args.vendor_tokenizers)
-        return 0
-    options = {"big": big, "peer": peer, "replay_tokens": args.replay_tokens,
-               "replay_ks": [int(k) for k in args.replay_ks.split(",")], "loader": args.loader, "budget": args.budget}
-    report = run(args.run, args.out, args.provider, only, options)
-    if args.results:
-        write_results(report, args.results, args.commit or commit())
-    failed = [name for name, r in report["artifacts"].items() if _failures(r)]
-    failed += [f"{part} {name}" for part in ("big", "peer") for name, r in report[part].items() if "error" in r]
-    print(f"done in {report['seconds']:.0f} s; " + (f"failures in {', '.join(failed)}" if failed else "no failures"))
-    return 0
+    return parser
 
 
 # --- build (here, with the export extra) ----------------------------------------------------------------------
@@ -330,7 +335,13 @@ def check_artifact(directory: Path, provider: str, loader: str, record: dict, sa
                                                 "seconds": round(time.perf_counter() - start, 3)})
     if any(isinstance(v, dict) for v in loaded.values()):
         return
-    ref, dev = loaded["reference"][0], loaded["device"][0]
+    _check_pipelines(usable, loaded["reference"][0], loaded["device"][0], provider, record, stage)
+    del record["stage"]
+
+
+def _check_pipelines(usable: Path, ref, dev, provider: str, record: dict, stage) -> None:
+    """Exactness, placement, cache and latency of an artifact's pipelines on the CPU (``ref``) and on ``provider``
+    (``dev``) into ``record``; ``stage(name)`` marks each part before it runs."""
     prompts = [np.random.default_rng(n).integers(4, 120, n).tolist() for n in PROMPT_LENGTHS]
     stage("exactness")
     record["exactness"] = exactness(ref, dev, prompts, provider)
@@ -347,7 +358,6 @@ def check_artifact(directory: Path, provider: str, loader: str, record: dict, sa
         stage("latency without CUDA graphs")
         record["latency"]["plain"] = guard(lambda: engine_latency(OrtEngine(
             usable / dev.target.spec.file, dev.target.spec, provider=provider, cuda_graphs=False)))
-    del record["stage"]
 
 
 def _readable_copy(directory: Path, record: dict) -> Path:

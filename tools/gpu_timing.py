@@ -274,27 +274,13 @@ def peer_latency(path: Path, provider: str, graphs: bool, past: int, capacity: i
     past and present K/V one shared buffer of ``capacity`` slots, the attention mask a static [1, capacity] buffer
     (ones over the past and the new tokens), every input and output bound once where the session computes, the
     logits left there; under CUDA graphs one graph id per token count."""
-    import onnxruntime as ort
-
     from specdeploy.engines.graphs import run_options
-    from specdeploy.engines.ort import CudaMemory, HostMemory, bind
+    from specdeploy.engines.ort import TYPES, CudaMemory, HostMemory, bind
 
     memory = CudaMemory() if provider == "cuda" else HostMemory()
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    device_options = memory.provider_options() | ({"enable_cuda_graph": "1"} if graphs else {})
-    chain = [("CUDAExecutionProvider", device_options), "CPUExecutionProvider"] if provider == "cuda" else [
-        "CPUExecutionProvider"]
-    session = ort.InferenceSession(str(path), options, providers=chain)
-    types = {"tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(int64)": np.int64,
-             "tensor(int32)": np.int32}
-    kv = {}
-    for value in session.get_inputs():
-        if value.name.startswith("past_key_values."):
-            kv_heads = value.shape[1]  # its head size is a named dim ("kv_cache_dim")
-            kv[value.name] = memory.zeros((1, kv_heads, capacity, head_dim), types[value.type])
+    session, kv = _peer_session(path, provider, graphs, memory, capacity, head_dim)
     vocab = session.get_outputs()[0].shape[-1]
-    logits_type = types[session.get_outputs()[0].type]
+    logits_type = TYPES[session.get_outputs()[0].type]
     mask = np.zeros((1, capacity), np.int64)
     timings = {}
     for t in tokens:
@@ -312,15 +298,40 @@ def peer_latency(path: Path, provider: str, graphs: bool, past: int, capacity: i
         memory.upload(ids, np.random.default_rng(t).integers(0, vocab, (1, t)))
         mask[0, : past + t] = 1
         memory.upload(device_mask, mask)
-        run = run_options(t if graphs else -1)
-        walls = []
-        for i in range(calls + 3):
-            start = time.perf_counter()
-            session.run_with_iobinding(binding, run)
-            if i >= 3:
-                walls.append(time.perf_counter() - start)
-        timings[f"T{t}"] = {"median_ms": ms(statistics.median(walls)), "p90_ms": ms(np.percentile(walls, 90))}
+        timings[f"T{t}"] = _bound_run_ms(session, binding, run_options(t if graphs else -1), calls)
     return timings
+
+
+def _peer_session(path: Path, provider: str, graphs: bool, memory, capacity: int, head_dim: int):
+    """(session, K/V buffers): an ONNX Runtime session of the peer's graph on ``provider`` and a zeroed
+    [1, kv_heads, capacity, head_dim] buffer in ``memory`` per past_key_values input, by name."""
+    import onnxruntime as ort
+
+    from specdeploy.engines.ort import TYPES
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    device_options = memory.provider_options() | ({"enable_cuda_graph": "1"} if graphs else {})
+    chain = [("CUDAExecutionProvider", device_options), "CPUExecutionProvider"] if provider == "cuda" else [
+        "CPUExecutionProvider"]
+    session = ort.InferenceSession(str(path), options, providers=chain)
+    kv = {}
+    for value in session.get_inputs():
+        if value.name.startswith("past_key_values."):
+            kv_heads = value.shape[1]  # its head size is a named dim ("kv_cache_dim")
+            kv[value.name] = memory.zeros((1, kv_heads, capacity, head_dim), TYPES[value.type])
+    return session, kv
+
+
+def _bound_run_ms(session, binding, run, calls: int) -> dict:
+    """Median and p90 ms of ``calls`` runs of ``session`` over ``binding``, after 3 unmeasured ones."""
+    walls = []
+    for i in range(calls + 3):
+        start = time.perf_counter()
+        session.run_with_iobinding(binding, run)
+        if i >= 3:
+            walls.append(time.perf_counter() - start)
+    return {"median_ms": ms(statistics.median(walls)), "p90_ms": ms(np.percentile(walls, 90))}
 
 
 def cost_tables(target, draft, rounds: int = 3) -> dict:

@@ -42,6 +42,30 @@ MODES = {"plain": dict(drafter="none"), "fixed": dict(policy="fixed", drafter="m
 
 
 def main() -> None:
+    args = _parser().parse_args()
+
+    from specdeploy import Pipeline
+    from specdeploy.workloads import humaneval, load_prompts
+
+    prompts = [p.text for p in (load_prompts(args.prompt_file) if args.prompt_file else humaneval())]
+    pipeline = Pipeline.load(args.artifact, threads=args.threads)
+    levels = [int(n) for n in args.concurrency.split(",")]
+    stages = _run_stages(args, pipeline, prompts, levels, args.modes.split(","))
+    rows = [_row(mode, n, runs) for (mode, n), runs in stages.items()]
+    versus = _versus(rows, stages, levels)
+    table = _table(rows, args) + ("\n\n" + _versus_table(versus) if versus else "")
+    print(table)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        pids = sorted({d["pid"] for runs in stages.values() for records, _ in runs for d in records})
+        facts = provenance("tools.load_test")
+        args.out.with_suffix(".json").write_text(json.dumps({"setup": facts, "rows": rows, "versus": versus,
+                                                             "server_pid": os.getpid(), "client_pids": pids}, indent=1))
+        args.out.with_suffix(".md").write_text(header("specdeploy serve under load", facts) + "\n" + table + "\n")
+        _plot(rows, args.out.with_suffix(".png"))
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifact", type=Path, required=True)
     parser.add_argument("--concurrency", default="1,2,4,8")
@@ -59,16 +83,15 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="Seconds a request may take at most.")
     parser.add_argument("--prompt-file", type=Path, default=None, help="Prompts to send instead of HumanEval's.")
     parser.add_argument("--out", type=Path, default=None, help="Write OUT.json, OUT.md and OUT.png.")
-    args = parser.parse_args()
+    return parser
 
-    from specdeploy import GenerationConfig, Pipeline
-    from specdeploy.workloads import humaneval, load_prompts
 
-    prompts = [p.text for p in (load_prompts(args.prompt_file) if args.prompt_file else humaneval())]
-    pipeline = Pipeline.load(args.artifact, threads=args.threads)
-    levels = [int(n) for n in args.concurrency.split(",")]
-    modes = args.modes.split(",")
-    stages = {(mode, n): [] for mode in modes for n in levels}  # (mode, N) -> each round's (requests, seconds)
+def _run_stages(args: argparse.Namespace, pipeline, prompts: list[str], levels: list[int],
+                modes: list[str]) -> dict[tuple[str, int], list]:
+    """One warmed-up server per mode, then every round's stages: (mode, N) -> each round's (requests, seconds)."""
+    from specdeploy import GenerationConfig
+
+    stages = {(mode, n): [] for mode in modes for n in levels}
     with contextlib.ExitStack() as servers:
         # spawned, not forked: a fork of a process running ONNX Runtime's and uvicorn's threads may inherit held locks
         clients = servers.enter_context(ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")))
@@ -85,18 +108,7 @@ def main() -> None:
                 for mode in modes[round_ % len(modes):] + modes[: round_ % len(modes)]:
                     stages[mode, n].append(clients.submit(_stage, urls[mode], prompts, n, args).result())
                     print(f"round {round_ + 1}/{args.rounds} " + _line(_row(mode, n, stages[mode, n][-1:])), flush=True)
-    rows = [_row(mode, n, runs) for (mode, n), runs in stages.items()]
-    versus = _versus(rows, stages, levels)
-    table = _table(rows, args) + ("\n\n" + _versus_table(versus) if versus else "")
-    print(table)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        pids = sorted({d["pid"] for runs in stages.values() for records, _ in runs for d in records})
-        facts = provenance("tools.load_test")
-        args.out.with_suffix(".json").write_text(json.dumps({"setup": facts, "rows": rows, "versus": versus,
-                                                             "server_pid": os.getpid(), "client_pids": pids}, indent=1))
-        args.out.with_suffix(".md").write_text(header("specdeploy serve under load", facts) + "\n" + table + "\n")
-        _plot(rows, args.out.with_suffix(".png"))
+    return stages
 
 
 def _at_least_one(text: str) -> int:

@@ -175,6 +175,34 @@ def _person(i: int) -> tuple[str, str]:
 
 def structured() -> list[dict]:
     """Eight requests for JSON records with repeated keys, each over data made here by index arithmetic."""
+    data = _structured_data()
+    asks = [
+        ("people", "Return a JSON array of 6 objects with the keys id (1 to 6), name, email (first.last@example.com, "
+                   f"lower case), role and active (true or false) for these people:\n\n{data['prose']}"),
+        ("csv", "Convert this CSV to a JSON array of objects with the keys sku, name, price (a number), quantity "
+                f"(an integer) and in_stock (true when quantity > 0):\n\n{data['csv']}"),
+        ("table", "Convert this Markdown table to a JSON array of objects with the keys city, country, population "
+                  f"(an integer) and timezone:\n\n{data['table']}"),
+        ("logs", "Parse these log lines into a JSON array of objects with the keys timestamp, level, service and "
+                 f"message:\n\n{data['logs']}"),
+        ("orders", "Return these orders as a JSON array of objects with the keys order_id (an integer), customer, "
+                   "items (an array of objects with the keys product, quantity and unit_price) and total (the sum "
+                   f"of quantity x unit_price):\n\n{data['orders']}"),
+        ("books", "Return a JSON array of objects with the keys title, author, year, genre and pages for these "
+                  f"books:\n\n{data['books']}"),
+        ("sensors", "Convert these semicolon-separated sensor readings to a JSON array of objects with the keys "
+                    f"sensor_id, timestamp (ISO 8601), temperature_c and humidity_pct:\n\n{data['sensors']}"),
+        ("staff", "Convert this tab-separated table to a JSON object that maps each department to an array of its "
+                  "employees, each an object with the keys employee_id, first_name, last_name, salary (an integer) "
+                  f"and start_date:\n\n{data['staff']}"),
+    ]
+    return [{"id": f"structured-{i}", "category": kind, "messages": [{"role": "user", "content": text}]}
+            for i, (kind, text) in enumerate(asks, 1)]
+
+
+def _structured_data() -> dict[str, str]:
+    """The data each structured request is about, by name: people, a CSV, a table, log lines, orders, books, sensor
+    readings and staff."""
     people = [_person(i) for i in range(6)]
     prose = "\n".join(f"- {first} {last}, {ROLES[i % len(ROLES)]}, {'active' if i % 3 else 'on leave'}"
                       for i, (first, last) in enumerate(people))
@@ -196,28 +224,8 @@ def structured() -> list[dict]:
     staff = "id\tfirst\tlast\tdepartment\tsalary\tstarted\n" + "\n".join(
         f"E{210 + i}\t{first}\t{last}\t{DEPARTMENTS[i % 4]}\t{52000 + 3500 * ((i * 5) % 7)}\t20{18 + i % 7}-0{1 + i % 9}-1{i % 10}"
         for i, (first, last) in enumerate(_person(n + 2) for n in range(8)))
-    asks = [
-        ("people", "Return a JSON array of 6 objects with the keys id (1 to 6), name, email (first.last@example.com, "
-                   f"lower case), role and active (true or false) for these people:\n\n{prose}"),
-        ("csv", "Convert this CSV to a JSON array of objects with the keys sku, name, price (a number), quantity "
-                f"(an integer) and in_stock (true when quantity > 0):\n\n{csv}"),
-        ("table", "Convert this Markdown table to a JSON array of objects with the keys city, country, population "
-                  f"(an integer) and timezone:\n\n{table}"),
-        ("logs", "Parse these log lines into a JSON array of objects with the keys timestamp, level, service and "
-                 f"message:\n\n{logs}"),
-        ("orders", "Return these orders as a JSON array of objects with the keys order_id (an integer), customer, "
-                   "items (an array of objects with the keys product, quantity and unit_price) and total (the sum "
-                   f"of quantity x unit_price):\n\n{orders}"),
-        ("books", "Return a JSON array of objects with the keys title, author, year, genre and pages for these "
-                  f"books:\n\n{books}"),
-        ("sensors", "Convert these semicolon-separated sensor readings to a JSON array of objects with the keys "
-                    f"sensor_id, timestamp (ISO 8601), temperature_c and humidity_pct:\n\n{sensors}"),
-        ("staff", "Convert this tab-separated table to a JSON object that maps each department to an array of its "
-                  "employees, each an object with the keys employee_id, first_name, last_name, salary (an integer) "
-                  f"and start_date:\n\n{staff}"),
-    ]
-    return [{"id": f"structured-{i}", "category": kind, "messages": [{"role": "user", "content": text}]}
-            for i, (kind, text) in enumerate(asks, 1)]
+    return {"prose": prose, "csv": csv, "table": table, "logs": logs, "orders": orders, "books": books,
+            "sensors": sensors, "staff": staff}
 
 
 def write(out: Path) -> list[Path]:

@@ -123,16 +123,7 @@ def table(title: str, summary: dict, token_counts: list[int]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--artifact", type=Path, required=True, help="an exported artifact dir")
-    parser.add_argument("--role", choices=["target", "draft", "both"], default="both",
-                        help="which model(s) to profile (default: both)")
-    parser.add_argument("--tokens", default="1,5,9", help="new tokens per call, comma-separated (default: 1,5,9)")
-    parser.add_argument("--past", type=int, default=256, help="cached tokens before each call (default: 256)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed calls per token count (default: 5)")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads (default: 2)")
-    parser.add_argument("--top", type=int, default=8, help="nodes listed by growth (default: 8)")
-    parser.add_argument("--out", type=Path, help="also write the medians as JSON")
+    parser = _parser()
     args = parser.parse_args()
 
     from specdeploy.contract import Manifest
@@ -163,6 +154,20 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps({"artifact": str(args.artifact), "past": args.past, "rounds": args.rounds,
                                         "threads": args.threads, "models": report}, indent=2))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--artifact", type=Path, required=True, help="an exported artifact dir")
+    parser.add_argument("--role", choices=["target", "draft", "both"], default="both",
+                        help="which model(s) to profile (default: both)")
+    parser.add_argument("--tokens", default="1,5,9", help="new tokens per call, comma-separated (default: 1,5,9)")
+    parser.add_argument("--past", type=int, default=256, help="cached tokens before each call (default: 256)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed calls per token count (default: 5)")
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads (default: 2)")
+    parser.add_argument("--top", type=int, default=8, help="nodes listed by growth (default: 8)")
+    parser.add_argument("--out", type=Path, help="also write the medians as JSON")
+    return parser
 
 
 if __name__ == "__main__":

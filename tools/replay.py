@@ -29,7 +29,7 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -122,8 +122,6 @@ class ReplayEngine(Engine):
 
     def __init__(self, spec: ModelSpec, traces: list[Trace], costs: CostTable, clock: VirtualClock, cold: float = 1.0,
                  noise: float = 0.0, seed: int = 0):
-        from dataclasses import replace
-
         spec = replace(spec, graph="fused")  # it keeps its own tokens in place: nothing for the runtime to stage
         self.spec, self.traces, self.costs, self.clock, self.cold = spec, traces, costs, clock, cold
         self.by_start = {tuple(t.prompt[:PREFILL_CHUNK]): i for i, t in enumerate(traces)}
@@ -302,8 +300,6 @@ def replay(data: dict, config, fresh: bool = True, cold: float = 1.0, traces: li
     virtual seconds (prefill and decoding) and what the policy did. ``fresh``: each request a new process
     (``specdeploy generate``: costs recalled from the previous process's record, every shape cold again);
     otherwise one pipeline serves them all in turn."""
-    from dataclasses import replace
-
     from specdeploy import Pipeline
     from specdeploy.contract import Manifest
 
@@ -320,7 +316,9 @@ def replay(data: dict, config, fresh: bool = True, cold: float = 1.0, traces: li
     draft = ReplayEngine(specs["draft"], traces, costs, clock, cold, noise, seed)
     out = []
     with clock:
-        pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory, suffix_store=store)
+        # prompts prefilled whole, as recorded: a replay engine's cache holds its trace's tokens, not K/V to reuse
+        pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory, suffix_store=store,
+                            prefix_cache_bytes=0)
         if fresh:  # an earlier run on this machine left its record (a short prompt first)
             shortest = min(traces, key=lambda t: len(t.prompt))
             for engine in (target, draft):
@@ -331,21 +329,25 @@ def replay(data: dict, config, fresh: bool = True, cold: float = 1.0, traces: li
                 engine.expect(number)
             if fresh:
                 pipeline = Pipeline(manifest, _Detokenizer(), target, draft, remembered_costs=memory,
-                                    suffix_store=store)
+                                    suffix_store=store, prefix_cache_bytes=0)
                 target.new_process()
                 draft.new_process()
-            result = pipeline.generate([trace.prompt], config)[0]
-            expected = trace.output[: config.max_new_tokens]
-            if result.token_ids != expected[: len(result.token_ids)] or (
-                    len(result.token_ids) < len(expected) and result.finish_reason != "eos"):
-                raise AssertionError(f"{trace.prompt_id}: the replay left the recorded text (a replay bug)")
-            stats = result.stats
-            out.append({"group": trace.group, "prompt": trace.prompt_id, "tokens": stats["tokens"],
-                        "seconds": stats["seconds"] + stats["prefill_s"], "prefill_s": stats["prefill_s"],
-                        "cycles": len(result.records), "drafted": sum(r.k for r in result.records),
-                        "accepted": sum(r.accepted for r in result.records),
-                        "k_by_cycle": [r.k for r in result.records], "accepted_by_cycle": [r.accepted for r in result.records]})
+            out.append(_replayed(trace, pipeline.generate([trace.prompt], config)[0], config))
     return out
+
+
+def _replayed(trace: Trace, result, config) -> dict:
+    """One trace's replayed run as a row of ``replay``'s; AssertionError where it left the recorded text."""
+    expected = trace.output[: config.max_new_tokens]
+    if result.token_ids != expected[: len(result.token_ids)] or (
+            len(result.token_ids) < len(expected) and result.finish_reason != "eos"):
+        raise AssertionError(f"{trace.prompt_id}: the replay left the recorded text (a replay bug)")
+    stats = result.stats
+    return {"group": trace.group, "prompt": trace.prompt_id, "tokens": stats["tokens"],
+            "seconds": stats["seconds"] + stats["prefill_s"], "prefill_s": stats["prefill_s"],
+            "cycles": len(result.records), "drafted": sum(r.k for r in result.records),
+            "accepted": sum(r.accepted for r in result.records),
+            "k_by_cycle": [r.k for r in result.records], "accepted_by_cycle": [r.accepted for r in result.records]}
 
 
 def configurations(ks: list[int]) -> dict:
@@ -409,6 +411,23 @@ def ceiling(costs: CostTable, past: int, rates=(1.0, 0.9, 0.8), k_max: int = 8, 
 
 
 def main() -> None:
+    args = _parser().parse_args()
+    if args.command == "record":
+        return _record_traces(args)
+    data = json.loads(args.traces.read_text())
+    if getattr(args, "costs", None):
+        table = json.loads(args.costs.read_text())
+        data["costs"] = table.get("costs", table)
+    if args.command == "ceiling":
+        costs = CostTable(data["costs"])
+        print(f"batch 1, past {args.past}: v(1) {costs.seconds('target', 1, args.past, 1) * 1e3:.1f} ms, "
+              f"a draft step {costs.seconds('draft', 1, args.past, 1) * 1e3:.1f} ms")
+        ceiling(costs, args.past)
+        return
+    _replay_configurations(args, data)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     rec = commands.add_parser("record", help="plain runs, the draft's guesses and the cost table, from an artifact")
@@ -443,46 +462,37 @@ def main() -> None:
                      help="each call's cost times exp(NOISE x a standard normal draw): a shared machine's spread")
     run.add_argument("--seeds", type=int, default=1, help="with --noise: replay each configuration this many times")
     run.add_argument("--out", type=Path, default=None, help="write the runs and the summary as JSON")
-    args = parser.parse_args()
+    return parser
 
-    if args.command == "record":
-        from dataclasses import asdict
 
-        from specdeploy import Pipeline
-        from specdeploy.workloads import workload
+def _record_traces(args: argparse.Namespace) -> None:
+    """``record``: the artifact's plain runs, its draft's guesses and the cost table, written to ``--out``."""
+    from specdeploy import Pipeline
+    from specdeploy.workloads import workload
 
-        pipeline = Pipeline.load(args.artifact, threads=args.threads)
-        if pipeline.draft is None:
-            raise SystemExit(f"{args.artifact}: no draft model to replay")
-        if args.prompts:
-            from specdeploy.workloads import load_prompts
+    pipeline = Pipeline.load(args.artifact, threads=args.threads)
+    if pipeline.draft is None:
+        raise SystemExit(f"{args.artifact}: no draft model to replay")
+    if args.prompts:
+        from specdeploy.workloads import load_prompts
 
-            prompts = [(p.category or "prompts", p) for p in load_prompts(args.prompts)]
-        else:
-            prompts = workload(args.humaneval, args.specbench, args.humaneval_from, args.conversations, args.structured)
-        costs = measure(pipeline, args.rounds) if args.rounds else {}
-        traces = record(pipeline, prompts, args.max_new_tokens)
-        models = {role: asdict(spec) for role, spec in pipeline.manifest.models.items()}
-        args.out.write_text(json.dumps({"artifact": str(args.artifact), "threads": args.threads, "models": models,
-                                        "costs": costs, "traces": [asdict(t) for t in traces]}))
-        print(f"wrote {args.out}: {len(traces)} traces")
-        return
-    data = json.loads(args.traces.read_text())
-    if getattr(args, "costs", None):
-        table = json.loads(args.costs.read_text())
-        data["costs"] = table.get("costs", table)
-    if args.command == "ceiling":
-        costs = CostTable(data["costs"])
-        print(f"batch 1, past {args.past}: v(1) {costs.seconds('target', 1, args.past, 1) * 1e3:.1f} ms, "
-              f"a draft step {costs.seconds('draft', 1, args.past, 1) * 1e3:.1f} ms")
-        ceiling(costs, args.past)
-        return
+        prompts = [(p.category or "prompts", p) for p in load_prompts(args.prompts)]
+    else:
+        prompts = workload(args.humaneval, args.specbench, args.humaneval_from, args.conversations, args.structured)
+    costs = measure(pipeline, args.rounds) if args.rounds else {}
+    traces = record(pipeline, prompts, args.max_new_tokens)
+    models = {role: asdict(spec) for role, spec in pipeline.manifest.models.items()}
+    args.out.write_text(json.dumps({"artifact": str(args.artifact), "threads": args.threads, "models": models,
+                                    "costs": costs, "traces": [asdict(t) for t in traces]}))
+    print(f"wrote {args.out}: {len(traces)} traces")
+
+
+def _replay_configurations(args: argparse.Namespace, data: dict) -> None:
+    """``run``: every configuration replayed at each length (and seed) over the traces; the summary printed."""
     lengths = [int(n) for n in args.lengths.split(",")]
     longest = min(len(t["output"]) for t in data["traces"] if len(t["output"]) == max(len(u["output"]) for u in data["traces"]))
     if max(lengths) > longest:
         raise SystemExit(f"--lengths: {max(lengths)} new tokens, but the traces hold at most {longest}")
-    from dataclasses import replace
-
     runs = {name: [] for name in configurations([int(k) for k in args.ks.split(",")])}
     for tokens in lengths:
         for name, config in configurations([int(k) for k in args.ks.split(",")]).items():

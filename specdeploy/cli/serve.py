@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from ..engines.ort import PROVIDERS
+from ..runtime.prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from .common import speculation_options, threads_option
 from .settings import check_environment, networks_form, origins_form, root_path_form, text_setting
 
@@ -74,21 +75,26 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
               help="The CPU time a chat template may use before the request fails with 500 (a busy machine's waiting is "
                    "not counted; the wall clock stops a render only at 10 times this plus 5 s).")
 @click.option("--suffix-scope", type=click.Choice(["key", "global", "none"]), default="key", show_default=True,
-              help="Whose earlier answers a request drafts from: those under its own API key (the bearer token it "
-                   "sends), everyone's (global), or none but its own text. Drafts never change a text; their speed "
-                   "could tell one client what another's answers held (docs/serving.md).")
+              help="Whose earlier answers a request drafts from, and whose texts' K/V it reuses: those under its own "
+                   "API key (the bearer token it sends), everyone's (global), or none but its own text. Neither "
+                   "changes a text; their speed could tell one client what another's held (docs/serving.md).")
 @click.option("--suffix-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Keep the suffix indexes in this file: loaded at start (a corrupt or foreign one is refused in one "
                    "line, and the server starts empty), written atomically when the server stops.")
 @click.option("--suffix-tokens", type=click.IntRange(min=1), default=65_536, show_default=True,
               help="Tokens each scope's suffix index keeps at most (the least recently used texts go first); an index "
                    "takes 0.4-1.1 KB a token, and at most 16 scopes are kept (the least recently used goes).")
+@click.option("--prefix-cache-bytes", type=click.IntRange(min=0), default=DEFAULT_PREFIX_BYTES, show_default=True,
+              help="Memory for the K/V of finished requests' texts: a later prompt of the same --suffix-scope that "
+                   "starts alike (a conversation's next turn, a shared system prompt) reuses it instead of prefilling "
+                   "(usage.prompt_tokens_details.cached_tokens says how much); the least recently used goes first. "
+                   "0: none.")
 @click.option("--ray-replicas", type=click.IntRange(min=1), default=None,
               help="Run this many replicas under Ray Serve (a local Ray instance; needs ray[serve]), same API.")
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
           prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, max_body_bytes, api_key,
           chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins, forwarded_allow_ips, drain_seconds,
-          access_log, template_seconds, suffix_scope, suffix_cache, suffix_tokens, ray_replicas):
+          access_log, template_seconds, suffix_scope, suffix_cache, suffix_tokens, prefix_cache_bytes, ray_replicas):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
     not), /v1/models, /health (readiness), /health/live and /metrics."""
     try:
@@ -112,7 +118,8 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
         config = GenerationConfig(k=k, policy=policy, drafter=drafter, confidence_threshold=confidence_threshold)
         store = SuffixStore(max_tokens=suffix_tokens)
         pipeline = Pipeline.load(directory, provider=provider, threads=threads, suffix_cache=suffix_cache,
-                                 suffix_store=store, log=lambda message: click.echo(f"warning: {message}", err=True))
+                                 suffix_store=store, log=lambda message: click.echo(f"warning: {message}", err=True),
+                                 prefix_cache_bytes=prefix_cache_bytes)
         pipeline.drafter_for(config)  # a drafter that needs a draft model the artifact lacks: refused now
         if chat_template is not None:
             pipeline.chat_template = _chat_template(pipeline.chat_template, chat_template)

@@ -97,7 +97,6 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
     missing = sorted({s.artifact for s in grid} - set(pipelines))
     if missing:
         raise GridError(f"the grid runs on artifacts {missing} that no pipeline was given for")
-    settings = {setting.name: setting for setting in grid}
     inputs = {label: _inputs(label, pipeline, prompts) for label, pipeline in pipelines.items()}
     _warm_up(pipelines, grid, inputs)
     # each setting drafts from its own index of the answers it gave earlier in the round, empty at each round's start:
@@ -116,18 +115,26 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
                                                           setting.config, batch_size=batch_size,
                                                           suffix_index=indexes[setting.name, rep])
                 advance()
-            for setting in grid:
-                baseline = settings[setting.baseline]
-                for index, prompt, result, plain in zip(itertools.count(first), batch, results[setting.name],
-                                                        results[baseline.name]):
-                    divergence = None
-                    if setting.config.greedy and result.token_ids != plain.token_ids:
-                        divergence = pipelines[setting.artifact].first_divergence(
-                            inputs[setting.artifact][index], plain.token_ids, result.token_ids, baseline.config)
-                    _write_run(sink, setting, prompt, rep, result, divergence)
+            _write_batch(sink, pipelines, grid, inputs, batch, first, rep, results)
     summary = summarize(read_records(records_path))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _write_batch(sink, pipelines: Mapping[str, Pipeline], grid: list[Setting], inputs: dict, batch: list[Prompt],
+                 first: int, rep: int, results: dict) -> None:
+    """Write every setting's runs of one batch (its prompts start at index ``first``); a greedy run whose tokens
+    differ from its baseline's gets their first divergence."""
+    settings = {setting.name: setting for setting in grid}
+    for setting in grid:
+        baseline = settings[setting.baseline]
+        for index, prompt, result, plain in zip(itertools.count(first), batch, results[setting.name],
+                                                results[baseline.name]):
+            divergence = None
+            if setting.config.greedy and result.token_ids != plain.token_ids:
+                divergence = pipelines[setting.artifact].first_divergence(
+                    inputs[setting.artifact][index], plain.token_ids, result.token_ids, baseline.config)
+            _write_run(sink, setting, prompt, rep, result, divergence)
 
 
 def _warm_up(pipelines: Mapping[str, Pipeline], grid: list[Setting], inputs: dict) -> None:
@@ -236,14 +243,19 @@ def _summarize_segment(lines: list[dict]) -> dict:
                             for r in config_runs if r.get("divergence")],
         }
         if reference != baseline and reference in runs:  # another artifact than the first: against the first's plain
-            to_reference = _speedups(config_runs, runs[reference])
-            entry["reference"] = reference
-            entry["speedup_vs_reference_median"] = statistics.median(to_reference) if to_reference else float("nan")
-            entry["identical_to_reference"] = _identical(config_runs, runs[reference]) if greedy else None
+            entry.update(_against_reference(reference, config_runs, runs[reference], greedy))
         out[config] = entry
     for config, entry in out.items():
         entry.update(_prediction(entry, cycles[config], cycles[entry["baseline"]]))
     return out
+
+
+def _against_reference(reference: str, runs: list[dict], reference_runs: list[dict], greedy: bool) -> dict:
+    """Speedup over, and outputs identical to, the first artifact's plain decoding (``reference``)."""
+    to_reference = _speedups(runs, reference_runs)
+    return {"reference": reference,
+            "speedup_vs_reference_median": statistics.median(to_reference) if to_reference else float("nan"),
+            "identical_to_reference": _identical(runs, reference_runs) if greedy else None}
 
 
 def _speedups(runs: list[dict], baseline_runs: list[dict]) -> list[float]:

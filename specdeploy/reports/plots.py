@@ -26,15 +26,23 @@ def write_report(directory: Path) -> list[Path]:
     records = [r for r in read_records(directory / "records.jsonl") if r["type"] == "cycle"]
     speculative = {name: e for name, e in summary.items() if e["k"] > 0}
     written = []
-
-    def save(fig, name):
+    for name, draw, data in zip(PLOTS, (_speedup_vs_k, _acceptance_by_position, _accepted_length, _time_split),
+                                (speculative, speculative, records, summary)):
+        fig, ax = plt.subplots()
+        draw(ax, data)
         fig.set_size_inches(*SIZE_INCHES)
         fig.tight_layout()
         fig.savefig(directory / name, dpi=DPI)
         plt.close(fig)
         written.append(directory / name)
+    header, rows = summary_table(summary)
+    (directory / "report.md").write_text(_markdown(header, rows))
+    (directory / "report.html").write_text(_html(header, rows, directory))
+    return written + [directory / "report.md", directory / "report.html"]
 
-    fig, ax = plt.subplots()
+
+def _speedup_vs_k(ax, speculative: dict) -> None:
+    """Measured and predicted speedup against K, one line pair per configuration less its K."""
     series = defaultdict(list)
     for name, entry in speculative.items():
         series[name.rsplit(" k=", 1)[0] + " " + name.rsplit(" ", 1)[-1]].append(entry)
@@ -46,17 +54,19 @@ def write_report(directory: Path) -> list[Path]:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xlabel="draft length K", ylabel="speedup over plain decoding", title="Speedup versus K")
     ax.legend(fontsize=7)
-    save(fig, PLOTS[0])
 
-    fig, ax = plt.subplots()
+
+def _acceptance_by_position(ax, speculative: dict) -> None:
+    """Each speculative configuration's acceptance rate per draft position."""
     for name, entry in speculative.items():
         rates = [_nan(a) for a in entry["acceptance_by_position"]]
         ax.plot(range(1, len(rates) + 1), rates, "o-", label=name)
     ax.set(xlabel="draft position", ylabel="P(accepted | reached)", ylim=(0, 1.05), title="Acceptance by position")
     ax.legend(fontsize=7)
-    save(fig, PLOTS[1])
 
-    fig, ax = plt.subplots()
+
+def _accepted_length(ax, records: list[dict]) -> None:
+    """A histogram of the tokens each drafted cycle committed, per configuration."""
     lengths = defaultdict(list)
     for r in records:
         if r["k"] > 0:
@@ -66,9 +76,10 @@ def write_report(directory: Path) -> list[Path]:
         ax.hist(list(lengths.values()), bins=range(1, top + 2), label=list(lengths), align="left")
         ax.legend(fontsize=7)
     ax.set(xlabel="tokens committed per cycle", ylabel="cycles", title="Accepted length per cycle")
-    save(fig, PLOTS[2])
 
-    fig, ax = plt.subplots()
+
+def _time_split(ax, summary: dict) -> None:
+    """Each configuration's cycle time split into draft, verify, accept and cache, as stacked bars."""
     names = list(summary)
     bottom = [0.0] * len(names)
     for phase in ("draft", "verify", "accept", "cache"):
@@ -78,12 +89,6 @@ def write_report(directory: Path) -> list[Path]:
     ax.set(xlabel="share of cycle time", title="Time split per cycle")
     ax.tick_params(axis="y", labelsize=7)
     ax.legend(fontsize=7)
-    save(fig, PLOTS[3])
-
-    header, rows = summary_table(summary)
-    (directory / "report.md").write_text(_markdown(header, rows))
-    (directory / "report.html").write_text(_html(header, rows, directory))
-    return written + [directory / "report.md", directory / "report.html"]
 
 
 def _nan(value):

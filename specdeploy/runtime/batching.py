@@ -12,15 +12,19 @@ import time
 import numpy as np
 
 from ..engines.base import Engine, KVCache, prefill
+from .prefix_cache import PrefixCache
 from .rows import Request
+from .telemetry import FinishReason
 
 
 class RowCaches:
     """The target's cache (``cache``) and the draft model's (``draft_cache``; None without a draft model) of the same
     rows, ``capacity`` slots each."""
 
-    def __init__(self, target: Engine, draft: Engine | None, rows: int, capacity: int):
-        self.target, self.draft, self.capacity = target, draft, capacity
+    def __init__(self, target: Engine, draft: Engine | None, rows: int, capacity: int,
+                 prefixes: PrefixCache | None = None):
+        # prefixes: earlier requests' K/V, which rows reuse before their prefill and keep when they leave
+        self.target, self.draft, self.capacity, self.prefixes = target, draft, capacity, prefixes
         self.cache = target.allocate_cache(rows, capacity)
         self.draft_cache = draft.allocate_cache(rows, capacity) if draft is not None else None
 
@@ -29,7 +33,10 @@ class RowCaches:
         """Bring the target's rows ``first ..`` up to ``past_len`` (one per row from ``first``) of ``tokens`` [batch,
         capacity]; ``live``: the batch's requests, whose results hear how long it took. If the batched prefill fails,
         each row is prefilled alone, and a row that fails alone fails its request. Returns those rows and the seconds."""
-        began, cache, batch = time.perf_counter(), self.cache, len(tokens)
+        began, batch = time.perf_counter(), len(tokens)
+        if self.prefixes is not None:
+            self._reuse(live, first)
+        cache = self.cache
         rows, failed = cache.rows(first, batch), []
         try:
             prefill(self.target, rows, tokens[first:], past_len)
@@ -49,6 +56,20 @@ class RowCaches:
         for request in live[first:]:
             request.result.prefill_seconds, request.result.decode_started = ended - began, ended
         return failed, ended - began
+
+    def _reuse(self, live: list[Request], first: int) -> None:
+        """Rows ``first ..`` that have seen nothing start from the longest kept start of their prompt in their scope
+        (``PrefixCache.reuse``); their results say how many prompt tokens that was."""
+        for b, request in enumerate(live[first:], first):
+            if self.cache.past_len[b] == 0:
+                request.result.cached_tokens = self.prefixes.reuse(request.settings.index, request.result.prompt_ids,
+                                                                   self.cache, b, self.draft_cache)
+
+    def keep(self, b: int, tokens: np.ndarray, request: Request) -> None:
+        """Row ``b``, about to leave, keeps what its caches hold of ``tokens`` for the prompts that follow (none of a
+        failed request's: a fault may have left its slots half written)."""
+        if self.prefixes is not None and request.result.finish_reason != FinishReason.ERROR:
+            self.prefixes.keep(request.settings.index, tokens, self.cache, b, self.draft_cache)
 
     def prefill_draft(self, tokens: np.ndarray) -> tuple[float, int]:
         """Bring the draft's rows up to what the target has seen of ``tokens``; returns the seconds it took and the

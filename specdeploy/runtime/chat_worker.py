@@ -25,6 +25,11 @@ import signal
 import sys
 from datetime import datetime
 
+if __package__:
+    from .shorten import short
+else:  # run as a script, as ``chat`` starts it: its directory is first on sys.path
+    from shorten import short
+
 MEMORY_BYTES = 2 * 2**30  # address space: far above what jinja2 and the interpreter need, far below a runaway's
 MAX_INT_BITS = 2**16  # integers a template computes: a tower of powers would take minutes and the memory
 ALARM_GRACE = 2.0  # seconds past the parent's deadline before the process ends itself
@@ -89,7 +94,7 @@ def _check_binop(operator: str, left, right, max_chars: int) -> None:
     ``max_chars`` items for a repeated string or list."""
     if operator == "**" and _integer(left) and _integer(right) and right > 0 and abs(left) > 1 \
             and right * math.log2(abs(left)) > MAX_INT_BITS:
-        raise OverflowError(f"{_short(left)} ** {_short(right)} has more than {MAX_INT_BITS} bits")
+        raise OverflowError(f"{short(left, 40)} ** {short(right, 40)} has more than {MAX_INT_BITS} bits")
     if operator == "*":
         if _integer(left) and _integer(right) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
             raise OverflowError(f"a product of more than {MAX_INT_BITS} bits")
@@ -125,7 +130,7 @@ def render(sandbox, compiled: dict, request: dict, max_chars: list[int]) -> dict
     except MemoryError:
         return {"error": "MemoryError", "message": f"it took more than {MEMORY_BYTES // 2**30} GiB"}
     except Exception as exc:  # the template's own failure, whatever its kind (SecurityError: the sandbox refused it)
-        return {"error": type(exc).__name__, "message": _short(str(exc), 300)}
+        return {"error": type(exc).__name__, "message": short(str(exc), 300, quoted=False)}
 
 
 def main() -> None:
@@ -154,12 +159,6 @@ def main() -> None:
 
 def _integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _short(value, limit: int = 40) -> str:
-    text = value if isinstance(value, str) else repr(value) if not _integer(value) or value.bit_length() < 128 else \
-        f"an integer of {value.bit_length()} bits"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .registry import DRAFTERS, POLICIES
+from .shorten import short
 
 INT64_MAX = 2**63 - 1
 PENALTY_RANGE = (0.01, 100.0)  # beyond it a penalised logit over- or underflows to inf / 0 and the distribution to NaN
@@ -58,7 +59,7 @@ class GenerationConfig:
 
     def __post_init__(self):
         def bad(name, expected):
-            return ConfigError(f"{name}: got {short_value(getattr(self, name))}; expected {expected}")
+            return ConfigError(f"{name}: got {short(getattr(self, name))}; expected {expected}")
 
         def whole(name, low, expected):
             value = getattr(self, name)
@@ -118,7 +119,7 @@ def checked_threads(threads) -> int | None:
         return None
     limit = max_threads()
     if not is_integer(threads) or not 1 <= threads <= limit:
-        raise ConfigError(f"threads: got {short_value(threads)}; expected an integer in [1, {limit}] ({MAX_THREADS_PER_CORE} per "
+        raise ConfigError(f"threads: got {short(threads)}; expected an integer in [1, {limit}] ({MAX_THREADS_PER_CORE} per "
                           f"core of this machine's {os.cpu_count() or 1}), or None for ONNX Runtime's default")
     return int(threads)
 
@@ -131,14 +132,14 @@ def checked_token_ids(ids, vocab: int, name: str) -> np.ndarray:
     """A flat sequence of Python or NumPy integers as int64 ids, each inside [0, vocab); nothing coerced.
     ConfigError naming ``name`` otherwise (bytes, a string, floats, nested lists, ids beyond int64 or the vocabulary)."""
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
-        raise ConfigError(f"{name}: got {short_value(ids)}; expected a list of token ids")
+        raise ConfigError(f"{name}: got {short(ids)}; expected a list of token ids")
     items = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
     wrong = next((t for t in items if not is_integer(t)), None)
     if wrong is not None:
-        raise ConfigError(f"{name}: got {short_value(wrong)} among them; expected integers (a flat list of token ids)")
+        raise ConfigError(f"{name}: got {short(wrong)} among them; expected integers (a flat list of token ids)")
     low, high = (min(items), max(items)) if items else (0, 0)
     if low < 0 or high >= vocab:
-        raise ConfigError(f"{name}: range [{short_value(low)}, {short_value(high)}] outside the vocabulary [0, {vocab})")
+        raise ConfigError(f"{name}: range [{short(low)}, {short(high)}] outside the vocabulary [0, {vocab})")
     return np.array(items, np.int64)
 
 
@@ -162,12 +163,6 @@ def _checked_stop_ids(ids) -> tuple[int, ...]:
     if not isinstance(ids, (list, tuple)) or any(not is_integer(t) or not 0 <= t <= INT64_MAX for t in ids):
         raise ConfigError(f"stop_token_ids: got {ids!r}; expected a list of non-negative integers")
     return tuple(int(t) for t in ids)
-
-
-def short_value(value) -> str:
-    """A value for an error message, cut short: a prompt may be megabytes."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}... ({type(value).__name__})"
 
 
 def is_integer(value) -> bool:

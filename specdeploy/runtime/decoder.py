@@ -37,8 +37,8 @@ from .drafters import Drafter, Proposal
 from .errors import ConcurrentUseError
 from .guards import check_merge, checked_join
 from .policies import CycleOutcome, Policy
-from .rows import Request, RowResult, RowSettings
-from .sampling import unseeded_generator
+from .prefix_cache import PrefixCache
+from .rows import Request, Roster, RowResult, RowSettings
 from .telemetry import CycleRecord, FinalToken, FinishReason
 
 # () -> (rows about to join: a server's staged and queued requests, tokens the draft lacks of them, tokens to come)
@@ -48,85 +48,11 @@ Joining = Callable[[], tuple[int, int, int]]
 Verified = Callable[[np.ndarray, list[tuple[int, list[int]]]], None]
 
 
-class BatchState:
-    """Token buffer [batch, capacity], committed lengths, and the requests, one record each. Requests ``join`` and
-    ``leave`` between cycles; ``row`` gives one row alone, on the same buffers and records; ``snapshot``/``restore``
-    undo a failed cycle. What a cycle reads of the active records is derived when rows come or go (``_derive``)."""
+class BatchState(Roster):
+    """The batch a cycle moves: the ``Roster``'s token buffer, lengths and records, and what a cycle reads and
+    changes of them (its budgets, the target's inputs, the commit); ``snapshot``/``restore`` undo a failed cycle."""
 
-    def __init__(self, config: GenerationConfig, capacity: int, eos: set[int]):
-        # config: the batch's speculation and the settings of rows joined without their own; eos: the model's EOS ids
-        self.config, self.capacity, self.eos = config, capacity, eos
-        self.tokens = np.zeros((0, capacity), np.int64)  # [batch, capacity]
-        self.lengths: list[int] = []  # [batch] committed length
-        self.active: list[int] = []  # [batch] request index of each row
-        self.requests: list[Request | None] = []  # by request index, finished ones included (None once released)
-        self._derive()
-
-    def _derive(self) -> None:
-        """What every cycle reads of the active records, made when rows come or go rather than at each read."""
-        live = self.live = [self.requests[i] for i in self.active]  # [batch] the rows' records
-        configs = self.configs = [request.settings.config for request in live]  # [batch]
-        self.scopes = [(request.result, request.settings.index) for request in live]  # [batch] whose text, its index
-        self._rngs = [request.generator for request in live]
-        self.greedy = all(config.greedy for config in configs)  # acceptance and drafting need no distribution
-        self.sampling = not self.greedy  # the generators' states are part of a snapshot
-        self.penalized = any(config.repetition_penalty != 1.0 for config in configs)
-        self.keyed = any(request.noise is not None for request in live)  # some row's draws are keyed by position
-
-    rows = property(lambda self: [None if r is None else r.result for r in self.requests])  # results, by request index
     batch = property(lambda self: len(self.active))
-
-    def join(self, prompts: Sequence[np.ndarray], request_ids: Sequence[str],
-             settings: Sequence[RowSettings] | None = None) -> None:
-        """Add requests as new rows at the end of the batch, each with its own settings (``settings``; default:
-        the batch's config without stop strings, prompt i drawing from seed stream i of the batch)."""
-        if settings is None:
-            settings = [RowSettings(self.config, None, len(self.requests) + i) for i in range(len(prompts))]
-        added = np.zeros((len(prompts), self.capacity), np.int64)
-        for b, prompt in enumerate(prompts):
-            added[b, : len(prompt)] = prompt
-        for prompt, request_id, row in zip(prompts, request_ids, settings):
-            self.active.append(len(self.requests))
-            self.requests.append(Request.open(RowResult(request_id, prompt), row, self.eos, unseeded_generator))
-            self.lengths.append(len(prompt))
-        self.tokens = np.concatenate([self.tokens, added])
-        self._derive()
-
-    def merge(self, other: BatchState) -> None:
-        """Append ``other``'s active rows (same capacity), with their records. An empty batch starts afresh: the
-        requests that left are forgotten."""
-        if not self.active:
-            self.requests = []
-        offset = len(self.requests)
-        self.requests += other.live
-        self.active += range(offset, offset + other.batch)
-        self.lengths += other.lengths
-        self.tokens = np.concatenate([self.tokens, other.tokens])
-        self._derive()
-
-    def release(self, index: int) -> None:
-        """Forget finished request ``index`` (its result has been handed on): a long-running batch that
-        requests keep joining does not grow with the ones that left."""
-        if index not in self.active:
-            self.requests[index] = None
-
-    def leave(self, rows: Sequence[int]) -> list[int]:
-        """Drop batch rows ``rows``; returns the rows that stay, in order (caches keep the same ones)."""
-        drop = set(rows)
-        keep = [b for b in range(self.batch) if b not in drop]
-        self.tokens = self.tokens[keep]
-        self.lengths = [self.lengths[b] for b in keep]
-        self.active = [self.active[b] for b in keep]
-        self._derive()
-        return keep
-
-    def row(self, b: int) -> BatchState:
-        """Row ``b`` alone, on a view of this token buffer and the same records."""
-        single = BatchState(self.config, self.capacity, self.eos)
-        single.requests, single.tokens, single.lengths, single.active = (self.requests, self.tokens[b : b + 1],
-                                                                         [self.lengths[b]], [self.active[b]])
-        single._derive()
-        return single
 
     def snapshot(self) -> tuple:
         """What a cycle changes before it commits: lengths, and the generators' states when sampling."""
@@ -138,15 +64,6 @@ class BatchState:
         self.lengths = list(lengths)
         for rng, state in zip(self._rngs, states or []):
             rng.bit_generator.state = state
-
-    def rngs(self) -> list[np.random.Generator]:
-        """The active rows' generators, in batch order."""
-        return self._rngs
-
-    def noise(self, b: int, position: int, vocab: int) -> np.ndarray | None:
-        """Row b's keyed noise [vocab] for its token at ``position`` (``Request.noise_at``); None for a row that is
-        not seeded and sampled."""
-        return self.live[b].noise_at(position, vocab)
 
     def budgets(self) -> tuple[list[int], list[int]]:
         """Each active row's new tokens left to commit, and the most drafts it may have (its own k, and one fewer
@@ -224,23 +141,22 @@ def one_thread(method):
 class Generation:
     """One batch of requests in flight: ``step()`` runs one cycle (after ``prefill()``) and reports what each row
     committed; the rows' caches (``caches``) follow the batch state's rows. A front end gives its policy and listeners
-    at construction and talks to it through ``step``, ``done``, ``rows``, ``in_flight``, ``outlook``, ``prefill_chunk``,
-    ``join``, ``merge``, ``cancel``, ``release`` and ``fail_all``. ``policy`` stays a plain attribute: the next cycle
-    asks whichever a test or front end set."""
+    at construction and uses ``step``, ``done``, ``rows``, ``in_flight``, ``outlook``, ``prefill_chunk``, ``join``,
+    ``merge``, ``cancel``, ``release`` and ``fail_all``; the next cycle asks whichever ``policy`` is set."""
 
     def __init__(self, target: Engine, drafter: Drafter, policy: Policy, config: GenerationConfig,
                  prompts: list[np.ndarray], request_ids: list[str], capacity: int | None = None,
                  settings: Sequence[RowSettings] | None = None, *, joining: Joining | None = None,
-                 on_verified: Verified | None = None):
+                 on_verified: Verified | None = None, prefixes: PrefixCache | None = None):
         """``config`` sets the batch's speculation and, unless ``settings`` gives each prompt its own, every row's
-        settings. Listeners: ``joining`` (``Joining``; default: none join) and ``on_verified`` (``Verified``)."""
+        settings. Listeners: ``joining`` (``Joining``; default: none join), ``on_verified`` (``Verified``)."""
         self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
         self.k = config.k if config.speculative else 0
         if capacity is None:
             capacity = rows_slots(prompts, config, settings, self.k, target.spec.capacity)
         self.state = BatchState(config, capacity, set(target.spec.eos_token_ids))
         self.state.join(prompts, request_ids, settings)
-        self.caches = RowCaches(target, drafter.engine if drafter.uses_model else None, len(prompts), capacity)
+        self.caches = RowCaches(target, drafter.engine if drafter.uses_model else None, len(prompts), capacity, prefixes)
         self.cycle = 0
         # the last cycle drafted every row by the model: no catch-up to judge, as asking is dear (docs/results/overhead)
         self.draft_caught_up = False
@@ -258,8 +174,7 @@ class Generation:
     draft_cache = property(lambda self: self.caches.draft_cache)
     # the active requests, in batch order: (request index, result so far)
     in_flight = property(lambda self: [(i, request.result) for i, request in zip(self.state.active, self.state.live)])
-    # views of the state, for tests and tools
-    tokens = property(lambda self: self.state.tokens)
+    tokens = property(lambda self: self.state.tokens)  # these three: views of the state, for tests and tools
     lengths = property(lambda self: np.array(self.state.lengths, np.int64))
     active = property(lambda self: np.array(self.state.active, np.int64))
 
@@ -327,8 +242,7 @@ class Generation:
                 time.perf_counter() - accepted_at)
         return committed, finished
 
-    def _draft_lengths(self, state: BatchState, draft_cache: KVCache | None, left: list[int],
-                       caps: list[int]) -> tuple[int, int]:
+    def _draft_lengths(self, state: BatchState, draft_cache: KVCache | None, left: list[int], caps: list[int]) -> tuple[int, int]:
         """This cycle's (model drafts, free drafts) a row, as the policy prices them (``Drafter.plan``), at most the
         rows' largest cap; the model drafts only where its catch-up pays (``_catchup_pays``)."""
         most = min(self.k, max(caps))
@@ -365,14 +279,10 @@ class Generation:
     @one_thread
     def prefill_chunk(self, tokens: int, draft: bool | None = True) -> bool:
         """Prefill at most ``tokens`` more of each prompt, in the target and (``draft``) the draft; True once done.
-
-        A server prefills requests that join a running batch this way, a chunk between two of its cycles, then
-        ``merge``s them: running rows never wait for a whole long prompt, in either model. Without ``draft`` the draft
-        has seen nothing of these rows: a cycle then judges whether that catch-up pays. ``draft=None``: the draft
-        prefills them if that catch-up pays in the batch they will make (``_catchup_pays``), judged once, at the first
-        draft chunk (after the target's first): a burst's clients arrive ms apart, and the first judged alone would have
-        the draft prefill it for a batch that then decodes plainly (tools/load_test.py).
-        """
+        A server prefills joining requests so, a chunk between two cycles, then ``merge``s them: running rows never wait
+        for a whole prompt. Without ``draft`` a cycle judges the draft's catch-up; ``draft=None``: the draft prefills if
+        that pays in the batch they will make (``_catchup_pays``), judged once, after the target's first chunk: a
+        burst's clients arrive ms apart, and the first judged alone would pay for a batch then decoded plainly."""
         state, caches = self.state, self.caches
         past_len = [min(past + tokens, length - 1) for past, length in zip(caches.cache.past_len.tolist(), state.lengths)]
         self.prefill_spent += self.prefill(0, past_len)
@@ -427,6 +337,7 @@ class Generation:
         """Batch rows ``finished`` leave, with their cache rows; each one's text joins its scope's suffix index."""
         for b in finished:
             self.state.live[b].publish()
+            self.caches.keep(b, self.state.tokens[b], self.state.live[b])
         self.caches.select(self.state.leave(finished))
 
     def _isolate(self) -> tuple[list, list[int]]:

@@ -18,15 +18,18 @@ from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch, slots_needed
 from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
-from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer, short_value
+from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer
 from .cost_policy import CostPolicy, Costs
 from .decoder import Generation
 from .divergence import first_divergence
-from .drafters import Drafter, NoDrafter
+from .drafters import Drafter
 from .policies import CycleOutcome, Policy
-from .registry import make_drafter, make_policy
+from .prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
+from .prefix_cache import PrefixCache
+from .registry import make_policy, speculation
 from .results import GenerationError, GenerationResult, StreamChunk
 from .rows import RowResult, RowSettings
+from .shorten import short
 from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
@@ -42,7 +45,8 @@ class Pipeline:
 
     def __init__(self, manifest: Manifest, tokenizer, target, draft=None, directory: Path | None = None,
                  max_cache_bytes: int | None = None, chat_template: ChatTemplate | None = None,
-                 remembered_costs: RememberedCosts | None = None, suffix_store: SuffixStore | None = None):
+                 remembered_costs: RememberedCosts | None = None, suffix_store: SuffixStore | None = None,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES):
         self.manifest, self.tokenizer, self.target, self.draft = manifest, tokenizer, target, draft
         self.chat_template = chat_template or ChatTemplate({})
         bos = self.chat_template.bos_token
@@ -50,7 +54,7 @@ class Pipeline:
         self._bos = tokenizer.token_to_id(bos) if self.chat_template.add_bos_token and bos else None
         self.directory = directory
         if max_cache_bytes is not None and (not is_integer(max_cache_bytes) or max_cache_bytes < 1):
-            raise ConfigError(f"max_cache_bytes: got {short_value(max_cache_bytes)}; expected an integer >= 1, or None")
+            raise ConfigError(f"max_cache_bytes: got {short(max_cache_bytes)}; expected an integer >= 1, or None")
         self.max_cache_bytes = max_cache_bytes
         self._ids = itertools.count()
         self._remembered = remembered_costs
@@ -61,12 +65,17 @@ class Pipeline:
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
         self.suffix_index = self.suffix_store.scope(SHARED_SCOPE)
         self.suffix_cache: Path | None = None  # where ``save_suffix_cache`` writes (``load(suffix_cache=...)``)
+        if not is_integer(prefix_cache_bytes) or prefix_cache_bytes < 0:
+            raise ConfigError(f"prefix_cache_bytes: got {short(prefix_cache_bytes)}; expected an integer >= 0 (0: none)")
+        # the K/V of finished requests' texts, which later prompts of their scope that start alike reuse
+        self.prefix_cache = PrefixCache(int(prefix_cache_bytes))
         self._warm_lock = threading.Lock()
 
     @classmethod
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
              verify_hashes: bool = True, max_cache_bytes: int | None = None, remember_costs: bool = False,
-             suffix_cache: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None) -> Pipeline:
+             suffix_cache: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None,
+             prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES) -> Pipeline:
         """Load an artifact dir written by ``specdeploy export``.
 
         Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
@@ -78,12 +87,15 @@ class Pipeline:
         ``suffix_cache``: a file of earlier requests' texts to draft from (``save_suffix_cache`` writes it); one that
         is corrupt, too large or for another tokenizer is refused in one line (``log``, default: a warning) and the
         pipeline starts with an empty index. ``suffix_store``: the indexes to use (bounds, scopes).
+        ``prefix_cache_bytes``: memory for finished requests' K/V, which later prompts of the same suffix-index scope
+        that start alike reuse instead of prefilling (``PrefixCache``; 0: none).
         """
         threads = checked_threads(threads)  # before any work: too many abort the process inside ONNX Runtime
         directory = Path(directory)
         manifest, tokenizer, chat, target, draft = open_artifact(directory, provider, threads, verify_hashes)
         remembered = RememberedCosts(machine_key(directory, provider, threads)) if remember_costs else None
-        pipeline = cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered, suffix_store)
+        pipeline = cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered, suffix_store,
+                       prefix_cache_bytes)
         if suffix_cache is not None:
             pipeline.load_suffix_cache(suffix_cache, log)
         return pipeline
@@ -185,7 +197,7 @@ class Pipeline:
                 raise ConfigError(f"prompt: encodes to token id {outside} ({self.tokenizer.id_to_token(outside)!r}), outside "
                                   f"the model's vocabulary [0, {vocab}): the artifact's tokenizer does not fit its models")
         elif isinstance(prompt, bytes) or not isinstance(prompt, (Sequence, np.ndarray)):
-            raise ConfigError(f"prompt: got {short_value(prompt)}; expected a string or a list of token ids")
+            raise ConfigError(f"prompt: got {short(prompt)}; expected a string or a list of token ids")
         else:
             ids = checked_token_ids(prompt, vocab, "prompt ids")
         if ids.size == 0:
@@ -218,7 +230,8 @@ class Pipeline:
         its batch: prompt i of one config draws from stream i of the seed, a prompt with its own config from stream 0.
         ``capacity`` fixes the cache slots per row (at least what the rows need), so that batches started
         apart can be merged. ``suffix_index``: the index of earlier requests' texts these draft from, and which
-        theirs join when they finish (default: this pipeline's ``suffix_index``; None: their own text alone), or
+        theirs join when they finish, and the scope of the K/V they reuse (``prefix_cache``) (default: this pipeline's
+        ``suffix_index``; None: their own text alone, no K/V of earlier requests), or
         one per prompt (a server's requests under different API keys). ``policy`` (default: ``policy_for(config)``),
         ``request_ids`` (default: req-N) and ``listeners`` (``joining``, ``on_verified``) go to the ``Generation``.
         """
@@ -230,8 +243,7 @@ class Pipeline:
         ids = [self.encode(p) for p in prompts]
         for row in {config, *row_configs}:
             self.check_stop_tokens(row)
-        policy = policy if policy is not None else self.policy_for(config)
-        drafter = self.drafter_for(config, policy.stop_below)
+        policy, drafter = speculation(config, self.draft, self.costs, policy)
         limit = _checked_capacity(capacity, min(s.capacity for s in self.manifest.models.values()))
         longest = max(row_configs, key=lambda c: c.max_new_tokens)
         specs = _model_specs(self.target, self.draft if drafter.uses_model else None)
@@ -246,7 +258,7 @@ class Pipeline:
         if config.speculative and config.k not in self._warmed:
             self.warm_up(config.k)
         return Generation(self.target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
-                          settings=settings, **listeners)
+                          settings=settings, prefixes=self.prefix_cache, **listeners)
 
     def policy_for(self, config: GenerationConfig) -> Policy:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
@@ -330,15 +342,14 @@ class Pipeline:
         stats = summarize(row.records, seconds=row.decode_seconds)
         stats["prefill_s"] = row.prefill_seconds
         stats["prompt_tokens"] = int(len(row.prompt_ids))
+        stats["cached_prompt_tokens"] = row.cached_tokens
         text = StopStrings(config.stop, None).cut(self.decode(row.token_ids))
         return GenerationResult(text, row.token_ids, stats, row.finish_reason, row.records, row.error)
 
-    def drafter_for(self, config: GenerationConfig, stop_below: float | None = None) -> Drafter:
+    def drafter_for(self, config: GenerationConfig) -> Drafter:
         """The drafter ``config`` names, on this artifact's draft model (the hybrid drafter without one drafts by
-        lookup alone; the model drafter without one is refused); ``stop_below``: the policy's confidence stop."""
-        if not config.speculative:
-            return NoDrafter()
-        return make_drafter(config.drafter, self.draft, stop_below)
+        the index alone; the model drafter without one is refused)."""
+        return speculation(config, self.draft, self.costs)[1]
 
 
 def _tokenize(tokenizer, text: str, capacity: int) -> list[int]:
@@ -360,14 +371,14 @@ def _row_configs(config: GenerationConfig, given, prompts: int) -> list[Generati
     """``start``'s ``row_configs`` as one GenerationConfig per prompt (default: ``config`` for each)."""
     row_configs = [config] * prompts if given is None else list(given)
     if len(row_configs) != prompts or not all(isinstance(c, GenerationConfig) for c in row_configs):
-        raise ConfigError(f"row_configs: got {short_value(given)}; expected one GenerationConfig per prompt ({prompts})")
+        raise ConfigError(f"row_configs: got {short(given)}; expected one GenerationConfig per prompt ({prompts})")
     return row_configs
 
 
 def _checked_capacity(capacity, limit: int) -> int:
     """``start``'s ``capacity`` checked against the artifact's ``limit`` (which it returns); None: that limit."""
     if capacity is not None and (not is_integer(capacity) or not 1 <= capacity <= limit):
-        raise ConfigError(f"capacity: got {short_value(capacity)}; expected an integer in [1, {limit}] (the artifact's)")
+        raise ConfigError(f"capacity: got {short(capacity)}; expected an integer in [1, {limit}] (the artifact's)")
     return limit
 
 
@@ -379,6 +390,6 @@ def _model_specs(target, draft) -> dict:
 def _check_prompt_list(prompts, expected: str) -> None:
     """A list (or tuple) of at least one prompt; a bare string or bytes is not one."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
-        raise ConfigError(f"prompts: got {short_value(prompts)}; {expected}")
+        raise ConfigError(f"prompts: got {short(prompts)}; {expected}")
 
 

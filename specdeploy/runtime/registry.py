@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..engines.base import Engine
 from .cost_policy import CostPolicy, Costs
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookup, SuffixDrafter
 from .policies import ConfidenceStop, FixedK, Heuristic, Policy
+
+if TYPE_CHECKING:  # config imports this registry (it checks the names)
+    from .config import GenerationConfig
 
 # name -> (k, confidence threshold, the pipeline's cost table) -> policy
 POLICIES = {
@@ -30,3 +35,12 @@ def make_drafter(name: str, engine: Engine | None, stop_below: float | None = No
     if name not in DRAFTERS:
         raise ValueError(f"drafter {name!r} is unknown; expected one of {', '.join(DRAFTERS)}")
     return DRAFTERS[name](engine, stop_below)
+
+
+def speculation(config: GenerationConfig, draft: Engine | None, costs: Costs,
+                policy: Policy | None = None) -> tuple[Policy, Drafter]:
+    """``config``'s policy (``policy`` when given: a server's, which outlives a batch) and its drafter over the draft
+    model ``draft``, with the policy's confidence stop; a config that does not speculate drafts nothing."""
+    if policy is None:
+        policy = make_policy(config.policy, config.k, config.confidence_threshold, costs)
+    return policy, make_drafter(config.drafter if config.speculative else "none", draft, policy.stop_below)

@@ -1,15 +1,16 @@
 """One request in a batch: what it decodes with (``RowSettings``), what it produced (``RowResult``), and the record that
-keeps both with its stop tokens, generator and keyed noise (``Request``)."""
+keeps both with its stop tokens, generator and keyed noise (``Request``); who is in a batch (``Roster``: the records,
+their rows of the token buffer and their committed lengths, as requests join, merge and leave between cycles)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from .sampling import keyed_noise
+from .sampling import keyed_noise, unseeded_generator
 from .suffix import SuffixIndex
 from .telemetry import CycleRecord, FinishReason
 
@@ -28,6 +29,7 @@ class RowResult:
     decode_seconds: float = 0.0  # wall time from the end of its prefill to its last cycle
     decode_started: float = 0.0  # perf_counter() at the end of its prefill
     error: str = ""  # why the row failed, when finish_reason is "error"
+    cached_tokens: int = 0  # prompt tokens whose K/V an earlier request's text gave (``PrefixCache``), not prefilled
 
 
 # (tokens generated so far, new tokens) -> how many new tokens to keep (a stop string ends there), or None
@@ -86,6 +88,95 @@ class Request:
         row, shared = self.result, self.settings.index
         if shared is not None and row.finish_reason != FinishReason.ERROR:
             shared.add(row.request_id, [*row.prompt_ids.tolist(), *row.token_ids])
+
+
+class Roster:
+    """Token buffer [batch, capacity], committed lengths, and the requests, one record each. Requests ``join`` and
+    ``leave`` between cycles; ``row`` gives one row alone, on the same buffers and records. What a cycle reads of the
+    active records is derived when rows come or go (``_derive``)."""
+
+    def __init__(self, config: GenerationConfig, capacity: int, eos: set[int]):
+        # config: the batch's speculation and the settings of rows joined without their own; eos: the model's EOS ids
+        self.config, self.capacity, self.eos = config, capacity, eos
+        self.tokens = np.zeros((0, capacity), np.int64)  # [batch, capacity]
+        self.lengths: list[int] = []  # [batch] committed length
+        self.active: list[int] = []  # [batch] request index of each row
+        self.requests: list[Request | None] = []  # by request index, finished ones included (None once released)
+        self._derive()
+
+    def _derive(self) -> None:
+        """What every cycle reads of the active records, made when rows come or go rather than at each read."""
+        live = self.live = [self.requests[i] for i in self.active]  # [batch] the rows' records
+        configs = self.configs = [request.settings.config for request in live]  # [batch]
+        self.scopes = [(request.result, request.settings.index) for request in live]  # [batch] whose text, its index
+        self._rngs = [request.generator for request in live]
+        self.greedy = all(config.greedy for config in configs)  # acceptance and drafting need no distribution
+        self.sampling = not self.greedy  # the generators' states are part of a snapshot
+        self.penalized = any(config.repetition_penalty != 1.0 for config in configs)
+        self.keyed = any(request.noise is not None for request in live)  # some row's draws are keyed by position
+
+    rows = property(lambda self: [None if r is None else r.result for r in self.requests])  # results, by request index
+
+    def join(self, prompts: Sequence[np.ndarray], request_ids: Sequence[str],
+             settings: Sequence[RowSettings] | None = None) -> None:
+        """Add requests as new rows at the end of the batch, each with its own settings (``settings``; default:
+        the batch's config without stop strings, prompt i drawing from seed stream i of the batch)."""
+        if settings is None:
+            settings = [RowSettings(self.config, None, len(self.requests) + i) for i in range(len(prompts))]
+        added = np.zeros((len(prompts), self.capacity), np.int64)
+        for b, prompt in enumerate(prompts):
+            added[b, : len(prompt)] = prompt
+        for prompt, request_id, row in zip(prompts, request_ids, settings):
+            self.active.append(len(self.requests))
+            self.requests.append(Request.open(RowResult(request_id, prompt), row, self.eos, unseeded_generator))
+            self.lengths.append(len(prompt))
+        self.tokens = np.concatenate([self.tokens, added])
+        self._derive()
+
+    def merge(self, other: Roster) -> None:
+        """Append ``other``'s active rows (same capacity), with their records. An empty batch starts afresh: the
+        requests that left are forgotten."""
+        if not self.active:
+            self.requests = []
+        offset = len(self.requests)
+        self.requests += other.live
+        self.active += range(offset, offset + len(other.active))
+        self.lengths += other.lengths
+        self.tokens = np.concatenate([self.tokens, other.tokens])
+        self._derive()
+
+    def release(self, index: int) -> None:
+        """Forget finished request ``index`` (its result has been handed on): a long-running batch that
+        requests keep joining does not grow with the ones that left."""
+        if index not in self.active:
+            self.requests[index] = None
+
+    def leave(self, rows: Sequence[int]) -> list[int]:
+        """Drop batch rows ``rows``; returns the rows that stay, in order (caches keep the same ones)."""
+        drop = set(rows)
+        keep = [b for b in range(len(self.active)) if b not in drop]
+        self.tokens = self.tokens[keep]
+        self.lengths = [self.lengths[b] for b in keep]
+        self.active = [self.active[b] for b in keep]
+        self._derive()
+        return keep
+
+    def row(self, b: int) -> Roster:
+        """Row ``b`` alone, on a view of this token buffer and the same records."""
+        single = type(self)(self.config, self.capacity, self.eos)
+        single.requests, single.tokens, single.lengths, single.active = (self.requests, self.tokens[b : b + 1],
+                                                                         [self.lengths[b]], [self.active[b]])
+        single._derive()
+        return single
+
+    def rngs(self) -> list[np.random.Generator]:
+        """The active rows' generators, in batch order."""
+        return self._rngs
+
+    def noise(self, b: int, position: int, vocab: int) -> np.ndarray | None:
+        """Row b's keyed noise [vocab] for its token at ``position`` (``Request.noise_at``); None for a row that is
+        not seeded and sampled."""
+        return self.live[b].noise_at(position, vocab)
 
 
 class BatchView(Protocol):

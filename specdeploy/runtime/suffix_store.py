@@ -17,8 +17,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 from ..files import FileMissing, FileRefused, read_regular
-from .config import short_value
 from .errors import ConfigError
+from .shorten import short
 from .suffix import SuffixIndex
 
 FORMAT = "specdeploy.suffix-index"
@@ -115,7 +115,7 @@ def row_indexes(given, rows: int) -> list[SuffixIndex | None]:
     """``Pipeline.start``'s ``suffix_index`` as one index (or None) per row; ConfigError for anything else."""
     indexes = list(given) if isinstance(given, (list, tuple)) else [given] * rows
     if len(indexes) != rows or not all(index is None or isinstance(index, SuffixIndex) for index in indexes):
-        raise ConfigError(f"suffix_index: got {short_value(given)}; expected a SuffixIndex, None for none, or one of "
+        raise ConfigError(f"suffix_index: got {short(given)}; expected a SuffixIndex, None for none, or one of "
                           f"either per prompt ({rows})")
     return indexes
 
@@ -126,10 +126,10 @@ def _checked(data, path: Path, tokenizer: str, vocab_size: int) -> dict[str, lis
         return SuffixFileError(f"suffix index {path}: {what}")
 
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise refuse(f"not a suffix index (format {short_value(data.get('format') if isinstance(data, dict) else data)}; "
+        raise refuse(f"not a suffix index (format {short(data.get('format') if isinstance(data, dict) else data)}; "
                      f"expected {FORMAT!r})")
     if data.get("version") != VERSION:
-        raise refuse(f"version {short_value(data.get('version'))}; expected {VERSION}")
+        raise refuse(f"version {short(data.get('version'))}; expected {VERSION}")
     if data.get("tokenizer") != tokenizer or data.get("vocab_size") != vocab_size:
         raise refuse("written for another tokenizer (its fingerprint or vocabulary differs from this artifact's)")
     scopes = data.get("scopes")
@@ -137,9 +137,9 @@ def _checked(data, path: Path, tokenizer: str, vocab_size: int) -> dict[str, lis
         raise refuse(f"scopes: got {type(scopes).__name__}; expected an object of scope -> sequences")
     for name, sequences in scopes.items():
         if not isinstance(sequences, list):
-            raise refuse(f"scope {short_value(name)}: got {type(sequences).__name__}; expected a list of sequences")
+            raise refuse(f"scope {short(name)}: got {type(sequences).__name__}; expected a list of sequences")
         for sequence in sequences:
             if not isinstance(sequence, list) or not all(type(t) is int and 0 <= t < vocab_size for t in sequence):
-                raise refuse(f"scope {short_value(name)}: a sequence that is not a list of token ids in [0, {vocab_size})")
+                raise refuse(f"scope {short(name)}: a sequence that is not a list of token ids in [0, {vocab_size})")
     return scopes
 

@@ -28,8 +28,9 @@ from starlette.routing import Route
 from ..runtime.cache import CapacityError
 from ..runtime.chat import ChatTemplateError, TemplateTimeout
 from ..runtime.config import ConfigError
+from ..runtime.shorten import short
 from . import errors
-from .errors import ApiError, short
+from .errors import ApiError
 from .lifecycle import Lifecycle
 from .metrics import ServerMetrics
 from .middleware import ApiKey, BodyLimit, RequestLog
@@ -130,13 +131,13 @@ class Api:
         """(prompt, settings) of each choice of the request: as many new tokens as asked, else the room each prompt
         leaves (at most ``default_max_tokens``), as vLLM does; a prompt that leaves no room is refused."""
         scheduler, asked = self.scheduler, body.requested_max_tokens()
-        seed = body.seed if body.seed is not None else scheduler.next_seed()
+        seed = body.seed if body.seed is not None else scheduler.intake.next_seed()
         choices = []
         for prompt in prompts:
-            room = scheduler.room(len(prompt))
+            room = scheduler.intake.room(len(prompt))
             if room < 1:
                 raise ApiError(400, f"{'messages' if chat else 'prompt'}: {len(prompt)} tokens, and this server's "
-                               f"context is {scheduler.capacity} tokens per request with {scheduler.speculative_slots} "
+                               f"context is {scheduler.capacity} tokens per request with {scheduler.intake.speculative_slots} "
                                "of them speculative slots: no room for a new token; shorten it",
                                "messages" if chat else "prompt", code="context_length_exceeded")
             new = asked or min(room, self.default_max_tokens or room)
@@ -146,7 +147,7 @@ class Api:
     async def _serve(self, request: Request, body: Sampling, prompts: list[np.ndarray], chat: bool):
         scheduler, lifecycle = self.scheduler, self.lifecycle
         try:
-            tickets = scheduler.submit_choices(self._choices(body, prompts, chat), asyncio.get_running_loop(),
+            tickets = scheduler.intake.submit_choices(self._choices(body, prompts, chat), asyncio.get_running_loop(),
                                                body.top_logprobs_count(), self.scope_of(request.headers))
         except (ConfigError, CapacityError, Overloaded, ShuttingDown) as exc:
             raise refusal(exc) from None
@@ -155,13 +156,13 @@ class Api:
         def closed(unfinished) -> None:
             lifecycle.open -= 1
             if unfinished:  # a stream that failed, or a client that left: nobody will read them
-                scheduler.cancel(unfinished)
+                scheduler.intake.cancel(unfinished)
 
         reply = Reply(self.pipeline, body, tickets, chat, self.model, request.scope.get("specdeploy.request_id", ""),
                       closed)
         if body.stream:
-            return EventStream(reply.chunks(), lambda: scheduler.cancel(tickets))
-        async with watch_disconnect(request.receive, lambda: scheduler.cancel(tickets)):
+            return EventStream(reply.chunks(), lambda: scheduler.intake.cancel(tickets))
+        async with watch_disconnect(request.receive, lambda: scheduler.intake.cancel(tickets)):
             return await reply.whole()
 
 
@@ -200,14 +201,14 @@ async def _prepare(workers: PromptWorkers, job: Callable, param: str, what: str,
         raise ApiError(400, str(exc), "tools" if str(exc).startswith("tools:") else param) from None
     except TemplateTimeout as exc:  # CPU time the template itself used: a busy machine is not counted
         raise ApiError(500, f"{what} did not finish within {exc.seconds:g} s of CPU time (--template-seconds): "
-                       f"{short(str(exc), 300)[1:-1]}", kind="server_error", code="prompt_timeout") from None
+                       f"{short(str(exc), 300, quoted=False)}", kind="server_error", code="prompt_timeout") from None
     except PromptTimeout as exc:
         raise ApiError(500, f"{what} {exc} (a limit of this server)", kind="server_error", code="prompt_timeout") from None
     except ChatTemplateError as exc:  # the artifact's template failed on its own or overran its limits
-        raise ApiError(500, f"{what} failed: {short(str(exc), 300)[1:-1]}", kind="server_error",
+        raise ApiError(500, f"{what} failed: {short(str(exc), 300, quoted=False)}", kind="server_error",
                        code="chat_template_error") from None
     except Exception as exc:  # anything else making the prompt: a fault of this server's, never the client's
-        raise ApiError(500, f"{what} failed: {type(exc).__name__}: {short(str(exc), 300)[1:-1]}", kind="server_error",
+        raise ApiError(500, f"{what} failed: {type(exc).__name__}: {short(str(exc), 300, quoted=False)}", kind="server_error",
                        code="chat_template_error" if param == "messages" else "prompt_error") from None
 
 

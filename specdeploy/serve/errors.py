@@ -8,11 +8,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from ..runtime.shorten import short
+
 # OpenAI's error types by status (the openai client picks its exception class by status, these are for people)
 KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
          413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error", 499: "invalid_request_error",
          503: "service_unavailable_error"}
-ECHO_LIMIT = 80  # characters of a client's value repeated in a message: a client's value may be megabytes
 
 
 class ApiError(Exception):
@@ -37,12 +38,6 @@ class ApiError(Exception):
         headers += [(name.lower().encode(), value.encode()) for name, value in (self.headers or {}).items()]
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-
-
-def short(value, limit: int = ECHO_LIMIT) -> str:
-    """``value`` as a message may repeat it: its repr, cut to ``limit`` characters with the full length said."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def install(app, routes: str) -> None:

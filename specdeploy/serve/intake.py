@@ -1,7 +1,8 @@
 """A server's intake: what front ends submit, checked and queued for the scheduler's thread (``Intake``).
 
-The queue side of ``scheduler.Scheduler``: requests are refused here when they cannot fit a row, the queue is full,
-or the server is shutting down; queued and admitted requests are cancelled here, and a drain closes the intake.
+The queue side of a server, which its ``scheduler.Scheduler`` composes: front ends submit, cancel and drain here,
+and the scheduler's thread waits here and takes what it admits. Requests are refused here when they cannot fit a
+row, the queue is full, or the server is shutting down; a drain closes the intake.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -26,18 +27,19 @@ class Intake:
     --seed makes a sequence of requests reproducible (without it, from the OS's entropy). ``_wake`` guards the queue
     and wakes the thread that serves it."""
 
-    def __init__(self, config: GenerationConfig, capacity: int, max_batch: int, max_queue: int, seed: int | None):
+    def __init__(self, config: GenerationConfig, capacity: int, max_batch: int, max_queue: int, seed: int | None,
+                 cycle_seconds: Callable[[], float] = lambda: 0.05):
+        # cycle_seconds: what a cycle takes now (the scheduler's running estimate), for the retry hint
         self.config, self.capacity, self.max_batch, self.max_queue = config, capacity, max_batch, max_queue
+        self.cycle_seconds = cycle_seconds
         self.k = config.k if config.speculative else 0
         self.queue: deque[Ticket] = deque()
         self.tickets: dict[str, Ticket] = {}  # request id -> ticket, for every request admitted and not finished
-        self.cycle_seconds = 0.05  # a running estimate of a cycle, for the retry hint
         self._ids = itertools.count()
         self._seeds = None if seed is None else np.random.SeedSequence(seed)
         self._wake = threading.Condition()
         self._stopping = False
         self._closed = False  # no new requests (a drain)
-        self._abort = ""  # why every open request must end now
 
     @property
     def busy(self) -> bool:
@@ -85,7 +87,7 @@ class Intake:
                 raise ShuttingDown("the server is shutting down: it takes no new requests; retry on another replica")
             if len(self.queue) + len(tickets) > self.max_queue:
                 longest = max(config.max_new_tokens for _, config in requests)
-                wait = (len(self.queue) / self.max_batch + 1) * self.cycle_seconds * longest
+                wait = (len(self.queue) / self.max_batch + 1) * self.cycle_seconds() * longest
                 raise Overloaded(f"{len(self.queue)} requests are queued (--max-queue {self.max_queue}); retry later",
                                  retry_after=max(1.0, round(wait, 1)))
             self.queue.extend(tickets)
@@ -107,5 +109,44 @@ class Intake:
     def abort(self, reason: str) -> None:
         """End every queued and running request on the next turn, each with ``reason`` (``Ticket.ended_by``)."""
         with self._wake:
-            self._closed, self._abort = True, reason
+            self._closed = True
+            for ticket in self.outstanding():
+                ticket.cancelled, ticket.ended_by = True, reason
             self._wake.notify()
+
+    def stop(self) -> None:
+        """Wake the serving thread to stop (``wait``: False)."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+
+    def wait(self, running: Callable[[], bool]) -> bool:
+        """Block the serving thread until a request waits, ``running()`` says rows are in flight, or the server
+        stops; False once it stops."""
+        with self._wake:
+            while not (self._stopping or self.queue or running()):
+                self._wake.wait()
+            return not self._stopping
+
+    def take(self, room: int) -> tuple[list[Ticket], list[Ticket]]:
+        """(queued requests cancelled before admission, at most ``room`` queued requests now admitted: ``tickets``
+        holds them until they end)."""
+        with self._wake:
+            cancelled = [t for t in self.queue if t.cancelled]
+            if cancelled:  # in place: front ends and metrics hold this queue
+                kept = [t for t in self.queue if not t.cancelled]
+                self.queue.clear()
+                self.queue.extend(kept)
+            admitted = [self.queue.popleft() for _ in range(min(max(0, room), len(self.queue)))]
+            for ticket in admitted:  # under the lock: ``busy`` never sees a request in neither place
+                self.tickets[ticket.request_id] = ticket
+        return cancelled, admitted
+
+    def queued(self, most: int) -> list[Ticket]:
+        """The first ``most`` requests waiting, in order."""
+        with self._wake:
+            return list(itertools.islice(self.queue, max(0, most)))
+
+    def outstanding(self) -> list[Ticket]:
+        """Every request queued or admitted and not yet ended."""
+        return [*self.queue, *self.tickets.values()]

@@ -50,16 +50,16 @@ class Lifecycle:
     async def drain(self, seconds: float) -> None:
         """Stop admitting, wait up to ``seconds`` for the open requests, end those left, wait for their last events."""
         self.draining = True
-        self.scheduler.close()
+        self.scheduler.intake.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         log.info("draining: %d requests open, up to %g s", len(self.scheduler.tickets) + len(self.scheduler.queue), seconds)
-        while (self.scheduler.busy or self.open) and loop.time() < deadline:
+        while (self.scheduler.intake.busy or self.open) and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        if self.scheduler.busy:
+        if self.scheduler.intake.busy:
             left = len(self.scheduler.tickets) + len(self.scheduler.queue)
             log.warning("draining: ending %d requests still open after %g s", left, seconds)
-            self.scheduler.abort(f"the server is shutting down: this request was still running after its "
+            self.scheduler.intake.abort(f"the server is shutting down: this request was still running after its "
                                  f"--drain-seconds ({seconds:g} s) and was ended")
         deadline = loop.time() + LAST_EVENTS_SECONDS
         while self.open and loop.time() < deadline:

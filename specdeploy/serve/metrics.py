@@ -41,7 +41,7 @@ class ServerMetrics:
         self._declare_vllm(scheduler, model_name)
 
     def _declare_own(self, scheduler) -> None:
-        """specdeploy's own metrics: requests, HTTP responses, latency, rows, queue, suffix indexes."""
+        """specdeploy's own metrics: requests, HTTP responses, latency, rows, queue, suffix indexes, prefix cache."""
         registry, ns = self.registry, "specdeploy"
         self.requests = Counter("requests", "Requests that ran, by finish reason (eos, stop, length, cancelled, abort, error)",
                                 ["finish_reason"], namespace=ns, registry=registry)
@@ -60,6 +60,11 @@ class ServerMetrics:
                            ("scopes", "Suffix index scopes (one per API key by default)")):
             Gauge(f"suffix_index_{fact}", help, namespace=ns, registry=registry).set_function(
                 lambda fact=fact: store.stats()[fact])
+        prefixes = scheduler.pipeline.prefix_cache  # finished requests' K/V, which later prompts reuse
+        Gauge("prefix_cache_bytes", "Memory the kept K/V of finished requests take (--prefix-cache-bytes at most)",
+              namespace=ns, registry=registry).set_function(lambda: prefixes.bytes)
+        Gauge("prefix_cache_texts", "Finished requests' texts whose K/V is kept", namespace=ns,
+              registry=registry).set_function(lambda: len(prefixes))
 
     def _declare_vllm(self, scheduler, model_name: str) -> None:
         """The metrics vLLM serves, under its names and labels, so that its dashboards read this server."""
@@ -77,6 +82,8 @@ class ServerMetrics:
              "slots (1 means 100 percent)").set_function(lambda: scheduler.cached_tokens / capacity)
         self.vllm_prompt_tokens = vllm(Counter, "prompt_tokens", "Prompt tokens prefilled")
         self.vllm_generation_tokens = vllm(Counter, "generation_tokens", "Tokens generated")
+        self.prefix_queries = vllm(Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = vllm(Counter, "prefix_cache_hits", "Prompt tokens whose K/V the prefix cache gave")
         self.success = vllm(Counter, "request_success", "Requests finished, by finish reason", ("finished_reason",))
         self.drafts = vllm(Counter, "spec_decode_num_drafts", "Cycles that drafted (plain steps apart)")
         self.draft_tokens = vllm(Counter, "spec_decode_num_draft_tokens", "Draft tokens proposed and verified")
@@ -126,6 +133,8 @@ class ServerMetrics:
         self.prompt_tokens.inc(prompt)
         self.vllm_prompt_tokens.inc(prompt)
         self.vllm_generation_tokens.inc(generated)
+        self.prefix_queries.inc(prompt)
+        self.prefix_hits.inc(row.cached_tokens)
         self.prompt_lengths.observe(prompt)
         self.generation_lengths.observe(generated)
         self.decoding.observe_all(row.records)

@@ -17,7 +17,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..runtime.config import MAX_STOP_CHARS, MAX_STOP_STRINGS, GenerationConfig
-from .errors import ApiError, short
+from ..runtime.shorten import short
+from .errors import ApiError
 
 OPENAI_NAMES = {"max_new_tokens": "max_tokens", "k": "num_speculative_tokens"}  # GenerationConfig -> request
 # vLLM takes any number of stop strings of any length; OpenAI 4. Matching costs time in their length and number

@@ -171,10 +171,13 @@ class Reply:
         return self.formatter.chat(entries) if self.chat else self.formatter.completion(entries, offset)
 
     def _usage(self) -> dict:
-        """A prompt counts once whatever its n; each choice's tokens count."""
+        """A prompt counts once whatever its n; each choice's tokens count. ``cached_tokens``: prompt tokens whose K/V
+        an earlier request of the same scope gave (OpenAI's field; not prefilled)."""
         prompt = sum(len(t.prompt) for t in self.tickets if t.choice % self.body.n == 0)
+        cached = sum(row.cached_tokens for choice, row in self.rows.items() if choice % self.body.n == 0)
         completion = sum(len(row.token_ids) for row in self.rows.values())
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def speculative(tickets: list[Ticket], rows: dict[int, RowResult]) -> dict:

@@ -13,11 +13,9 @@ others admitted with it are started without it. Before the first turn the engine
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from collections import deque
 
 from ..runtime.cache import slots_needed
 from ..runtime.config import ConfigError, GenerationConfig
@@ -47,9 +45,9 @@ def context_slots(pipeline, asked: int | None, k: int = 0) -> int:
     return asked or min(limit, DEFAULT_CONTEXT)
 
 
-class Scheduler(Intake):
+class Scheduler:
     """Owns a pipeline's engines: at most ``max_batch`` rows decode together and ``max_queue`` wait. Front ends submit,
-    cancel and drain through its ``Intake``; its thread admits, prefills, merges and steps the batches."""
+    cancel and drain through its ``intake``; its thread admits, prefills, merges and steps the batches."""
 
     def __init__(self, pipeline, config: GenerationConfig, capacity: int, max_batch: int = 8, max_queue: int = 64,
                  prefill_chunk: int = 256, on_finish=None, seed: int | None = None):
@@ -58,7 +56,11 @@ class Scheduler(Intake):
                                  ("capacity", capacity, slots_needed(1, 1, k))):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name}: got {value!r}; expected an integer >= {low}")
-        super().__init__(config, capacity, max_batch, max_queue, seed)
+        self.cycle_seconds = 0.05  # a running estimate of a cycle
+        self.intake = Intake(config, capacity, max_batch, max_queue, seed, lambda: self.cycle_seconds)
+        self.config, self.capacity, self.max_batch, self.k = config, capacity, max_batch, k
+        # the intake's containers, read by metrics and tests (the intake changes them in place only)
+        self.queue, self.tickets = self.intake.queue, self.intake.tickets
         self.pipeline, self.prefill_chunk = pipeline, prefill_chunk
         self.on_finish = on_finish  # called on the scheduler's thread with (ticket, row) when a request ends
         # one policy for the server's life: what it learned (acceptance, costs per batch size) outlives a batch
@@ -76,9 +78,7 @@ class Scheduler(Intake):
         self._thread.start()
 
     def stop(self) -> None:
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
+        self.intake.stop()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
 
@@ -89,17 +89,8 @@ class Scheduler(Intake):
 
     def _serve(self) -> None:
         self._warm_up()
-        while True:
-            with self._wake:
-                while not (self._stopping or self.queue or self.staging or (self.running and not self.running.done)):
-                    self._wake.wait()
-                if self._stopping:
-                    break
-                if self._abort:
-                    for ticket in [*self.queue, *self.tickets.values()]:
-                        ticket.cancelled, ticket.ended_by = True, self._abort
-                self._drop_cancelled()
-                admitted = self._admit()
+        while self.intake.wait(lambda: bool(self.staging or (self.running and not self.running.done))):
+            admitted = self._admit()
             try:
                 self._turn(admitted)
             except Exception as exc:  # a fault outside the decoder's own isolation: fail what was in flight
@@ -108,7 +99,7 @@ class Scheduler(Intake):
                         self._finish(row)
                 self.running = self.staging = None
             self.cached_tokens = sum(int(g.lengths.sum()) for g in (self.running, self.staging) if g is not None)
-        for ticket in [*self.queue, *self.tickets.values()]:
+        for ticket in self.intake.outstanding():
             ticket.put(Event("error", ticket.choice, ShuttingDown("the server is shutting down")))
 
     def _warm_up(self) -> None:
@@ -125,9 +116,7 @@ class Scheduler(Intake):
         self.ready.set()
 
     def _drop_cancelled(self) -> None:
-        for ticket in [t for t in self.queue if t.cancelled]:  # never admitted: each ends with an empty row
-            self._end(ticket, RowResult(ticket.request_id, ticket.prompt, finish_reason=FinishReason.CANCELLED))
-        self.queue = deque(t for t in self.queue if not t.cancelled)
+        """Rows whose requests were cancelled leave their batch."""
         for generation in (self.running, self.staging):
             for index, row in generation.in_flight if generation is not None else []:
                 ticket = self.tickets.get(row.request_id)
@@ -137,15 +126,15 @@ class Scheduler(Intake):
                     generation.release(index)
 
     def _admit(self) -> list[Ticket]:
-        """Queued requests that fit the batch, taken as one staging batch (none while one is prefilling)."""
-        if self.staging is not None:
-            return []
-        room = self.max_batch - self.rows
-        admitted = [self.queue.popleft() for _ in range(min(room, len(self.queue)))]
+        """Cancelled requests end (running ones first: their rows are room); queued ones that fit the batch are taken
+        as one staging batch (none while one is prefilling: they wait for the next)."""
+        self._drop_cancelled()
+        cancelled, admitted = self.intake.take(0 if self.staging is not None else self.max_batch - self.rows)
+        for ticket in cancelled:  # never admitted: each ends with an empty row
+            self._end(ticket, RowResult(ticket.request_id, ticket.prompt, finish_reason=FinishReason.CANCELLED))
         now = time.perf_counter()
         for ticket in admitted:
             ticket.admitted = now
-            self.tickets[ticket.request_id] = ticket
             self.logprobs.watch(ticket.request_id, ticket.top_logprobs)
         return admitted
 
@@ -166,7 +155,7 @@ class Scheduler(Intake):
             began = time.perf_counter()
             committed = self.running.step()
             now = time.perf_counter()
-            self.cycle_seconds = 0.9 * self.cycle_seconds + 0.1 * (now - began)
+            self.cycle_seconds = 0.9 * self.cycle_seconds + 0.1 * (now - began)  # the intake's retry hint
             requests = self.running.requests
             for index, new in committed:
                 row = requests[index].result
@@ -220,8 +209,7 @@ class Scheduler(Intake):
         tokens the draft lacks of them, and their tokens to come."""
         other = self.staging if generation is self.running else self.running
         rows, lacking, to_come = other.outlook() if other is not None and not other.done else (0, 0, 0)
-        with self._wake:
-            queued = list(itertools.islice(self.queue, max(0, self.max_batch - self.rows)))
+        queued = self.intake.queued(self.max_batch - self.rows)
         rows += len(queued)
         lacking += sum(max(0, len(t.prompt) - 2) for t in queued)  # as ``Drafter.behind`` counts a fresh row
         to_come += sum(t.config.max_new_tokens for t in queued)

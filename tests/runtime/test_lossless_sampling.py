@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import chi2_contingency, chisquare
 
 import specdeploy.runtime.acceptance as acceptance
-import specdeploy.runtime.decoder as decoder
+import specdeploy.runtime.rows as rows  # where a request gets its generator (Roster.join)
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.acceptance import keyed_accept_row, speculative_accept
 from specdeploy.runtime.sampling import keyed_noise, keyed_token, sample
@@ -167,7 +167,7 @@ def rule(request, monkeypatch):
     repeatable here: the seed a test passes is then only the generators' base."""
     if request.param == "rejection":
         seeds = iter(range(10**9))
-        monkeypatch.setattr(decoder, "unseeded_generator", lambda: np.random.default_rng([99, next(seeds)]))
+        monkeypatch.setattr(rows, "unseeded_generator", lambda: np.random.default_rng([99, next(seeds)]))
     return request.param
 
 

@@ -242,7 +242,7 @@ def test_the_scheduler_starts_a_batch_without_the_request_the_runtime_refuses(pi
     loop = asyncio.new_event_loop()
     config = GenerationConfig(max_new_tokens=6, ignore_eos=True)
     try:
-        tickets = [scheduler.submit(np.array(ids, np.int64), config, loop) for ids in ([5, 6], [5, 1000], [7, 8])]
+        tickets = [scheduler.intake.submit(np.array(ids, np.int64), config, loop) for ids in ([5, 6], [5, 1000], [7, 8])]
         scheduler._turn(scheduler._admit())
         loop.run_until_complete(asyncio.sleep(0))  # deliver what the scheduler's thread sent
         refused = tickets[1].events.get_nowait()

@@ -94,7 +94,7 @@ def test_a_client_that_times_out_is_cancelled_within_one_cycle_and_counted(pipel
     next turn, counted cancelled (vLLM: abort), not run to its max_tokens."""
     with serving(pipeline) as (url, scheduler):
         cancelled_at, finished = [], []
-        cancel, on_finish = scheduler.cancel, scheduler.on_finish
+        cancel, on_finish = scheduler.intake.cancel, scheduler.on_finish
 
         def cancelling(tickets):
             cancelled_at.append(scheduler.running.cycle if scheduler.running else 0)
@@ -104,7 +104,7 @@ def test_a_client_that_times_out_is_cancelled_within_one_cycle_and_counted(pipel
             finished.append((row, scheduler.running.cycle if scheduler.running else 0))
             on_finish(ticket, row)
 
-        scheduler.cancel, scheduler.on_finish = cancelling, finishing
+        scheduler.intake.cancel, scheduler.on_finish = cancelling, finishing
         impatient = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=0.5)
         with slowed(pipeline, 0.02), pytest.raises(openai.APITimeoutError):
             impatient.completions.create(model="tiny", prompt="w5 w6", temperature=0, max_tokens=80,

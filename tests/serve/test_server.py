@@ -12,7 +12,7 @@ import urllib.request
 import openai  # the official client, from the dev extra
 import pytest
 
-from specdeploy import GenerationConfig
+from specdeploy import GenerationConfig, Pipeline
 
 from ..runtime.stubs import Judge
 from .conftest import metrics, serving
@@ -205,9 +205,10 @@ def test_metrics_count_requests_and_speculation(server, client):
 
 
 @pytest.mark.parametrize("pays", [False, True])
-def test_joining_requests_prefill_the_draft_only_when_the_policy_finds_it_pays(pipeline, pays):
+def test_joining_requests_prefill_the_draft_only_when_the_policy_finds_it_pays(pair_dir, pays):
     """Under load the draft's prefill of joining requests can cost more than speculation saves: the scheduler
     asks the policy, skips it when it does not pay (those requests decode plainly), and the text is the same."""
+    pipeline = Pipeline.load(pair_dir, prefix_cache_bytes=0)  # prompts new to both models, whatever ran before
     prompts = ["w5 w6 w7 w8", "w10 w11 w12 w13", "w20 w21 w22 w23"]  # each behind by more than a cycle leaves
     with serving(pipeline, max_batch=4, prefill_chunk=2) as (url, scheduler):
         scheduler.policy = judge = Judge(pays)
@@ -243,13 +244,13 @@ def test_the_drafts_prefill_is_judged_after_the_targets_with_the_requests_queued
     loop = asyncio.new_event_loop()
     prompts = [pipeline.encode(p) for p in ("w5 w6 w7 w8", "w10 w11 w12", "w20 w21", "w30")]
     config = GenerationConfig(max_new_tokens=10)
-    scheduler.submit(prompts[0], config, loop)
+    scheduler.intake.submit(prompts[0], config, loop)
     infer_impl = pipeline.target.infer_impl
 
     def arriving(*args):  # three more requests arrive while the target prefills the first
         pipeline.target.infer_impl = infer_impl
         for prompt in prompts[1:]:
-            scheduler.submit(prompt, config, loop)
+            scheduler.intake.submit(prompt, config, loop)
         return infer_impl(*args)
 
     pipeline.target.infer_impl = arriving
@@ -279,7 +280,7 @@ def test_an_emptied_batch_lends_its_cache_memory_to_the_next_rows(pipeline):
 
     def serve(*prompts):
         for prompt in prompts:
-            scheduler.submit(pipeline.encode(prompt), GenerationConfig(max_new_tokens=12, ignore_eos=True), loop)
+            scheduler.intake.submit(pipeline.encode(prompt), GenerationConfig(max_new_tokens=12, ignore_eos=True), loop)
         while scheduler.queue or scheduler.staging or not scheduler.running.done:
             scheduler._turn(scheduler._admit())
 

@@ -51,3 +51,23 @@ def test_a_request_drafts_from_earlier_answers_only_within_its_scope(fresh, scop
     kept = seen["specdeploy_suffix_index_tokens"]
     assert (kept == 0) == (scope == "none") and seen["specdeploy_suffix_index_bytes"] >= kept
     assert seen["specdeploy_suffix_index_scopes"] == {"key": 2, "global": 1, "none": 0}[scope]
+
+
+@pytest.mark.parametrize("scope", ["key", "global", "none"])
+def test_a_prompt_reuses_earlier_k_v_only_within_its_scope(fresh, scope):
+    """The prefix cache follows the same scopes: alice's second request reuses her first prompt's K/V (its usage says
+    how many tokens), bob's only under ``global``; /metrics counts them as vLLM does."""
+    cached = []
+    with serving(fresh, config=SUFFIX, suffix_scope=scope) as (url, _):
+        for key in ("alice", "alice", "bob"):
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+            answer = client.completions.create(model="tiny", prompt=PROMPT, temperature=0, max_tokens=20,
+                                               extra_body={"ignore_eos": True})
+            cached.append(answer.usage.prompt_tokens_details.cached_tokens)
+        seen = metrics(url)
+    prompt = len(fresh.encode(PROMPT))
+    assert cached == {"key": [0, prompt - 1, 0], "global": [0, prompt - 1, prompt - 1], "none": [0, 0, 0]}[scope]
+    labels = '{engine="0",model_name="tiny"}'
+    assert seen[f"vllm:prefix_cache_hits_total{labels}"] == sum(cached)
+    assert seen[f"vllm:prefix_cache_queries_total{labels}"] == 3 * prompt
+    assert (seen["specdeploy_prefix_cache_texts"] == 0) == (scope == "none")

@@ -30,3 +30,16 @@ def test_a_default_cycle_visits_at_most_seven_modules(pair_dir):
     assert "greedy_accept_row" in visited["specdeploy.runtime.acceptance"]
     assert {"Generation.cycle_rows", "BatchState.commit"} <= set(visited["specdeploy.runtime.decoder"])
     assert "Engine.infer" in visited["specdeploy.engines.base"]
+
+
+def test_a_config_reaches_the_first_engine_call_in_at_most_ten_stops(pair_dir):
+    """Following a GenerationConfig (with a stop string) from Pipeline.generate to its first engine call opens at most
+    ten modules in turn and comes back to at most four it had left (tools/trace_cycle.py --config-walk)."""
+    pipeline = Pipeline.load(pair_dir)
+    config = GenerationConfig(max_new_tokens=4, stop=["w9"])
+    pipeline.generate(["w5"], config)  # warmed up: the first engine call is the batch's own
+    walk = trace_cycle.trace_config(pipeline, ["w5 w6 w7"], config)
+    modules = [module for module, _ in walk]
+    assert modules[0] == "specdeploy.runtime.pipeline" and modules[-1].startswith("specdeploy.engines.")
+    assert {"specdeploy.runtime.registry", "specdeploy.runtime.stops", "specdeploy.runtime.decoder"} <= set(modules)
+    assert len(walk) <= 10 and trace_cycle.returns(walk) <= 4, walk
