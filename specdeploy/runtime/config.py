@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ConfigError
-from .registry import DRAFTERS, POLICIES
 from .shorten import short
 
 INT64_MAX = 2**63 - 1
+# the draft-length policies and the drafters a config may name (``registry`` makes each; a test holds the two equal)
+POLICIES = ("cost", "fixed", "confidence", "heuristic")
+DRAFTERS = ("hybrid", "model", "suffix", "prompt-lookup", "none")
 PENALTY_RANGE = (0.01, 100.0)  # beyond it a penalised logit over- or underflows to inf / 0 and the distribution to NaN
 # Below it logits / temperature overflow: 5e-324 (a subnormal) made every distribution NaN, and the sampler returned
 # the last id at every step. 1e-6 leaves any float32 logit finite after scaling (in float64) and is sharper than any

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..engines.base import Engine
+from .config import GenerationConfig
 from .cost_policy import CostPolicy, Costs
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookup, SuffixDrafter
 from .policies import ConfidenceStop, FixedK, Heuristic, Policy
-
-if TYPE_CHECKING:  # config imports this registry (it checks the names)
-    from .config import GenerationConfig
 
 # name -> (k, confidence threshold, the pipeline's cost table) -> policy
 POLICIES = {

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from .config import GenerationConfig
 from .sampling import keyed_noise, unseeded_generator
 from .suffix import SuffixIndex
 from .telemetry import CycleRecord, FinishReason
-
-if TYPE_CHECKING:  # as in ``sampling``: config imports the registry, and so the drafters, which read rows
-    from .config import GenerationConfig
 
 
 @dataclass(slots=True)

@@ -7,12 +7,10 @@ Temperature 0 means greedy: the processed distribution is one-hot on the argmax.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .config import GenerationConfig
+from .config import GenerationConfig
 
 
 def penalize(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:

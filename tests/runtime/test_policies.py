@@ -186,3 +186,11 @@ def test_the_cost_policy_learns_each_cost_from_what_it_observes():
     assert costs.verify[2, 1] == 0.03
     policy.observe(CycleOutcome(2, [0, 0], [0, 0], [False, False], verify_seconds=0.01, verify_tokens=1))
     assert costs.verify[2, 1] == pytest.approx(0.9 * 0.03 + 0.1 * 0.01)  # later measurements blend in
+
+
+def test_the_registry_makes_exactly_the_names_a_config_accepts():
+    """config.py lists the names (it imports no implementation, so no module imports back into it); the registry
+    maps each to what it makes, in the same order (the order the error messages list them)."""
+    from specdeploy.runtime import config, registry
+
+    assert tuple(registry.POLICIES) == config.POLICIES and tuple(registry.DRAFTERS) == config.DRAFTERS
