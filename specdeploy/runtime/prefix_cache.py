@@ -20,24 +20,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engines.memory import copy_prefixes
+from ..engines.memory import settle
 
 DEFAULT_BYTES = 1 << 30  # ~18,000 tokens of a 1.5B target's fp32 K/V (57 KB a token; docs/results/prefix_cache)
 
 
 @dataclass
 class Kept:
-    """One kept text: its scope, its tokens, and each model's K/V of the first ``seen`` of them ([2 * layers,
-    kv_heads, seen, head_dim]; the draft's None where it saw none)."""
+    """One kept text: its scope, its tokens, and each model's K/V of the first ``seen`` of them (a [kv_heads, seen,
+    head_dim] array per cache tensor; the draft's None where it saw none)."""
 
     scope: object
     tokens: np.ndarray
-    target: np.ndarray
-    draft: np.ndarray | None
+    target: list[np.ndarray]
+    draft: list[np.ndarray] | None
 
     @property
     def bytes(self) -> int:
-        return self.tokens.nbytes + self.target.nbytes + (0 if self.draft is None else self.draft.nbytes)
+        return self.tokens.nbytes + sum(a.nbytes for a in [*self.target, *(self.draft or [])])
 
 
 class PrefixCache:
@@ -94,21 +94,25 @@ class PrefixCache:
             self.reused_tokens += matched
         _fill(target_cache, row, kept.target, matched)
         if draft_cache is not None and kept.draft is not None:
-            _fill(draft_cache, row, kept.draft, min(matched, kept.draft.shape[2]))
+            _fill(draft_cache, row, kept.draft, min(matched, kept.draft[0].shape[1]))
         return matched
 
     def _drop(self, key: int) -> None:
         self.bytes -= self._kept.pop(key).bytes
 
 
-def _slots(stacked, row: int, n: int):
-    """A copy of the first ``n`` slots of ``row`` in every layer ([2 * layers, kv_heads, n, head_dim])."""
-    return stacked[:, row, :, :n].copy()
+def _slots(stacked, row: int, n: int) -> list:
+    """Copies of the first ``n`` slots of ``row``, one [kv_heads, n, head_dim] array per cache tensor: each a few MB,
+    which the allocator serves from memory it has, where one copy of all would be mapped afresh page by page (a
+    1,024-token text took 130 ms so, 15 ms so: docs/results/prefix_cache)."""
+    return [stacked[i, row, :, :n].copy() for i in range(stacked.shape[0])]
 
 
-def _fill(cache, row: int, slots, n: int) -> None:
+def _fill(cache, row: int, slots: list, n: int) -> None:
     """Row ``row`` of ``cache`` takes the first ``n`` of ``slots`` and has seen them."""
-    copy_prefixes(cache.stacked, [row], slots[:, None], [0], [n])
+    for i, layer in enumerate(slots):
+        cache.stacked[i, row, :, :n] = layer[:, :n]
+    settle(cache.stacked)
     cache.commit_row(row, n)
 
 
