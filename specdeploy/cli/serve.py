@@ -123,7 +123,7 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
         pipeline.drafter_for(config)  # a drafter that needs a draft model the artifact lacks: refused now
         if chat_template is not None:
             pipeline.chat_template = _chat_template(pipeline.chat_template, chat_template)
-        context = context_slots(pipeline, context, config.k if config.speculative else 0)
+        context = context_slots(pipeline, context, config.max_drafts)
         sizes = pipeline.cache_bytes(max_batch, context, speculative=config.speculative)
         if max_cache_bytes is not None and sizes["total"] > max_cache_bytes:
             raise ConfigError(f"--max-num-seqs {max_batch} rows x --max-model-len {context} slots need "

@@ -153,7 +153,7 @@ def _write_run(sink, setting: Setting, prompt: Prompt, rep: int, result, diverge
         sink.write(json.dumps({"type": "cycle", **tags, **record.to_dict()}) + "\n")
     sink.write(json.dumps({"type": "run", **tags, "tokens": result.stats["tokens"], "seconds": result.stats["seconds"],
                            "token_ids": result.token_ids, "greedy": setting.config.greedy, "divergence": divergence,
-                           "k": setting.config.k if setting.config.speculative else 0}) + "\n")
+                           "k": setting.config.max_drafts}) + "\n")
 
 
 def _inputs(label: str, pipeline: Pipeline, prompts: list[Prompt]) -> list[str | list[int]]:

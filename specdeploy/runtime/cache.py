@@ -54,7 +54,7 @@ def plan_batch(prompt_lengths: list[int], config: GenerationConfig, limit: int, 
                max_cache_bytes: int | None = None, why: str = EXPORTED) -> int:
     """Cache slots for a batch (``plan_capacity``), refused if the caches of the models in ``specs``
     would need more than ``max_cache_bytes`` together."""
-    capacity = plan_capacity(prompt_lengths, config.max_new_tokens, config.k if config.speculative else 0, limit,
+    capacity = plan_capacity(prompt_lengths, config.max_new_tokens, config.max_drafts, limit,
                              why=why)
     if max_cache_bytes is not None:
         sizes = cache_bytes(specs, len(prompt_lengths), capacity)

@@ -105,6 +105,11 @@ class GenerationConfig:
     def speculative(self) -> bool:
         return self.drafter != "none" and self.k > 0
 
+    @property
+    def max_drafts(self) -> int:
+        """The most drafts a cycle verifies: ``k``, or 0 when the config does not speculate."""
+        return self.k if self.speculative else 0
+
 
 def check_unicode(text: str, name: str) -> None:
     """Refuse a lone surrogate in ``text`` (JSON's ``"\\ud800"`` decodes to one; no tokenizer takes it), naming

@@ -151,7 +151,7 @@ class Generation:
         """``config`` sets the batch's speculation and, unless ``settings`` gives each prompt its own, every row's
         settings. Listeners: ``joining`` (``Joining``; default: none join), ``on_verified`` (``Verified``)."""
         self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
-        self.k = config.k if config.speculative else 0
+        self.k = config.max_drafts
         if capacity is None:
             capacity = rows_slots(prompts, config, settings, self.k, target.spec.capacity)
         self.state = BatchState(config, capacity, set(target.spec.eos_token_ids))

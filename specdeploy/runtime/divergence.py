@@ -33,7 +33,7 @@ def first_divergence(target: Engine, prompt_ids: np.ndarray, reference: Sequence
         return None
     ids = np.concatenate([prompt_ids, np.asarray(reference[:position], np.int64)])[None]
     prompt_end = len(prompt_ids) - 1  # plain decoding prefills all prompt tokens but the last
-    capacity = plan_capacity([len(prompt_ids)], config.max_new_tokens, config.k if config.speculative else 0,
+    capacity = plan_capacity([len(prompt_ids)], config.max_new_tokens, config.max_drafts,
                              target.spec.capacity)
     cache = target.allocate_cache(1, capacity)
     prefill(target, cache, ids, [prompt_end])

@@ -26,7 +26,7 @@ from .drafters import Drafter
 from .policies import CycleOutcome, Policy
 from .prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from .prefix_cache import PrefixCache
-from .registry import make_policy, speculation
+from .registry import policy_of, speculation
 from .results import GenerationError, GenerationResult, StreamChunk
 from .rows import RowResult, RowSettings
 from .shorten import short
@@ -263,7 +263,7 @@ class Pipeline:
     def policy_for(self, config: GenerationConfig) -> Policy:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
         belongs to the text: each request starts its own)."""
-        return make_policy(config.policy, config.k, config.confidence_threshold, self.costs)
+        return policy_of(config, self.costs)
 
     def row_settings(self, config: GenerationConfig, seed_stream: int = 0,
                      index: SuffixIndex | None = None) -> RowSettings:

@@ -47,7 +47,6 @@ class PrefixCache:
     def __init__(self, max_bytes: int = DEFAULT_BYTES):
         self.max_bytes = max_bytes
         self.bytes = 0
-        self.reused_tokens = 0  # prompt tokens taken from here rather than prefilled, all requests together
         self._kept: OrderedDict[int, Kept] = OrderedDict()  # least recently used first
         self._ids = 0
         self._lock = threading.Lock()
@@ -91,7 +90,6 @@ class PrefixCache:
                 return 0
             kept = self._kept[best]
             self._kept.move_to_end(best)
-            self.reused_tokens += matched
         _fill(target_cache, row, kept.target, matched)
         if draft_cache is not None and kept.draft is not None:
             _fill(draft_cache, row, kept.draft, min(matched, kept.draft[0].shape[1]))

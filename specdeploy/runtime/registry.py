@@ -33,10 +33,14 @@ def make_drafter(name: str, engine: Engine | None, stop_below: float | None = No
     return DRAFTERS[name](engine, stop_below)
 
 
+def policy_of(config: GenerationConfig, costs: Costs) -> Policy:
+    """The policy ``config`` names, at its k and confidence threshold, pricing by ``costs``."""
+    return make_policy(config.policy, config.k, config.confidence_threshold, costs)
+
+
 def speculation(config: GenerationConfig, draft: Engine | None, costs: Costs,
                 policy: Policy | None = None) -> tuple[Policy, Drafter]:
     """``config``'s policy (``policy`` when given: a server's, which outlives a batch) and its drafter over the draft
     model ``draft``, with the policy's confidence stop; a config that does not speculate drafts nothing."""
-    if policy is None:
-        policy = make_policy(config.policy, config.k, config.confidence_threshold, costs)
+    policy = policy if policy is not None else policy_of(config, costs)
     return policy, make_drafter(config.drafter if config.speculative else "none", draft, policy.stop_below)

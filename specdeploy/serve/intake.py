@@ -32,7 +32,7 @@ class Intake:
         # cycle_seconds: what a cycle takes now (the scheduler's running estimate), for the retry hint
         self.config, self.capacity, self.max_batch, self.max_queue = config, capacity, max_batch, max_queue
         self.cycle_seconds = cycle_seconds
-        self.k = config.k if config.speculative else 0
+        self.k = config.max_drafts
         self.queue: deque[Ticket] = deque()
         self.tickets: dict[str, Ticket] = {}  # request id -> ticket, for every request admitted and not finished
         self._ids = itertools.count()

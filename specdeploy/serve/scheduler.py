@@ -51,7 +51,7 @@ class Scheduler:
 
     def __init__(self, pipeline, config: GenerationConfig, capacity: int, max_batch: int = 8, max_queue: int = 64,
                  prefill_chunk: int = 256, on_finish=None, seed: int | None = None):
-        k = config.k if config.speculative else 0
+        k = config.max_drafts
         for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 1), ("prefill_chunk", prefill_chunk, 1),
                                  ("capacity", capacity, slots_needed(1, 1, k))):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
