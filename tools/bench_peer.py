@@ -367,6 +367,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts (the first N)")
     parser.add_argument("--specbench", type=int, default=0, help="Spec-Bench first turns per group (shipped with "
                         "specdeploy; specdeploy.workloads.workload picks them), reported per group")
+    parser.add_argument("--specbench-groups", default=None, metavar="GROUP,...",
+                        help="only these Spec-Bench groups (comma list of mt_bench, translation, summarization, qa, "
+                        "math_reasoning, rag; default all six)")
     parser.add_argument("--conversations", type=int, default=0, help="code-edit conversations (shipped with specdeploy: "
                         "8, of 3 turns each), every turn in order; reported as conversation/turn_1 and "
                         "conversation/later_turns")
@@ -394,6 +397,7 @@ def _encoded_prompts(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         # HumanEval, then Spec-Bench per group, the conversations' turns, the structured prompts
         prompts = workload(args.humaneval, args.specbench, conversation_count=args.conversations,
                            structured_count=args.structured)
+        prompts = _only_groups(prompts, args.specbench_groups, parser)
         encode = prompt_encoder(args.artifact[0])  # both systems get the same ids
         ids_of = [encode(prompt) for _, prompt in prompts]
     except (PromptFileError, ValueError, RuntimeError) as exc:  # ContractError, ConfigError; ChatTemplateError
@@ -406,6 +410,19 @@ def _encoded_prompts(args: argparse.Namespace, parser: argparse.ArgumentParser) 
                 parser.error(f"prompt {prompt.id}: {len(ids)} tokens, {args.max_tokens} new and up to 9 speculative "
                              f"need {len(ids) + args.max_tokens + 9} slots; {artifact} has {capacity}")
     return prompts, encode, ids_of
+
+
+def _only_groups(prompts: list, groups: str | None, parser: argparse.ArgumentParser) -> list:
+    """``prompts`` without the Spec-Bench groups ``groups`` (a comma list) leaves out; a usage error naming an unknown one."""
+    from specdeploy.workloads import SPEC_BENCH_GROUPS
+
+    if groups is None:
+        return prompts
+    wanted = groups.split(",")
+    unknown = [g for g in wanted if g not in SPEC_BENCH_GROUPS]
+    if unknown or not groups:
+        parser.error(f"--specbench-groups: got {groups!r}; expected a comma list of {', '.join(SPEC_BENCH_GROUPS)}")
+    return [(group, p) for group, p in prompts if not group.startswith("spec_bench/") or group.split("/")[1] in wanted]
 
 
 def _start_workers(args: argparse.Namespace) -> tuple[dict[str, Worker], list[tuple[str, str]]]:

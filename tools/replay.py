@@ -20,7 +20,8 @@ which ONNX Runtime runs cold (``--cold`` prices them at a multiple of the table'
         [--specbench 4] [--max-new-tokens 128]
     python -m tools.replay run --traces traces.json [--lengths 32,128] [--ks 1,2,3,4] [--warm] [--cold 1.0]
         [--noise 0.15 --seeds 3] [--out FILE]
-    python -m tools.replay ceiling --traces traces.json [--past 256]    # the draft model's best case on the table
+
+What a cost table allows at best (the draft model's drafts, free ones, per workload group): ``tools/ceiling.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from specdeploy.engines.base import Engine
 from specdeploy.runtime.suffix_store import SuffixStore
 
 PASTS = (32, 384, 896)  # pasts the cost table is measured at (a HumanEval prompt is ~150 tokens, Spec-Bench rag ~700)
-FULL = tuple(range(1, 10))  # calls that keep every position's logits: decode and verification (T = K + 1)
+FULL = (*range(1, 10), 11, 13, 17)  # calls that keep every position's logits: decode and verification (T = K + 1)
 TRIMMED = (2, 4, 8, 16, 32, 64, 128, PREFILL_CHUNK)  # calls that keep the last position's: prefill, catch-ups
 TOKEN_SLOT = (0, 0, 0, 0)  # (layer tensor, kv head, -, dim): the cache element of each slot a replay writes its token into
 _real_clock = time.perf_counter
@@ -267,12 +268,13 @@ def measure(pipeline, rounds: int = 5, log=print) -> dict:
     engines = {"target": pipeline.target, "draft": pipeline.draft}
     capacity = min(engine.spec.capacity for engine in engines.values())
     pasts = [p for p in PASTS if p + PREFILL_CHUNK <= capacity] or [min(8, capacity // 4), capacity // 3]
+    full = [t for t in FULL if t + max(pasts) <= capacity]
     trimmed = [t for t in TRIMMED if t + max(pasts) <= capacity]
     rng = np.random.default_rng(0)
     times = {}
     for role, engine in engines.items():
         cache = engine.allocate_cache(1, capacity)
-        for kind, counts in (("full", FULL), ("trimmed", trimmed)):
+        for kind, counts in (("full", full), ("trimmed", trimmed)):
             for tokens in counts:
                 ids = rng.integers(0, engine.spec.vocab_size, (1, tokens))
                 for past in pasts:
@@ -393,23 +395,6 @@ def summarize(runs: dict[str, list[dict]], lengths: list[int], log=print) -> lis
     return summary
 
 
-def ceiling(costs: CostTable, past: int, rates=(1.0, 0.9, 0.8), k_max: int = 8, log=print) -> dict:
-    """What the draft model can reach on this cost table at all: the decode speed of fixed K over plain decoding's
-    when every position accepts at rate a (a = 1: every draft kept), (1 + a + .. + a^K) / (K c_d + v(K + 1))
-    against 1 / v(1), at ``past``; no prefill, no catch-up. An upper bound for any policy over this draft model."""
-    plain = costs.seconds("target", 1, past, 1)
-    step = costs.seconds("draft", 1, past, 1)
-    out = {}
-    for a in rates:
-        speed = {k: sum(a**j for j in range(k + 1)) / (k * step + costs.seconds("target", k + 1, past, k + 1)) * plain
-                 for k in range(1, k_max + 1)}
-        best = max(speed, key=speed.get)
-        out[a] = {"best_k": best, "speedup": speed[best], "by_k": speed}
-        log(f"acceptance {a:.2f} at every position: best K = {best}, {speed[best]:.2f}x plain decoding "
-            f"(K = 1..{k_max}: " + " ".join(f"{v:.2f}" for v in speed.values()) + ")")
-    return out
-
-
 def main() -> None:
     args = _parser().parse_args()
     if args.command == "record":
@@ -418,12 +403,6 @@ def main() -> None:
     if getattr(args, "costs", None):
         table = json.loads(args.costs.read_text())
         data["costs"] = table.get("costs", table)
-    if args.command == "ceiling":
-        costs = CostTable(data["costs"])
-        print(f"batch 1, past {args.past}: v(1) {costs.seconds('target', 1, args.past, 1) * 1e3:.1f} ms, "
-              f"a draft step {costs.seconds('draft', 1, args.past, 1) * 1e3:.1f} ms")
-        ceiling(costs, args.past)
-        return
     _replay_configurations(args, data)
 
 
@@ -431,7 +410,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     rec = commands.add_parser("record", help="plain runs, the draft's guesses and the cost table, from an artifact")
-    rec.add_argument("--artifact", type=Path, required=True)
+    rec.add_argument("--artifact", type=Path, required=True, help="the artifact of the pair to record (make demo's)")
     rec.add_argument("--out", type=Path, required=True, help="the traces' JSON file")
     rec.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts")
     rec.add_argument("--humaneval-from", type=int, default=8, help="first HumanEval prompt")
@@ -444,12 +423,8 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--rounds", type=int, default=7, help="measured rounds of the cost table (0: none; replay them "
                      "with --costs)")
     rec.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads, as the CLI runs them")
-    top = commands.add_parser("ceiling", help="the most the draft model can speed decoding up by, on a cost table")
-    top.add_argument("--traces", type=Path, required=True)
-    top.add_argument("--past", type=int, default=256, help="the past the costs are read at")
-    top.add_argument("--costs", type=Path, default=None, help="another cost table (as for run)")
     run = commands.add_parser("run", help="replay configurations over recorded traces")
-    run.add_argument("--traces", type=Path, required=True)
+    run.add_argument("--traces", type=Path, required=True, help="the traces' JSON file (record's --out)")
     run.add_argument("--lengths", default="32,128", help="comma list of max new tokens")
     run.add_argument("--ks", default="1,2,3,4", help="comma list of fixed K")
     run.add_argument("--warm", action="store_true",

@@ -85,6 +85,7 @@ def test_the_summary_counts_what_the_table_shows():
     (["--humaneval", "165"], "it has 164"),
     (["--conversations", "9"], "conversation workload: asked for 9 conversations; it has 8"),
     (["--structured", "9"], "structured workload: asked for 9 prompts; it has 8"),
+    (["--specbench", "1", "--specbench-groups", "qa,coding"], "--specbench-groups: got 'qa,coding'; expected a comma list"),
 ])
 def test_a_workload_that_cannot_be_had_stops_the_tool_before_the_peers_set_up(tmp_path, args, message):
     """Spec-Bench ships with specdeploy now (a fresh clone had no ../shared, and --specbench 1 ran no Spec-Bench
@@ -93,6 +94,16 @@ def test_a_workload_that_cannot_be_had_stops_the_tool_before_the_peers_set_up(tm
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
     assert "installing" not in done.stderr
+
+
+def test_specbench_groups_keep_those_groups_and_every_other_workload():
+    from specdeploy.workloads import workload
+
+    prompts = workload(1, 2, conversation_count=1)
+    kept = bench_peer._only_groups(prompts, "rag,qa", parser=None)
+    assert [g for g, _ in kept] == ["humaneval", "spec_bench/qa", "spec_bench/qa", "spec_bench/rag", "spec_bench/rag",
+                                    "conversation/turn_1", "conversation/later_turns", "conversation/later_turns"]
+    assert bench_peer._only_groups(prompts, None, parser=None) == prompts
 
 
 def test_both_systems_get_a_chat_prompt_as_the_artifacts_chat_template_renders_it(chat_target_dir):

@@ -149,15 +149,3 @@ def test_the_tool_records_and_replays_every_configuration(fused_dirs, tmp_path):
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode != 0 and "at most 12" in done.stderr
 
-
-def test_the_ceiling_is_fixed_k_at_a_constant_acceptance_against_plain_decoding():
-    tool = _tool()
-    costs = tool.CostTable(_linear_costs())
-    found = tool.ceiling(costs, 8, rates=(1.0, 0.5), k_max=3, log=lambda *_: None)
-    plain = costs.seconds("target", 1, 8, 1)
-    step = costs.seconds("draft", 1, 8, 1)
-    for a, k in ((1.0, 2), (0.5, 3)):
-        tokens = sum(a**j for j in range(k + 1))
-        assert found[a]["by_k"][k] == pytest.approx(tokens / (k * step + costs.seconds("target", k + 1, 8, k + 1)) * plain)
-    assert found[1.0]["best_k"] == max(found[1.0]["by_k"], key=found[1.0]["by_k"].get)
-    assert found[1.0]["speedup"] > found[0.5]["speedup"]

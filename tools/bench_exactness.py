@@ -1,0 +1,112 @@
+"""How far a verification's arithmetic moves a target's logits from plain decoding's: what a "near-tie" is.
+
+Speculative greedy decoding keeps the target's greedy token at every position, but it computes that position in a
+call of K + 1 tokens, and a compressed target's kernels (int4 MatMulNBits, its activations quantized per block) do
+not give bit-identical logits for another call size. Where the top two tokens are closer than that arithmetic moves
+them, a speculative run can emit the other one. This tool measures the move on real text: each prompt decoded
+plainly, then the same positions computed one token a call (as plain decoding does) and ``T`` tokens a call (a
+verification), after the same prefill, in caches of the same size. Per call size it reports the largest change of
+any logit, how far the margin between the one-token call's top two tokens moved (largest and median), and the
+positions whose top token changed. A divergence whose margin (``Pipeline.first_divergence``) is inside the moves
+seen here is the arithmetic's, not the runtime's.
+
+    python -m tools.bench_exactness --artifact ART [--humaneval 2] [--specbench 1] [--tokens 64] [--sizes 5,9]
+        [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+
+def logits_by_call(engine, sequence: list[int], start: int, size: int, capacity: int) -> np.ndarray:
+    """The logits after each token of ``sequence[start:-1]`` ([positions, vocab]): the first ``start`` tokens
+    prefilled, the rest fed ``size`` tokens a call, as a verification of ``size`` tokens feeds them."""
+    from specdeploy.engines.base import prefill
+
+    ids = np.array([sequence], np.int64)
+    cache = engine.allocate_cache(1, capacity)
+    prefill(engine, cache, ids, [start])
+    rows, at = [], start
+    while at < len(sequence) - 1:
+        end = min(at + size, len(sequence) - 1)
+        rows.append(np.array(engine.infer(ids[:, at:end], np.array([at], np.int64), cache).logits[0, : end - at]))
+        cache.past_len[:] = end
+        at = end
+    return np.concatenate(rows)
+
+
+def compare(one: np.ndarray, other: np.ndarray) -> dict:
+    """``other``'s logits against the one-token calls' ``one``: the largest change of a logit, the moves of the margin
+    between ``one``'s top two tokens, and the positions whose top token differs."""
+    order = np.argsort(one, axis=1)
+    first, second = order[:, -1], order[:, -2]
+    rows = np.arange(len(one))
+    margins = one[rows, first] - one[rows, second]
+    moves = np.abs(margins - (other[rows, first] - other[rows, second]))
+    return {"positions": len(one), "max_logit_change": float(np.abs(one - other).max()),
+            "margin_move_max": float(moves.max()), "margin_move_median": float(np.median(moves)),
+            "top_token_changed": int((other.argmax(axis=1) != first).sum())}
+
+
+def measure(pipeline, prompts, tokens: int, sizes: list[int], log=print) -> list[dict]:
+    """Per prompt and call size, ``compare`` over the prompt's ``tokens`` plain greedy tokens."""
+    from specdeploy import GenerationConfig
+
+    config = GenerationConfig(drafter="none", max_new_tokens=tokens)
+    out = []
+    for group, prompt in prompts:
+        rendered = prompt.for_pipeline(pipeline)
+        ids = pipeline.encode(rendered).tolist() if isinstance(rendered, str) else list(rendered)
+        sequence = ids + pipeline.generate([ids], config, suffix_index=None)[0].token_ids
+        capacity = len(sequence) + max(sizes) + 1
+        one = logits_by_call(pipeline.target, sequence, len(ids) - 1, 1, capacity)
+        for size in sizes:
+            row = {"group": group, "prompt": prompt.id, "tokens_a_call": size} | compare(
+                one, logits_by_call(pipeline.target, sequence, len(ids) - 1, size, capacity))
+            out.append(row)
+            log(f"{group} {prompt.id}, {size} tokens a call: logits move up to {row['max_logit_change']:.3f}; the top "
+                f"two's margin up to {row['margin_move_max']:.3f} (median {row['margin_move_median']:.4f}); top token "
+                f"changed at {row['top_token_changed']} of {row['positions']} positions")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifact", type=Path, required=True, help="the artifact whose target to measure")
+    parser.add_argument("--humaneval", type=int, default=2, help="HumanEval prompts (the first N)")
+    parser.add_argument("--specbench", type=int, default=1, help="Spec-Bench prompts per group")
+    parser.add_argument("--tokens", type=int, default=64, help="plain greedy tokens decoded per prompt, then compared")
+    parser.add_argument("--sizes", default="5,9", help="comma list of tokens a call to compare with one (K + 1)")
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
+    parser.add_argument("--out", type=Path, default=None, help="write every row and the summary as JSON")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if any(s < 2 for s in sizes) or args.tokens < 2:
+        parser.error(f"--sizes {args.sizes} and --tokens {args.tokens}: expected sizes >= 2 and tokens >= 2")
+    from specdeploy import Pipeline
+    from specdeploy.workloads import workload
+
+    pipeline = Pipeline.load(args.artifact, threads=args.threads)
+    rows = measure(pipeline, workload(args.humaneval, args.specbench), args.tokens, sizes)
+    summary = {size: {"max_logit_change": max(r["max_logit_change"] for r in part),
+                      "margin_move_max": max(r["margin_move_max"] for r in part),
+                      "margin_move_median": statistics.median(r["margin_move_median"] for r in part),
+                      "top_token_changed": sum(r["top_token_changed"] for r in part),
+                      "positions": sum(r["positions"] for r in part)}
+               for size in sizes for part in [[r for r in rows if r["tokens_a_call"] == size]]}
+    for size, s in summary.items():
+        print(f"all prompts, {size} tokens a call: logits move up to {s['max_logit_change']:.3f}; the top two's margin "
+              f"up to {s['margin_move_max']:.3f} (median of medians {s['margin_move_median']:.4f}); top token changed "
+              f"at {s['top_token_changed']} of {s['positions']} positions")
+    if args.out:
+        args.out.write_text(json.dumps({"artifact": str(args.artifact), "rows": rows, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
