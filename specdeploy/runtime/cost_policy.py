@@ -121,16 +121,27 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return sum(math.prod(rates[:j]) for j in range(k + 1))
 
 
-def expected_rates(rates: Sequence[float], costs: Costs, batch: int, model: bool) -> list[float] | None:
-    """Expected tokens per second a row for K = 0..len(rates): E[tokens | K] / (draft calls + v(K + 1)) (Leviathan
-    et al. 2023); ``model``: the drafts cost draft calls (prompt lookup's none). None: a cost is not measured."""
+def cycle_prices(costs: Costs, batch: int, k: int, model: bool) -> list[float] | None:
+    """Seconds of a cycle of K = 0..k drafts at ``batch`` rows: the draft calls (``model``: the drafts cost draft
+    calls, prompt lookup's and the index's none) and a verification of K + 1. None: a cost is not measured."""
+    out = []
+    for drafts in range(k + 1):
+        verify, draft = costs.verify_cost(batch, drafts + 1), costs.draft_cost(batch, drafts) if model else 0.0
+        if verify is None or draft is None:
+            return None
+        out.append(draft + verify)
+    return out
+
+
+def expected_rates(rates: Sequence[float], prices: Sequence[float] | None) -> list[float] | None:
+    """Expected tokens per second a row for K = 0..len(rates): E[tokens | K] / the cycle's seconds (``cycle_prices``,
+    at least len(rates) + 1 of them; Leviathan et al. 2023). None: the prices are not known."""
+    if prices is None:
+        return None
     out, tokens, survive = [], 0.0, 1.0
     for k in range(len(rates) + 1):
         tokens, survive = tokens + survive, survive * rates[k] if k < len(rates) else survive  # E[tokens | K = k]
-        verify, draft = costs.verify_cost(batch, k + 1), costs.draft_cost(batch, k) if model else 0.0
-        if verify is None or draft is None:
-            return None
-        out.append(tokens / (draft + verify))
+        out.append(tokens / prices[k])
     return out
 
 
@@ -151,6 +162,7 @@ class CostPolicy(Policy):
         self.share = dict.fromkeys(SOURCES, EXPLORE_SHARE)
         self.exploring: dict[str, float | None] = dict.fromkeys(SOURCES)  # an outstanding re-measure: what it may lose
         self._rates: dict[tuple[str, int], list[float] | None] = {}  # ``rates`` until the next observation
+        self._prices: dict[tuple[int, bool], list[float] | None] = {}  # ``cycle_prices`` until then: a batch's rows share them
         self.index_tried = [0.0] * (len(ESTIMATE_EDGES) + 1)  # decayed suffix drafts verified, by estimate bucket
         self.index_kept = [0.0] * (len(ESTIMATE_EDGES) + 1)
 
@@ -162,8 +174,15 @@ class CostPolicy(Policy):
         a decision is made at every cycle, and on a GPU a cycle is a few milliseconds)."""
         key = (source, batch)
         if key not in self._rates:
-            self._rates[key] = expected_rates(self.acceptance(source), self.costs, batch, source == "model")
+            self._rates[key] = expected_rates(self.acceptance(source), self.prices(batch, source == "model"))
         return self._rates[key]
+
+    def prices(self, batch: int, model: bool) -> list[float] | None:
+        """``cycle_prices`` for K = 0..k at ``batch``, priced once a cycle (the costs learn at each observation)."""
+        key = (batch, model)
+        if key not in self._prices:
+            self._prices[key] = cycle_prices(self.costs, batch, self.k, model)
+        return self._prices[key]
 
     def next_k(self, batch: int, lookup: bool = False) -> int:
         source = SOURCES[lookup]
@@ -191,7 +210,7 @@ class CostPolicy(Policy):
         return (self.index_kept[bucket] + PRIOR_WEIGHT * estimate) / (self.index_tried[bucket] + PRIOR_WEIGHT)
 
     def free_drafts(self, batch: int, estimates: Sequence[float], model: bool) -> int:
-        rates = expected_rates([self.calibrated(e) for e in estimates], self.costs, batch, model=False)
+        rates = expected_rates([self.calibrated(e) for e in estimates], self.prices(batch, model=False))
         if rates is None:  # costs not measured yet: drafting is how they are measured
             return len(estimates)
         modelled = self.rates("model", batch) if model else None
@@ -218,6 +237,7 @@ class CostPolicy(Policy):
 
     def observe(self, outcome: CycleOutcome) -> None:
         self._rates.clear()
+        self._prices.clear()
         self._learn_costs(outcome)
         if not outcome.verify_tokens:
             return

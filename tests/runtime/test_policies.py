@@ -13,6 +13,7 @@ from specdeploy.runtime.cost_policy import (
     Costs,
     acceptance,
     best_k,
+    cycle_prices,
     estimate,
     expected_rates,
     expected_tokens,
@@ -69,11 +70,13 @@ def test_expected_tokens_and_rates_match_a_hand_computation():
     rates = [0.5, 0.5]
     assert expected_tokens(rates, 0) == 1 and expected_tokens(rates, 2) == pytest.approx(1 + 0.5 + 0.25)
     costs = _costs(verify_ms=(10, 11, 12), first_ms=3, later_ms=2)
-    model = expected_rates(rates, costs, 1, model=True)
+    assert cycle_prices(costs, 1, 2, model=True) == pytest.approx([0.010, 0.003 + 0.011, 0.003 + 0.002 + 0.012])
+    model = expected_rates(rates, cycle_prices(costs, 1, 2, model=True))
     assert model == pytest.approx([1 / 0.010, 1.5 / (0.003 + 0.011), 1.75 / (0.003 + 0.002 + 0.012)])
-    free = expected_rates(rates, costs, 1, model=False)  # prompt lookup: no draft call
+    free = expected_rates(rates, cycle_prices(costs, 1, 2, model=False))  # prompt lookup: no draft call
     assert free == pytest.approx([1 / 0.010, 1.5 / 0.011, 1.75 / 0.012])
-    assert expected_rates(rates, Costs(), 1, model=True) is None  # nothing measured: no price
+    assert cycle_prices(Costs(), 1, 2, model=True) is None  # nothing measured: no price
+    assert expected_rates(rates, None) is None
     assert best_k([1.0, 2.0, 2.0]) == 1  # a tie: the fewer drafts
 
 
