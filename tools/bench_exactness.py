@@ -86,14 +86,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
     parser.add_argument("--out", type=Path, default=None, help="write every row and the summary as JSON")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    if any(s < 2 for s in sizes) or args.tokens < 2:
-        parser.error(f"--sizes {args.sizes} and --tokens {args.tokens}: expected sizes >= 2 and tokens >= 2")
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip().isdigit()]
+    if len(sizes) != len(args.sizes.split(",")) or any(s < 2 for s in sizes) or args.tokens < 2:
+        parser.error(f"--sizes {args.sizes} and --tokens {args.tokens}: expected a comma list of sizes >= 2, tokens >= 2")
     from specdeploy import Pipeline
-    from specdeploy.workloads import workload
+    from specdeploy.workloads import PromptFileError, workload
 
-    pipeline = Pipeline.load(args.artifact, threads=args.threads)
-    rows = measure(pipeline, workload(args.humaneval, args.specbench), args.tokens, sizes)
+    try:  # an artifact or a workload that cannot be had: one line, not a traceback
+        pipeline = Pipeline.load(args.artifact, threads=args.threads)
+        prompts = workload(args.humaneval, args.specbench)
+    except (PromptFileError, ValueError, RuntimeError, OSError) as exc:  # ContractError, ConfigError
+        parser.error(str(exc))
+    rows = measure(pipeline, prompts, args.tokens, sizes)
     summary = {size: {"max_logit_change": max(r["max_logit_change"] for r in part),
                       "margin_move_max": max(r["margin_move_max"] for r in part),
                       "margin_move_median": statistics.median(r["margin_move_median"] for r in part),

@@ -108,8 +108,7 @@ def main() -> None:
                         help="a group's goal in x plain decoding (repeatable): prints the decoding speed-up it needs")
     parser.add_argument("--out", type=Path, default=None, help="write the speed-up and the groups' bounds as JSON")
     args = parser.parse_args()
-    table = json.loads(args.costs.read_text())
-    costs = CostTable(table.get("costs", table))
+    costs = CostTable(_read(args.costs, "--costs", ("pasts", "target"), inside="costs"))
     print(f"batch 1, past {args.past}: v(1) {costs.seconds('target', 1, args.past, 1) * 1e3:.1f} ms, "
           f"a draft step {costs.seconds('draft', 1, args.past, 1) * 1e3:.1f} ms")
     model = model_ceiling(costs, args.past)
@@ -118,7 +117,7 @@ def main() -> None:
           f"{best['past']}); of any length: {best['any_length']:.2f}x")
     groups = []
     if args.live:
-        groups = group_bounds(json.loads(args.live.read_text()), best["speedup"], _goals(args.goal))
+        groups = group_bounds(_read(args.live, "--live", ("runs", "by_group")), best["speedup"], _goals(args.goal))
         print(f"{'group':28} {'prompts':>7} {'first token':>11} {'plain':>6} {'default':>7} {'bound':>6} "
               f"{'default/plain':>13} {'bound/plain':>11} {'goal':>5} {'decoding x needed':>17}")
         for g in groups:
@@ -127,6 +126,20 @@ def main() -> None:
                   f"{g['bound']:6.1f} {g['default_vs_plain']:13.2f} {g['bound_vs_plain']:11.2f} {goal}")
     if args.out:
         args.out.write_text(json.dumps({"model": model, "free_drafts": best, "groups": groups}, indent=1))
+
+
+def _read(path: Path, option: str, keys: tuple[str, ...], inside: str | None = None) -> dict:
+    """The JSON object at ``path`` (or its ``inside`` member) holding ``keys``; SystemExit naming what is wrong."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{option} {path}: cannot be read as JSON ({exc})") from None
+    data = data.get(inside, data) if isinstance(data, dict) and inside else data
+    missing = [key for key in keys if not isinstance(data, dict) or key not in data]
+    if missing:
+        expected = "a cost table (tools/replay.py record's, or its 'costs')" if inside else "a tools/bench_peer.py run's JSON"
+        raise SystemExit(f"{option} {path}: no {', '.join(missing)}; expected {expected}")
+    return data
 
 
 def _goals(given: list[str]) -> dict[str, float]:

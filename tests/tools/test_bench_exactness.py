@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
 from tools import bench_exactness
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_comparison_reports_the_logit_change_the_margins_move_and_the_top_tokens_changed():
@@ -31,3 +37,16 @@ def test_an_fp32_targets_verification_gives_plain_decodings_logits(fused_dirs):
     assert one.argmax(axis=1).tolist() == sequence[len(ids):]  # the positions are plain decoding's, token for token
     found = bench_exactness.compare(one, five)
     assert found["top_token_changed"] == 0 and found["max_logit_change"] < 1e-3
+
+
+@pytest.mark.parametrize("artifact, args, message", [
+    ("close", ["--sizes", "1,5"], "expected a comma list of sizes >= 2"),
+    ("close", ["--sizes", "five"], "expected a comma list of sizes >= 2"),
+    ("close", ["--specbench", "81"], "each group has 80"),
+    ("none", [], "no manifest"),
+])
+def test_bad_options_and_artifacts_are_refused_in_one_line(fused_dirs, tmp_path, artifact, args, message):
+    directory = fused_dirs[artifact] if artifact in fused_dirs else tmp_path
+    done = subprocess.run([sys.executable, "-m", "tools.bench_exactness", "--artifact", str(directory), *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr

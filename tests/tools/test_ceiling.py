@@ -103,3 +103,15 @@ def test_the_tool_prints_and_writes_each_bound_and_refuses_a_bad_goal_in_one_lin
     for bad in ("short", "short=fast", "short=0.9"):
         done = subprocess.run([*command, "--goal", bad], capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert done.returncode != 0 and done.stderr.strip().count("\n") == 0 and "--goal" in done.stderr
+
+
+def test_a_file_that_is_not_a_cost_table_or_a_run_is_refused_in_one_line(tmp_path):
+    costs, other = tmp_path / "costs.json", tmp_path / "other.json"
+    costs.write_text(json.dumps({"costs": _table()}))
+    other.write_text(json.dumps({"rows": []}))
+    for args, message in [(["--costs", str(other)], "no pasts, target; expected a cost table"),
+                          (["--costs", str(tmp_path / "absent.json")], "cannot be read as JSON"),
+                          (["--costs", str(costs), "--live", str(other)], "no runs, by_group; expected a tools/bench_peer.py run")]:
+        done = subprocess.run([sys.executable, "-m", "tools.ceiling", *args], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT)
+        assert done.returncode != 0 and message in done.stderr and done.stderr.strip().count("\n") == 0, done.stderr
