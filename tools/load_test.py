@@ -6,7 +6,11 @@ continuous batching, all over the same engines, and first answers --warmup reque
 Then, for each of --rounds rounds and each concurrency N, the modes take turns (their order rotating
 from round to round, so that a shared machine's drift hits all alike): N client threads (the
 official openai client) each send --requests streamed completions one after another, HumanEval
-prompts in turn. A mode's figures pool its rounds. The clients run in a process of their own, as they
+prompts in turn. A mode's figures pool its rounds. Every mode is sent the same prompts in the same order, and each
+stage the next ones not yet sent (they repeat only when a run needs more than the set has: it says so), and each
+mode's clients present an API key of their own: the servers share one pipeline, whose prefix cache and suffix
+index are scoped per key, so no mode reuses another's K/V or drafts from another's answer to the same prompt, and
+no stage is timed on a prompt its server has already answered. The clients run in a process of their own, as they
 would be deployed: threads of the server's process, they held the GIL the scheduler's thread waits
 for between its engine calls (the cost policy's 45 us decision read 2.4 ms of wall time at 4 clients).
 Reported per mode and N: throughput (completion tokens / wall time of the stage), time to first token
@@ -50,6 +54,10 @@ def main() -> None:
     prompts = [p.text for p in (load_prompts(args.prompt_file) if args.prompt_file else humaneval())]
     pipeline = Pipeline.load(args.artifact, threads=args.threads)
     levels = [int(n) for n in args.concurrency.split(",")]
+    repeated = repeats(len(prompts), levels, args)
+    if repeated:
+        print(f"note: {repeated} requests a mode sends repeat a prompt its server has answered (the set has "
+              f"{len(prompts)}): their prefill is reused and they may draft from their own earlier answer", flush=True)
     stages = _run_stages(args, pipeline, prompts, levels, args.modes.split(","))
     rows = [_row(mode, n, runs) for (mode, n), runs in stages.items()]
     versus = _versus(rows, stages, levels)
@@ -60,6 +68,7 @@ def main() -> None:
         pids = sorted({d["pid"] for runs in stages.values() for records, _ in runs for d in records})
         facts = provenance("tools.load_test")
         args.out.with_suffix(".json").write_text(json.dumps({"setup": facts, "rows": rows, "versus": versus,
+                                                             "repeated_requests": repeated,
                                                              "server_pid": os.getpid(), "client_pids": pids}, indent=1))
         args.out.with_suffix(".md").write_text(header("specdeploy serve under load", facts) + "\n" + table + "\n")
         _plot(rows, args.out.with_suffix(".png"))
@@ -99,16 +108,25 @@ def _run_stages(args: argparse.Namespace, pipeline, prompts: list[str], levels: 
         for mode in modes:
             config = GenerationConfig(k=args.k, **MODES[mode])
             urls[mode] = url = servers.enter_context(_server(pipeline, config, args.context, max(levels)))
-            warm = _client(url, args.timeout)
+            warm = _client(url, args.timeout, mode)
             for prompt in prompts[-max(args.warmup, 1):]:  # not measured: a long-running server's state, not its start
                 warm.completions.create(model="m", prompt=prompt, max_tokens=args.max_tokens if args.warmup else 8,
                                         temperature=0)
+        sent = 0  # prompts each mode has been sent so far: every stage takes the next ones, the same for every mode
         for round_ in range(args.rounds):
             for n in levels:
+                batch = [prompts[(sent + i) % len(prompts)] for i in range(n * args.requests)]
                 for mode in modes[round_ % len(modes):] + modes[: round_ % len(modes)]:
-                    stages[mode, n].append(clients.submit(_stage, urls[mode], prompts, n, args).result())
+                    stages[mode, n].append(clients.submit(_stage, urls[mode], mode, batch, n, args).result())
                     print(f"round {round_ + 1}/{args.rounds} " + _line(_row(mode, n, stages[mode, n][-1:])), flush=True)
+                sent += len(batch)
     return stages
+
+
+def repeats(prompts: int, levels: list[int], args: argparse.Namespace) -> int:
+    """Requests a mode sends beyond the prompts the set has, the warm-up's included: each repeats a prompt its server
+    has answered (its prefix cache and suffix index have seen it)."""
+    return max(0, args.rounds * sum(levels) * args.requests + max(args.warmup, 1) - prompts)
 
 
 def _at_least_one(text: str) -> int:
@@ -136,22 +154,23 @@ def _server(pipeline, config, context: int, max_batch: int):
     return running()
 
 
-def _client(url: str, timeout: float):
+def _client(url: str, timeout: float, mode: str):
     from openai import OpenAI
 
-    return OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout)
+    # a key per mode: the server (no --api-key) checks none, but scopes its prefix cache and suffix index by it
+    return OpenAI(base_url=f"{url}/v1", api_key=f"load-test-{mode}", max_retries=0, timeout=timeout)
 
 
-def _stage(url: str, prompts: list[str], clients: int, args) -> tuple[list[dict], float]:
-    """``clients`` threads, each sending ``args.requests`` streamed requests in turn: each request's record, and
-    the stage's wall time."""
+def _stage(url: str, mode: str, prompts: list[str], clients: int, args) -> tuple[list[dict], float]:
+    """``clients`` threads, each sending ``args.requests`` streamed requests in turn, client c prompts c * requests
+    onwards: each request's record, and the stage's wall time."""
     done, lock = [], threading.Lock()
 
     def client(c: int):
-        api = _client(url, args.timeout)
+        api = _client(url, args.timeout, mode)
         for r in range(args.requests):
-            prompt = prompts[(c * args.requests + r) % len(prompts)]
-            began, first, tokens, error, speculative = time.perf_counter(), None, 0, "", {}
+            prompt = prompts[c * args.requests + r]
+            began, first, tokens, error, speculative, cached = time.perf_counter(), None, 0, "", {}, 0
             try:
                 stream = api.completions.create(model="m", prompt=prompt, max_tokens=args.max_tokens, temperature=0,
                                                 stream=True, stream_options={"include_usage": True})
@@ -160,12 +179,15 @@ def _stage(url: str, prompts: list[str], clients: int, args) -> tuple[list[dict]
                         first = time.perf_counter()
                     if chunk.usage is not None:
                         tokens = chunk.usage.completion_tokens
+                        details = chunk.usage.prompt_tokens_details
+                        cached = (details.cached_tokens or 0) if details is not None else 0
                     speculative = (chunk.model_extra or {}).get("speculative") or speculative  # on the final chunk
             except Exception as exc:  # counted, with its message: every request is accounted for
                 error = f"{type(exc).__name__}: {exc}"
             ended = time.perf_counter()
             with lock:
                 done.append({"began": began, "first": first, "ended": ended, "tokens": tokens, "error": error, "pid": os.getpid(),
+                             "cached": cached,
                              "drafted": speculative.get("drafted_tokens", 0), "cycles": speculative.get("cycles", 0)})
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
@@ -190,6 +212,7 @@ def _row(mode: str, clients: int, runs: list[tuple[list[dict], float]]) -> dict:
             "tokens": tokens, "seconds": wall,
             # what speculation did: drafts proposed, and tokens per target call (1.0: decoded plainly)
             "drafted": sum(d["drafted"] for d in ok), "tokens_per_cycle": _ratio(tokens, sum(d["cycles"] for d in ok)),
+            "cached_prompt_tokens": sum(d["cached"] for d in ok),  # reused from the prefix cache: a repeated prompt's
             "throughput": tokens / wall,
             "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "itl_p50": _pct(itl, 50), "itl_p99": _pct(itl, 99)}
 
@@ -241,12 +264,13 @@ def _table(rows: list[dict], args) -> str:
              f"after {args.warmup} unmeasured, {args.max_tokens} new tokens "
              f"at most, greedy, K = {args.k}, "
              f"{args.prompt_file or 'HumanEval'} prompts, server and clients on one machine (loopback)", "",
-             "| mode | clients | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | drafts a request | tokens a cycle | completed |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| mode | clients | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | drafts a request | tokens a cycle "
+             "| prompt tokens reused | completed |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['concurrency']} | {r['throughput']:.1f} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} "
                      f"| {1e3 * r['itl_p50']:.0f} / {1e3 * r['itl_p99']:.0f} | {_ratio(r['drafted'], r['completed']):.1f} "
-                     f"| {r['tokens_per_cycle']:.2f} | {r['completed']}/{r['requests']} |")
+                     f"| {r['tokens_per_cycle']:.2f} | {r['cached_prompt_tokens']} | {r['completed']}/{r['requests']} |")
     return "\n".join(lines)
 
 

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("w5 w6 w7\nw10 w11\nw30 w31 w30\n")
+    prompts = tmp_path / "prompts.txt"  # 2 rounds x (1 + 3 clients) x 2 requests + 2 to warm up: none repeats
+    prompts.write_text("".join(f"w{i} w{i + 40} w{i + 1}\n" for i in range(5, 23)))
     out = tmp_path / "load"
     done = subprocess.run([sys.executable, "-m", "tools.load_test", "--artifact", str(pair_dir), "--concurrency", "1,3",
                            "--requests", "2", "--max-tokens", "12", "--context", "96", "--prompt-file", str(prompts),
@@ -30,6 +30,9 @@ def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
     for row in rows:  # two rounds by default, the modes taking turns within each
         assert row["rounds"] == 2 and row["requests"] == 2 * 2 * row["concurrency"] == row["completed"]
         assert not row["errors"]
+        # the modes' servers share one pipeline and are sent the same prompts: each mode's own key scopes the prefix
+        # cache and the suffix index, and each stage sends prompts no server has answered, so nothing is reused
+        assert row["cached_prompt_tokens"] == 0
         assert row["tokens"] > 0 and row["throughput"] > 0 and 0 < row["ttft_p50"] <= row["ttft_p99"]
         # what speculation did, from each response's speculative block: none in plain decoding, drafts at fixed K
         if row["mode"] == "plain":
@@ -49,6 +52,18 @@ def test_load_test_reports_every_mode_and_level(pair_dir, tmp_path):
     assert [v["concurrency"] for v in report["versus"]] == [1, 3]
     assert len(report["client_pids"]) == 1 and report["server_pid"] not in report["client_pids"]  # clients apart
     assert "| 3 | " in done.stdout.split("better rival")[1]
+    assert report["repeated_requests"] == 0 and "repeat a prompt" not in done.stdout
+
+
+def test_requests_beyond_the_prompt_set_are_counted_as_repeats():
+    from argparse import Namespace
+
+    from tools.load_test import repeats
+
+    args = Namespace(rounds=2, requests=2, warmup=2)
+    assert repeats(18, [1, 3], args) == 0  # 2 x 4 x 2 = 16 measured, 2 warm-up
+    assert repeats(10, [1, 3], args) == 8
+    assert repeats(16, [1, 3], Namespace(rounds=2, requests=2, warmup=0)) == 1  # no warm-up still sends one
 
 
 def test_load_test_refuses_zero_rounds_before_loading_anything(tmp_path):
