@@ -39,9 +39,9 @@ class TimedEngine:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def infer(self, *args):
+    def infer(self, *args, **kwargs):
         began = time.perf_counter()
-        out = self.engine.infer(*args)
+        out = self.engine.infer(*args, **kwargs)
         self.spent += time.perf_counter() - began
         self.backend += out.seconds  # the backend's own part
         self.staging += out.stage_seconds  # writing the new K/V into the cache; the rest is input checks

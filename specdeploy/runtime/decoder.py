@@ -226,7 +226,8 @@ class Generation:
         proposal = (self.drafter.propose(state, draft_cache, k, lookup_k, caps) if k or lookup_k
                     else Proposal.none(state.batch))
         # the target has seen all but each row's last token (prefill and commits keep it so): verify from its past_len
-        verified = self.target.infer(state.verify_inputs(proposal.drafts), cache.past_len, cache)
+        verified = self.target.infer(state.verify_inputs(proposal.drafts), cache.past_len, cache,
+                                     widths=[drafted + 1 for drafted in proposal.drafted])
         began = time.perf_counter()
         accepted, emitted = accept_rows(verified, proposal.drafts, proposal.drafted, proposal.q, state)
         accepted_at = time.perf_counter()

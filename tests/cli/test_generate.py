@@ -108,10 +108,10 @@ class _Failing:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def infer(self, input_ids, *args):
+    def infer(self, input_ids, *args, **kwargs):
         if (input_ids == 5).any():
             raise RuntimeError("injected engine fault")
-        return self.engine.infer(input_ids, *args)
+        return self.engine.infer(input_ids, *args, **kwargs)
 
 
 def test_a_failed_prompt_is_reported_and_the_exit_code_says_so(pair_dir, monkeypatch):

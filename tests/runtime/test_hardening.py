@@ -59,11 +59,11 @@ class FailingEngine:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def infer(self, input_ids, *args):
+    def infer(self, input_ids, *args, **kwargs):
         self.calls += 1
         if self.calls == self.fail_at or (self.poison is not None and (input_ids == self.poison).any()):
             raise RuntimeError("injected engine fault")
-        return self.engine.infer(input_ids, *args)
+        return self.engine.infer(input_ids, *args, **kwargs)
 
 
 PROMPTS = ["w5 w6 w7", "w10 w11 w12", "w20 w21", "w30 w31 w30"]

@@ -53,8 +53,8 @@ def test_nan_logits_fail_their_request_loudly(pair_dir):
         def __getattr__(self, name):
             return getattr(self.engine, name)
 
-        def infer(self, *args):
-            output = self.engine.infer(*args)
+        def infer(self, *args, **kwargs):
+            output = self.engine.infer(*args, **kwargs)
             output.logits[...] = np.nan
             return output
 

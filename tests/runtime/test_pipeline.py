@@ -293,9 +293,9 @@ def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_se
     for name, engine in (("target", loaded.target), ("draft", loaded.draft)):
         infer = engine.infer
 
-        def recorded(input_ids, past_len, cache, last=None, name=name, infer=infer):
+        def recorded(input_ids, past_len, cache, last=None, widths=None, name=name, infer=infer):
             calls.append((name, input_ids.shape[1], int(past_len[0]), last))
-            return infer(input_ids, past_len, cache, last)
+            return infer(input_ids, past_len, cache, last, widths)
 
         engine.infer = recorded
     assert loaded.warm_up(3, prompt_tokens=20) > 0
