@@ -7,6 +7,7 @@ tokens = 1. All ratios come from the same run, interleaved, so machine drift hit
 
     python -m tools.bench_verify_cost [--sizes 30m,125m] [--weights full,int4] [--capacity 512]
     python -m tools.bench_verify_cost --artifact DIR            # the models of an exported artifact
+    python -m tools.bench_verify_cost --artifact DIR --ragged   # batch 2: one row drafting, the other not
     python -m tools.bench_verify_cost --artifact DIR --variants int4-b32-a4,int8-b32-a4,...
         # re-quantizes the artifact's fp32 target per variant (weights-bits, block size, accuracy level;
         # "dyn8": ONNX Runtime's dynamic int8 quantization)
@@ -77,6 +78,30 @@ def measure(engine, capacity: int, token_counts, repeats: int) -> dict[int, floa
     return {t: statistics.median(v) for t, v in times.items()}
 
 
+def measure_ragged(engine, capacity: int, tokens: int, repeats: int) -> dict[str, float]:
+    """Median seconds of a batch-2 call, interleaved: one token a row (plain decoding), ``tokens`` a row (both rows
+    drafted ``tokens`` - 1), and a ragged verification, one row ``tokens`` and the other one token (a row without
+    drafts), padded as one call sees it and with each row's width (``Engine.infer(widths=)``)."""
+    rng = np.random.default_rng(0)
+    cache = engine.allocate_cache(2, capacity)
+    for buf in cache:
+        buf[:] = rng.normal(0, 1, buf.shape)
+    past = np.full(2, capacity // 2, np.int64)
+    ids = rng.integers(0, engine.spec.vocab_size, (2, tokens))
+    calls = {"one token a row": lambda: engine.infer(ids[:, :1], past, cache),
+             f"{tokens} tokens a row": lambda: engine.infer(ids, past, cache),
+             f"rows of {tokens} and 1, padded": lambda: engine.infer(ids, past, cache),
+             f"rows of {tokens} and 1, widths": lambda: engine.infer(ids, past, cache, widths=[tokens, 1])}
+    times = {name: [] for name in calls}
+    for round_ in range(repeats + 1):  # the first round warms each shape up
+        for name, call in calls.items():
+            began = time.perf_counter()
+            call()
+            if round_:
+                times[name].append(time.perf_counter() - began)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def quantized_variant(source: Path, variant: str, workdir: Path) -> Path:
     """``source`` (an fp32 verify graph) re-quantized as ``variant``, e.g. "int4-b32-a4" or "int8-b128-a0"."""
     import onnx
@@ -110,7 +135,9 @@ def main() -> None:
     args = _parser().parse_args()
     token_counts = [int(t) for t in args.tokens.split(",")]
 
-    print(f"median latency of one call, batch 1, past {args.capacity // 2}, capacity {args.capacity}, "
+    if args.ragged and not args.artifact:
+        _parser().error("--ragged: times an artifact's target; give --artifact")
+    print(f"median latency of one call, batch {2 if args.ragged else 1}, past {args.capacity // 2}, capacity {args.capacity}, "
           f"{args.threads} threads, {args.repeats} repeats")
     if args.artifact:
         return _time_artifact(args, token_counts)
@@ -128,13 +155,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="30m,125m", help="comma list of " + ", ".join(SIZES))
     parser.add_argument("--weights", default="full", help="comma list of full, int4")
-    parser.add_argument("--capacity", type=int, default=512)
-    parser.add_argument("--tokens", default="1,5,9")
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--capacity", type=int, default=512, help="cache slots; calls run after a past of half of them")
+    parser.add_argument("--tokens", default="1,5,9", help="comma list of tokens a call (--ragged: the largest)")
+    parser.add_argument("--repeats", type=int, default=30, help="timed calls of each kind, interleaved")
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
     parser.add_argument("--block-size", type=int, default=32, help="int4 MatMulNBits block size")
     parser.add_argument("--accuracy-level", type=int, default=4, help="int4 MatMulNBits accuracy level (0, 1, 2, 4)")
     parser.add_argument("--artifact", type=Path, help="time the target (and draft) of an exported artifact instead")
+    parser.add_argument("--ragged", action="store_true", help="with --artifact: its target at batch 2, a ragged "
+                        "verification padded against each row's own width")
     parser.add_argument("--variants", default="", help="with --artifact: quantization variants of its fp32 target")
     parser.add_argument("--optimization", default="all", choices=["none", "basic", "extended", "all"],
                         help="ONNX Runtime graph optimization level")
@@ -149,6 +178,13 @@ def _time_artifact(args: argparse.Namespace, token_counts: list[int]) -> None:
     from specdeploy.engines import OrtEngine
 
     manifest = Manifest.read(args.artifact)
+    if args.ragged:
+        spec = manifest.target
+        engine = OrtEngine(args.artifact / spec.file, spec, threads=args.threads, optimization=args.optimization)
+        tokens = max(token_counts)
+        for name, seconds in measure_ragged(engine, min(args.capacity, spec.capacity), tokens, args.repeats).items():
+            print(f"target, batch 2, {name}: {seconds * 1e3:.1f} ms", flush=True)
+        return
     if args.variants:
         spec = manifest.target
         if spec.weights != "full" or spec.dtype != "float32":

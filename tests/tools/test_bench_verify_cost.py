@@ -50,3 +50,21 @@ def test_the_tool_times_both_models_of_an_artifact(pair_dir):
     assert done.returncode == 0, done.stderr[-2000:]
     timed = sorted(line.split()[0] for line in done.stdout.splitlines()[1:])
     assert timed == ["draft", "target"]
+
+
+def test_a_ragged_verification_is_timed_padded_and_at_each_rows_width(fused_dirs):
+    spec = Manifest.read(fused_dirs["close"]).target
+    engine = OrtEngine(fused_dirs["close"] / spec.file, spec, threads=1)
+    shapes, run = [], engine.infer_impl
+    engine.infer_impl = lambda ids, *args: shapes.append(ids.shape) or run(ids, *args)
+    medians = bench_verify_cost.measure_ragged(engine, 64, 5, repeats=2)
+    assert list(medians) == ["one token a row", "5 tokens a row", "rows of 5 and 1, padded", "rows of 5 and 1, widths"]
+    assert all(m > 0 for m in medians.values())
+    # per round: one batched call of a token a row; the fused form's rows alone, padded twice, then 5 and 1
+    assert shapes == [(2, 1), (1, 5), (1, 5), (1, 5), (1, 5), (1, 5), (1, 1)] * 3
+
+
+def test_ragged_needs_an_artifact():
+    done = subprocess.run([sys.executable, "-m", "tools.bench_verify_cost", "--ragged"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and "--ragged: times an artifact's target; give --artifact" in done.stderr
