@@ -144,3 +144,18 @@ def export_pair(directory: Path, capacity: int = 256, noise: float = 0.02) -> Pa
     draft = build_model(llama_config(), seed=1, perturb_from=target, noise=noise)
     return export_cli(directory / "art", save_checkpoint(target, directory / "t"), save_checkpoint(draft, directory / "d"),
                       "--capacity", str(capacity))
+
+
+def ort_session(model, options=None):
+    """An ONNX Runtime session of ``model`` (a path or bytes) for a test to run directly: once a pipeline in this
+    process asked for a thread count, ONNX Runtime has one shared pool and refuses any session a pool of its own
+    (tests of several files share a worker process, so a test cannot know whether one did)."""
+    import onnxruntime as ort
+
+    from specdeploy.engines import ort as engines_ort
+
+    options = options or ort.SessionOptions()
+    if engines_ort._global_pool is not None:
+        options.use_per_session_threads = False
+    return ort.InferenceSession(str(model) if isinstance(model, Path) else model, options,
+                                providers=["CPUExecutionProvider"])

@@ -4,10 +4,10 @@ per-row rewrite made (tests/exporter/int8_reference.py), while holding one float
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
@@ -105,4 +105,4 @@ def _feeds(model):
 
 
 def _run(path, feeds):
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    return tiny.ort_session(Path(path)).run(None, feeds)

@@ -81,7 +81,7 @@ def test_int8_per_row_scale_never_reaches_a_fused_kernel(checkpoint, tmp_path):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(int8 / "target.onnx"), options)
+    tiny.ort_session(int8 / "target.onnx", options)
     graph = onnx.load(str(tmp_path / "optimized.onnx")).graph
     constants = {t.name for t in graph.initializer}
     fused = [n for n in graph.node if n.op_type == "MatMulIntegerToFloat"]
@@ -119,9 +119,8 @@ def test_int8_per_row_scales_compute_each_token_as_if_alone(tmp_path, per_row):
     beside it (the negative control). What stays: fp32 attention sums 5 rows in another order than
     1, and int8 rounding can amplify that noise (measured on the real pair, README).
     """
-    import onnxruntime as ort
 
-    session = ort.InferenceSession(_one_matmul(tmp_path, per_row).SerializeToString())
+    session = tiny.ort_session(_one_matmul(tmp_path, per_row).SerializeToString())
     x = np.random.default_rng(4).standard_normal((1, 5, 48)).astype(np.float32)
     x[0, 2] *= 40  # one token far larger than the others, as a draft can be
     together = session.run(None, {"x": x})[0]
