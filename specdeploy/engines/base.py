@@ -264,9 +264,8 @@ class Engine(ABC):
                 raise EngineInputError(f"{self.spec.role}: last | received {last}; expected at least 1 token's logits")
             if self.spec.trims_logits:
                 kept = min(last, kept)
-        if widths is not None:
-            widths = self._checked_widths(widths, *input_ids.shape)
-        return self.call_form.run(self, input_ids, past_len, cache, kept, widths)
+        return self.call_form.run(self, input_ids, past_len, cache, kept,
+                                  None if widths is None else self._checked_widths(widths, *input_ids.shape))
 
     def _checked_widths(self, widths, batch: int, tokens: int) -> list[int]:
         given = list(widths)
