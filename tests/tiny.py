@@ -147,15 +147,14 @@ def export_pair(directory: Path, capacity: int = 256, noise: float = 0.02) -> Pa
 
 
 def ort_session(model, options=None):
-    """An ONNX Runtime session of ``model`` (a path or bytes) for a test to run directly: once a pipeline in this
-    process asked for a thread count, ONNX Runtime has one shared pool and refuses any session a pool of its own
-    (tests of several files share a worker process, so a test cannot know whether one did)."""
+    """An ONNX Runtime session of ``model`` (a path or bytes) for a test to run directly, on this process's thread
+    pool (``engines.ort.fit_thread_pool``): tests of several files share a worker process, and once one of them made
+    the shared pool, ONNX Runtime refuses a session a pool of its own."""
     import onnxruntime as ort
 
-    from specdeploy.engines import ort as engines_ort
+    from specdeploy.engines.ort import fit_thread_pool
 
     options = options or ort.SessionOptions()
-    if engines_ort._global_pool is not None:
-        options.use_per_session_threads = False
+    fit_thread_pool(options)
     return ort.InferenceSession(str(model) if isinstance(model, Path) else model, options,
                                 providers=["CPUExecutionProvider"])

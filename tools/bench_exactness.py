@@ -61,8 +61,7 @@ def measure(pipeline, prompts, tokens: int, sizes: list[int], log=print) -> list
     config = GenerationConfig(drafter="none", max_new_tokens=tokens)
     out = []
     for group, prompt in prompts:
-        rendered = prompt.for_pipeline(pipeline)
-        ids = pipeline.encode(rendered).tolist() if isinstance(rendered, str) else list(rendered)
+        ids = pipeline.encode(prompt.for_pipeline(pipeline)).tolist()  # text, or a chat prompt's rendered ids
         sequence = ids + pipeline.generate([ids], config, suffix_index=None)[0].token_ids
         capacity = len(sequence) + max(sizes) + 1
         one = logits_by_call(pipeline.target, sequence, len(ids) - 1, 1, capacity)

@@ -62,9 +62,7 @@ def build(size: str, weights: str, capacity: int, workdir: Path, block_size: int
 def measure(engine, capacity: int, token_counts, repeats: int) -> dict[int, float]:
     """Median seconds of one call per token count, interleaved round by round."""
     rng = np.random.default_rng(0)
-    cache = engine.allocate_cache(1, capacity)
-    for buf in cache:
-        buf[:] = rng.normal(0, 1, buf.shape)
+    cache = _random_cache(engine, 1, capacity, rng)
     past = np.array([capacity // 2], np.int64)
     inputs = {t: rng.integers(0, engine.spec.vocab_size, (1, t)) for t in token_counts}
     times = {t: [] for t in token_counts}
@@ -83,9 +81,7 @@ def measure_ragged(engine, capacity: int, tokens: int, repeats: int) -> dict[str
     drafted ``tokens`` - 1), and a ragged verification, one row ``tokens`` and the other one token (a row without
     drafts), padded as one call sees it and with each row's width (``Engine.infer(widths=)``)."""
     rng = np.random.default_rng(0)
-    cache = engine.allocate_cache(2, capacity)
-    for buf in cache:
-        buf[:] = rng.normal(0, 1, buf.shape)
+    cache = _random_cache(engine, 2, capacity, rng)
     past = np.full(2, capacity // 2, np.int64)
     ids = rng.integers(0, engine.spec.vocab_size, (2, tokens))
     calls = {"one token a row": lambda: engine.infer(ids[:, :1], past, cache),
@@ -100,6 +96,14 @@ def measure_ragged(engine, capacity: int, tokens: int, repeats: int) -> dict[str
             if round_:
                 times[name].append(time.perf_counter() - began)
     return {name: statistics.median(v) for name, v in times.items()}
+
+
+def _random_cache(engine, batch: int, capacity: int, rng):
+    """A cache of ``batch`` rows whose every slot holds random K/V: a past's cost, whatever its values."""
+    cache = engine.allocate_cache(batch, capacity)
+    for buf in cache:
+        buf[:] = rng.normal(0, 1, buf.shape)
+    return cache
 
 
 def quantized_variant(source: Path, variant: str, workdir: Path) -> Path:

@@ -239,8 +239,7 @@ def record(pipeline, prompts, max_new_tokens: int, log=print) -> list[Trace]:
     config = GenerationConfig(drafter="none", max_new_tokens=max_new_tokens)
     traces = []
     for index, (group, prompt) in enumerate(prompts):
-        rendered = prompt.for_pipeline(pipeline)  # a chat prompt through the artifact's template
-        ids = pipeline.encode(rendered).tolist() if isinstance(rendered, str) else list(rendered)
+        ids = pipeline.encode(prompt.for_pipeline(pipeline)).tolist()  # a chat prompt through the artifact's template
         output = pipeline.generate([ids], config, suffix_index=None)[0].token_ids
         traces.append(Trace(group, prompt.id, ids, output, guesses(pipeline.draft, ids + output)))
         agree = np.mean([g == t for g, t in zip(traces[-1].draft_next[len(ids) - 1 :], output)])

@@ -203,7 +203,7 @@ class FusedCalls:
         logits = ids = None
         for b, width in enumerate(widths):
             row_logits, _, row_ids = engine.infer_impl(input_ids[b : b + 1, :width], past_len[b : b + 1],
-                                                       cache.rows(b, b + 1), kept - tokens + width)
+                                                       cache.rows(b, b + 1), min(kept, width))
             if logits is None:  # where the rows' outputs are: host or device (CuPy's for device arrays); a shorter
                 # row's padded positions read zeros
                 logits = np.zeros_like(row_logits, shape=(batch, kept, *row_logits.shape[2:]))

@@ -60,6 +60,16 @@ def shared_thread_pool(threads: int) -> None:
                       "(ONNX Runtime sets it once per process); using it", stacklevel=3)
 
 
+def fit_thread_pool(options) -> None:
+    """ONNX Runtime ``options`` on this process's pool: the shared one once made (``shared_thread_pool``; then every
+    session must use it, the user's too), else its own, whose threads stop spinning when a call ends (the idle model's
+    spinning threads slowed the busy one's: docs/results/thread_pool/thread_pool.txt)."""
+    if _global_pool is not None:
+        options.use_per_session_threads = False
+    else:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+
+
 class OrtEngine(Engine):
     """A verify-v1 graph in an ONNX Runtime InferenceSession, driven through IOBinding, its buffers where the session
     computes: NumPy arrays on the CPU, CuPy arrays on a GPU (``device``). No K/V byte crosses between host and device
@@ -202,13 +212,7 @@ def _session_options(optimization: str, profile: Path | None, threads: int | Non
         options.profile_file_prefix = str(profile)
     if threads is not None:
         shared_thread_pool(threads)
-    if _global_pool is not None:  # once a process has the shared pool, every session must use it
-        options.use_per_session_threads = False
-    else:
-        # A pool of its own whose threads stop spinning when a call ends: the idle model's spinning threads slowed the
-        # busy one's (docs/results/thread_pool/thread_pool.txt). No process-wide pool unless asked for (``threads``):
-        # once one exists, ONNX Runtime refuses every later session a pool of its own, the user's too.
-        options.add_session_config_entry("session.force_spinning_stop", "1")
+    fit_thread_pool(options)
     return options
 
 
