@@ -26,12 +26,11 @@ from .common import console
 def import_(source, out, draft, capacity, force):
     """Import SOURCE, an onnxruntime-genai model folder (genai_config.json) or an optimum export (config.json beside
     model.onnx), to an artifact the runtime drives as it drives exported ones."""
-    from ..exporter import ExportError
-    from ..importer import import_artifact
+    from ..importer import ImportRefused, import_artifact
 
     try:
         manifest = import_artifact(source, out, draft=draft, capacity=capacity, force=force, progress=console.log)
-    except (ExportError, ContractError) as exc:
+    except (ImportRefused, ContractError) as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:
         raise click.ClickException(f"{exc.filename or out}: {exc.strerror or exc}; nothing was written to {out}") from exc

@@ -26,8 +26,7 @@ from ..contract import (
     tokenizer_fingerprint,
 )
 from ..engines.vetting import check_foreign_graph, external_tensors
-from ..exporter.output import output_dir, remove_abandoned, replace
-from ..exporter.tokenizer import differences
+from ..output import OutputError, output_dir, remove_abandoned, replace
 from ..version import __version__
 from .sources import ImportRefused, Source, graph_io, read_source
 
@@ -46,15 +45,19 @@ def import_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
     if draft is not None:
         sources["draft"] = read_source(Path(draft))
     tokenizers = {role: _tokenizer(source) for role, source in sources.items()}
-    if draft is not None:
-        problems = differences(tokenizers["target"], tokenizers["draft"])
-        if problems:
-            raise ImportRefused(f"{draft}: the draft's tokenizer differs from the target's: {problems[0]}")
+    fingerprints = {role: tokenizer_fingerprint(tokenizer) for role, tokenizer in tokenizers.items()}
+    if draft is not None and fingerprints["draft"] != fingerprints["target"]:
+        raise ImportRefused(f"{draft}: the draft's tokenizer differs from the target's (vocabulary and special tokens: "
+                            f"fingerprint {fingerprints['draft'][:12]}…, target's {fingerprints['target'][:12]}…); "
+                            "expected one tokenizer")
     graphs = {role: _vetted_graph(role, source) for role, source in sources.items()}
     limit = min([capacity or DEFAULT_CAPACITY] + [source.facts["capacity"] for source in sources.values()])
     if capacity is not None and capacity > limit:
         raise ImportRefused(f"capacity {capacity} exceeds what the folders allow ({limit} positions)")
-    out = output_dir(Path(out), force)
+    try:
+        out = output_dir(Path(out), force)
+    except OutputError as exc:
+        raise ImportRefused(str(exc)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -62,7 +65,7 @@ def import_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
         specs = {}
         for role, source in sources.items():
             progress(f"{role}: importing {source.graph} ({source.io.source})")
-            specs[role] = _write_model(role, source, graphs[role], staging, limit, tokenizers[role])
+            specs[role] = _write_model(role, source, graphs[role], staging, limit, fingerprints[role])
         _keep_files(sources["target"], staging)
         progress("hashing files")
         files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
@@ -98,7 +101,7 @@ def _vetted_graph(role: str, source: Source) -> tuple:
     return model, graph_io(source, model)
 
 
-def _write_model(role: str, source: Source, graph: tuple, staging: Path, capacity: int, tokenizer) -> ModelSpec:
+def _write_model(role: str, source: Source, graph: tuple, staging: Path, capacity: int, fingerprint: str) -> ModelSpec:
     """Write ``role``'s graph (external data renamed, role stamped) and link its weights into ``staging``."""
     import onnx
 
@@ -123,7 +126,7 @@ def _write_model(role: str, source: Source, graph: tuple, staging: Path, capacit
     facts["capacity"] = capacity
     facts["eos_token_ids"] = tuple(facts["eos_token_ids"])
     return ModelSpec(role=role, file=file, dtype=io_facts["dtype"], weights=_weights(model),
-                     graph=LAYOUT_FORMS[io.cache], tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+                     graph=LAYOUT_FORMS[io.cache], tokenizer_fingerprint=fingerprint,
                      parameters=_parameters(model), imported=io, **facts)
 
 

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..contract import DTYPES, ContractError, ImportedIO
-from ..exporter.registry import ExportError
 from ..files import MAX_JSON_BYTES, FileMissing, FileRefused, read_regular
 
 ONNX_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32"}
 
 
-class ImportRefused(ExportError):
+class ImportRefused(ValueError):
     """A folder that cannot be imported, in one line naming what is missing or wrong."""
 
 

@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
-
-from .conftest import NEW_TOKENS, PROMPTS
+from tests.foreign import NEW_TOKENS, PROMPTS
 
 PLAIN = GenerationConfig(max_new_tokens=NEW_TOKENS, drafter="none", k=0)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
+from tests.foreign import PROMPTS
 
 from ..serve.conftest import serving
-from .conftest import PROMPTS
 
 CONFIG = GenerationConfig(max_new_tokens=16, ignore_eos=True, k=3, policy="fixed", drafter="model")
 

@@ -1,11 +1,12 @@
 """Model folders as onnxruntime-genai's builder and optimum's exporter write them, built from tiny random checkpoints
-once per run (shared by the xdist workers under a file lock), each tool's own greedy output for PROMPTS, and the
-artifacts ``specdeploy import`` makes of them."""
+once per run (``build``, which the ``foreign`` fixture of tests/conftest.py calls under a file lock shared by the xdist
+workers), each tool's own greedy output for PROMPTS, and the artifacts ``specdeploy import`` makes of them."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,8 @@ import pytest
 
 from tests import tiny
 
-ROOT = Path(__file__).resolve().parents[2]
-PEERS = Path(__file__).with_name("peers.py")
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = Path(__file__).parent / "importer" / "peers.py"
 # optimum-onnx needs transformers < 5: its own venv, which `make test` makes (Makefile, OPTIMUM_VENV)
 OPTIMUM_PYTHON = Path(os.environ.get("SPECDEPLOY_OPTIMUM_PYTHON", ROOT / "build" / "optimum-venv" / "bin" / "python"))
 NEW_TOKENS = 24
@@ -61,7 +62,11 @@ def _run_peer(tool: str, python: Path, job: dict, root: Path) -> dict:
     return json.loads(out_path.read_text())["generated"]
 
 
-def _build(root: Path) -> dict:
+def build(root: Path) -> dict:
+    """Build every folder of FOLDERS under ``root``, import ARTIFACTS under ``root / "artifacts"``; return the tools'
+    own greedy outputs, folder name -> one list of token ids per prompt."""
+    for leftover in root.iterdir():  # an earlier run's that failed half-way
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     checkpoints = _checkpoints(root)
     if not OPTIMUM_PYTHON.is_file():
         pytest.fail(f"{OPTIMUM_PYTHON}: no optimum venv; `make optimum-venv` makes it (or set SPECDEPLOY_OPTIMUM_PYTHON)")
@@ -73,27 +78,9 @@ def _build(root: Path) -> dict:
                "generate": [[str(root / name), PROMPTS, NEW_TOKENS] for name in folders if not name.endswith("draft")]}
         generated = _run_peer(tool, python, job, root)
         references |= {Path(folder).name: outputs for folder, outputs in generated.items()}
+    for name, (target, draft) in ARTIFACTS.items():
+        import_cli(root / "artifacts" / name, root / target, None if draft is None else root / draft)
     return references
-
-
-@pytest.fixture(scope="session")
-def foreign(export_cache):
-    """{"folders": name -> folder, "artifacts": name -> imported artifact dir, "references": folder name -> each
-    prompt's greedy continuation by the folder's own tool}."""
-    from filelock import FileLock
-
-    root = export_cache / "foreign"
-    root.mkdir(exist_ok=True)
-    with FileLock(f"{root}.lock"):
-        done = root / "references.json"
-        if not done.is_file():
-            references = _build(root)
-            for name, (target, draft) in ARTIFACTS.items():
-                import_cli(root / "artifacts" / name, root / target, None if draft is None else root / draft)
-            done.write_text(json.dumps(references))
-    return {"folders": {name: root / name for name in FOLDERS},
-            "artifacts": {name: root / "artifacts" / name for name in ARTIFACTS},
-            "references": json.loads(done.read_text())}
 
 
 def import_cli(out: Path, source: Path, draft: Path | None = None, *extra: str):
