@@ -51,3 +51,17 @@ def test_speculative_greedy_equals_plain_at_batch_1_and_a_ragged_batch_2(foreign
     assert alone == plain
     assert [r.token_ids for r in together] == plain
     assert sum(sum(rec.accepted for rec in r.records) for r in together) > 0  # drafts were accepted: speculation ran
+
+
+@pytest.mark.parametrize("name", ["genai-llama", "optimum-llama"])
+def test_every_policy_keeps_greedy_output_and_a_seeded_requests_text_does_not_depend_on_its_drafter(foreign, name):
+    with Pipeline.load(foreign["artifacts"][name], prefix_cache_bytes=0) as pipeline:
+        plain = pipeline.generate(PROMPTS[:2], replace(PLAIN, ignore_eos=True), batch_size=1)
+        for policy in ("fixed", "cost", "confidence", "heuristic"):
+            config = GenerationConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True, policy=policy, drafter="hybrid", k=4)
+            assert [r.token_ids for r in pipeline.generate(PROMPTS[:2], config)] == [r.token_ids for r in plain], policy
+        sampled = {drafter: [r.token_ids for r in pipeline.generate(PROMPTS[:2], GenerationConfig(
+            max_new_tokens=NEW_TOKENS, ignore_eos=True, temperature=0.9, seed=11, drafter=drafter, k=3,
+            policy="fixed" if drafter != "none" else "cost"))] for drafter in ("none", "model", "suffix")}
+    assert sampled["model"] == sampled["none"] == sampled["suffix"]
+    assert sampled["none"] != [r.token_ids for r in plain]  # sampled, not greedy
