@@ -32,20 +32,25 @@ class MaskBuffers(ShapeBuffers):
 
     def binding(self, cache: KVCache) -> tuple:
         key = cache_key(cache)
-        if key not in self.masks:
+        found = self.masks.get(key)
+        if found is None:  # a new cache: its mask, and the masks of caches whose bindings went are dropped
             shape = (self.input_ids.shape[0], cache.capacity)
             bound = self.memory.zeros(shape, np.int64)
-            self.masks[key] = (bound, bound if isinstance(bound, np.ndarray) else np.zeros(shape, np.int64))
-        self.lengths, self.host_lengths = self.masks[key]  # what ``_bind`` binds as the lengths input
-        found = super().binding(cache)
-        self.masks = {k: v for k, v in self.masks.items() if k in self.bindings}
-        return found
+            found = (bound, bound if isinstance(bound, np.ndarray) else np.zeros(shape, np.int64))
+            self.lengths, self.host_lengths = found  # what ``_bind`` binds as the lengths input
+            binding = super().binding(cache)
+            self.masks = {k: v for k, v in self.masks.items() if k in self.bindings} | {key: found}
+            return binding
+        self.lengths, self.host_lengths = found
+        return super().binding(cache)
 
     def run(self, binding, options, input_ids: np.ndarray, past_len: np.ndarray) -> None:
         """Each row's mask: ones over its past and new tokens, zeros beyond; then run."""
         self.memory.upload(self.input_ids, input_ids)
-        ends = past_len + input_ids.shape[1]
-        np.less(np.arange(self.host_lengths.shape[1]), ends[:, None], out=self.host_lengths, casting="unsafe")
-        if self.host_lengths is not self.lengths:
-            self.memory.upload(self.lengths, self.host_lengths)
+        mask, tokens = self.host_lengths, input_ids.shape[1]
+        for row, end in enumerate(past_len.tolist()):  # a row or two: slices beat a [batch, capacity] comparison
+            mask[row, : end + tokens] = 1
+            mask[row, end + tokens :] = 0
+        if mask is not self.lengths:
+            self.memory.upload(self.lengths, mask)
         self.session.run_with_iobinding(binding, options)

@@ -24,6 +24,7 @@ from ..contract import (
     read_tokenizer,
     sha256_file,
     tokenizer_fingerprint,
+    tokenizer_problems,
 )
 from ..engines.vetting import check_foreign_graph, external_tensors
 from ..output import OutputError, output_dir, remove_abandoned, replace
@@ -71,6 +72,7 @@ def import_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
         files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
         manifest = Manifest(models=specs, files=files, exporter_version=__version__,
                             opset=next((o.version for o in graphs["target"][0].opset_import if o.domain in ("", "ai.onnx")), 0))
+        _check(manifest, tokenizers["target"])
         manifest.write(staging)
         replace(staging, out)
     except BaseException:
@@ -78,6 +80,18 @@ def import_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
         raise
     progress(f"wrote {out}")
     return manifest
+
+
+def _check(manifest: Manifest, tokenizer) -> None:
+    """Refuse what the folders declared that a manifest may not hold (sizes, token ids), or a tokenizer whose ids reach
+    beyond the models' vocabulary, as opening the artifact would, but now and naming the folder's values."""
+    try:
+        Manifest.from_dict(json.loads(manifest.to_json()))
+    except ContractError as exc:
+        raise ImportRefused(f"the folder's config does not make a valid manifest: {exc}") from None
+    problems = tokenizer_problems(tokenizer, manifest)
+    if problems:
+        raise ImportRefused(f"{TOKENIZER}: {problems[0]}")
 
 
 def _tokenizer(source: Source):

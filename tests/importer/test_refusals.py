@@ -7,6 +7,7 @@ import json
 import shutil
 
 import onnx
+import pytest
 from click.testing import CliRunner
 from onnx import helper
 
@@ -110,3 +111,19 @@ def test_a_draft_with_another_tokenizer_is_refused(foreign, tmp_path):
     tiny.make_tokenizer(shift=1000).save(str(draft / "tokenizer.json"))
     line = _refusal(tmp_path, foreign["folders"]["genai-llama"], "--draft", str(draft))
     assert "the draft's tokenizer differs from the target's" in line
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"vocab_size": 64}, "outside the models' vocabulary [0, 64)"),
+    ({"decoder": {"num_key_value_heads": 3}}, "num_heads 4 is not a multiple of kv_heads 3"),
+])
+def test_a_genai_config_that_does_not_make_a_valid_manifest_is_refused(foreign, tmp_path, change, message):
+    folder = _copy(foreign, "genai-llama", tmp_path)
+    config = json.loads((folder / "genai_config.json").read_text())
+    for key, value in change.items():
+        if isinstance(value, dict):
+            config["model"][key].update(value)
+        else:
+            config["model"][key] = value
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    assert message in _refusal(tmp_path, folder)
