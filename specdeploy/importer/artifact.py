@@ -55,6 +55,11 @@ def import_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
     limit = min([capacity or DEFAULT_CAPACITY] + [source.facts["capacity"] for source in sources.values()])
     if capacity is not None and capacity > limit:
         raise ImportRefused(f"capacity {capacity} exceeds what the folders allow ({limit} positions)")
+    planned = {role: _plan(role, source, graphs[role], limit, fingerprints[role]) for role, source in sources.items()}
+    opset = next((o.version for o in graphs["target"][0].opset_import if o.domain in ("", "ai.onnx")), 0)
+    manifest = Manifest(models={role: spec for role, (spec, _) in planned.items()}, exporter_version=__version__,
+                        opset=opset)
+    _check(manifest, tokenizers["target"])
     try:
         out = output_dir(Path(out), force)
     except OutputError as exc:
@@ -63,16 +68,12 @@ def import_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
     remove_abandoned(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        specs = {}
         for role, source in sources.items():
             progress(f"{role}: importing {source.graph} ({source.io.source})")
-            specs[role] = _write_model(role, source, graphs[role], staging, limit, fingerprints[role])
+            _write_model(source, graphs[role][0], planned[role], staging)
         _keep_files(sources["target"], staging)
         progress("hashing files")
-        files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
-        manifest = Manifest(models=specs, files=files, exporter_version=__version__,
-                            opset=next((o.version for o in graphs["target"][0].opset_import if o.domain in ("", "ai.onnx")), 0))
-        _check(manifest, tokenizers["target"])
+        manifest.files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
         manifest.write(staging)
         replace(staging, out)
     except BaseException:
@@ -91,7 +92,7 @@ def _check(manifest: Manifest, tokenizer) -> None:
         raise ImportRefused(f"the folder's config does not make a valid manifest: {exc}") from None
     problems = tokenizer_problems(tokenizer, manifest)
     if problems:
-        raise ImportRefused(f"{TOKENIZER}: {problems[0]}")
+        raise ImportRefused(problems[0])
 
 
 def _tokenizer(source: Source):
@@ -115,33 +116,40 @@ def _vetted_graph(role: str, source: Source) -> tuple:
     return model, graph_io(source, model)
 
 
-def _write_model(role: str, source: Source, graph: tuple, staging: Path, capacity: int, fingerprint: str) -> ModelSpec:
-    """Write ``role``'s graph (external data renamed, role stamped) and link its weights into ``staging``."""
+def _plan(role: str, source: Source, graph: tuple, capacity: int, fingerprint: str) -> tuple[ModelSpec, dict]:
+    """``role``'s manifest entry and its weight files' new names (source name -> artifact name); the graph's proto
+    (``graph[0]``) is changed to match: its external data renamed after its role, the role stamped in its metadata."""
     import onnx
 
     model, io_facts = graph
-    rewrites = []
     renamed: dict[str, str] = {}
     for tensor in external_tensors(model):
         for entry in tensor.external_data:
             if entry.key == "location":
                 renamed.setdefault(entry.value, f"{role}.{entry.value}")
                 entry.value = renamed[entry.value]
-    for old, new in sorted(renamed.items()):
-        _link(source.folder / old, staging / new)
-        rewrites.append(f"external data {old} renamed {new}")
+    rewrites = [f"external data {old} renamed {new}" for old, new in sorted(renamed.items())]
     onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, GRAPH_ROLE_KEY: role})
     rewrites.append(f"metadata {GRAPH_ROLE_KEY} = {role}")
-    file = f"{role}.onnx"
-    onnx.save_model(model, str(staging / file))
     io = dataclasses.replace(source.io, origin=source.graph.name, origin_sha256=sha256_file(source.graph),
                              rewrites=tuple(rewrites), position_ids=source.io.position_ids if io_facts["takes_positions"] else "")
     facts = dict(source.facts)
     facts["capacity"] = capacity
     facts["eos_token_ids"] = tuple(facts["eos_token_ids"])
-    return ModelSpec(role=role, file=file, dtype=io_facts["dtype"], weights=_weights(model),
-                     graph=LAYOUT_FORMS[io.cache], tokenizer_fingerprint=fingerprint,
-                     parameters=_parameters(model), imported=io, **facts)
+    spec = ModelSpec(role=role, file=f"{role}.onnx", dtype=io_facts["dtype"], weights=_weights(model),
+                     graph=LAYOUT_FORMS[io.cache], tokenizer_fingerprint=fingerprint, parameters=_parameters(model),
+                     imported=io, **facts)
+    return spec, renamed
+
+
+def _write_model(source: Source, model, planned: tuple[ModelSpec, dict], staging: Path) -> None:
+    """Write the planned graph (``model``, its proto as ``_plan`` changed it) and link its weights into ``staging``."""
+    import onnx
+
+    spec, renamed = planned
+    for old, new in sorted(renamed.items()):
+        _link(source.folder / old, staging / new)
+    onnx.save_model(model, str(staging / spec.file))
 
 
 def _weights(model) -> str:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import DTYPES, ContractError, ImportedIO
+from ..contract import DTYPES, ImportedIO
 from ..files import MAX_JSON_BYTES, FileMissing, FileRefused, read_regular
 
 ONNX_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32"}
@@ -90,11 +90,12 @@ def read_genai(folder: Path) -> Source:
     if "pipeline" in decoder:
         raise ImportRefused(f"{where}: model.decoder.pipeline (a decoder split over several graphs); expected one graph")
     inputs, outputs = decoder.get("inputs", {}), decoder.get("outputs", {})
+    if not isinstance(inputs, dict) or not isinstance(outputs, dict):
+        raise ImportRefused(f"{where}: model.decoder.inputs and .outputs must be objects (role -> tensor name)")
     known_in = {"input_ids", "attention_mask", "past_key_names", "past_value_names"}
     known_out = {"logits", "present_key_names", "present_value_names"}
-    if not isinstance(inputs, dict) or set(inputs) - known_in or not isinstance(outputs, dict) or set(outputs) - known_out:
-        unknown = sorted(set(inputs) - known_in) + sorted(set(outputs) - known_out) if isinstance(inputs, dict) and \
-            isinstance(outputs, dict) else ["(not an object)"]
+    unknown = sorted(set(inputs) - known_in) + sorted(set(outputs) - known_out)
+    if unknown:
         raise ImportRefused(f"{where}: decoder inputs/outputs {unknown} are not ones we drive; expected "
                             f"{sorted(known_in)} and {sorted(known_out)}")
     names = {key: value for key, value in {**inputs, **outputs}.items() if isinstance(value, str)}
@@ -190,7 +191,3 @@ def graph_io(source: Source, model) -> dict:
         raise ImportRefused(f"{where.name}: cache dtype {dtype}; expected one of {DTYPES}")
     takes_positions = bool(io.position_ids) and io.position_ids in got_in
     return {"dtype": dtype, "takes_positions": takes_positions}
-
-
-def refuse_contract(exc: ContractError) -> ImportRefused:
-    return ImportRefused(str(exc))
