@@ -124,9 +124,8 @@ class OrtEngine(Engine):
         and sizes."""
         got_in = [i.name for i in self.session.get_inputs()]
         got_out = [o.name for o in self.session.get_outputs()]
-        agree = (lambda got, expected: sorted(got) == sorted(expected)) if self.spec.imported else (
-            lambda got, expected: got == expected)  # tensors are bound by name: a graph we did not write keeps its order
-        if not agree(got_in, self.spec.inputs) or not agree(got_out, self.spec.outputs):
+        order = sorted if self.spec.imported else list  # bound by name: a graph we did not write lists them its own way
+        if order(got_in) != order(self.spec.inputs) or order(got_out) != order(self.spec.outputs):
             raise ProviderError(
                 f"{self.spec.file}: graph inputs/outputs disagree with the manifest: got inputs {got_in[:4]}… "
                 f"({len(got_in)}), outputs {got_out[:3]}… ({len(got_out)}); expected {self.spec.inputs[:4]}… "
@@ -179,7 +178,6 @@ class OrtEngine(Engine):
             if len(shapes) > REUSED_SHAPES:
                 shapes.popitem(last=False)
         return made
-
 
     def shape_buffers(self, shape: tuple[int, int, int], captured: bool) -> ShapeBuffers:
         """New buffers and bindings for calls of ``shape`` (an adapter of a graph we did not write binds its own)."""
