@@ -3,8 +3,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# optimum-onnx needs transformers < 5: a venv of its own, which the import tests run optimum's exporter and generate in
+# (tests/importer/peers.py); nothing of specdeploy's runs there
+GENAI_STAMP := $(VENV)/.onnxruntime-genai-0.18.0
+OPTIMUM_VENV ?= build/optimum-venv
+OPTIMUM_STAMP := $(OPTIMUM_VENV)/.installed
 
-.PHONY: test demo lint bench clean
+.PHONY: test demo lint bench clean optimum-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,10 +22,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet tensorrt-rtx || echo "tensorrt-rtx did not install: TensorRT build tests will be skipped"
 	touch $(STAMP)
 
+# onnxruntime-genai without its dependencies (it runs on this environment's onnxruntime): the import tests build model
+# folders with its builder and compare with its Generator; the version tools/bench_peer.py pins. A stamp of its own,
+# so a venv made before it gets it too
+$(GENAI_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet --no-deps "onnxruntime-genai==0.18.0"
+	touch $(GENAI_STAMP)
+
+$(OPTIMUM_STAMP):
+	$(PYTHON) -m venv $(OPTIMUM_VENV)
+	$(OPTIMUM_VENV)/bin/pip install --quiet "torch==2.13.0"
+	$(OPTIMUM_VENV)/bin/pip install --quiet "optimum-onnx==0.1.0" "transformers>=4.57,<5" onnxruntime
+	touch $(OPTIMUM_STAMP)
+
+optimum-venv: $(OPTIMUM_STAMP)
+
 # two workers, one test file each at a time (module fixtures are built once): most of the suite's time is
 # single-threaded export tracing, so the second core halves it; each tiny export is traced once per run and shared
 # by both workers (tests/tiny.py, EXPORT_CACHE). The tools run from the repository root as modules (python -m tools.X)
-test: $(STAMP)
+test: $(STAMP) $(GENAI_STAMP) $(OPTIMUM_STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)

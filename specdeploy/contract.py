@@ -7,6 +7,7 @@ from constants.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,11 @@ PREFILL_CHUNK = 512
 # Each exported graph's metadata_props name the role it was exported as: a manifest whose target and draft files
 # are swapped (it carries no hash of itself) is told from the graphs even where their shapes agree.
 GRAPH_ROLE_KEY = "specdeploy.role"
+# How a graph we did not write (``specdeploy import``) keeps its cache: "shared", one buffer of capacity slots fed as
+# past and bound as present, the new tokens' K/V written in place, each row's length read off its attention mask
+# (onnxruntime-genai's builder); "concatenated", present = past followed by the new tokens (optimum's export)
+CACHE_LAYOUTS = ("shared", "concatenated")
+IMPORT_SOURCES = ("onnxruntime-genai", "optimum")
 
 
 class ContractError(ValueError):
@@ -57,6 +63,31 @@ def output_names(num_layers: int, graph: str = "explicit") -> list[str]:
     for i in range(num_layers):
         names += [f"{kind}_key.{i}", f"{kind}_value.{i}"]
     return names
+
+
+@dataclass(frozen=True)
+class ImportedIO:
+    """The contract of a graph we did not write, as its folder declares it: which tensor means what, the cache
+    layout, and what the import changed in its files. Layer tensors are %-patterns of the layer index."""
+
+    source: str  # IMPORT_SOURCES: the tool that wrote the folder
+    cache: str  # CACHE_LAYOUTS
+    input_ids: str = "input_ids"
+    attention_mask: str = "attention_mask"
+    position_ids: str = ""  # "" where the graph computes positions from the attention mask
+    past_key: str = "past_key_values.%d.key"
+    past_value: str = "past_key_values.%d.value"
+    logits: str = "logits"
+    present_key: str = "present.%d.key"
+    present_value: str = "present.%d.value"
+    origin: str = ""  # the graph's file name in the source folder
+    origin_sha256: str = ""  # and its sha256 there, before the rewrites
+    rewrites: tuple[str, ...] = ()  # each change made to the graph's own file, in words
+
+    def cache_names(self, num_layers: int, kind: str) -> list[str]:
+        """past (``kind`` "past") or present ("present") key.i / value.i per layer, in the cache's buffer order."""
+        key, value = (self.past_key, self.past_value) if kind == "past" else (self.present_key, self.present_value)
+        return [name % i for i in range(num_layers) for name in (key, value)]
 
 
 @dataclass(frozen=True)
@@ -92,9 +123,16 @@ class ModelSpec:
     # The graph also outputs ``ids`` (int64 [batch, kept]): each position's argmax token, so that greedy acceptance
     # reads a few integers instead of [batch, kept, vocab] logits (fused graphs; absent from older manifests: false)
     argmax_ids: bool = False
+    # A graph we did not write (``specdeploy import``): its own tensor names and cache layout; None for our exports.
+    # Its graph form says how calls run: "fused" for a shared buffer written in place, "explicit" for new K/V returned
+    imported: ImportedIO | None = None
 
     @property
     def inputs(self) -> list[str]:
+        io = self.imported
+        if io is not None:
+            return ([io.input_ids, io.attention_mask] + ([io.position_ids] if io.position_ids else [])
+                    + io.cache_names(self.num_layers, "past"))
         names = input_names(self.num_layers)
         if self.takes_seqlens_k:
             names[1] = "seqlens_k"
@@ -102,21 +140,31 @@ class ModelSpec:
 
     @property
     def lengths_input(self) -> str:
-        """The graph input that says where each row's new tokens go: ``past_len`` or ``seqlens_k``."""
+        """The graph input that says where each row's new tokens go: ``past_len``, ``seqlens_k`` or an imported
+        graph's attention mask."""
+        if self.imported is not None:
+            return self.imported.attention_mask
         return "seqlens_k" if self.takes_seqlens_k else "past_len"
 
     @property
     def cache_inputs(self) -> list[str]:
-        """cache_key.i / cache_value.i per layer, in the order of the cache's buffers."""
+        """cache_key.i / cache_value.i per layer (an imported graph's past names), in the order of the cache's buffers."""
+        if self.imported is not None:
+            return self.imported.cache_names(self.num_layers, "past")
         return input_names(self.num_layers)[2:]
 
     @property
     def outputs(self) -> list[str]:
+        if self.imported is not None:
+            return [self.imported.logits] + self.cache_outputs
         return output_names(self.num_layers, self.graph) + (["ids"] if self.argmax_ids else [])
 
     @property
     def cache_outputs(self) -> list[str]:
-        """new_key.i / new_value.i (explicit form) or present_key.i / present_value.i (fused form) per layer."""
+        """new_key.i / new_value.i (explicit form) or present_key.i / present_value.i (fused form) per layer; an
+        imported graph's present names."""
+        if self.imported is not None:
+            return self.imported.cache_names(self.num_layers, "present")
         return output_names(self.num_layers, self.graph)[1:]
 
     @property
@@ -298,8 +346,43 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
             raise ContractError(f"{where}: {name} must be true or false, got {_shown(flags[name])}")
     if flags["takes_seqlens_k"] and graph != "fused":
         raise ContractError(f"{where}: takes_seqlens_k on a {graph} graph; only the fused form takes seqlens_k")
+    imported = data.get("imported")
+    if imported is not None:
+        imported = _imported_from_dict(imported, graph, flags, f"{where}: imported")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
-                     graph=graph, vocab_kept=kept, **flags)
+                     graph=graph, vocab_kept=kept, imported=imported, **flags)
+
+
+# the graph form each cache layout runs as: a shared buffer is written in place, a concatenated cache's new K/V returned
+LAYOUT_FORMS = {"shared": "fused", "concatenated": "explicit"}
+
+
+def _imported_from_dict(data: object, graph: str, flags: dict, where: str) -> ImportedIO:
+    if not isinstance(data, dict):
+        raise ContractError(f"{where}: expected an object, got {type(data).__name__}")
+    names = [f.name for f in dataclasses.fields(ImportedIO) if f.name != "rewrites"]
+    values = {name: _field(data, name, str, where, default="") for name in names}
+    if values["source"] not in IMPORT_SOURCES:
+        raise ContractError(f"{where}: source {_shown(values['source'])} not in {IMPORT_SOURCES}")
+    if values["cache"] not in CACHE_LAYOUTS:
+        raise ContractError(f"{where}: cache {_shown(values['cache'])} not in {CACHE_LAYOUTS}")
+    if LAYOUT_FORMS[values["cache"]] != graph:
+        raise ContractError(f"{where}: a {values['cache']} cache runs as the {LAYOUT_FORMS[values['cache']]} graph "
+                            f"form, got graph {graph!r}")
+    for name in ("past_key", "past_value", "present_key", "present_value"):
+        if values[name].count("%d") != 1 or values[name].count("%") != 1:
+            raise ContractError(f"{where}: {name} {_shown(values[name])} must hold the layer index as one %d")
+    for name in ("input_ids", "attention_mask", "logits"):
+        if not values[name]:
+            raise ContractError(f"{where}: missing field {name!r}")
+    set_flags = [name for name, value in flags.items() if value]
+    if set_flags:
+        raise ContractError(f"{where}: {set_flags} describe our own graphs; an imported graph has none of them")
+    rewrites = data.get("rewrites", [])
+    if not isinstance(rewrites, list) or len(rewrites) > 16 or not all(isinstance(r, str) and len(r) <= MAX_TEXT
+                                                                       for r in rewrites):
+        raise ContractError(f"{where}: rewrites must be a list of at most 16 strings, got {_shown(rewrites)}")
+    return ImportedIO(**values, rewrites=tuple(rewrites))
 
 
 def _check_relative(name: str, where: str) -> None:

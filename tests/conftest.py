@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from tests import foreign as foreign_models
 from tests import tiny
 
 
@@ -129,3 +130,21 @@ def exported_architecture(tmp_path_factory):
         return model, artifacts[name, graph]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def foreign(export_cache):
+    """Folders written by onnxruntime-genai and optimum, and their imports (tests/foreign.py), built once per run:
+    {"folders": name -> folder, "artifacts": name -> imported artifact dir, "references": folder name -> each prompt's
+    greedy continuation by the folder's own tool}."""
+    from filelock import FileLock
+
+    root = export_cache / "foreign"
+    root.mkdir(exist_ok=True)
+    with FileLock(f"{root}.lock"):
+        done = root / "references.json"
+        if not done.is_file():
+            done.write_text(json.dumps(foreign_models.build(root)))
+    return {"folders": {name: root / name for name in foreign_models.FOLDERS},
+            "artifacts": {name: root / "artifacts" / name for name in foreign_models.ARTIFACTS},
+            "references": json.loads(done.read_text())}

@@ -10,9 +10,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "specdeploy"
 
 
-def _loaded_after(statement: str) -> list[str]:
-    """The specdeploy modules a fresh interpreter holds after ``statement``."""
-    code = f"{statement}; import sys; print(' '.join(sorted(m for m in sys.modules if m.startswith('specdeploy'))))"
+def _loaded_after(statement: str, prefix: str = "specdeploy") -> list[str]:
+    """The modules (those whose name starts with ``prefix``) a fresh interpreter holds after ``statement``."""
+    code = f"{statement}; import sys; print(' '.join(sorted(m for m in sys.modules if m.startswith({prefix!r}))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return out.split()
 
@@ -77,3 +77,12 @@ def test_the_contract_loads_alone_and_an_export_never_loads_the_runtime():
     assert len(_loaded_after("import specdeploy.contract")) <= 3
     exporter = _loaded_after("import specdeploy.exporter, specdeploy.cli.export")
     assert not [m for m in exporter if m.startswith("specdeploy.runtime")], exporter
+
+
+def test_an_import_loads_neither_torch_nor_the_exporter_nor_the_runtime():
+    """``specdeploy import`` builds nothing: it runs where only the core is installed (no torch, no transformers)."""
+    loaded = _loaded_after("import specdeploy.importer, specdeploy.cli.imports", prefix="")
+    heavy = [m for m in loaded if m.split(".")[0] in ("torch", "transformers")
+             or m.startswith(("specdeploy.exporter", "specdeploy.runtime"))]
+    assert not heavy, heavy
+    assert "specdeploy.importer.artifact" in loaded and "onnx" not in loaded  # onnx only once an import runs

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_the_core_install_runs_an_artifact(pair_dir, tmp_path):
+def test_the_core_install_runs_an_artifact(pair_dir, foreign, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     installed = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", str(ROOT)], capture_output=True,
@@ -30,3 +30,15 @@ def test_the_core_install_runs_an_artifact(pair_dir, tmp_path):
     assert ran.returncode == 0, ran.stderr[-2000:]
     line = json.loads(next(x for x in ran.stdout.splitlines() if x.startswith("{")))
     assert line["token_ids"] == Pipeline.load(pair_dir).generate("w5 w6 w7", GenerationConfig(max_new_tokens=6))[0].token_ids
+
+    # and imports a folder onnxruntime-genai's builder wrote, and runs it: neither tool is needed
+    imported = tmp_path / "imported"
+    done = subprocess.run([str(venv / "bin" / "specdeploy"), "import", str(foreign["folders"]["genai-llama"]), "--out",
+                           str(imported), "--capacity", "96"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ran = subprocess.run([str(venv / "bin" / "specdeploy"), "generate", str(imported), "--prompt", "w5 w6 w7",
+                          "--max-new-tokens", "6", "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    line = json.loads(next(x for x in ran.stdout.splitlines() if x.startswith("{")))
+    expected = Pipeline.load(imported).generate("w5 w6 w7", GenerationConfig(max_new_tokens=6))[0].token_ids
+    assert line["token_ids"] == expected and len(expected) > 0

@@ -16,7 +16,11 @@ outputs identical to specdeploy's plain decoding (a speculative output that diff
 worker's peak resident memory.
 
     python -m tools.bench_peer --artifact DIR [--artifact DIR2] [--humaneval 8] [--specbench 0] [--conversations 0]
-        [--structured 0] [--max-tokens 128] [--k 4] [--out docs/results/bench_peer]
+        [--structured 0] [--max-tokens 128] [--k 4] [--peer-graphs] [--out docs/results/bench_peer]
+
+``--peer-graphs`` adds specdeploy driving the peer's own int4 graphs (``specdeploy import`` of the two folders its
+builder made): plain decoding and the default speculation, beside the peer's generator on the same graphs; the
+column "identical to the peer's target" compares every configuration's output with the peer's own greedy output.
 
 Prompts run in order, each through every configuration before the next (a conversation's turns after each
 other); chat prompts (the conversation and structured workloads) are rendered by the first artifact's chat
@@ -123,6 +127,16 @@ def peer_pair(target: Path, draft: Path, k: int) -> Path:
     return out
 
 
+def peer_artifact(target: Path, draft: Path) -> Path:
+    """The peer's own target and draft folders imported as one specdeploy artifact (``specdeploy import``; weights
+    hard-linked, so cheap), made afresh each run: the folders' genai_config.json is rewritten per run (threads)."""
+    from specdeploy.importer import import_artifact
+
+    out = CACHE / "peer" / f"imported-{target.name}+{draft.name}"
+    import_artifact(target, out, draft=draft, force=True)
+    return out
+
+
 # ---------------------------------------------------------------- workers: one process per system
 
 def peak_rss_mb() -> float:
@@ -180,6 +194,11 @@ def configurations(k: int) -> dict:
     }
 
 
+# specdeploy's configurations over the peer's own graphs: the target alone and the default
+PEER_GRAPH_CONFIGS = ("plain", "default (hybrid cost k<=8)")
+PEER_GRAPHS = "specdeploy (the peer's graphs)"
+
+
 class SpecdeployWorker:
     def __init__(self, artifact: str, threads: int, k: int):
         from specdeploy import Pipeline
@@ -195,7 +214,10 @@ class SpecdeployWorker:
         self.indexes = {name: SuffixIndex(DEFAULT_TOKENS, DEFAULT_SEQUENCES) for name in self.configs}
         self.plain = {}
 
-    def run(self, config: str, ids: list[int], max_tokens: int, measured: bool = True) -> dict:
+    def run(self, config: str, ids: list[int], max_tokens: int, measured: bool = True,
+            peer: list[int] | None = None) -> dict:
+        """``peer``: the peer's own greedy output for ``ids``; where this output differs, where and by what margin
+        (of this pipeline's target between the two tokens there) is reported as ``peer_divergence``."""
         settings = replace(self.configs[config], max_new_tokens=max_tokens)
         began = time.perf_counter()
         first, result = None, None
@@ -211,6 +233,8 @@ class SpecdeployWorker:
             self.plain[key] = tokens
         elif key in self.plain and tokens != self.plain[key]:
             out["divergence"] = self.pipeline.first_divergence(ids, self.plain[key], tokens, settings)
+        if peer is not None and tokens != peer:
+            out["peer_divergence"] = self.pipeline.first_divergence(ids, peer, tokens, settings)
         return out
 
 
@@ -226,7 +250,9 @@ def worker_main(system: str, spec: str, threads: int, k: int) -> None:
     out.flush()
     for line in sys.stdin:
         request = json.loads(line)
-        result = worker.run(request["config"], request["ids"], request["max_tokens"], request.get("measured", True))
+        extra = {"peer": request["peer"]} if request.get("peer") is not None else {}
+        result = worker.run(request["config"], request["ids"], request["max_tokens"], request.get("measured", True),
+                            **extra)
         result["rss_mb"] = peak_rss_mb()
         out.write(json.dumps(result) + "\n")
         out.flush()
@@ -247,9 +273,11 @@ class Worker:
             raise RuntimeError(f"worker {self.process.args[3]} exited with {self.process.wait()}")
         return json.loads(line)
 
-    def run(self, config: str, ids: list[int], max_tokens: int, measured: bool = True) -> dict:
-        """``measured``: False for a warm-up, which leaves the configuration's suffix index empty."""
-        request = {"config": config, "ids": ids, "max_tokens": max_tokens, "measured": measured}
+    def run(self, config: str, ids: list[int], max_tokens: int, measured: bool = True,
+            peer: list[int] | None = None) -> dict:
+        """``measured``: False for a warm-up, which leaves the configuration's suffix index empty; ``peer``: the
+        peer's own output to compare with (a specdeploy worker's)."""
+        request = {"config": config, "ids": ids, "max_tokens": max_tokens, "measured": measured, "peer": peer}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         return self._read()
@@ -280,11 +308,14 @@ def prompt_encoder(artifact: Path) -> Callable:
     return encode
 
 
-def summarize(runs: list[dict], own_plain: list[list[int]], reference: list[list[int]]) -> dict:
+def summarize(runs: list[dict], own_plain: list[list[int]], reference: list[list[int]],
+              peer: list[list[int]] | None = None) -> dict:
+    """``peer``: the peer's own greedy output per prompt (its target alone), where the report compares with it."""
     tokens = [len(r["tokens"]) for r in runs]
     e2e = [n / r["seconds"] for n, r in zip(tokens, runs)]
     decode = [(n - 1) / (r["seconds"] - r["first_s"]) for n, r in zip(tokens, runs) if n > 1]
     divergences = [r["divergence"] for r in runs if r.get("divergence")]
+    from_peer = [r["peer_divergence"] for r in runs if r.get("peer_divergence")]
     return {
         "tok_s_e2e": statistics.median(e2e), "tok_s_e2e_total": sum(tokens) / sum(r["seconds"] for r in runs),
         "tok_s_decode": statistics.median(decode) if decode else 0.0,
@@ -292,8 +323,10 @@ def summarize(runs: list[dict], own_plain: list[list[int]], reference: list[list
         "tokens_per_target_call": sum(tokens) / sum(r["target_calls"] for r in runs),
         "identical_to_own_plain": sum(r["tokens"] == ref for r, ref in zip(runs, own_plain)),
         "identical_to_specdeploy_plain": sum(r["tokens"] == ref for r, ref in zip(runs, reference)),
+        "identical_to_peer": None if peer is None else sum(r["tokens"] == ref for r, ref in zip(runs, peer)),
         "prompts": len(runs), "tokens": sum(tokens),
         "divergence_margins": [round(d["margin"], 3) for d in divergences],
+        "peer_divergence_margins": [round(d["margin"], 3) for d in from_peer],
         "peak_rss_mb": max(r["rss_mb"] for r in runs),
     }
 
@@ -312,8 +345,9 @@ def markdown(report: dict) -> str:
         f"- reference for identical outputs: {setup['reference']}", "",
         f"The table: {next(iter(setup['prompts']))}; by prompt set below.", "",
         "| system | configuration | tok/s end to end (median) | tok/s decode (median) | first token | "
-        "tokens per target call | identical to its own plain | identical to the reference | peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "tokens per target call | identical to its own plain | identical to the reference | peak RSS | "
+        "identical to the peer's target |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in report["results"].items():
         system, config = name.split(": ", 1)
@@ -321,7 +355,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {system} | {config} | {s['tok_s_e2e']:.1f} | {s['tok_s_decode']:.1f} | "
                      f"{s['first_token_s'] * 1000:.0f} ms | {s['tokens_per_target_call']:.2f} | "
                      f"{s['identical_to_own_plain']}/{s['prompts']}{margins} | "
-                     f"{s['identical_to_specdeploy_plain']}/{s['prompts']} | {s['peak_rss_mb'] / 1024:.2f} GB |")
+                     f"{s['identical_to_specdeploy_plain']}/{s['prompts']} | {s['peak_rss_mb'] / 1024:.2f} GB | "
+                     + _peer_cell(s) + " |")
     by_group = report.get("by_group", {})
     if len(by_group) > 1:
         names = list(report["results"])
@@ -334,6 +369,16 @@ def markdown(report: dict) -> str:
         f"{system} {w['process_s']:.1f} s to ready ({', '.join(f'{k} {v:.1f} s' for k, v in w['load_s'].items())})"
         for system, w in report["workers"].items()), ""]
     return "\n".join(lines)
+
+
+def _peer_cell(summary: dict) -> str:
+    """The "identical to the peer's target" cell: a count, with the margins where specdeploy over the peer's graphs
+    located its differences (other systems' differences are not located: their weights differ)."""
+    if summary.get("identical_to_peer") is None:
+        return "-"
+    margins = summary.get("peer_divergence_margins")
+    return f"{summary['identical_to_peer']}/{summary['prompts']}" + (
+        f" (differing: margins {', '.join(map(str, margins))})" if margins else "")
 
 
 def main() -> None:
@@ -381,6 +426,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of each system")
     parser.add_argument("--block-size", type=int, default=128, help="the peer's int4 block size")
     parser.add_argument("--accuracy-level", type=int, default=4, help="the peer's MatMulNBits accuracy level")
+    parser.add_argument("--peer-graphs", action="store_true", help="also run specdeploy over the peer's own int4 "
+                        "graphs (imported with specdeploy import): plain and the default speculation")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")
     parser.add_argument("--worker", choices=("peer", "specdeploy"), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -444,6 +491,11 @@ def _start_workers(args: argparse.Namespace) -> tuple[dict[str, Worker], list[tu
             name = f"specdeploy ({artifact.name})"
         workers[name] = Worker("specdeploy", str(artifact), args.threads, args.k)
         grid += [(name, config) for config in configurations(args.k) if not (args.no_fixed and config.startswith("fixed"))]
+    if args.peer_graphs:
+        log("importing the peer's graphs")
+        workers[PEER_GRAPHS] = Worker("specdeploy", str(peer_artifact(models["target"], models["draft"])), args.threads,
+                                      args.k)
+        grid += [(PEER_GRAPHS, config) for config in PEER_GRAPH_CONFIGS]
     return workers, grid
 
 
@@ -457,9 +509,11 @@ def _run_grid(workers: dict[str, Worker], grid: list[tuple[str, str]], prompts: 
     runs = {f"{s}: {c}": [] for s, c in grid}
     for index, ((group, prompt), ids) in enumerate(zip(prompts, ids_of)):
         order = grid[index % len(grid):] + grid[: index % len(grid)]
-        order.sort(key=lambda sc: sc[1] != "plain")  # plain first: the others are compared with it
+        # the peer's target, then plain, first: the others are compared with them
+        order.sort(key=lambda sc: {"target": 0, "plain": 1}.get(sc[1], 2))
         for system, config in order:
-            runs[f"{system}: {config}"].append(workers[system].run(config, ids, max_tokens) | {"group": group})
+            peer = runs["onnxruntime-genai: target"][-1]["tokens"] if system == PEER_GRAPHS else None
+            runs[f"{system}: {config}"].append(workers[system].run(config, ids, max_tokens, peer=peer) | {"group": group})
         line = ", ".join(f"{name} {len(r[-1]['tokens']) / r[-1]['seconds']:.1f}" for name, r in runs.items())
         log(f"[{index + 1}/{len(prompts)}] {group} {prompt.id}: tok/s {line}")
     return runs
@@ -477,12 +531,13 @@ def _report(args: argparse.Namespace, version: str, prompts: list, workers: dict
     reference = [r["tokens"] for r in runs[reference_name]]
     own_plain = {system: [r["tokens"] for r in runs[f"{system}: {config}"]] for system, config in grid
                  if config in ("plain", "target")}
+    peer = own_plain["onnxruntime-genai"]
     groups = list(dict.fromkeys(group for group, _ in prompts))
 
     def results(group: str) -> dict:
         keep = [i for i, (g, _) in enumerate(prompts) if g == group]
         return {name: summarize([r[i] for i in keep], [own_plain[name.split(": ")[0]][i] for i in keep],
-                                [reference[i] for i in keep]) for name, r in runs.items()}
+                                [reference[i] for i in keep], [peer[i] for i in keep]) for name, r in runs.items()}
     facts = provenance("tools.bench_peer")  # date, command, machine, commit
     return {
         "setup": {

@@ -13,9 +13,9 @@ import click
 from ..version import __version__
 
 # command name -> (module, attribute), in the order ``--help`` lists them
-COMMANDS = {"export": ("export", "export"), "inspect": ("inspect", "inspect"), "doctor": ("doctor", "doctor"),
-            "generate": ("generate", "generate"), "bench": ("bench", "bench"), "report": ("bench", "report"),
-            "build": ("build", "build"), "serve": ("serve", "serve")}
+COMMANDS = {"export": ("export", "export"), "import": ("imports", "import_"), "inspect": ("inspect", "inspect"),
+            "doctor": ("doctor", "doctor"), "generate": ("generate", "generate"), "bench": ("bench", "bench"),
+            "report": ("bench", "report"), "build": ("build", "build"), "serve": ("serve", "serve")}
 
 
 class LazyGroup(click.Group):

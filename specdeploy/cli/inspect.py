@@ -60,24 +60,7 @@ def inspect(directory, as_json):
                        str(spec.vocab_size) + (f" (scores {spec.vocab_kept})" if spec.vocab_kept else ""), spec.dtype,
                        spec.weights, str(spec.capacity), spec.graph)
     out.print(models)
-    tensors = Table("tensor", "dtype", "shape", title="verify-v1 tensors (per model; i = layer)")
-    spec = manifest.target
-    rows = [("input_ids", "int64", "[batch, tokens]"), ("past_len", "int64", "[batch]"),
-            ("cache_key.{i} / cache_value.{i}", spec.dtype, "[batch, kv_heads, capacity, head_dim]")]
-    if any(model.trims_logits for model in manifest.models.values()):  # exporter 0.3.2's fused graphs
-        rows += [("num_logits", "int64", "[1] (logits of each row's last num_logits tokens only)"),
-                 ("logits", "float32", "[batch, min(tokens, num_logits), vocab]")]
-    else:
-        rows.append(("logits", "float32", "[batch, tokens, vocab]"))
-    for graph in sorted({model.graph for model in manifest.models.values()}):
-        if graph == "fused":  # the cache itself: bound to the input buffers, the new K/V written at past_len ..
-            rows.append(("present_key.{i} / present_value.{i}", spec.dtype,
-                         "[batch, kv_heads, capacity, head_dim] (= the cache, written in place)"))
-        else:
-            rows.append(("new_key.{i} / new_value.{i}", spec.dtype, "[batch, kv_heads, tokens, head_dim]"))
-    for row in rows:  # as Text: rich would take "[batch, tokens]" for markup and print nothing
-        tensors.add_row(*map(Text, row))
-    out.print(tensors)
+    out.print(_imported_table(manifest) if manifest.target.imported else _tensors_table(manifest))
     table = Table("role", "nodes", "per layer", "most frequent ops",
                   title="graphs, as stored (ONNX Runtime fuses some at load; each node is a dispatch)")
     for role, spec in manifest.models.items():
@@ -100,6 +83,43 @@ def inspect(directory, as_json):
         files.add_row(f"… and {len(listed) - SHOWN_FILES:,} more", "", "")
     out.print(files)
     _say_unreadable(out, unreadable)
+
+
+def _tensors_table(manifest) -> Table:
+    """The verify-v1 tensors of our exported graphs."""
+    tensors = Table("tensor", "dtype", "shape", title="verify-v1 tensors (per model; i = layer)")
+    spec = manifest.target
+    rows = [("input_ids", "int64", "[batch, tokens]"), ("past_len", "int64", "[batch]"),
+            ("cache_key.{i} / cache_value.{i}", spec.dtype, "[batch, kv_heads, capacity, head_dim]")]
+    if any(model.trims_logits for model in manifest.models.values()):  # exporter 0.3.2's fused graphs
+        rows += [("num_logits", "int64", "[1] (logits of each row's last num_logits tokens only)"),
+                 ("logits", "float32", "[batch, min(tokens, num_logits), vocab]")]
+    else:
+        rows.append(("logits", "float32", "[batch, tokens, vocab]"))
+    for graph in sorted({model.graph for model in manifest.models.values()}):
+        if graph == "fused":  # the cache itself: bound to the input buffers, the new K/V written at past_len ..
+            rows.append(("present_key.{i} / present_value.{i}", spec.dtype,
+                         "[batch, kv_heads, capacity, head_dim] (= the cache, written in place)"))
+        else:
+            rows.append(("new_key.{i} / new_value.{i}", spec.dtype, "[batch, kv_heads, tokens, head_dim]"))
+    for row in rows:  # as Text: rich would take "[batch, tokens]" for markup and print nothing
+        tensors.add_row(*map(Text, row))
+    return tensors
+
+
+def _imported_table(manifest) -> Table:
+    """Each imported graph's own contract: the tool that wrote it, its cache layout, its tensors and what the import
+    changed in its file."""
+    table = Table("role", "source", "cache", "tensors (i = layer)", "rewrites", title="imported graphs' own contracts")
+    for spec in manifest.models.values():
+        io = spec.imported
+        layout = {"shared": "one buffer fed as past, bound as present (written in place); lengths from the mask",
+                  "concatenated": "present = past + new tokens; the engine feeds past[:past_len]"}[io.cache]
+        names = [io.input_ids, io.attention_mask, io.position_ids, f"{io.past_key} / {io.past_value}", io.logits,
+                 f"{io.present_key} / {io.present_value}"]
+        table.add_row(spec.role, f"{io.source} ({io.origin})", Text(layout), Text(", ".join(n for n in names if n)),
+                      Text("; ".join(io.rewrites)))
+    return table
 
 
 def _readable_size(path: Path) -> int:

@@ -5,8 +5,13 @@ from pathlib import Path
 
 from ..contract import REEXPORT_INT8, ContractError, Manifest, saturating_int8
 from .base import Engine, EngineClosedError, EngineInputError, EngineOutput, KVCache
+from .genai import GenaiEngine
+from .optimum import OptimumEngine
 from .ort import OrtEngine, ProviderError
 from .vetting import check_external_data
+
+# the engine of each cache layout: ours (None), and one adapter per contract of graphs we did not write
+ADAPTERS = {None: OrtEngine, "shared": GenaiEngine, "concatenated": OptimumEngine}
 
 
 def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = "cpu",
@@ -29,7 +34,7 @@ def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = 
     except Exception as exc:  # protobuf's errors for a truncated or foreign file
         raise ContractError(f"{spec.file}: not a readable ONNX graph ({type(exc).__name__}: {exc})") from exc
     try:
-        return OrtEngine(path, spec, provider=provider, threads=threads)
+        return ADAPTERS[spec.imported.cache if spec.imported else None](path, spec, provider=provider, threads=threads)
     except ProviderError:
         raise
     except Exception as exc:  # ONNX Runtime's own load errors: empty graph, unknown ops, bad opset

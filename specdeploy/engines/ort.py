@@ -124,7 +124,8 @@ class OrtEngine(Engine):
         and sizes."""
         got_in = [i.name for i in self.session.get_inputs()]
         got_out = [o.name for o in self.session.get_outputs()]
-        if got_in != self.spec.inputs or got_out != self.spec.outputs:
+        order = sorted if self.spec.imported else list  # bound by name: a graph we did not write lists them its own way
+        if order(got_in) != order(self.spec.inputs) or order(got_out) != order(self.spec.outputs):
             raise ProviderError(
                 f"{self.spec.file}: graph inputs/outputs disagree with the manifest: got inputs {got_in[:4]}… "
                 f"({len(got_in)}), outputs {got_out[:3]}… ({len(got_out)}); expected {self.spec.inputs[:4]}… "
@@ -171,12 +172,16 @@ class OrtEngine(Engine):
             shapes.move_to_end(shape)
             return found
         reused = shape[1] <= REUSED_OUTPUT_TOKENS
-        made = ShapeBuffers(self.session, self.spec, self.memory, shape, self.cache_dtype, self.graphs, captured=reused)
+        made = self.shape_buffers(shape, captured=reused)
         if reused:
             shapes[shape] = made
             if len(shapes) > REUSED_SHAPES:
                 shapes.popitem(last=False)
         return made
+
+    def shape_buffers(self, shape: tuple[int, int, int], captured: bool) -> ShapeBuffers:
+        """New buffers and bindings for calls of ``shape`` (an adapter of a graph we did not write binds its own)."""
+        return ShapeBuffers(self.session, self.spec, self.memory, shape, self.cache_dtype, self.graphs, captured)
 
 
 def _wanted_provider(path: Path, spec: ModelSpec, provider: str, cuda_graphs: bool | None) -> str:

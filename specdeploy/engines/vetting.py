@@ -21,7 +21,10 @@ from pathlib import Path
 from ..contract import GRAPH_ROLE_KEY, ContractError, Manifest, ModelSpec
 from ..files import FileRefused
 
-FACTS = "graph_vetting.2"  # remembered per file identity (``digests``); raise the number whenever _facts changes
+FACTS = "graph_vetting.3"  # remembered per file identity (``digests``); raise the number whenever _facts changes
+# The operator domains a graph we did not write may use: ONNX's own and ONNX Runtime's contrib ops (GroupQueryAttention,
+# MatMulNBits, the fused norms). Any other names a custom-op library, code that is not ONNX Runtime's
+KNOWN_DOMAINS = ("", "ai.onnx", "com.microsoft")
 SINGULAR = {"functions": "function", "graphs": "graph", "tensors": "tensor", "sparse_tensors": "sparse tensor"}
 
 
@@ -42,6 +45,34 @@ def check_external_data(path: Path, manifest: Manifest) -> None:
     if facts["engine_nodes"]:
         raise ContractError(f"{path.name}: {facts['engine_nodes'][0]} is an EPContext node (a precompiled engine that "
                             "ONNX Runtime loads from a file); expected none in a specdeploy graph")
+
+
+def check_foreign_graph(path: Path, folder: Path | None = None) -> None:
+    """Refuse a graph we did not write that holds what ours never do: operators of a custom domain (a custom-op
+    library's), model-local functions, an ``EPContext`` node; and external data that is not a plain file beside the
+    graph (``folder``: where it must be; default the graph's own directory) or that a tensor reads past the end of."""
+    facts = _graph_facts(path)
+    name = path.name
+    foreign = sorted(set(facts["domains"]) - set(KNOWN_DOMAINS))
+    if foreign:
+        raise ContractError(f"{name}: operators of domain {foreign[0]!r} (custom ops); expected only {KNOWN_DOMAINS} "
+                            "(ONNX's and ONNX Runtime's own)")
+    if facts["functions"]:
+        raise ContractError(f"{name}: {facts['functions']} model-local functions; expected none (their bodies are "
+                            "graphs of their own, outside what is vetted here)")
+    if facts["engine_nodes"]:
+        raise ContractError(f"{name}: {facts['engine_nodes'][0]} is an EPContext node (a precompiled engine that ONNX "
+                            "Runtime loads from a file); expected none")
+    folder = path.parent if folder is None else folder
+    for location, owner in facts["external"].items():
+        where, target = Path(location), folder / location
+        if (where.is_absolute() or len(where.parts) != 1 or where.name in ("", ".", "..") or target.is_symlink()
+                or not target.is_file()):
+            raise ContractError(f"{name}: {owner} points its external data at {location!r}; expected a plain file in "
+                                f"{folder}")
+        size, needed = target.stat().st_size, facts["extents"].get(location, 0)
+        if needed > size:
+            raise ContractError(f"{name}: its tensors read {location} up to byte {needed:,}; the file has {size:,}")
 
 
 def check_graph_facts(path: Path, spec: ModelSpec) -> None:
@@ -93,13 +124,28 @@ def _facts(path: Path) -> dict:
 
     model = onnx.load(str(path), load_external_data=False)
     external: dict[str, str] = {}
+    extents: dict[str, int] = {}  # location -> the furthest byte a tensor reads (offset + length)
     for owner, tensor in _tensors(model):
-        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        location = entries.get("location")
         if tensor.data_location == onnx.TensorProto.EXTERNAL or location is not None:
             external.setdefault(location or "", owner)
-    engine_nodes = [f"node {_node_name(node)}" for node in _nodes(model) if node.op_type == "EPContext"]
+            end = _int(entries.get("offset")) + _int(entries.get("length"))
+            extents[location or ""] = max(extents.get(location or "", 0), end)
+    nodes = list(_nodes(model))
+    engine_nodes = [f"node {_node_name(node)}" for node in nodes if node.op_type == "EPContext"]
     role = next((entry.value for entry in model.metadata_props if entry.key == GRAPH_ROLE_KEY), None)
-    return {"external": external, "engine_nodes": engine_nodes, "role": role, **_shape_facts(model.graph)}
+    domains = sorted({node.domain for node in nodes} | {entry.domain for entry in model.opset_import})
+    return {"external": external, "extents": extents, "engine_nodes": engine_nodes, "role": role, "domains": domains,
+            "functions": len(model.functions), **_shape_facts(model.graph)}
+
+
+def _int(text: str | None) -> int:
+    """An external-data entry's offset or length (absent: 0; not a number: far beyond any file)."""
+    try:
+        return int(text) if text is not None else 0
+    except ValueError:
+        return 2**63
 
 
 def _shape_facts(graph) -> dict:
@@ -152,6 +198,15 @@ def _head_views(graph) -> list[tuple[int, int]]:
             if heads is not None and size is not None and heads > 0 and size > 0:
                 views.add((heads, size))
     return sorted(views)
+
+
+def external_tensors(model) -> Iterator[object]:
+    """Every TensorProto of ``model`` (a ModelProto) whose data lies in another file, wherever it sits."""
+    import onnx
+
+    for _, tensor in _tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or any(e.key == "location" for e in tensor.external_data):
+            yield tensor
 
 
 def _tensors(message, where: str = "") -> Iterator[tuple[str, object]]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..contract import GRAPH_ROLE_KEY, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
+from ..output import OutputError, output_dir, remove_abandoned, replace
 from ..version import __version__
 from . import onnx_graph
 from .checkpoint import Checkpoint, gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
@@ -23,7 +24,6 @@ from .dims import Dims
 from .fused import FusedGraph
 from .int8 import Int8Error, to_int8_per_row
 from .options import ExportOptions, Form
-from .output import output_dir, remove_abandoned, replace
 from .registry import Architecture, ExportError, lookup
 from .tokenizer import differences
 
@@ -44,7 +44,10 @@ def export_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
         raise TypeError(f"export_artifact: give options or its fields as keywords ({', '.join(settings)}), not both")
     options = options if options is not None else ExportOptions(**settings)
     options.check_draft(draft)
-    out = output_dir(Path(out), options.force)  # refused now, not after minutes of exporting
+    try:
+        out = output_dir(Path(out), options.force)  # refused now, not after minutes of exporting
+    except OutputError as exc:
+        raise ExportError(str(exc)) from None
     sources = {"target": target} if draft is None else {"target": target, "draft": draft}
     if draft is not None:
         progress("checking that draft and target share a tokenizer and vocabulary")

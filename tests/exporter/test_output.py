@@ -8,8 +8,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
+from specdeploy import output
 from specdeploy.cli import main
-from specdeploy.exporter import output
 from tests import tiny
 
 

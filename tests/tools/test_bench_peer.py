@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
+from specdeploy.contract import Manifest
 from tools import bench_peer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,3 +124,37 @@ def test_a_prompt_over_the_artifacts_capacity_stops_the_tool_before_the_peers_se
                            "0", "--conversations", "1"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and "prompt HumanEval/0/turn-1: " in done.stderr, done.stderr[-2000:]
     assert f"{chat_target_dir} has 96" in done.stderr and "installing" not in done.stderr
+
+
+def test_specdeploy_drives_the_peers_own_graphs_beside_the_peers_generator(foreign, tmp_path, monkeypatch):
+    """--peer-graphs, on folders onnxruntime-genai's builder made from tiny checkpoints (standing in for the demo's
+    GGUF pair): the peer's two folders imported, specdeploy's plain and default rows over them, each output compared
+    with the peer's own greedy output."""
+    from specdeploy.workloads import Prompt
+
+    monkeypatch.setattr(bench_peer, "CACHE", tmp_path / "cache")
+    folders = {"target": foreign["folders"]["genai-llama"], "draft": foreign["folders"]["genai-llama-draft"]}
+    monkeypatch.setattr(bench_peer, "peer_model", lambda gguf, *_: folders["target" if "1.5b" in gguf.name else "draft"])
+    artifact = foreign["artifacts"]["genai-llama"]
+    args = bench_peer._parser().parse_args(["--artifact", str(artifact), "--peer-graphs", "--no-fixed", "--k", "3",
+                                            "--threads", "1"])
+    prompts = [("humaneval", Prompt("a", "w5 w6 w7 w8")), ("humaneval", Prompt("b", "w40 w41 w42"))]
+    encode = bench_peer.prompt_encoder(artifact)
+    workers, grid = bench_peer._start_workers(args)
+    try:
+        runs = bench_peer._run_grid(workers, grid, prompts, [encode(p) for _, p in prompts], encode, max_tokens=12)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    assert [config for system, config in grid if system == bench_peer.PEER_GRAPHS] == list(bench_peer.PEER_GRAPH_CONFIGS)
+    report = bench_peer._report(args, "0.18.0", prompts, workers, grid, runs)
+    peer = [r["tokens"] for r in runs["onnxruntime-genai: target"]]
+    assert all(len(tokens) > 1 for tokens in peer)
+    for config in bench_peer.PEER_GRAPH_CONFIGS:
+        name = f"{bench_peer.PEER_GRAPHS}: {config}"
+        assert [r["tokens"] for r in runs[name]] == peer  # the peer's graphs, driven by specdeploy: its own output
+        assert report["results"][name]["identical_to_peer"] == 2
+    imported = Manifest.read(tmp_path / "cache" / "peer" / "imported-genai-llama+genai-llama-draft")
+    assert imported.target.imported.source == imported.draft.imported.source == "onnxruntime-genai"
+    text = bench_peer.markdown(report)
+    assert f"| {bench_peer.PEER_GRAPHS} | plain |" in text and f"| {bench_peer.PEER_GRAPHS} | default" in text

@@ -1,4 +1,6 @@
-"""Where an export is written: ``--out`` checked before any work, an existing artifact replaced in one step.
+"""Where an artifact is written (by ``specdeploy export`` and ``specdeploy import`` alike; a module of the package's own,
+not the exporter's, so that an import loads no torch): ``--out`` checked before any work, an existing artifact
+replaced in one step.
 
 ``--force`` replaces only what specdeploy wrote: a directory whose ``manifest.json`` is ours (its ``contract``)
 and which holds nothing but that manifest and the files it lists. Anything else there (a web app's
@@ -22,9 +24,13 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from ..contract import CONTRACT, MANIFEST
-from ..files import MAX_JSON_BYTES, FileRefused, read_regular
-from .registry import ExportError
+from .contract import CONTRACT, MANIFEST
+from .files import MAX_JSON_BYTES, FileRefused, read_regular
+
+
+class OutputError(ValueError):
+    """An output directory that cannot be written or replaced, in one line."""
+
 
 SHOWN = 5  # foreign files named in a refusal; the rest are counted
 
@@ -38,18 +44,18 @@ def output_dir(out: Path, force: bool) -> Path:
         if out.is_symlink():
             target = out.resolve(strict=False)
             if not target.exists():
-                raise ExportError(f"{out}: a symlink to {target}, which does not exist; give a directory to write")
+                raise OutputError(f"{out}: a symlink to {target}, which does not exist; give a directory to write")
             out = target
         here, where = Path.cwd().resolve(), out.resolve()
     except (RuntimeError, OSError) as exc:  # ELOOP: Python 3.11 raises RuntimeError for a loop, 3.13 OSError
-        raise ExportError(f"--out {out}: cannot be followed ({exc}); give a directory, or a symlink to one") from exc
+        raise OutputError(f"--out {out}: cannot be followed ({exc}); give a directory, or a symlink to one") from exc
     _check_writable(out)
     if where == here or where in here.parents:
-        raise ExportError(f"--out {out}: the current directory, or one that holds it; give the artifact a directory of "
+        raise OutputError(f"--out {out}: the current directory, or one that holds it; give the artifact a directory of "
                           "its own (--out ./artifact)")
     if out.exists() or out.is_symlink():
         if not force:
-            raise ExportError(f"{out}: already exists; pass --force to replace it")
+            raise OutputError(f"{out}: already exists; pass --force to replace it")
         replaceable(out)
     return out
 
@@ -60,29 +66,29 @@ def _check_writable(out: Path) -> None:
     ancestor = out.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         if ancestor.is_symlink():  # a dangling link on the way
-            raise ExportError(f"--out {out}: {ancestor} is a symlink to nothing; expected a directory")
+            raise OutputError(f"--out {out}: {ancestor} is a symlink to nothing; expected a directory")
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise ExportError(f"--out {out}: {ancestor} is a file, not a directory; give a path under a directory")
+        raise OutputError(f"--out {out}: {ancestor} is a file, not a directory; give a path under a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ExportError(f"--out {out}: cannot write in {ancestor} (permission denied); give a directory you may write")
+        raise OutputError(f"--out {out}: cannot write in {ancestor} (permission denied); give a directory you may write")
 
 
 def replaceable(out: Path) -> None:
-    """Refuse (ExportError) unless ``out`` is an artifact directory specdeploy wrote that holds only its own files."""
+    """Refuse (OutputError) unless ``out`` is an artifact directory specdeploy wrote that holds only its own files."""
     if not out.is_dir():
-        raise ExportError(f"{out}: not a directory; --force replaces only an artifact directory")
+        raise OutputError(f"{out}: not a directory; --force replaces only an artifact directory")
     listed = artifact_files(out)
     if listed is None:
-        raise ExportError(f"{out}: not an artifact directory (no manifest.json), or not one `specdeploy export` wrote "
+        raise OutputError(f"{out}: not an artifact directory (no manifest.json), or not one `specdeploy export` wrote "
                           f"(contract {CONTRACT!r}); --force replaces only artifacts")
     try:
         foreign = sorted(p.name for p in out.iterdir() if p.name not in listed or p.is_symlink() or not p.is_file())
     except OSError as exc:
-        raise ExportError(f"{out}: cannot be listed ({exc.strerror or exc}); --force needs to see what it replaces") from exc
+        raise OutputError(f"{out}: cannot be listed ({exc.strerror or exc}); --force needs to see what it replaces") from exc
     if foreign:
         more = f" and {len(foreign) - SHOWN:,} more" if len(foreign) > SHOWN else ""
-        raise ExportError(f"{out}: holds files specdeploy did not write ({', '.join(foreign[:SHOWN])}{more}); move them out "
+        raise OutputError(f"{out}: holds files specdeploy did not write ({', '.join(foreign[:SHOWN])}{more}); move them out "
                           "first: --force replaces an artifact's own files only")
 
 
