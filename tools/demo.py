@@ -120,7 +120,8 @@ def measure(pipeline: Pipeline, cases: Sequence[Case], configs: dict[str, Genera
     inputs = {case.title: pipeline.chat_prompt([{"role": "user", "content": case.prompt}]) if case.chat else case.prompt
               for case in cases}
     for config in configs.values():  # unmeasured: a session's first calls at each shape allocate
-        pipeline.generate([inputs[cases[0].title]], replace(config, max_new_tokens=4), suffix_index=None)
+        pipeline.generate([inputs[cases[0].title]], replace(config, max_new_tokens=4), suffix_index=None,
+                          scope=None)
     results = {case.title: {name: Measured() for name in configs} for case in cases}
     names = list(configs)
     for round_ in range(rounds):
@@ -130,7 +131,7 @@ def measure(pipeline: Pipeline, cases: Sequence[Case], configs: dict[str, Genera
                 began = time.perf_counter()
                 # each run as a first request (``specdeploy generate`` in a fresh process): drafting from the answer
                 # another run gave to the same prompt would measure a lookup of the answer, not speculation
-                (result,) = pipeline.generate([inputs[case.title]], configs[name], suffix_index=None)
+                (result,) = pipeline.generate([inputs[case.title]], configs[name], suffix_index=None, scope=None)
                 seconds = time.perf_counter() - began
                 measured = results[case.title][name]
                 if not measured.token_ids:

@@ -97,7 +97,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
         if compare:  # one short run of each first, so neither side pays the first-call set-up
             for warm in (config, dataclasses.replace(config, drafter="none")):
                 pipeline.generate(inputs[:1], dataclasses.replace(warm, max_new_tokens=min(4, max_new_tokens)),
-                                  suffix_index=None)  # no answer of a warm-up to draft the measured run from
+                                  suffix_index=None, scope=None)  # nothing of a warm-up for the measured run
         if as_json:
             results = pipeline.generate(inputs, config, batch_size=batch_size)
             for result in results:

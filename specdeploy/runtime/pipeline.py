@@ -246,8 +246,9 @@ class Pipeline:
         theirs join when they finish (default: the index of ``scope`` in ``suffix_store``; None: their own text
         alone), or one per prompt. ``scope``: the name of the scope whose kept K/V (``prefix_cache``) they reuse and
         keep theirs in (default: the index's own scope, the pipeline's ``SHARED_SCOPE`` without one; None: no K/V of
-        earlier requests), or one per prompt (a server's requests under different API keys). ``policy`` (default: ``policy_for(config)``),
-        ``request_ids`` (default: req-N) and ``listeners`` (``joining``, ``on_verified``) go to the ``Generation``.
+        earlier requests), or one per prompt (a server's requests under different API keys). ``policy`` (default:
+        ``policy_for(config)``), ``request_ids`` (default: req-N) and ``listeners`` (``joining``, ``on_verified``) go to
+        the ``Generation``.
         """
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from specdeploy.runtime.suffix import LEVELS, SuffixIndex, estimate, propose
 from specdeploy.runtime.config import ConfigError
+from specdeploy.runtime.suffix import LEVELS, SuffixIndex, estimate, propose
 from specdeploy.runtime.suffix_store import FORMAT, SuffixFileError, SuffixStore, max_tokens_for
 
 
