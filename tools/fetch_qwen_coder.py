@@ -11,7 +11,6 @@ Prints the path of each verified .gguf file.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import subprocess
@@ -19,6 +18,8 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tools import arguments
 
 DEFAULT_CACHE = Path(os.environ.get("SPECDEPLOY_CACHE", Path.home() / ".cache" / "specdeploy"))
 
@@ -96,7 +97,7 @@ def fetch(name: str, cache: Path = DEFAULT_CACHE, log=print) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--models", default="0.5b,1.5b")
     args = parser.parse_args()
