@@ -16,12 +16,13 @@ seen here is the arithmetic's, not the runtime's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
 import numpy as np
+
+from tools.arguments import artifact, integer, integers, parser, refusing
 
 
 def logits_by_call(engine, sequence: list[int], start: int, size: int, capacity: int) -> np.ndarray:
@@ -62,7 +63,7 @@ def measure(pipeline, prompts, tokens: int, sizes: list[int], log=print) -> list
     out = []
     for group, prompt in prompts:
         ids = pipeline.encode(prompt.for_pipeline(pipeline)).tolist()  # text, or a chat prompt's rendered ids
-        sequence = ids + pipeline.generate([ids], config, suffix_index=None)[0].token_ids
+        sequence = ids + pipeline.generate([ids], config, suffix_index=None, scope=None)[0].token_ids
         capacity = len(sequence) + max(sizes) + 1
         one = logits_by_call(pipeline.target, sequence, len(ids) - 1, 1, capacity)
         for size in sizes:
@@ -76,26 +77,23 @@ def measure(pipeline, prompts, tokens: int, sizes: list[int], log=print) -> list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifact", type=Path, required=True, help="the artifact whose target to measure")
-    parser.add_argument("--humaneval", type=int, default=2, help="HumanEval prompts (the first N)")
-    parser.add_argument("--specbench", type=int, default=1, help="Spec-Bench prompts per group")
-    parser.add_argument("--tokens", type=int, default=64, help="plain greedy tokens decoded per prompt, then compared")
-    parser.add_argument("--sizes", default="5,9", help="comma list of tokens a call to compare with one (K + 1)")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
-    parser.add_argument("--out", type=Path, default=None, help="write every row and the summary as JSON")
-    args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip().isdigit()]
-    if len(sizes) != len(args.sizes.split(",")) or any(s < 2 for s in sizes) or args.tokens < 2:
-        parser.error(f"--sizes {args.sizes} and --tokens {args.tokens}: expected a comma list of sizes >= 2, tokens >= 2")
+    options = parser(__doc__)
+    options.add_argument("--artifact", type=artifact, required=True, help="the artifact whose target to measure")
+    options.add_argument("--humaneval", type=integer(0), default=2, help="HumanEval prompts (the first N)")
+    options.add_argument("--specbench", type=integer(0), default=1, help="Spec-Bench prompts per group")
+    options.add_argument("--tokens", type=integer(2), default=64, help="plain greedy tokens decoded per prompt, then compared")
+    options.add_argument("--sizes", type=integers(2, "sizes"), default="5,9",
+                         help="comma list of tokens a call to compare with one (K + 1), each >= 2")
+    options.add_argument("--threads", type=integer(1), default=2, help="ONNX Runtime threads")
+    options.add_argument("--out", type=Path, default=None, help="write every row and the summary as JSON")
+    args = options.parse_args()
+    sizes = args.sizes
     from specdeploy import Pipeline
-    from specdeploy.workloads import PromptFileError, workload
+    from specdeploy.workloads import workload
 
-    try:  # an artifact or a workload that cannot be had: one line, not a traceback
+    with refusing(options):  # an artifact or a workload that cannot be had: one line, not a traceback
         pipeline = Pipeline.load(args.artifact, threads=args.threads)
         prompts = workload(args.humaneval, args.specbench)
-    except (PromptFileError, ValueError, RuntimeError, OSError) as exc:  # ContractError, ConfigError
-        parser.error(str(exc))
     rows = measure(pipeline, prompts, args.tokens, sizes)
     summary = {size: {"max_logit_change": max(r["max_logit_change"] for r in part),
                       "margin_move_max": max(r["margin_move_max"] for r in part),

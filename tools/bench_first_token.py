@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from specdeploy.workloads import PromptFileError, workload
+from tools import arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,14 +46,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     parser.add_argument("--artifact", type=Path, action="append", required=True,
                         help="an artifact dir; give it again for each artifact to compare")
-    parser.add_argument("--humaneval", type=int, default=1, help="HumanEval prompts, from HumanEval/8 (default 1)")
-    parser.add_argument("--specbench", type=int, default=1, help="Spec-Bench prompts per category group (default 1)")
+    parser.add_argument("--humaneval", type=arguments.integer(0), default=1, help="HumanEval prompts, from HumanEval/8 (default 1)")
+    parser.add_argument("--specbench", type=arguments.integer(0), default=1,
+                        help="Spec-Bench prompts per category group (default 1)")
     parser.add_argument("--prompt", action="append", default=[], help="a prompt of your own (repeatable)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=arguments.integer(1), default=3)
+    parser.add_argument("--max-new-tokens", type=arguments.integer(1), default=32)
     parser.add_argument("--option", action="append", default=[],
                         help="one more `specdeploy generate` argument, e.g. --option=--k=4 (repeatable)")
     parser.add_argument("--out", type=Path, help="write the runs as JSON here")

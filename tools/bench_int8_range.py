@@ -12,7 +12,6 @@ time of a 1- and a 5-token call after a 64-token prefix (both ranges run the sam
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -23,15 +22,21 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    from tools import arguments
+except ImportError:  # run as a script (python tools/bench_int8_range.py): its folder is on the path
+    import arguments
+
 VARIANTS = {"int8, 7-bit weights (0.3.3)": True, "int8, 8-bit weights (0.3.2)": False}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     parser.add_argument("--checkpoint", required=True, help="a .gguf file or HF model dir (the model to quantize)")
     parser.add_argument("--workdir", type=Path, required=True, help="where the three exports go (reused if there)")
-    parser.add_argument("--tasks", type=int, default=4, help="HumanEval tasks (prompt + canonical solution) to score")
-    parser.add_argument("--rounds", type=int, default=7, help="timed calls per size and variant (median reported)")
+    parser.add_argument("--tasks", type=arguments.integer(1), default=4,
+                        help="HumanEval tasks (prompt + canonical solution) to score")
+    parser.add_argument("--rounds", type=arguments.integer(1), default=7, help="timed calls per size and variant (median reported)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     if args.tasks < 1 or args.rounds < 1:

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools import arguments
+
 
 class TimedEngine:
     """Delegates to an engine and adds up the seconds spent inside its calls."""
@@ -109,9 +111,9 @@ def main() -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cycles", type=int, default=1500, help="cycles measured per configuration")
-    parser.add_argument("--k", type=int, default=4)
+    parser = arguments.parser(__doc__)
+    parser.add_argument("--cycles", type=arguments.integer(1), default=1500, help="cycles measured per configuration")
+    parser.add_argument("--k", type=arguments.integer(0), default=4)
     parser.add_argument("--engine", choices=["ort", "instant"], default="ort",
                         help="instant: engines that return at once (random logits), the runtime's own cost")
     parser.add_argument("--drafters", default="model,prompt-lookup", help="comma-separated drafters to measure")
@@ -119,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     parser.add_argument("--policies", default="fixed", help="comma-separated draft-length policies")
     parser.add_argument("--index", action="store_true", help="measure the suffix index alone (see above)")
-    parser.add_argument("--index-tokens", type=int, default=200_000, help="--index: tokens in the shared index")
+    parser.add_argument("--index-tokens", type=arguments.integer(1), default=200_000, help="--index: tokens in the shared index")
     return parser
 
 

@@ -405,27 +405,32 @@ def main() -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        from tools import arguments
+    except ImportError:  # a worker runs this file as a script: its folder is on the path, the repository is not
+        import arguments
+
+    parser = arguments.parser(__doc__)
     parser.add_argument("--artifact", type=Path, action="append", help="a specdeploy artifact of the pair (make "
                         "demo's); repeat to compare several (the first is the reference)")
     parser.add_argument("--gguf-dir", type=Path, default=CACHE, help="where the two GGUF files are (make demo puts them here)")
-    parser.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts (the first N)")
-    parser.add_argument("--specbench", type=int, default=0, help="Spec-Bench first turns per group (shipped with "
+    parser.add_argument("--humaneval", type=arguments.integer(0), default=8, help="HumanEval prompts (the first N)")
+    parser.add_argument("--specbench", type=arguments.integer(0), default=0, help="Spec-Bench first turns per group (shipped with "
                         "specdeploy; specdeploy.workloads.workload picks them), reported per group")
     parser.add_argument("--specbench-groups", default=None, metavar="GROUP,...",
                         help="only these Spec-Bench groups (comma list of mt_bench, translation, summarization, qa, "
                         "math_reasoning, rag; default all six)")
-    parser.add_argument("--conversations", type=int, default=0, help="code-edit conversations (shipped with specdeploy: "
-                        "8, of 3 turns each), every turn in order; reported as conversation/turn_1 and "
-                        "conversation/later_turns")
-    parser.add_argument("--structured", type=int, default=0, help="structured-output prompts (shipped with specdeploy: "
-                        "8), asking for JSON records")
-    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most")
-    parser.add_argument("--k", type=int, default=4, help="draft tokens per cycle, both systems' fixed-K runs")
+    parser.add_argument("--conversations", type=arguments.integer(0), default=0,
+                        help="code-edit conversations (shipped with specdeploy: 8, of 3 turns each), every turn in "
+                        "order; reported as conversation/turn_1 and conversation/later_turns")
+    parser.add_argument("--structured", type=arguments.integer(0), default=0,
+                        help="structured-output prompts (shipped with specdeploy: 8), asking for JSON records")
+    parser.add_argument("--max-tokens", type=arguments.integer(1), default=128, help="new tokens per prompt at most")
+    parser.add_argument("--k", type=arguments.integer(1), default=4, help="draft tokens per cycle, both systems' fixed-K runs")
     parser.add_argument("--no-fixed", action="store_true", help="leave specdeploy's fixed-K run out (the peer's stays)")
-    parser.add_argument("--threads", type=int, default=2, help="intra-op threads of each system")
-    parser.add_argument("--block-size", type=int, default=128, help="the peer's int4 block size")
-    parser.add_argument("--accuracy-level", type=int, default=4, help="the peer's MatMulNBits accuracy level")
+    parser.add_argument("--threads", type=arguments.integer(1), default=2, help="intra-op threads of each system")
+    parser.add_argument("--block-size", type=arguments.integer(1), default=128, help="the peer's int4 block size")
+    parser.add_argument("--accuracy-level", type=arguments.integer(0, 4), default=4, help="the peer's MatMulNBits accuracy level")
     parser.add_argument("--peer-graphs", action="store_true", help="also run specdeploy over the peer's own int4 "
                         "graphs (imported with specdeploy import): plain and the default speculation")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json")

@@ -16,7 +16,6 @@ first artifact's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -25,14 +24,19 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    from tools import arguments
+except ImportError:  # run as a script (python tools/bench_prefill.py): its folder is on the path
+    import arguments
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     parser.add_argument("--artifact", type=Path, action="append", required=True,
                         help="an artifact dir; give it again for each artifact to compare (the first is the reference)")
     parser.add_argument("--lengths", default="32,128,512,1024", help="comma list of prompt lengths in tokens")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds after the cold one (median reported)")
-    parser.add_argument("--threads", type=int, default=2, help="one ONNX Runtime pool of this many threads")
+    parser.add_argument("--rounds", type=arguments.integer(1), default=5, help="rounds after the cold one (median reported)")
+    parser.add_argument("--threads", type=arguments.integer(1), default=2, help="one ONNX Runtime pool of this many threads")
     parser.add_argument("--out", type=Path, help="write the timings as JSON here")
     args = parser.parse_args(argv)
     lengths = [int(n) for n in args.lengths.split(",")]

@@ -11,20 +11,21 @@ the new row's), the tokens reused, and the bytes kept a token (both models' K/V)
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
+from tools import arguments
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifact", type=Path, required=True, help="an artifact dir")
+    parser = arguments.parser(__doc__)
+    parser.add_argument("--artifact", type=arguments.artifact, required=True, help="an artifact dir")
     parser.add_argument("--lengths", default="128,512,1024", help="comma list of prompt lengths in tokens")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per length (median reported)")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
+    parser.add_argument("--rounds", type=arguments.integer(1), default=3, help="rounds per length (median reported)")
+    parser.add_argument("--threads", type=arguments.integer(1), default=2, help="ONNX Runtime threads")
     args = parser.parse_args(argv)
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.rounds < 1 or not lengths or min(lengths) < 2:

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from tools import arguments
+
 MODES = ("spinning", "stop", "shared")
 ROOT = Path(__file__).resolve().parents[1]  # the workers run as ``python -m tools.bench_thread_pool`` from here
 
@@ -76,13 +78,13 @@ def worker(artifact: str, mode: str, repeats: int, max_new_tokens: int, k: int, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifact", required=True, help="an exported pair (make demo's, for instance)")
-    parser.add_argument("--rounds", type=int, default=3, help="worker processes per mode, rotating")
-    parser.add_argument("--repeats", type=int, default=3, help="measured requests per configuration and worker")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--k", type=int, default=4, help="the fixed-K configuration's draft length")
-    parser.add_argument("--threads", type=int, default=2, help="the shared pool's size")
+    parser = arguments.parser(__doc__)
+    parser.add_argument("--artifact", type=arguments.artifact, required=True, help="an exported pair (make demo's, for instance)")
+    parser.add_argument("--rounds", type=arguments.integer(1), default=3, help="worker processes per mode, rotating")
+    parser.add_argument("--repeats", type=arguments.integer(1), default=3, help="measured requests per configuration and worker")
+    parser.add_argument("--max-new-tokens", type=arguments.integer(1), default=128)
+    parser.add_argument("--k", type=arguments.integer(0), default=4, help="the fixed-K configuration's draft length")
+    parser.add_argument("--threads", type=arguments.integer(1), default=2, help="the shared pool's size")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()

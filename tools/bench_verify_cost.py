@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tools import arguments
+
 SIZES = {  # hidden, layers, heads, kv_heads, intermediate, vocab
     "30m": (384, 6, 6, 2, 1024, 32000),  # tied embeddings, as small released models have
     "125m": (576, 30, 9, 3, 1536, 49152),
@@ -156,16 +158,18 @@ def main() -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     parser.add_argument("--sizes", default="30m,125m", help="comma list of " + ", ".join(SIZES))
     parser.add_argument("--weights", default="full", help="comma list of full, int4")
-    parser.add_argument("--capacity", type=int, default=512, help="cache slots; calls run after a past of half of them")
+    parser.add_argument("--capacity", type=arguments.integer(1), default=512,
+                        help="cache slots; calls run after a past of half of them")
     parser.add_argument("--tokens", default="1,5,9", help="comma list of tokens a call (--ragged: the largest)")
-    parser.add_argument("--repeats", type=int, default=30, help="timed calls of each kind, interleaved")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
-    parser.add_argument("--block-size", type=int, default=32, help="int4 MatMulNBits block size")
-    parser.add_argument("--accuracy-level", type=int, default=4, help="int4 MatMulNBits accuracy level (0, 1, 2, 4)")
-    parser.add_argument("--artifact", type=Path, help="time the target (and draft) of an exported artifact instead")
+    parser.add_argument("--repeats", type=arguments.integer(1), default=30, help="timed calls of each kind, interleaved")
+    parser.add_argument("--threads", type=arguments.integer(1), default=2, help="ONNX Runtime threads")
+    parser.add_argument("--block-size", type=arguments.integer(1), default=32, help="int4 MatMulNBits block size")
+    parser.add_argument("--accuracy-level", type=arguments.integer(0), default=4,
+                        help="int4 MatMulNBits accuracy level (0, 1, 2, 4)")
+    parser.add_argument("--artifact", type=arguments.artifact, help="time the target (and draft) of an exported artifact instead")
     parser.add_argument("--ragged", action="store_true", help="with --artifact: its target at batch 2, a ragged "
                         "verification padded against each row's own width")
     parser.add_argument("--variants", default="", help="with --artifact: quantization variants of its fp32 target")

@@ -20,11 +20,11 @@ stays below it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
+from tools.arguments import integer, parser
 from tools.replay import CostTable
 
 
@@ -98,16 +98,16 @@ def _configuration(runs: dict, kind: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--costs", type=Path, required=True,
-                        help="a cost table of this machine: a JSON file of one, or of traces whose table to take")
-    parser.add_argument("--past", type=int, default=256, help="the past the draft model's ceiling reads the costs at")
-    parser.add_argument("--live", type=Path, default=None,
-                        help="a tools/bench_peer.py run's JSON (its plain and default configurations) to bound per group")
-    parser.add_argument("--goal", action="append", default=[], metavar="GROUP=X",
-                        help="a group's goal in x plain decoding (repeatable): prints the decoding speed-up it needs")
-    parser.add_argument("--out", type=Path, default=None, help="write the speed-up and the groups' bounds as JSON")
-    args = parser.parse_args()
+    options = parser(__doc__)
+    options.add_argument("--costs", type=Path, required=True,
+                         help="a cost table of this machine: a JSON file of one, or of traces whose table to take")
+    options.add_argument("--past", type=integer(0), default=256, help="the past the draft model's ceiling reads the costs at")
+    options.add_argument("--live", type=Path, default=None,
+                         help="a tools/bench_peer.py run's JSON (its plain and default configurations) to bound per group")
+    options.add_argument("--goal", action="append", default=[], metavar="GROUP=X",
+                         help="a group's goal in x plain decoding (repeatable): prints the decoding speed-up it needs")
+    options.add_argument("--out", type=Path, default=None, help="write the speed-up and the groups' bounds as JSON")
+    args = options.parse_args()
     costs = CostTable(_read(args.costs, "--costs", ("pasts", "target"), inside="costs"))
     print(f"batch 1, past {args.past}: v(1) {costs.seconds('target', 1, args.past, 1) * 1e3:.1f} ms, "
           f"a draft step {costs.seconds('draft', 1, args.past, 1) * 1e3:.1f} ms")

@@ -16,7 +16,6 @@ the target's own, and the verdict; an even result is called even.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ from rich.table import Table
 
 from specdeploy import GenerationConfig, Pipeline, __version__
 from specdeploy.runtime.telemetry import CycleRecord
+from tools import arguments
 from tools.fetch_models import DEFAULT_CACHE, fetch
 
 CODE_PROMPT = '''def merge_sorted(a: list[int], b: list[int]) -> list[int]:
@@ -120,7 +120,8 @@ def measure(pipeline: Pipeline, cases: Sequence[Case], configs: dict[str, Genera
     inputs = {case.title: pipeline.chat_prompt([{"role": "user", "content": case.prompt}]) if case.chat else case.prompt
               for case in cases}
     for config in configs.values():  # unmeasured: a session's first calls at each shape allocate
-        pipeline.generate([inputs[cases[0].title]], replace(config, max_new_tokens=4), suffix_index=None)
+        pipeline.generate([inputs[cases[0].title]], replace(config, max_new_tokens=4), suffix_index=None,
+                          scope=None)
     results = {case.title: {name: Measured() for name in configs} for case in cases}
     names = list(configs)
     for round_ in range(rounds):
@@ -130,7 +131,7 @@ def measure(pipeline: Pipeline, cases: Sequence[Case], configs: dict[str, Genera
                 began = time.perf_counter()
                 # each run as a first request (``specdeploy generate`` in a fresh process): drafting from the answer
                 # another run gave to the same prompt would measure a lookup of the answer, not speculation
-                (result,) = pipeline.generate([inputs[case.title]], configs[name], suffix_index=None)
+                (result,) = pipeline.generate([inputs[case.title]], configs[name], suffix_index=None, scope=None)
                 seconds = time.perf_counter() - began
                 measured = results[case.title][name]
                 if not measured.token_ids:
@@ -241,12 +242,13 @@ def prepare(cache: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the GGUF files and the artifact go")
-    parser.add_argument("--artifact", type=Path, default=None, help="an exported Qwen2.5-Coder pair instead of make demo's")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3, help="runs of each configuration of each prompt, pooled")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads, as the CLI runs them")
+    parser.add_argument("--artifact", type=arguments.artifact, default=None,
+                        help="an exported Qwen2.5-Coder pair instead of make demo's")
+    parser.add_argument("--max-new-tokens", type=arguments.integer(1), default=128)
+    parser.add_argument("--rounds", type=arguments.integer(1), default=3, help="runs of each configuration of each prompt, pooled")
+    parser.add_argument("--threads", type=arguments.integer(1), default=2, help="ONNX Runtime threads, as the CLI runs them")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.max_new_tokens < 1:
         parser.error("--rounds and --max-new-tokens must be at least 1")

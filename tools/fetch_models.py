@@ -12,7 +12,6 @@ Prints the path of each verified .gguf file.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import subprocess
@@ -20,6 +19,8 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tools import arguments
 
 DEFAULT_CACHE = Path(os.environ.get("SPECDEPLOY_CACHE", Path.home() / ".cache" / "specdeploy"))
 
@@ -111,17 +112,14 @@ def fetch(name: str, cache: Path = DEFAULT_CACHE, log=print) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the verified files are kept "
                         f"(default {DEFAULT_CACHE}; SPECDEPLOY_CACHE sets it)")
-    parser.add_argument("--models", default="0.5b,1.5b", help=f"comma-separated, of: {', '.join(MODELS)} "
-                        "(default: the demo's pair, 0.5b,1.5b)")
+    parser.add_argument("--models", type=arguments.names(MODELS), default="0.5b,1.5b",
+                        help=f"comma-separated, of: {', '.join(MODELS)} (default: the demo's pair, 0.5b,1.5b)")
     args = parser.parse_args()
-    unknown = [name for name in args.models.split(",") if name not in MODELS]
-    if unknown:
-        parser.error(f"--models: unknown {', '.join(map(repr, unknown))}; expected some of: {', '.join(MODELS)}")
     try:
-        for name in args.models.split(","):
+        for name in args.models:
             print(fetch(name, args.cache, log=lambda m: print(m, file=sys.stderr)))
     except FetchError as exc:
         sys.exit(f"fetch_models: {exc}")

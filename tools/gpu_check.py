@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tools import arguments
 from tools.gpu_report import print_artifact, print_big, print_environment, print_pair, print_peer, write_results
 from tools.gpu_timing import (
     BIG,
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--build", type=Path, metavar="DIR", help="export the tiny artifacts into DIR (needs the export extra)")
     mode.add_argument("--run", type=Path, metavar="DIR", help="check the artifacts in DIR on --provider")
@@ -115,13 +116,14 @@ def _parser() -> argparse.ArgumentParser:
                                                   "targets written and timed on the machine (needs torch)")
     parser.add_argument("--peer", default="", help="--run: comma list of the --big shapes to build and time with "
                                                    "onnxruntime-genai's model builder too")
-    parser.add_argument("--replay-tokens", type=int, default=128, help="--run: new tokens a replayed request asks for")
+    parser.add_argument("--replay-tokens", type=arguments.integer(1), default=128,
+                        help="--run: new tokens a replayed request asks for")
     parser.add_argument("--replay-ks", default="1,2,3,4", help="--run: the fixed K replayed beside plain and the cost policy")
     parser.add_argument("--results", type=Path, help="--run: also write the report into this folder (docs/results/gpu)")
     parser.add_argument("--commit", default="", help="--run: the commit under test, for --results (default: git's)")
     parser.add_argument("--loader", default="auto", choices=("auto", "pipeline", "engines"),
                         help="Pipeline.load (needs tokenizers), the Pipeline built from its engines, or auto")
-    parser.add_argument("--budget", type=float, default=280.0, help="--run: seconds after which the rest is skipped")
+    parser.add_argument("--budget", type=arguments.number(0), default=280.0, help="--run: seconds after which the rest is skipped")
     parser.add_argument("--vendor-tokenizers", action="store_true",
                         help="--build: put the tokenizers wheel (cp312 manylinux x86_64) into DIR/wheels")
     return parser

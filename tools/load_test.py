@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tools.arguments import integer, integers, names, number, parser, prompt_file, refusing
 from tools.provenance import header, provenance
 
 MODES = {"plain": dict(drafter="none"), "fixed": dict(policy="fixed", drafter="model"),
@@ -46,19 +47,24 @@ MODES = {"plain": dict(drafter="none"), "fixed": dict(policy="fixed", drafter="m
 
 
 def main() -> None:
-    args = _parser().parse_args()
+    options = _parser()
+    args = options.parse_args()
 
-    from specdeploy import Pipeline
+    from specdeploy import GenerationConfig, Pipeline
+    from specdeploy.serve.scheduler import context_slots
     from specdeploy.workloads import humaneval, load_prompts
 
     prompts = [p.text for p in (load_prompts(args.prompt_file) if args.prompt_file else humaneval())]
-    pipeline = Pipeline.load(args.artifact, threads=args.threads)
-    levels = [int(n) for n in args.concurrency.split(",")]
+    with refusing(options):  # an artifact that does not load, a context it cannot hold: one line, before any server
+        pipeline = Pipeline.load(args.artifact, threads=args.threads)
+        for mode in args.modes:
+            context_slots(pipeline, args.context, GenerationConfig(k=args.k, **MODES[mode]).max_drafts)
+    levels = args.concurrency
     repeated = repeats(len(prompts), levels, args)
     if repeated:
         print(f"note: {repeated} requests a mode sends repeat a prompt its server has answered (the set has "
               f"{len(prompts)}): their prefill is reused and they may draft from their own earlier answer", flush=True)
-    stages = _run_stages(args, pipeline, prompts, levels, args.modes.split(","))
+    stages = _run_stages(args, pipeline, prompts, levels, args.modes)
     rows = [_row(mode, n, runs) for (mode, n), runs in stages.items()]
     versus = _versus(rows, stages, levels)
     table = _table(rows, args) + ("\n\n" + _versus_table(versus) if versus else "")
@@ -75,24 +81,28 @@ def main() -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifact", type=Path, required=True)
-    parser.add_argument("--concurrency", default="1,2,4,8")
-    parser.add_argument("--requests", type=int, default=2, help="Requests each client sends, one after another.")
-    parser.add_argument("--rounds", type=_at_least_one, default=2,
-                        help="Times each (mode, concurrency) stage runs, the modes' order rotating between rounds.")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--modes", default="plain,fixed,cost")
-    parser.add_argument("--context", type=int, default=1024, help="Cache slots per request.")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="Requests each server answers before it is measured (ONNX Runtime's first calls, the "
-                             "policy's first estimates), from the end of the prompt set; 0: one 8-token request.")
-    parser.add_argument("--timeout", type=float, default=600.0, help="Seconds a request may take at most.")
-    parser.add_argument("--prompt-file", type=Path, default=None, help="Prompts to send instead of HumanEval's.")
-    parser.add_argument("--out", type=Path, default=None, help="Write OUT.json, OUT.md and OUT.png.")
-    return parser
+    options = parser(__doc__)
+    # checked as it loads, after the other arguments: a bad --rounds is named whatever the artifact
+    options.add_argument("--artifact", type=Path, required=True, help="The artifact the servers serve.")
+    options.add_argument("--concurrency", type=integers(1), default="1,2,4,8",
+                         help="Comma list of concurrent clients, a stage each.")
+    options.add_argument("--requests", type=integer(1), default=2, help="Requests each client sends, one after another.")
+    options.add_argument("--rounds", type=integer(1), default=2,
+                         help="Times each (mode, concurrency) stage runs, the modes' order rotating between rounds.")
+    options.add_argument("--max-tokens", type=integer(1), default=64, help="New tokens per request at most.")
+    options.add_argument("--k", type=integer(0), default=4, help="Draft tokens per cycle (the fixed mode's K, the "
+                         "cost policy's most).")
+    options.add_argument("--modes", type=names(MODES), default="plain,fixed,cost",
+                         help=f"Comma list of {', '.join(MODES)}.")
+    options.add_argument("--context", type=integer(1), default=1024, help="Cache slots per request.")
+    options.add_argument("--threads", type=integer(1), default=2, help="ONNX Runtime threads.")
+    options.add_argument("--warmup", type=integer(0), default=2,
+                         help="Requests each server answers before it is measured (ONNX Runtime's first calls, the "
+                              "policy's first estimates), from the end of the prompt set; 0: one 8-token request.")
+    options.add_argument("--timeout", type=number(0.001), default=600.0, help="Seconds a request may take at most.")
+    options.add_argument("--prompt-file", type=prompt_file, default=None, help="Prompts to send instead of HumanEval's.")
+    options.add_argument("--out", type=Path, default=None, help="Write OUT.json, OUT.md and OUT.png.")
+    return options
 
 
 def _run_stages(args: argparse.Namespace, pipeline, prompts: list[str], levels: list[int],
@@ -127,13 +137,6 @@ def repeats(prompts: int, levels: list[int], args: argparse.Namespace) -> int:
     """Requests a mode sends beyond the prompts the set has, the warm-up's included: each repeats a prompt its server
     has answered (its prefix cache and suffix index have seen it)."""
     return max(0, args.rounds * sum(levels) * args.requests + max(args.warmup, 1) - prompts)
-
-
-def _at_least_one(text: str) -> int:
-    number = int(text)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"got {number}; expected an integer >= 1")
-    return number
 
 
 def _server(pipeline, config, context: int, max_batch: int):

@@ -15,12 +15,13 @@ and ``turn``, its turns in order.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+
+from tools import arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 TURNS = 3
@@ -241,7 +242,7 @@ def write(out: Path) -> list[Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "specdeploy" / "data", help="the directory to write into")
     args = parser.parse_args()
     for path in write(args.out):

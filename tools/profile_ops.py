@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tools import arguments
+
 
 def profile(path: Path, spec, token_counts: list[int], past: int, rounds: int, threads: int, workdir: Path) -> dict:
     """Run ``path`` under the profiler; returns {"calls": {T: [ms of each timed call]}, "ops": {T: {op: [ms]}},
@@ -157,15 +159,15 @@ def main() -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--artifact", type=Path, required=True, help="an exported artifact dir")
+    parser = arguments.parser(__doc__.splitlines()[0])
+    parser.add_argument("--artifact", type=arguments.artifact, required=True, help="an exported artifact dir")
     parser.add_argument("--role", choices=["target", "draft", "both"], default="both",
                         help="which model(s) to profile (default: both)")
     parser.add_argument("--tokens", default="1,5,9", help="new tokens per call, comma-separated (default: 1,5,9)")
-    parser.add_argument("--past", type=int, default=256, help="cached tokens before each call (default: 256)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed calls per token count (default: 5)")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads (default: 2)")
-    parser.add_argument("--top", type=int, default=8, help="nodes listed by growth (default: 8)")
+    parser.add_argument("--past", type=arguments.integer(0), default=256, help="cached tokens before each call (default: 256)")
+    parser.add_argument("--rounds", type=arguments.integer(1), default=5, help="timed calls per token count (default: 5)")
+    parser.add_argument("--threads", type=arguments.integer(1), default=2, help="ONNX Runtime threads (default: 2)")
+    parser.add_argument("--top", type=arguments.integer(1), default=8, help="nodes listed by growth (default: 8)")
     parser.add_argument("--out", type=Path, help="also write the medians as JSON")
     return parser
 

@@ -38,6 +38,7 @@ import numpy as np
 from specdeploy.contract import PREFILL_CHUNK, ModelSpec
 from specdeploy.engines.base import Engine
 from specdeploy.runtime.suffix_store import SuffixStore
+from tools.arguments import artifact, integer, integers, json_object, number, parser, prompt_file, refusing
 
 PASTS = (32, 384, 896)  # pasts the cost table is measured at (a HumanEval prompt is ~150 tokens, Spec-Bench rag ~700)
 FULL = (*range(1, 10), 11, 13, 17)  # calls that keep every position's logits: decode and verification (T = K + 1)
@@ -240,7 +241,7 @@ def record(pipeline, prompts, max_new_tokens: int, log=print) -> list[Trace]:
     traces = []
     for index, (group, prompt) in enumerate(prompts):
         ids = pipeline.encode(prompt.for_pipeline(pipeline)).tolist()  # a chat prompt through the artifact's template
-        output = pipeline.generate([ids], config, suffix_index=None)[0].token_ids
+        output = pipeline.generate([ids], config, suffix_index=None, scope=None)[0].token_ids
         traces.append(Trace(group, prompt.id, ids, output, guesses(pipeline.draft, ids + output)))
         agree = np.mean([g == t for g, t in zip(traces[-1].draft_next[len(ids) - 1 :], output)])
         log(f"[{index + 1}/{len(prompts)}] {group} {prompt.id}: {len(ids)} + {len(output)} tokens, "
@@ -395,48 +396,88 @@ def summarize(runs: dict[str, list[dict]], lengths: list[int], log=print) -> lis
 
 
 def main() -> None:
-    args = _parser().parse_args()
-    if args.command == "record":
-        return _record_traces(args)
-    data = json.loads(args.traces.read_text())
-    if getattr(args, "costs", None):
-        table = json.loads(args.costs.read_text())
-        data["costs"] = table.get("costs", table)
-    _replay_configurations(args, data)
+    options = _parser()
+    args = options.parse_args()
+    with refusing(options):
+        if args.command == "record":
+            return _record_traces(args)
+        data = args.traces  # read and checked as the arguments were parsed
+        if getattr(args, "costs", None):
+            data["costs"] = args.costs
+        _replay_configurations(args, data)
+
+
+TRACES = "a traces file (tools.replay record's --out)"
+
+
+def traces_file(text: str) -> dict:
+    """``run --traces``: a traces file whose traces, models and cost table have the shapes ``record`` writes."""
+    data = json_object(TRACES, "traces", "models", "costs")(text)
+    try:
+        if not data["traces"] or not isinstance(data["traces"], list):
+            raise ValueError("no traces")
+        traces = [Trace(**t) for t in data["traces"]]
+        if not all(isinstance(getattr(t, f), list) and t.sequence for t in traces for f in ("prompt", "output", "draft_next")):
+            raise ValueError("a trace whose prompt, output or draft guesses are not lists of token ids")
+        for role in ("target", "draft"):
+            spec = data["models"][role]
+            ModelSpec(**{**spec, "eos_token_ids": tuple(spec["eos_token_ids"])})
+        cost_table(data["costs"])
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise argparse.ArgumentTypeError(f"{text}: not the shape record writes ({type(exc).__name__}: {exc}); "
+                                         f"expected {TRACES}") from None
+    return data
+
+
+def cost_table(given) -> dict:
+    """``run --costs``: a cost table, alone or as a traces file's ``costs``."""
+    table = given.get("costs", given) if isinstance(given, dict) else given
+    if not isinstance(table, dict) or not isinstance(table.get("pasts"), list) or not {"target", "draft"} <= set(table):
+        raise argparse.ArgumentTypeError("not a cost table (no pasts, target and draft); expected one that "
+                                         "tools.replay record measured, alone or in its traces file")
+    return table
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
+    options = parser(__doc__)
+    commands = options.add_subparsers(dest="command", required=True)
     rec = commands.add_parser("record", help="plain runs, the draft's guesses and the cost table, from an artifact")
-    rec.add_argument("--artifact", type=Path, required=True, help="the artifact of the pair to record (make demo's)")
+    rec.add_argument("--artifact", type=artifact, required=True, help="the artifact of the pair to record (make demo's)")
     rec.add_argument("--out", type=Path, required=True, help="the traces' JSON file")
-    rec.add_argument("--humaneval", type=int, default=8, help="HumanEval prompts")
-    rec.add_argument("--humaneval-from", type=int, default=8, help="first HumanEval prompt")
-    rec.add_argument("--specbench", type=int, default=4, help="Spec-Bench prompts per category group")
-    rec.add_argument("--conversations", type=int, default=0, help="code-edit conversations, each turn in order")
-    rec.add_argument("--structured", type=int, default=0, help="structured-output (JSON) prompts")
-    rec.add_argument("--prompts", type=Path, default=None,
+    rec.add_argument("--humaneval", type=integer(0), default=8, help="HumanEval prompts")
+    rec.add_argument("--humaneval-from", type=integer(0), default=8, help="first HumanEval prompt")
+    rec.add_argument("--specbench", type=integer(0), default=4, help="Spec-Bench prompts per category group")
+    rec.add_argument("--conversations", type=integer(0), default=0, help="code-edit conversations, each turn in order")
+    rec.add_argument("--structured", type=integer(0), default=0, help="structured-output (JSON) prompts")
+    rec.add_argument("--prompts", type=prompt_file, default=None,
                      help="a prompt file (text, JSONL or Spec-Bench) instead of HumanEval and Spec-Bench; groups by category")
-    rec.add_argument("--max-new-tokens", type=int, default=128, help="the longest completion a replay may ask for")
-    rec.add_argument("--rounds", type=int, default=7, help="measured rounds of the cost table (0: none; replay them "
+    rec.add_argument("--max-new-tokens", type=integer(1), default=128, help="the longest completion a replay may ask for")
+    rec.add_argument("--rounds", type=integer(0), default=7, help="measured rounds of the cost table (0: none; replay them "
                      "with --costs)")
-    rec.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads, as the CLI runs them")
+    rec.add_argument("--threads", type=integer(1), default=2, help="ONNX Runtime threads, as the CLI runs them")
     run = commands.add_parser("run", help="replay configurations over recorded traces")
-    run.add_argument("--traces", type=Path, required=True, help="the traces' JSON file (record's --out)")
-    run.add_argument("--lengths", default="32,128", help="comma list of max new tokens")
-    run.add_argument("--ks", default="1,2,3,4", help="comma list of fixed K")
+    run.add_argument("--traces", type=traces_file, required=True, help="the traces' JSON file (record's --out)")
+    run.add_argument("--lengths", type=integers(1), default="32,128", help="comma list of max new tokens")
+    run.add_argument("--ks", type=integers(1), default="1,2,3,4", help="comma list of fixed K")
     run.add_argument("--warm", action="store_true",
                      help="one long-lived pipeline serves every prompt (default: each a fresh process, as the CLI)")
-    run.add_argument("--cold", type=float, default=1.0,
+    run.add_argument("--cold", type=number(0), default=1.0,
                      help="the first call at each shape in a process costs this multiple of the table's")
-    run.add_argument("--costs", type=Path, default=None,
+    run.add_argument("--costs", type=_checked_costs, default=None,
                      help="another cost table: a JSON file of one, or of traces whose table to take (another machine's)")
-    run.add_argument("--noise", type=float, default=0.0,
+    run.add_argument("--noise", type=number(0), default=0.0,
                      help="each call's cost times exp(NOISE x a standard normal draw): a shared machine's spread")
-    run.add_argument("--seeds", type=int, default=1, help="with --noise: replay each configuration this many times")
+    run.add_argument("--seeds", type=integer(1), default=1, help="with --noise: replay each configuration this many times")
     run.add_argument("--out", type=Path, default=None, help="write the runs and the summary as JSON")
-    return parser
+    return options
+
+
+def _checked_costs(text: str) -> dict:
+    given = json_object("a cost table, or a traces file holding one")(text)
+    try:
+        return cost_table(given)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
 
 
 def _record_traces(args: argparse.Namespace) -> None:
@@ -463,13 +504,13 @@ def _record_traces(args: argparse.Namespace) -> None:
 
 def _replay_configurations(args: argparse.Namespace, data: dict) -> None:
     """``run``: every configuration replayed at each length (and seed) over the traces; the summary printed."""
-    lengths = [int(n) for n in args.lengths.split(",")]
+    lengths = args.lengths
     longest = min(len(t["output"]) for t in data["traces"] if len(t["output"]) == max(len(u["output"]) for u in data["traces"]))
     if max(lengths) > longest:
         raise SystemExit(f"--lengths: {max(lengths)} new tokens, but the traces hold at most {longest}")
-    runs = {name: [] for name in configurations([int(k) for k in args.ks.split(",")])}
+    runs = {name: [] for name in configurations(args.ks)}
     for tokens in lengths:
-        for name, config in configurations([int(k) for k in args.ks.split(",")]).items():
+        for name, config in configurations(args.ks).items():
             for seed in range(args.seeds if args.noise else 1):
                 for row in replay(data, replace(config, max_new_tokens=tokens), fresh=not args.warm, cold=args.cold,
                                   noise=args.noise, seed=seed):

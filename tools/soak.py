@@ -10,7 +10,6 @@ any error (with the configuration that raised it).
 
 from __future__ import annotations
 
-import argparse
 import random
 import resource
 import sys
@@ -18,6 +17,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tools import arguments
 
 DRIFT_LIMIT = 5.0  # percent of the RSS after warm-up
 
@@ -84,10 +85,10 @@ def main() -> None:
     from specdeploy import Pipeline
     from tests import tiny
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cycles", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warmup", type=int, default=1000, help="cycles before the baseline RSS is taken")
+    parser = arguments.parser(__doc__)
+    parser.add_argument("--cycles", type=arguments.integer(1), default=10_000)
+    parser.add_argument("--seed", type=arguments.integer(0), default=0)
+    parser.add_argument("--warmup", type=arguments.integer(0), default=1000, help="cycles before the baseline RSS is taken")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = Pipeline.load(tiny.export_pair(Path(tmp), capacity=128), threads=1)

@@ -11,11 +11,12 @@ engine call (``trace_config``), as a reader following it would open them.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+
+from tools import arguments
 
 
 def trace_step(run) -> dict[str, list[str]]:
@@ -92,8 +93,8 @@ def main() -> None:
     from tests import tiny
 
     default = GenerationConfig()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k", type=int, default=default.k, help="the most drafts a cycle")
+    parser = arguments.parser(__doc__)
+    parser.add_argument("--k", type=arguments.integer(0), default=default.k, help="the most drafts a cycle")
     parser.add_argument("--policy", default=default.policy, help="draft-length policy")
     parser.add_argument("--drafter", default=default.drafter, help="drafter")
     parser.add_argument("--config-walk", action="store_true",

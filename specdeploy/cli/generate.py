@@ -59,7 +59,8 @@ def read_prompts(path: Path) -> list[str]:
                    "thread count, and keep this run's (in $SPECDEPLOY_CACHE): a fresh process would learn them cold.")
 @click.option("--suffix-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Draft from the texts of earlier runs kept in this file (the suffix index), and keep this run's "
-                   "there (written atomically); a corrupt or foreign file is refused in one line and ignored.")
+                   "there (written atomically; through a symlink, to the file it names). A corrupt, foreign or "
+                   "oversized file is refused in one line and left as it is: this run's texts are not saved.")
 @click.option("--chat", is_flag=True,
               help="Each prompt is a user message, rendered with the tokenizer's chat template.")
 @click.option("--system", default=None, help="With --chat: a system message before each prompt.")
@@ -96,7 +97,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
         if compare:  # one short run of each first, so neither side pays the first-call set-up
             for warm in (config, dataclasses.replace(config, drafter="none")):
                 pipeline.generate(inputs[:1], dataclasses.replace(warm, max_new_tokens=min(4, max_new_tokens)),
-                                  suffix_index=None)  # no answer of a warm-up to draft the measured run from
+                                  suffix_index=None, scope=None)  # nothing of a warm-up for the measured run
         if as_json:
             results = pipeline.generate(inputs, config, batch_size=batch_size)
             for result in results:

@@ -17,6 +17,7 @@ import click
 
 from ..engines.ort import PROVIDERS
 from ..runtime.prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
+from ..runtime.suffix_store import BYTES_PER_TOKEN_IN_MEMORY, DEFAULT_SCOPES, DEFAULT_TOKENS, max_tokens_for
 from .common import speculation_options, threads_option
 from .settings import check_environment, networks_form, origins_form, root_path_form, text_setting
 
@@ -79,11 +80,15 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
                    "API key (the bearer token it sends), everyone's (global), or none but its own text. Neither "
                    "changes a text; their speed could tell one client what another's held (docs/serving.md).")
 @click.option("--suffix-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Keep the suffix indexes in this file: loaded at start (a corrupt or foreign one is refused in one "
-                   "line, and the server starts empty), written atomically when the server stops.")
-@click.option("--suffix-tokens", type=click.IntRange(min=1), default=65_536, show_default=True,
-              help="Tokens each scope's suffix index keeps at most (the least recently used texts go first); an index "
-                   "takes 0.4-1.1 KB a token, and at most 16 scopes are kept (the least recently used goes).")
+              help="Keep the suffix indexes in this file: loaded at start, written atomically when the server stops "
+                   "(through a symlink, to the file it names). A corrupt, foreign or oversized file is refused in one "
+                   "line, left as it is and never written: the server starts empty and saves nothing.")
+@click.option("--suffix-tokens", type=click.IntRange(min=1, max=max_tokens_for(DEFAULT_SCOPES)), default=DEFAULT_TOKENS,
+              show_default=True,
+              help=f"Tokens each scope's suffix index keeps at most (the least recently used texts go first); an index "
+                   f"takes 0.4-1.1 KB a token, and at most {DEFAULT_SCOPES} scopes are kept (the least recently used "
+                   f"goes), so at most what {DEFAULT_SCOPES} indexes of {BYTES_PER_TOKEN_IN_MEMORY:,} bytes a token "
+                   f"fit in half of this machine's memory.")
 @click.option("--prefix-cache-bytes", type=click.IntRange(min=0), default=DEFAULT_PREFIX_BYTES, show_default=True,
               help="Memory for the K/V of finished requests' texts: a later prompt of the same --suffix-scope that "
                    "starts alike (a conversation's next turn, a shared system prompt) reuses it instead of prefilling "

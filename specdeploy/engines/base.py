@@ -268,9 +268,13 @@ class Engine(ABC):
                                   None if widths is None else self._checked_widths(widths, *input_ids.shape))
 
     def _checked_widths(self, widths, batch: int, tokens: int) -> list[int]:
-        given = list(widths)
-        if len(given) != batch or any(not isinstance(w, (int, np.integer)) or not 1 <= w <= tokens for w in given):
-            shown = repr(given) if len(given) <= 16 else f"{len(given)} values"
+        # a sequence of integers only: a dict would give its keys, a bool would pass as width 1
+        given = list(widths) if isinstance(widths, (list, tuple, np.ndarray)) and np.ndim(widths) == 1 else None
+        if given is None or len(given) != batch or any(
+                isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)) or not 1 <= w <= tokens
+                for w in given):
+            shown = (describe(widths) if isinstance(widths, np.ndarray) else f"{type(widths).__name__} {repr(widths)[:40]}"
+                     if given is None else repr(given) if len(given) <= 16 else f"{len(given)} values")
             raise EngineInputError(f"{self.spec.role}: widths | received {shown}; expected {batch} integers in "
                                    f"[1, {tokens}] (each row's tokens that matter)")
         return [int(w) for w in given]

@@ -62,14 +62,14 @@ class RowCaches:
         (``PrefixCache.reuse``); their results say how many prompt tokens that was."""
         for b, request in enumerate(live[first:], first):
             if self.cache.past_len[b] == 0:
-                request.result.cached_tokens = self.prefixes.reuse(request.settings.index, request.result.prompt_ids,
+                request.result.cached_tokens = self.prefixes.reuse(request.settings.scope, request.result.prompt_ids,
                                                                    self.cache, b, self.draft_cache)
 
     def keep(self, b: int, tokens: np.ndarray, request: Request) -> None:
         """Row ``b``, about to leave, keeps what its caches hold of ``tokens`` for the prompts that follow (none of a
         failed request's: a fault may have left its slots half written)."""
         if self.prefixes is not None and request.result.finish_reason != FinishReason.ERROR:
-            self.prefixes.keep(request.settings.index, tokens, self.cache, b, self.draft_cache)
+            self.prefixes.keep(request.settings.scope, tokens, self.cache, b, self.draft_cache)
 
     def prefill_draft(self, tokens: np.ndarray) -> tuple[float, int]:
         """Bring the draft's rows up to what the target has seen of ``tokens``; returns the seconds it took and the

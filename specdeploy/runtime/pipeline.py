@@ -33,7 +33,7 @@ from .shorten import short
 from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
-from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFileError, SuffixStore, row_indexes
+from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFileError, SuffixStore, row_scopes
 from .telemetry import FinishReason, summarize
 
 CATCHUP_TOKENS = 32  # a draft catch-up long enough to time a rate, not a call
@@ -63,12 +63,12 @@ class Pipeline:
         self._warmed: set[int] = set()  # the k whose shapes ``warm_up`` has run
         # the texts of the requests this pipeline finished, which later requests draft from (``suffix_index``)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
-        self.suffix_index = self.suffix_store.scope(SHARED_SCOPE)
         self.suffix_cache: Path | None = None  # where ``save_suffix_cache`` writes (``load(suffix_cache=...)``)
         if not is_integer(prefix_cache_bytes) or prefix_cache_bytes < 0:
             raise ConfigError(f"prefix_cache_bytes: got {short(prefix_cache_bytes)}; expected an integer >= 0 (0: none)")
         # the K/V of finished requests' texts, which later prompts of their scope that start alike reuse
         self.prefix_cache = PrefixCache(int(prefix_cache_bytes))
+        self.suffix_store.on_evict(self._forget_scope)  # a scope the store lets go keeps no K/V either
         self._warm_lock = threading.Lock()
 
     @classmethod
@@ -100,17 +100,30 @@ class Pipeline:
             pipeline.load_suffix_cache(suffix_cache, log)
         return pipeline
 
+    @property
+    def suffix_index(self) -> SuffixIndex:
+        """The index of this pipeline's own scope (``SHARED_SCOPE``) in its store, which requests draft from by
+        default (asked of the store each time: one the store evicted is never used again)."""
+        return self.suffix_store.scope(SHARED_SCOPE)
+
+    def _forget_scope(self, scope: str) -> None:
+        self.prefix_cache.forget(scope)
+
     def load_suffix_cache(self, path: str | Path, log=None) -> int:
         """Add the texts of the suffix index file at ``path`` (written by ``save_suffix_cache``) to this pipeline's
-        indexes, and save there from now on; returns the sequences read. A refused file is told in one line to ``log``
-        (default: ``warnings.warn``) and leaves the indexes as they were."""
-        self.suffix_cache = Path(path)
+        indexes, and save there from now on (a missing file is created then); returns the sequences read. A refused
+        file is told in one line to ``log`` (default: ``warnings.warn``), leaves the indexes as they were, and is never
+        written: it is the user's (a larger index, another artifact's, a file named by mistake), so this pipeline's
+        index is saved nowhere unless ``save_suffix_cache`` is given a path."""
         spec = self.target.spec
         try:
-            return self.suffix_store.load(self.suffix_cache, spec.tokenizer_fingerprint, spec.vocab_size)
+            read = self.suffix_store.load(Path(path), spec.tokenizer_fingerprint, spec.vocab_size)
         except SuffixFileError as exc:
-            (log or (lambda message: warnings.warn(message, stacklevel=3)))(f"{exc}; starting with an empty index")
+            (log or (lambda message: warnings.warn(message, stacklevel=3)))(
+                f"{exc}; starting with an empty index, which will not be saved ({path} is left as it is)")
             return 0
+        self.suffix_cache = Path(path)
+        return read
 
     def save_suffix_cache(self, path: str | Path | None = None) -> Path | None:
         """Write the suffix indexes to ``path`` (default: the file they were loaded from), atomically; None when
@@ -221,8 +234,8 @@ class Pipeline:
 
     def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig,
               row_configs: Sequence[GenerationConfig] | None = None, capacity: int | None = None,
-              suffix_index: SuffixIndex | None | Shared = SHARED, *, policy: Policy | None = None,
-              request_ids: Sequence[str] | None = None, **listeners) -> Generation:
+              suffix_index: SuffixIndex | None | Shared = SHARED, *, scope: str | None | Shared = SHARED,
+              policy: Policy | None = None, request_ids: Sequence[str] | None = None, **listeners) -> Generation:
         """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work.
 
         ``config`` sets the batch's speculation (k, drafter, policy); ``row_configs`` gives each prompt its own
@@ -230,10 +243,12 @@ class Pipeline:
         its batch: prompt i of one config draws from stream i of the seed, a prompt with its own config from stream 0.
         ``capacity`` fixes the cache slots per row (at least what the rows need), so that batches started
         apart can be merged. ``suffix_index``: the index of earlier requests' texts these draft from, and which
-        theirs join when they finish, and the scope of the K/V they reuse (``prefix_cache``) (default: this pipeline's
-        ``suffix_index``; None: their own text alone, no K/V of earlier requests), or
-        one per prompt (a server's requests under different API keys). ``policy`` (default: ``policy_for(config)``),
-        ``request_ids`` (default: req-N) and ``listeners`` (``joining``, ``on_verified``) go to the ``Generation``.
+        theirs join when they finish (default: the index of ``scope`` in ``suffix_store``; None: their own text
+        alone), or one per prompt. ``scope``: the name of the scope whose kept K/V (``prefix_cache``) they reuse and
+        keep theirs in (default: the index's own scope, the pipeline's ``SHARED_SCOPE`` without one; None: no K/V of
+        earlier requests), or one per prompt (a server's requests under different API keys). ``policy`` (default:
+        ``policy_for(config)``), ``request_ids`` (default: req-N) and ``listeners`` (``joining``, ``on_verified``) go to
+        the ``Generation``.
         """
         if not isinstance(config, GenerationConfig):
             raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
@@ -252,9 +267,9 @@ class Pipeline:
                             why="capacity is {limit} slots a row (as asked)" if capacity else EXPORTED)
         request_ids = list(request_ids) if request_ids is not None else [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
-        indexes = row_indexes(self.suffix_index if suffix_index is SHARED else suffix_index, len(prompts))
-        settings = [self.row_settings(row, 0 if mine else i, index)
-                    for i, (row, index) in enumerate(zip(row_configs, indexes))]
+        scopes = row_scopes(self.suffix_store, suffix_index, scope, len(prompts))
+        settings = [self.row_settings(row, 0 if mine else i, index, name)
+                    for i, (row, (index, name)) in enumerate(zip(row_configs, scopes))]
         if config.speculative and config.k not in self._warmed:
             self.warm_up(config.k)
         return Generation(self.target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
@@ -266,11 +281,12 @@ class Pipeline:
         return policy_of(config, self.costs)
 
     def row_settings(self, config: GenerationConfig, seed_stream: int = 0,
-                     index: SuffixIndex | None = None) -> RowSettings:
+                     index: SuffixIndex | None = None, scope: str | None = None) -> RowSettings:
         """How one request decodes in any batch: ``config``'s settings, its stop strings on this tokenizer,
-        its seed's stream (prompt i of one ``generate`` call draws from stream i) and its scope's suffix index."""
+        its seed's stream (prompt i of one ``generate`` call draws from stream i), its scope's suffix index and the
+        scope's name (whose kept K/V it reuses; None: none)."""
         return RowSettings(config, StopStrings(config.stop, self.decode).check if config.stop else None, seed_stream,
-                           index)
+                           index, scope)
 
     def check_stop_tokens(self, config: GenerationConfig) -> None:
         vocab = self.target.spec.vocab_size
@@ -279,9 +295,10 @@ class Pipeline:
             raise ConfigError(f"stop_token_ids: got {outside}; expected ids inside the vocabulary [0, {vocab})")
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
-                 batch_size: int | None = None, suffix_index: SuffixIndex | None | Shared = SHARED) -> list[GenerationResult]:
+                 batch_size: int | None = None, suffix_index: SuffixIndex | None | Shared = SHARED, *,
+                 scope: str | None | Shared = SHARED) -> list[GenerationResult]:
         """One result per prompt, in order. Prompts run in batches of ``batch_size`` (default: all); ``suffix_index``
-        as ``start`` takes it."""
+        and ``scope`` as ``start`` takes them."""
         config = config or GenerationConfig()
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -291,7 +308,7 @@ class Pipeline:
         batch_size = int(batch_size or len(prompts))
         results = []
         for first in range(0, len(prompts), batch_size):
-            run = self.start(prompts[first : first + batch_size], config, suffix_index=suffix_index)
+            run = self.start(prompts[first : first + batch_size], config, suffix_index=suffix_index, scope=scope)
             while not run.done:
                 run.step()
             results += [self.result(request.result, request.settings.config) for request in run.requests]
@@ -300,16 +317,17 @@ class Pipeline:
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
-               suffix_index: SuffixIndex | None | Shared = SHARED) -> Iterator[StreamChunk]:
+               suffix_index: SuffixIndex | None | Shared = SHARED, *,
+               scope: str | None | Shared = SHARED) -> Iterator[StreamChunk]:
         """Yield text and token chunks as each cycle commits them; the last chunk carries the result.
 
         The chunks' texts add up to the result's text: text that may still become part of a stop
         string is held back until it is known not to, and tokens are detokenized incrementally
         (``tokenizers``' ``DecodeStream``: an incomplete UTF-8 sequence waits for its next token).
-        Raises ``GenerationError`` if the request fails. ``suffix_index`` as ``start`` takes it.
+        Raises ``GenerationError`` if the request fails. ``suffix_index`` and ``scope`` as ``start`` takes them.
         """
         config = config or GenerationConfig()
-        run = self.start([prompt], config, suffix_index=suffix_index)
+        run = self.start([prompt], config, suffix_index=suffix_index, scope=scope)
         text = TextStream(self.tokenizer, config.stop)
         row = run.rows[0]
         while not run.done:

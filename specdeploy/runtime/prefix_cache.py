@@ -7,9 +7,11 @@ scope whose prompt starts with a kept text takes those slots and prefills only t
 either way: a slot's K/V depends on the tokens up to it alone, whichever call computed it (up to the last bits of
 floating point, as between chunked and whole prefills).
 
-Scopes are the suffix index's (``RowSettings.index``; None: no reuse): a request reuses only its own scope's texts,
-since how fast a prompt starts would say whether someone else's began the same way (docs/serving.md). Bounded in
-bytes; the least recently used text goes first, and a text that a newer one of its scope extends is dropped.
+Texts are kept by scope name (``RowSettings.scope``, the names a ``SuffixStore`` uses; None: no reuse): a request
+reuses only its own scope's texts, since how fast a prompt starts would say whether someone else's began the same way
+(docs/serving.md). A name is all it holds of a scope, so the bound covers everything it keeps alive: in bytes, the
+least recently used text first; a text that a newer one of its scope extends is dropped, and ``forget`` drops a scope's
+texts when its store lets the scope go (no later request could match them).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class Kept:
     """One kept text: its scope, its tokens, and each model's K/V of the first ``seen`` of them (a [kv_heads, seen,
     head_dim] array per cache tensor; the draft's None where it saw none)."""
 
-    scope: object
+    scope: str
     tokens: np.ndarray
     target: list[np.ndarray]
     draft: list[np.ndarray] | None
@@ -54,7 +56,7 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def keep(self, scope, tokens: np.ndarray, target_cache, row: int, draft_cache=None) -> None:
+    def keep(self, scope: str | None, tokens: np.ndarray, target_cache, row: int, draft_cache=None) -> None:
         """Keep row ``row`` of the caches (their ``past_len`` says how much each saw) with ``tokens`` [capacity]."""
         seen = int(target_cache.past_len[row])
         if scope is None or seen < 2 or self.max_bytes <= 0:
@@ -65,7 +67,7 @@ class PrefixCache:
         if kept.bytes > self.max_bytes:
             return
         with self._lock:
-            for key in [key for key, old in self._kept.items() if old.scope is scope and _starts(kept.tokens, old.tokens)]:
+            for key in [key for key, old in self._kept.items() if old.scope == scope and _starts(kept.tokens, old.tokens)]:
                 self._drop(key)  # the new text holds all of it
             self._ids += 1
             self._kept[self._ids] = kept
@@ -73,7 +75,7 @@ class PrefixCache:
             while self.bytes > self.max_bytes:
                 self._drop(next(iter(self._kept)))
 
-    def reuse(self, scope, prompt: np.ndarray, target_cache, row: int, draft_cache=None) -> int:
+    def reuse(self, scope: str | None, prompt: np.ndarray, target_cache, row: int, draft_cache=None) -> int:
         """Fill row ``row`` of the caches (which have seen nothing of it) with the K/V of the longest kept start of
         ``prompt`` in ``scope``, all but the prompt's last token at most (a cycle starts from it); returns the tokens
         reused (0: none) and commits each cache's ``past_len`` of that row."""
@@ -82,7 +84,7 @@ class PrefixCache:
         with self._lock:
             best, matched = None, 0
             for key, kept in self._kept.items():
-                if kept.scope is scope:
+                if kept.scope == scope:
                     n = _common(kept.tokens, prompt[: len(prompt) - 1])
                     if n > matched:
                         best, matched = key, n
@@ -94,6 +96,17 @@ class PrefixCache:
         if draft_cache is not None and kept.draft is not None:
             _fill(draft_cache, row, kept.draft, min(matched, kept.draft[0].shape[1]))
         return matched
+
+    def forget(self, scope: str) -> None:
+        """Drop every text kept for ``scope`` (its store evicted it: no later request of it could match them)."""
+        with self._lock:
+            for key in [key for key, kept in self._kept.items() if kept.scope == scope]:
+                self._drop(key)
+
+    def scopes(self) -> set[str]:
+        """The scopes that have a text kept."""
+        with self._lock:
+            return {kept.scope for kept in self._kept.values()}
 
     def _drop(self, key: int) -> None:
         self.bytes -= self._kept.pop(key).bytes

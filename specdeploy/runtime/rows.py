@@ -41,6 +41,7 @@ class RowSettings(NamedTuple):
     stop_check: StopCheck | None = None
     seed_stream: int = 0  # its draws come from [seed, seed_stream]: prompt i of one call draws from stream i
     index: SuffixIndex | None = None  # its scope's suffix index: drafts from earlier requests' text, and its own joins
+    scope: str | None = None  # its scope's name: whose kept K/V it reuses and keeps its own among (None: none)
 
 
 @dataclass(slots=True)

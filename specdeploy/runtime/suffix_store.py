@@ -3,9 +3,13 @@
 A pipeline keeps one index of the requests it finished (scope ``"shared"``); a server keeps one per API key by
 default, since a draft never changes a text but its speed could tell one client whether another's answer held a
 phrase (docs/serving.md). ``SuffixStore`` bounds each scope's index (tokens and sequences) and the number of scopes
-(the least recently used scope goes first), and saves them all to one JSON file, written atomically. A file is
-untrusted input when loaded: bounded in size, checked field by field, and refused in one line (``SuffixFileError``)
-when it is corrupt, too large or written for another tokenizer; a caller starts empty then.
+(the least recently used scope goes first; what else a scope keeps, its texts' K/V, is told to go with it through
+``on_evict``), and saves them all to one JSON file, written atomically (through a symlink, to the file it names). A
+file is untrusted input when loaded: bounded in size, checked field by field, and refused in one line
+(``SuffixFileError``) when it is corrupt, nested too deeply, too large or written for another tokenizer; a caller
+starts empty then and leaves the file as it was. What is indexed of a file is what the bounds keep (each scope's latest
+texts, the latest scopes), chosen before any is indexed: loading costs time and memory in proportion to the bounds,
+whatever the file holds.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from ..files import FileMissing, FileRefused, read_regular
@@ -28,11 +33,29 @@ DEFAULT_TOKENS = 65_536
 DEFAULT_SEQUENCES = 4096
 DEFAULT_SCOPES = 16
 BYTES_PER_TOKEN_IN_FILE = 8  # a token id in JSON: up to six digits, a comma and a space
+# an index's worst case a token (``SuffixIndex.nbytes``: 236 bytes a token, and 170 for each of its 5 anchors when
+# every one is new); the scopes' full indexes together may take half of the machine's memory at most
+BYTES_PER_TOKEN_IN_MEMORY = 1_100
 SHARED_SCOPE = "shared"  # a pipeline's own index, in its store
 
 
+def memory_bytes() -> int:
+    """This machine's physical memory (16 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 16 * 2**30
+
+
+def max_tokens_for(scopes: int) -> int:
+    """The most tokens a scope's index may be bounded by, so that ``scopes`` full indexes fit in half of this
+    machine's memory (``--suffix-tokens``' upper bound)."""
+    return max(1, memory_bytes() // 2 // (scopes * BYTES_PER_TOKEN_IN_MEMORY))
+
+
 class Shared:
-    """The default of ``Pipeline.start``'s ``suffix_index``: the pipeline's shared index (None means none)."""
+    """The default of ``Pipeline.start``'s ``suffix_index`` and ``scope``: the pipeline's shared index and scope, or
+    what the other names (None means none)."""
 
     def __repr__(self) -> str:
         return "the pipeline's shared index"
@@ -52,21 +75,36 @@ class SuffixStore:
                  max_scopes: int = DEFAULT_SCOPES):
         for name, value in (("max_tokens", max_tokens), ("max_sequences", max_sequences), ("max_scopes", max_scopes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"suffix index {name}: got {value!r}; expected an integer >= 1")
+                raise ConfigError(f"suffix index {name}: got {value!r}; expected an integer >= 1")
+        most = max_tokens_for(max_scopes)
+        if max_tokens > most:
+            raise ConfigError(f"suffix index max_tokens: got {max_tokens:,}; expected at most {most:,} ({max_scopes} "
+                              f"scopes of up to {BYTES_PER_TOKEN_IN_MEMORY:,} bytes a token in half of this machine's "
+                              f"{memory_bytes() / 2**30:.1f} GiB)")
         self.max_tokens, self.max_sequences, self.max_scopes = max_tokens, max_sequences, max_scopes
         self._scopes: OrderedDict[str, SuffixIndex] = OrderedDict()
+        self._evicted: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
+
+    def on_evict(self, forget: Callable[[str], None]) -> None:
+        """Call ``forget(name)`` whenever scope ``name`` is evicted: what else keeps things for a scope (the prefix
+        cache's K/V) lets them go with its index."""
+        self._evicted.append(forget)
 
     def scope(self, name: str) -> SuffixIndex:
         """The index of scope ``name`` (made on first use; the least recently used scope evicted past the bound)."""
+        evicted = []
         with self._lock:
             index = self._scopes.get(name)
             if index is None:
-                index = self._scopes[name] = SuffixIndex(self.max_tokens, self.max_sequences)
+                index = self._scopes[name] = SuffixIndex(self.max_tokens, self.max_sequences, scope=name)
                 while len(self._scopes) > self.max_scopes:
-                    self._scopes.popitem(last=False)
+                    evicted.append(self._scopes.popitem(last=False)[0])
             self._scopes.move_to_end(name)
-            return index
+        for gone in evicted:  # outside the lock: a listener may take its own
+            for forget in self._evicted:
+                forget(gone)
+        return index
 
     def stats(self) -> dict[str, int]:
         """Scopes holding a text, their sequences, tokens and estimated bytes, all together (the server's metrics)."""
@@ -76,11 +114,12 @@ class SuffixStore:
                 "tokens": sum(i.tokens for i in indexes), "bytes": sum(i.nbytes() for i in indexes)}
 
     def save(self, path: Path, tokenizer: str, vocab_size: int) -> None:
-        """Write every scope that holds a text to ``path`` atomically (a reader sees the old file or the new one)."""
+        """Write every scope that holds a text to ``path`` atomically (a reader sees the old file or the new one).
+        A symlink is written through: the file it names is replaced, and the link stays a link."""
         with self._lock:
             scopes = {name: index.sequences() for name, index in self._scopes.items() if len(index)}
         data = {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer, "vocab_size": vocab_size, "scopes": scopes}
-        path = Path(path)
+        path = Path(os.path.realpath(path))  # renaming over a link would make it a file, its target never updated
         partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             partial.write_text(json.dumps(data, separators=(",", ":")))
@@ -103,21 +142,51 @@ class SuffixStore:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise SuffixFileError(f"suffix index {path}: not JSON ({exc}); expected a file `--suffix-cache` wrote") from None
+        except RecursionError:  # the parser's depth is the interpreter's stack; a file we wrote is 4 levels deep
+            raise SuffixFileError(f"suffix index {path}: nested too deeply to be a suffix index (it is 4 levels "
+                                  "deep); expected a file `--suffix-cache` wrote") from None
         scopes = _checked(data, path, tokenizer, vocab_size)
         for name, sequences in list(scopes.items())[-self.max_scopes :]:
             index = self.scope(name)
-            for number, tokens in enumerate(sequences):
+            first = len(sequences) - len(kept := self._kept(sequences))
+            for number, tokens in enumerate(kept, first):
                 index.add(f"saved-{name}-{number}", tokens)  # drafted from "saved-...": a text of an earlier process
         return sum(len(s) for s in scopes.values())
 
+    def _kept(self, sequences: list[list[int]]) -> list[list[int]]:
+        """What an index of this store's bounds keeps of ``sequences`` added in order, found before indexing any: the
+        latest that fit together, and none from before one that alone is over ``max_tokens`` (adding it evicted every
+        earlier one, then itself)."""
+        kept, tokens = [], 0
+        for sequence in reversed(sequences):
+            if len(kept) == self.max_sequences or tokens + len(sequence) > self.max_tokens:
+                break
+            kept.append(sequence)
+            tokens += len(sequence)
+        return kept[::-1]
 
-def row_indexes(given, rows: int) -> list[SuffixIndex | None]:
-    """``Pipeline.start``'s ``suffix_index`` as one index (or None) per row; ConfigError for anything else."""
-    indexes = list(given) if isinstance(given, (list, tuple)) else [given] * rows
-    if len(indexes) != rows or not all(index is None or isinstance(index, SuffixIndex) for index in indexes):
-        raise ConfigError(f"suffix_index: got {short(given)}; expected a SuffixIndex, None for none, or one of "
+
+def row_scopes(store: SuffixStore, indexes, scopes, rows: int) -> list[tuple[SuffixIndex | None, str | None]]:
+    """``Pipeline.start``'s ``suffix_index`` and ``scope`` as (index, scope name) per row; ConfigError for anything
+    else. A scope name given, and no index, drafts from that scope's index in ``store``; an index given, and no scope
+    name, keeps K/V under the index's own scope; neither: the store's shared scope. ``suffix_index=None`` drafts from
+    the row's own text alone and still reuses its scope's K/V; ``scope=None`` reuses none."""
+    given = [SHARED] * rows if indexes is SHARED else list(indexes) if isinstance(indexes, (list, tuple)) else [indexes] * rows
+    if len(given) != rows or not all(i is SHARED or i is None or isinstance(i, SuffixIndex) for i in given):
+        raise ConfigError(f"suffix_index: got {short(indexes)}; expected a SuffixIndex, None for none, or one of "
                           f"either per prompt ({rows})")
-    return indexes
+    names = list(scopes) if isinstance(scopes, (list, tuple)) else [scopes] * rows
+    if len(names) != rows or not all(n is SHARED or n is None or (isinstance(n, str) and n) for n in names):
+        raise ConfigError(f"scope: got {short(scopes)}; expected a scope name, None for no K/V reuse, or one of "
+                          f"either per prompt ({rows})")
+    rows_scopes = []
+    for index, name in zip(given, names):
+        if index is SHARED:
+            index = store.scope(name if isinstance(name, str) else SHARED_SCOPE)
+        if name is SHARED:
+            name = index.scope if index is not None else SHARED_SCOPE
+        rows_scopes.append((index, name))
+    return rows_scopes
 
 
 def _checked(data, path: Path, tokenizer: str, vocab_size: int) -> dict[str, list[list[int]]]:

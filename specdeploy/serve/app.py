@@ -30,6 +30,7 @@ from ..runtime.chat import ChatTemplateError, TemplateTimeout
 from ..runtime.config import ConfigError
 from ..runtime.shorten import short
 from . import errors
+from .breaker import Breaker, TemplateBroken
 from .errors import ApiError
 from .lifecycle import Lifecycle
 from .metrics import ServerMetrics
@@ -38,7 +39,7 @@ from .prompts import PromptTimeout, PromptWorkers
 from .protocol import ChatRequest, CompletionRequest, Sampling
 from .responses import Reply, refusal
 from .scheduler import Overloaded, Scheduler, ShuttingDown
-from .scopes import suffix_scopes
+from .scopes import key_scope, suffix_scopes
 from .sse import EventStream, watch_disconnect
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/health/live", "/health/ready", "/metrics")
@@ -84,6 +85,7 @@ class Api:
         self.pipeline, self.scheduler, self.lifecycle, self.model = pipeline, scheduler, lifecycle, model
         self.default_max_tokens, self.workers, self.scope_of = default_max_tokens, workers, scope_of
         self.template_seconds = template_seconds
+        self.template_breaker = Breaker()  # renders of a template that keeps running past its limit: refused at once
         self.server_id = uuid.uuid4().hex[:12]  # tells replicas apart behind a load balancer
 
     async def ready(self):
@@ -112,7 +114,7 @@ class Api:
         messages, tools = body.template_messages(), body.template_tools()
         prompt = await _prepare(self.workers, lambda: np.array(self.pipeline.chat_prompt(
             messages, tools=tools, time_limit=self.template_seconds), np.int64), "messages", "the artifact's chat template",
-            _client(request))
+            _client(request), self.template_breaker)
         return await self._serve(request, body, [prompt], chat=True)
 
     def _check(self, body: Sampling) -> None:
@@ -191,30 +193,56 @@ def _invalid(exc: ValidationError) -> ApiError:
     return ApiError(400, f"{'.'.join(where)}: {first.get('msg')}{got}", where[0])
 
 
-async def _prepare(workers: PromptWorkers, job: Callable, param: str, what: str, client: str):
+async def _prepare(workers: PromptWorkers, job: Callable, param: str, what: str, client: tuple[str, str],
+                   breaker: Breaker | None = None):
     """``job()`` (a prompt's tokens) off the event loop, in ``client``'s turn. The client's own mistakes
     (``ConfigError``) are a 400 naming ``param`` (or ``tools``, where the template failed on them); anything else,
-    or running past the time limit, is ``what``'s (the artifact's) fault: a 500."""
+    or running past the time limit, is ``what``'s (the artifact's) fault: a 500. ``breaker``: counts the jobs that run
+    past their limit; while it is open they are refused at once (503, Retry-After)."""
     try:
-        return await workers.run(job, client)
-    except ConfigError as exc:
-        raise ApiError(400, str(exc), "tools" if str(exc).startswith("tools:") else param) from None
-    except TemplateTimeout as exc:  # CPU time the template itself used: a busy machine is not counted
-        raise ApiError(500, f"{what} did not finish within {exc.seconds:g} s of CPU time (--template-seconds): "
-                       f"{short(str(exc), 300, quoted=False)}", kind="server_error", code="prompt_timeout") from None
-    except PromptTimeout as exc:
-        raise ApiError(500, f"{what} {exc} (a limit of this server)", kind="server_error", code="prompt_timeout") from None
-    except ChatTemplateError as exc:  # the artifact's template failed on its own or overran its limits
-        raise ApiError(500, f"{what} failed: {short(str(exc), 300, quoted=False)}", kind="server_error",
-                       code="chat_template_error") from None
-    except Exception as exc:  # anything else making the prompt: a fault of this server's, never the client's
-        raise ApiError(500, f"{what} failed: {type(exc).__name__}: {short(str(exc), 300, quoted=False)}", kind="server_error",
-                       code="chat_template_error" if param == "messages" else "prompt_error") from None
+        trial = breaker.check() if breaker is not None else False
+    except TemplateBroken as exc:
+        raise ApiError(503, str(exc), kind="server_error", code="chat_template_unavailable",
+                       headers={"Retry-After": f"{exc.retry_after:.0f}"}) from None
+    timed_out = None  # unknown while the job runs: a request that goes away (cancelled) leaves it so
+    try:
+        result = await workers.run(job, client)
+        timed_out = False
+        return result
+    except Exception as exc:
+        timed_out = isinstance(exc, (TemplateTimeout, PromptTimeout))
+        raise _failed(exc, param, what) from None
+    finally:
+        if breaker is not None:
+            breaker.settle(timed_out, trial)
 
 
-def _client(request: Request) -> str:
-    """Whose turn a prompt job waits for: the client's address (as believed: see ``lifecycle.server_config``)."""
-    return request.client.host if request.client else ""
+def _failed(exc: Exception, param: str, what: str) -> ApiError:
+    """How a prompt job's exception is answered: the client's 400, or the artifact's (or this server's) 500."""
+    if isinstance(exc, ConfigError):
+        return ApiError(400, str(exc), "tools" if str(exc).startswith("tools:") else param)
+    if isinstance(exc, TemplateTimeout):  # CPU time the template itself used: a busy machine is not counted
+        return ApiError(500, f"{what} did not finish within {exc.seconds:g} s of CPU time (--template-seconds): "
+                        f"{short(str(exc), 300, quoted=False)}", kind="server_error", code="prompt_timeout")
+    if isinstance(exc, PromptTimeout):
+        return ApiError(500, f"{what} {exc} (a limit of this server)", kind="server_error", code="prompt_timeout")
+    if isinstance(exc, ChatTemplateError):  # the artifact's template failed on its own or overran its limits
+        return ApiError(500, f"{what} failed: {short(str(exc), 300, quoted=False)}", kind="server_error",
+                        code="chat_template_error")
+    # anything else making the prompt: a fault of this server's, never the client's
+    return ApiError(500, f"{what} failed: {type(exc).__name__}: {short(str(exc), 300, quoted=False)}",
+                    kind="server_error", code="chat_template_error" if param == "messages" else "prompt_error")
+
+
+def _client(request: Request) -> tuple[str, str]:
+    """Whose turn a prompt job waits for: the client's address (as believed: see ``lifecycle.server_config``), and
+    who it is at that address (clients behind one NAT or proxy share it): the hash of the bearer token it presents
+    (``scopes.key_scope``), or without one its connection."""
+    address = request.client.host if request.client else ""
+    who = key_scope(request.headers.get("authorization", ""))
+    if who == "anonymous" and request.client:
+        who = f"connection:{request.client.port}"
+    return address, who
 
 
 def _warm_template(pipeline) -> Future:

@@ -3,9 +3,11 @@ either runs on the loop no other client (not even /health) is answered.
 
 Each job runs in a daemon thread of its own (a thread cannot be stopped, and a pool's threads are joined at
 exit: a template that never ends would hold the process), at most ``workers`` at once. Clients share the slots
-fairly: a free slot goes to the waiting client with the fewest jobs running (among equals, the one served
-least recently), so one client's many slow renders cannot
-put another client's plain completion behind all of them. A job's own limit is its work's (a
+fairly, addresses first: a free slot goes to the waiting address with the fewest jobs running (among equals, the one
+served least recently), and at that address to the client (its API key, or its connection) with the fewest running,
+served least recently. So one client's many slow renders cannot put another client's plain completion behind all of
+them, whether the other is elsewhere or behind the same NAT or proxy, and a client that presents many keys from one
+address shares that address's turn. A job's own limit is its work's (a
 template's CPU time, in ``runtime.chat``; a prompt's characters, in ``Pipeline``); the wait here, from the
 moment the job starts, is a wall-clock backstop ``WALL_FACTOR`` times longer, for a machine too busy to run it.
 """
@@ -27,26 +29,30 @@ class PromptTimeout(TimeoutError):
     """A job that did not finish within the wall-clock backstop."""
 
 
+Client = tuple[str, str]  # (address, who at that address)
+
+
 class PromptWorkers:
     def __init__(self, seconds: float = 10.0, workers: int = 4):
         self.seconds, self.workers = seconds, workers
         self.backstop = seconds * WALL_FACTOR + WALL_GRACE
         self._free = workers
-        self._waiting: dict[str, deque[asyncio.Future]] = {}  # client -> its jobs waiting; in turn order
-        self._running: Counter[str] = Counter()  # client -> its jobs holding a slot
-        self._served: dict[str, int] = {}  # client -> when it was last given a slot (a count of slots given)
+        self._waiting: dict[Client, deque[asyncio.Future]] = {}  # client -> its jobs waiting; in turn order
+        self._running: Counter[str | Client] = Counter()  # client, and address -> their jobs holding a slot
+        self._served: dict[str | Client, int] = {}  # client, and address -> when last given a slot (a count of slots)
         self._given = 0
 
-    async def run(self, job: Callable[[], T], client: str = "") -> T:
-        """``job()``'s result, computed in a thread once ``client``'s turn comes; its exception re-raised here;
-        ``PromptTimeout`` past the backstop."""
+    async def run(self, job: Callable[[], T], client: str | Client = "") -> T:
+        """``job()``'s result, computed in a thread once ``client``'s turn comes (an address, or (address, who there));
+        its exception re-raised here; ``PromptTimeout`` past the backstop."""
+        client = (client, "") if isinstance(client, str) else tuple(client)
         await self._turn(client)
         try:
             return await self._run(job)
         finally:
             self._release(client)
 
-    async def _turn(self, client: str) -> None:
+    async def _turn(self, client: Client) -> None:
         if self._free and not self._waiting:
             self._free -= 1
             self._give(client)
@@ -66,13 +72,14 @@ class PromptWorkers:
                         del self._waiting[client]
             raise
 
-    def _release(self, holder: str) -> None:
+    def _release(self, holder: Client) -> None:
         """``holder``'s slot freed: to the next client in turn (which then goes to the back of the line), or kept free."""
-        self._running[holder] -= 1
-        if not self._running[holder]:
-            del self._running[holder]
+        for who in (holder, holder[0]):
+            self._running[who] -= 1
+            if not self._running[who]:
+                del self._running[who]
         while self._waiting:
-            client = min(self._waiting, key=lambda waiting: (self._running[waiting], self._served.get(waiting, -1)))
+            client = min(self._waiting, key=self._order)
             queue = self._waiting[client]
             turn = queue.popleft()
             if not queue:
@@ -83,12 +90,19 @@ class PromptWorkers:
                 return
         self._free += 1
 
-    def _give(self, client: str) -> None:
-        self._running[client] += 1
+    def _order(self, client: Client) -> tuple[int, int, int, int]:
+        """A waiting client's place: its address's jobs running and last turn, then its own."""
+        address = client[0]
+        return (self._running[address], self._served.get(address, -1), self._running[client],
+                self._served.get(client, -1))
+
+    def _give(self, client: Client) -> None:
         self._given += 1
-        self._served.pop(client, None)
-        self._served[client] = self._given
-        while len(self._served) > 4096:  # clients long gone: forgotten, the oldest first
+        for who in (client, client[0]):
+            self._running[who] += 1
+            self._served.pop(who, None)
+            self._served[who] = self._given
+        while len(self._served) > 8192:  # clients long gone: forgotten, the oldest first
             del self._served[next(iter(self._served))]
 
     async def _run(self, job: Callable[[], T]) -> T:

@@ -25,9 +25,8 @@ def suffix_scopes(store: SuffixStore, scope: str) -> Callable[[Mapping[str, str]
         raise ValueError(f"suffix scope: got {scope!r}; expected one of {', '.join(SCOPES)}")
     if scope == "none":
         return lambda headers: None
-    if scope == "global":
-        shared = store.scope("global")
-        return lambda headers: shared
+    if scope == "global":  # asked of the store each time, as a key's: an index it evicted is never used again
+        return lambda headers: store.scope("global")
     return lambda headers: store.scope(key_scope(headers.get("authorization", "")))
 
 

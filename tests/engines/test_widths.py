@@ -54,3 +54,15 @@ def test_widths_that_do_not_fit_the_call_are_refused_naming_them(fused_dirs, wid
     cache = _prefilled(engine, np.random.default_rng(3))
     with pytest.raises(EngineInputError, match=r"target: widths \| received .*; expected 2 integers in \[1, 5\]"):
         engine.infer(np.ones((2, 5), np.int64), np.full(2, PAST, np.int64), cache, widths=widths)
+
+
+@pytest.mark.parametrize("widths, shown", [(5, "int 5"), (True, "bool True"), ({5: 1, 2: 1}, "dict"),
+                                           ([True, 5], r"\[True, 5\]"), ([5, np.True_], r"\[5, np.True_\]"),
+                                           ("52", "str '52'"), (np.array([[5, 2]]), r"int64 \(1, 2\)")])
+def test_widths_of_another_kind_are_refused_naming_them(fused_dirs, widths, shown):
+    """An int, a bool, a dict (whose keys list() would take as widths) or bools inside a list: the input error of
+    any other argument, naming widths and what it got, never a TypeError or a bool taken as width 1."""
+    engine = load_engine(fused_dirs["close"], Manifest.read(fused_dirs["close"]), "target")
+    cache = _prefilled(engine, np.random.default_rng(3))
+    with pytest.raises(EngineInputError, match=rf"target: widths \| received {shown}.*; expected 2 integers in \[1, 5\]"):
+        engine.infer(np.ones((2, 5), np.int64), np.full(2, PAST, np.int64), cache, widths=widths)

@@ -3,6 +3,9 @@ and decodes what it would have decoded without it."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -10,6 +13,7 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.config import ConfigError
 from specdeploy.runtime.prefix_cache import PrefixCache
 from specdeploy.runtime.suffix import SuffixIndex
+from specdeploy.runtime.suffix_store import SuffixStore
 
 PROMPT = "w5 w6 w7 w8 w9 w10 w11 w12"
 GREEDY = GenerationConfig(max_new_tokens=20, ignore_eos=True)
@@ -65,12 +69,12 @@ def test_a_batch_reuses_per_row(pair_dir, cold):
 
 def test_a_scope_never_reuses_another_scopes_text(pair_dir):
     """Two API keys' indexes are two scopes: the second key's identical prompt prefills from nothing; no scope
-    (suffix_index=None) keeps and reuses nothing."""
+    (scope=None) keeps and reuses nothing."""
     pipeline = Pipeline.load(pair_dir)
     mine, theirs = SuffixIndex(), SuffixIndex()
     pipeline.generate([PROMPT], GREEDY, suffix_index=mine)
     assert pipeline.generate([PROMPT], GREEDY, suffix_index=theirs)[0].stats["cached_prompt_tokens"] == 0
-    assert pipeline.generate([PROMPT], GREEDY, suffix_index=None)[0].stats["cached_prompt_tokens"] == 0
+    assert pipeline.generate([PROMPT], GREEDY, suffix_index=None, scope=None)[0].stats["cached_prompt_tokens"] == 0
     assert pipeline.generate([PROMPT], GREEDY, suffix_index=mine)[0].stats["cached_prompt_tokens"] > 0
     assert pipeline.generate([PROMPT], GREEDY)[0].stats["cached_prompt_tokens"] == 0  # the pipeline's shared scope
     assert len(pipeline.prefix_cache) == 3  # mine, theirs, shared: nothing from the call without a scope
@@ -121,3 +125,39 @@ def test_keep_and_reuse_copy_what_each_cache_saw(pair_dir):
 def test_a_bad_prefix_cache_size_is_refused_in_one_line(pair_dir, value):
     with pytest.raises(ConfigError, match=r"^prefix_cache_bytes: got .*; expected an integer >= 0 \(0: none\)$"):
         Pipeline.load(pair_dir, prefix_cache_bytes=value)
+
+
+def test_a_request_without_a_suffix_index_still_reuses_a_kept_prefix_of_its_scope(pair_dir):
+    """suffix_index=None drafts from the request's own text alone; its K/V scope is still the pipeline's (or the one
+    named), and only scope=None turns reuse off."""
+    pipeline = Pipeline.load(pair_dir)
+    pipeline.generate([PROMPT], GREEDY)
+    prompt = len(pipeline.encode(PROMPT))
+    assert pipeline.generate([PROMPT], GREEDY, suffix_index=None)[0].stats["cached_prompt_tokens"] == prompt - 1
+    pipeline.generate([PROMPT], GREEDY, scope="key:a")
+    assert pipeline.generate([PROMPT], GREEDY, suffix_index=None, scope="key:a")[0].stats["cached_prompt_tokens"] > 0
+    assert pipeline.generate([PROMPT], GREEDY, suffix_index=None, scope=None)[0].stats["cached_prompt_tokens"] == 0
+
+
+def test_scopes_cycled_through_a_small_store_leave_nothing_of_the_evicted_alive(pair_dir):
+    """40 scopes through a store of 4: at most 4 suffix indexes stay alive (nothing else holds an evicted one, the
+    prefix cache least of all), and no K/V is kept for a scope the store let go."""
+    pipeline = Pipeline.load(pair_dir, suffix_store=SuffixStore(max_scopes=4))
+    alive = []
+    for i in range(40):
+        index = pipeline.suffix_store.scope(f"key:{i}")
+        assert pipeline.generate([f"w{i} w{i + 1} w{i + 2}"], GREEDY, suffix_index=index)[0].token_ids
+        alive.append(weakref.ref(index))
+    del index
+    gc.collect()
+    live = {f"key:{i}" for i, ref in enumerate(alive) if ref() is not None}
+    assert len(live) <= 4 and live == {f"key:{i}" for i in range(36, 40)}
+    assert pipeline.prefix_cache.scopes() == live and len(pipeline.prefix_cache) == 4
+
+
+def test_a_store_tells_its_listeners_which_scopes_it_evicted():
+    store, gone = SuffixStore(max_scopes=2), []
+    store.on_evict(gone.append)
+    for name in ("a", "b", "a", "c", "d"):
+        store.scope(name)
+    assert gone == ["b", "a"]  # "a" was used again after "b": "b" went first

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from specdeploy.runtime.config import ConfigError
 from specdeploy.runtime.suffix import LEVELS, SuffixIndex, estimate, propose
-from specdeploy.runtime.suffix_store import SuffixFileError, SuffixStore
+from specdeploy.runtime.suffix_store import FORMAT, SuffixFileError, SuffixStore, max_tokens_for
 
 
 def test_a_context_seen_before_continues_as_it_did():
@@ -165,3 +166,65 @@ def test_an_evicted_text_leaves_no_occurrence_behind_at_any_level(monkeypatch, l
             for occurrences in level.values():
                 assert occurrences and {packed >> suffix._SHIFT for packed in occurrences} <= live
         assert propose([index], text[:5], 3)[0] == text[5:8]
+
+
+def _file(path, scopes):
+    path.write_text(json.dumps({"format": FORMAT, "version": 1, "tokenizer": "fp", "vocab_size": 100, "scopes": scopes},
+                               separators=(",", ":")))
+    return path
+
+
+def test_a_deeply_nested_file_is_refused_in_one_line(tmp_path):
+    """A valid header and a list nested 2,000,000 deep (4 MB, inside the byte bound): one line, not a RecursionError."""
+    path = tmp_path / "suffix.json"
+    head = json.dumps({"format": FORMAT, "version": 1, "tokenizer": "fp", "vocab_size": 100})[:-1]
+    path.write_text(head + ', "scopes": {"s": ' + "[" * 2_000_000 + "]" * 2_000_000 + "}}")
+    with pytest.raises(SuffixFileError) as caught:
+        SuffixStore().load(path, "fp", 100)
+    assert "nested too deeply" in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_loading_keeps_what_adding_in_order_keeps(tmp_path):
+    """The loader picks each scope's sequences before indexing; what it keeps is what adding them one by one keeps:
+    the latest that fit, none from before one that alone is over the bound."""
+    texts = [[1, 2, 3] * 10, [4] * 5000, [5, 6] * 20, [7] * 30, [8, 9] * 10, [], [3, 1] * 5]
+    store = SuffixStore(max_tokens=100, max_sequences=4, max_scopes=2)
+    store.load(_file(tmp_path / "suffix.json", {"a": texts, "b": texts[:2], "c": texts[2:]}), "fp", 100)
+    reference = SuffixIndex(100, 4)
+    for number, tokens in enumerate(texts[2:]):
+        reference.add(number, tokens)
+    assert store.scope("c").sequences() == reference.sequences() == [[7] * 30, [8, 9] * 10, [], [3, 1] * 5]
+    assert store.scope("b").sequences() == []  # its last text alone is over the bound; "a" was the oldest scope
+    assert "saved-c-1" in store.scope("c") and "saved-c-4" in store.scope("c")  # numbered by place in the file
+
+
+@pytest.mark.parametrize("sequences", [[[1] * 100_000], [[1]] * 100_000])
+def test_loading_indexes_no_more_than_the_bound_whatever_the_file_holds(tmp_path, monkeypatch, sequences):
+    """One 100,000-token sequence, or 100,000 one-token ones, inside the byte bound of a 1,000-token store: at most
+    1,000 tokens are indexed (all of them were, and evicted after: 100 s and 2 GB for 2,300,000 tokens)."""
+    indexed = []
+    extend = SuffixIndex._extend
+    monkeypatch.setattr(SuffixIndex, "_extend", lambda self, key, new: (indexed.append(len(new)), extend(self, key, new)))
+    store = SuffixStore(max_tokens=1000, max_scopes=1)
+    store.load(_file(tmp_path / "suffix.json", {"s": sequences}), "fp", 100)
+    assert sum(indexed) <= 1000 and len(indexed) <= 1000
+    assert store.scope("s").tokens == (0 if len(sequences) == 1 else 1000)
+
+
+def test_a_token_bound_beyond_memory_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^suffix index max_tokens: got 1,000,000,000,000; expected at most [\d,]+ "
+                                          r"\(16 scopes of up to 1,100 bytes a token in half of this machine's"):
+        SuffixStore(max_tokens=10**12)
+    assert SuffixStore(max_tokens=max_tokens_for(16)).max_tokens == max_tokens_for(16)
+
+
+def test_a_symlinked_file_is_written_through_and_stays_a_link(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    target, link = shared / "suffix.json", tmp_path / "suffix.json"
+    link.symlink_to(target)
+    store = SuffixStore()
+    store.scope("s").add("r1", [1, 2, 3])
+    store.save(link, "fp", 100)
+    assert link.is_symlink() and json.loads(target.read_text())["scopes"] == {"s": [[1, 2, 3]]}
+    assert sorted(p.name for p in shared.iterdir()) == ["suffix.json"]  # no partial file left beside it

@@ -66,3 +66,13 @@ def test_serve_refuses_bad_settings_before_listening(pair_dir, args, message):
 def test_serve_refuses_settings_that_would_fail_every_request(pair_dir, args, message):
     result = CliRunner().invoke(main, ["serve", str(pair_dir), *args])
     assert result.exit_code != 0 and message in result.output, result.output
+
+
+def test_a_suffix_token_bound_beyond_memory_is_refused_in_one_line(pair_dir):
+    """--suffix-tokens 10**12 made the loader's byte bound none; it is bounded by what 16 full indexes of the worst
+    case a token fit in half of this machine's memory."""
+    from specdeploy.runtime.suffix_store import max_tokens_for
+
+    result = CliRunner().invoke(main, ["serve", str(pair_dir), "--suffix-tokens", str(10**12)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"--suffix-tokens': 1000000000000 is not in the range 1<=x<={max_tokens_for(16)}" in result.output

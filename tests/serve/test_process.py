@@ -242,3 +242,9 @@ def test_the_suffix_indexes_are_written_on_the_way_out_and_read_at_the_next_star
     with running(args) as server:
         warned = [line for line in server.lines if "suffix index" in line and "not JSON" in line]
         assert len(warned) == 1 and "starting with an empty index" in warned[0]
+        assert "will not be saved" in warned[0]
+        _stream(server.port, "w5 w6 w7", 6, [], [])
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 0
+    assert cache.read_text() == "not an index"  # the user's file, refused at start, is never overwritten at exit
+    assert not any("suffix indexes written" in line for line in server.lines)

@@ -84,3 +84,38 @@ def test_a_request_that_leaves_while_waiting_gives_its_place_on():
 
     asyncio.run(clients())
     assert order == ["kept"]
+
+
+def test_an_address_shares_its_turn_among_its_clients_and_with_other_addresses():
+    """Clients behind one address (a NAT, a proxy) take turns among themselves, and all of them together take the
+    address's turn: three keys from one address do not get three turns before another address's second job."""
+    workers, order, gate = PromptWorkers(seconds=5, workers=1), [], threading.Event()
+
+    def job(name):
+        return lambda: (gate.wait(10) if name == "k0" else None, order.append(name))
+
+    async def clients():
+        first = asyncio.ensure_future(workers.run(job("k0"), ("10.0.0.1", "key:0")))
+        await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(workers.run(job(f"k{i}"), ("10.0.0.1", f"key:{i}"))) for i in (1, 2, 3)]
+        rest += [asyncio.ensure_future(workers.run(job(f"x{i}"), ("10.0.0.2", "anonymous"))) for i in (0, 1)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(first, *rest)
+
+    asyncio.run(clients())
+    assert order == ["k0", "x0", "k1", "x1", "k2", "k3"]
+
+
+def test_clients_behind_one_address_are_told_apart_by_key_or_connection():
+    from starlette.requests import Request
+
+    from specdeploy.serve.app import _client
+
+    def request(port, key=None):
+        headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+        return Request({"type": "http", "headers": headers, "client": ("10.0.0.9", port)})
+
+    alice, bob, again = _client(request(5000, "alice")), _client(request(5001, "bob")), _client(request(5002, "alice"))
+    assert alice[0] == bob[0] == "10.0.0.9" and alice != bob and alice == again  # a key is one client, any connection
+    assert _client(request(5003)) != _client(request(5004))  # without a key, each connection is a client

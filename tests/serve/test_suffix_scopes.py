@@ -3,10 +3,15 @@ read from its records; everyone's with --suffix-scope global; none with none. /m
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import openai
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
+from specdeploy.runtime.suffix_store import SuffixStore
+from specdeploy.serve.scopes import key_scope
 
 from .conftest import metrics, serving
 
@@ -71,3 +76,24 @@ def test_a_prompt_reuses_earlier_k_v_only_within_its_scope(fresh, scope):
     assert seen[f"vllm:prefix_cache_hits_total{labels}"] == sum(cached)
     assert seen[f"vllm:prefix_cache_queries_total{labels}"] == 3 * prompt
     assert (seen["specdeploy_prefix_cache_texts"] == 0) == (scope == "none")
+
+
+def test_forty_clients_through_a_store_of_four_leave_nothing_of_the_evicted_alive_and_metrics_agree(pair_dir):
+    """Without --api-key every bearer token is a scope: 40 of them through a store of 4 scopes leave at most 4 suffix
+    indexes alive and K/V kept for those alone, and /metrics counts all that is alive (an evicted index used to stay
+    referenced by its scope's kept K/V, outside every bound and every metric)."""
+    pipeline = Pipeline.load(pair_dir, suffix_store=SuffixStore(max_scopes=4))
+    refs = []
+    with serving(pipeline, config=SUFFIX) as (url, _):
+        for i in range(40):
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=f"client-{i}", max_retries=0)
+            client.completions.create(model="tiny", prompt=f"w{i} w{i + 1} w{i + 2}", temperature=0, max_tokens=6)
+            refs.append(weakref.ref(pipeline.suffix_store.scope(key_scope(f"Bearer client-{i}"))))
+        gc.collect()
+        seen = metrics(url)
+        alive = [ref() for ref in refs if ref() is not None]
+        assert len(alive) <= 4
+        assert pipeline.prefix_cache.scopes() <= {index.scope for index in alive}
+        assert seen["specdeploy_suffix_index_scopes"] == len(alive)
+        assert seen["specdeploy_suffix_index_bytes"] == sum(index.nbytes() for index in alive) > 0
+        assert seen["specdeploy_prefix_cache_texts"] == len(pipeline.prefix_cache) <= 4

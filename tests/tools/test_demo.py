@@ -67,8 +67,9 @@ class _Scripted:
     def __init__(self):
         self.located = []
 
-    def generate(self, prompts, config, suffix_index="shared"):
+    def generate(self, prompts, config, suffix_index="shared", scope="shared"):
         assert suffix_index is None  # each run drafts as a first request would: from its own text alone
+        assert scope is None  # and prefills it whole: no K/V kept from another run of the same prompt
         ids = [5, 6, 9, 9] if config.drafter == "model" else [5, 6, 7, 8]
         return [GenerationResult("", ids, {})]
 

@@ -76,4 +76,5 @@ def test_unknown_model_is_refused_in_one_line(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         fetcher.main()
     assert exit_info.value.code == 2
-    assert "--models: unknown 'gemma9'" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert "--models" in err and "gemma9" in err and "gemma3-270m" in err and len(err.splitlines()) == 1
