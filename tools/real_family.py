@@ -4,9 +4,10 @@ The tiny random models of the test suite prove each family's graph equal to tran
 the same for a real checkpoint, where weights, vocabulary and the config's own settings (windows, RoPE bases,
 soft-caps) are the ones users run. It fetches the model's pinned GGUF (``tools.fetch_models``), exports it at fp32
 (cached), and decodes each prompt greedily twice: with transformers' own model over the same GGUF file dequantized
-to fp32 (a token at a time over its own cache, EOS not forbidden), and with specdeploy plain decoding; then, at int4 (``--int4``), specdeploy's speculative
-decoding (the suffix index) against its own plain decoding of the same int4 artifact. Where two outputs part, it
-reports the position and the reference's top-two margin there (a near-tie or not).
+to fp32 (a token at a time over its own cache, EOS not forbidden), and with specdeploy plain decoding. With
+``--int4`` it also exports int4 and compares specdeploy's speculative decoding (the suffix index) with its own plain
+decoding of that artifact. Where two outputs part, it reports the position and the reference's top-two margin
+there (a near-tie or not).
 
     python -m tools.real_family --model gemma3-270m [--tokens 32] [--graph fused] [--int4] [--out FILE]
 
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from tools import arguments
 
 # Three prompts of different kinds: code, a question, prose to continue. Tokenized with the artifact's tokenizer
 # (``Pipeline.encode``, BOS as the model's tokenizer adds it) and sent to both as the same ids.
@@ -123,21 +126,19 @@ def run(args: argparse.Namespace, log=print) -> dict:
 def main() -> None:
     from tools.fetch_models import DEFAULT_CACHE, MODELS
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.parser(__doc__)
     parser.add_argument("--model", default="gemma3-270m", choices=sorted(MODELS), help="the pinned GGUF to check")
     parser.add_argument("--gguf", type=Path, default=None, help="a GGUF file of your own instead of --model's")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where GGUF files and artifacts are kept")
-    parser.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt (at least 1)")
+    parser.add_argument("--tokens", type=arguments.integer(1), default=32, help="greedy tokens per prompt (at least 1)")
     parser.add_argument("--graph", choices=("explicit", "fused"), default="fused", help="the graph form exported")
     parser.add_argument("--int4", action="store_true", help="also export int4 and check the suffix drafter's greedy "
                         "output against int4 plain decoding")
-    parser.add_argument("--near-tie", type=float, default=1e-3, help="a difference where transformers' top two "
+    parser.add_argument("--near-tie", type=arguments.number(0.0), default=1e-3, help="a difference where transformers' top two "
                         "logits are closer than this is reported, not failed")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
+    parser.add_argument("--threads", type=arguments.integer(1), default=2, help="ONNX Runtime threads")
     parser.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     args = parser.parse_args()
-    if args.tokens < 1:
-        parser.error(f"--tokens: got {args.tokens}; expected an integer >= 1")
     if args.gguf is not None and not args.gguf.is_file():
         parser.error(f"--gguf: {args.gguf} is not a file")
     report = run(args, log=lambda message: print(message, file=sys.stderr))
