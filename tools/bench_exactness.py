@@ -10,8 +10,13 @@ any logit, how far the margin between the one-token call's top two tokens moved 
 positions whose top token changed. A divergence whose margin (``Pipeline.first_divergence``) is inside the moves
 seen here is the arithmetic's, not the runtime's.
 
+``--ops`` says where the move comes from, op by op (``tools.op_diff``): over the first prompt and its plain greedy
+tokens, the target's graph as ONNX Runtime optimizes it, every node's output exposed, is run at T = 1, T = 2 and each
+size; per comparison it prints the first node whose output differs for the same position, the logits' and the written
+K/V's largest change. Exact mode (``GenerationConfig.exact``) is chosen from what it shows.
+
     python -m tools.bench_exactness --artifact ART [--humaneval 2] [--specbench 1] [--tokens 64] [--sizes 5,9]
-        [--out FILE]
+        [--ops [--every-row]] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +81,19 @@ def measure(pipeline, prompts, tokens: int, sizes: list[int], log=print) -> list
     return out
 
 
+def ops(pipeline, artifact: Path, prompt, tokens: int, sizes: list[int], every_row: bool) -> list[dict]:
+    """``op_diff.op_report`` over ``prompt`` (a workload prompt) and its ``tokens`` plain greedy tokens (at least the
+    widest size and one more), from the prompt's last token on."""
+    from specdeploy import GenerationConfig
+    from tools.op_diff import op_report
+
+    ids = pipeline.encode(prompt.for_pipeline(pipeline)).tolist()
+    config = GenerationConfig(drafter="none", max_new_tokens=max(tokens, max(sizes) + 1), ignore_eos=True)
+    sequence = ids + pipeline.generate([ids], config, suffix_index=None)[0].token_ids
+    with tempfile.TemporaryDirectory() as work:
+        return op_report(pipeline.target, artifact, sequence, len(ids) - 1, sizes, Path(work), every_row)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifact", type=Path, required=True, help="the artifact whose target to measure")
@@ -83,6 +102,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="plain greedy tokens decoded per prompt, then compared")
     parser.add_argument("--sizes", default="5,9", help="comma list of tokens a call to compare with one (K + 1)")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
+    parser.add_argument("--ops", action="store_true",
+                        help="the op-by-op report instead (tools.op_diff): where one position's arithmetic first differs "
+                             "between call sizes, over the first prompt")
+    parser.add_argument("--every-row", action="store_true",
+                        help="with --ops: compare every row of each call size, not only rows 1 and T - 1")
     parser.add_argument("--out", type=Path, default=None, help="write every row and the summary as JSON")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip().isdigit()]
@@ -96,6 +120,11 @@ def main() -> None:
         prompts = workload(args.humaneval, args.specbench)
     except (PromptFileError, ValueError, RuntimeError, OSError) as exc:  # ContractError, ConfigError
         parser.error(str(exc))
+    if args.ops:
+        rows = ops(pipeline, args.artifact, prompts[0][1], args.tokens, sizes, args.every_row)
+        if args.out:
+            args.out.write_text(json.dumps({"artifact": str(args.artifact), "ops": rows}, indent=1))
+        return
     rows = measure(pipeline, prompts, args.tokens, sizes)
     summary = {size: {"max_logit_change": max(r["max_logit_change"] for r in part),
                       "margin_move_max": max(r["margin_move_max"] for r in part),
