@@ -205,9 +205,8 @@ def _comparison(spec, plain, config, as_json: bool, divergences: list[dict]) -> 
     if as_json:
         click.echo(strict_json({"comparison": summary}))
         return
-    mode = "exact mode (--exact)" if config.exact else "default mode"
-    table = Table("", "tok/s", title=f"speculative ({config.drafter}, k={config.k}, {config.policy}) vs target alone, "
-                                     f"both in {mode}")
+    table = Table("", "tok/s", title=f"speculative ({config.drafter}, k={config.k}, {config.policy}) vs target alone")
+    table.add_row("mode (both)", "exact (--exact)" if config.exact else "default")
     table.add_row("target alone", f"{summary['plain_tokens_per_s']:.2f}")
     table.add_row("speculative", f"{summary['speculative_tokens_per_s']:.2f}")
     table.add_row("speedup", f"{summary['speedup']:.2f}x")

@@ -252,8 +252,7 @@ class Pipeline:
         if any(row.exact != config.exact for row in row_configs):
             raise ConfigError(f"row_configs: exact={not config.exact} in a batch of exact={config.exact}; exact mode is "
                               "the batch's (its target calls), so every row's config must agree with config's")
-        if config.exact:
-            check_exact(self.target.spec)
+        self.check_mode(config)
         target, costs = self.mode(config.exact)
         policy, drafter = speculation(config, self.draft, costs, policy)
         limit = _checked_capacity(capacity, min(s.capacity for s in self.manifest.models.values()))
@@ -276,6 +275,11 @@ class Pipeline:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
         belongs to the text: each request starts its own)."""
         return policy_of(config, self.mode(config.exact)[1])
+
+    def check_mode(self, config: GenerationConfig) -> None:
+        """Refuse (ConfigError) exact mode where this artifact's target cannot give it (``check_exact``)."""
+        if config.exact:
+            check_exact(self.target.spec)
 
     def mode(self, exact: bool) -> tuple:
         """The target engine and the costs table of exact mode (``exact``) or of the default."""
