@@ -47,7 +47,7 @@ def decode(artifact, config: GenerationConfig, batch_size: int) -> list[tuple[li
     for first in range(0, len(PROMPTS), batch_size):
         chosen: dict[int, list[np.ndarray]] = {}
 
-        def heard(logits, committed):
+        def heard(logits, committed, chosen=chosen):
             for b, (index, new) in enumerate(committed):  # token j of row b came from logits[b, j]
                 chosen.setdefault(index, []).extend(logits[b, : len(new)].copy())
 
