@@ -94,6 +94,25 @@ def ops(pipeline, artifact: Path, prompt, tokens: int, sizes: list[int], every_r
         return op_report(pipeline.target, artifact, sequence, len(ids) - 1, sizes, Path(work), every_row)
 
 
+def kernels(spec, artifact: Path, log=print) -> list[dict]:
+    """``op_diff.matmul_nbits_rows`` at two of the target's projection shapes (hidden -> hidden, hidden -> vocabulary;
+    hidden = heads x head_dim), for block sizes 32 and 128 and accuracy levels 0 and 4."""
+    from tools.op_diff import matmul_nbits_rows
+
+    hidden = spec.num_heads * spec.head_dim
+    shapes = [(hidden, hidden), (hidden, spec.vocab_size)]
+    rows = []
+    for k, n in shapes:
+        for block in (32, 128):
+            for accuracy in (0, 4):
+                row = matmul_nbits_rows(k, n, block, accuracy)
+                rows.append(row)
+                log(f"K {k} N {n} block {block} accuracy {accuracy}: of {row['rows_compared']} rows (M = 2..9), "
+                    f"{len(row['differ_from_one_row_call'])} differ from a one-row call, "
+                    f"{len(row['differ_from_row_0_of_two'])} from a two-row call {row['differ_from_row_0_of_two'][:6]}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifact", type=Path, required=True, help="the artifact whose target to measure")
@@ -107,6 +126,10 @@ def main() -> None:
                              "between call sizes, over the first prompt")
     parser.add_argument("--every-row", action="store_true",
                         help="with --ops: compare every row of each call size, not only rows 1 and T - 1")
+    parser.add_argument("--kernels", action="store_true",
+                        help="instead, one int4 MatMulNBits node at the artifact's target's shapes, each block size "
+                             "(32, 128) and accuracy level (0, 4): which rows of an M-row call differ from a one-row "
+                             "call and from a two-row call (tools.op_diff.matmul_nbits_rows)")
     parser.add_argument("--out", type=Path, default=None, help="write every row and the summary as JSON")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip().isdigit()]
@@ -120,6 +143,11 @@ def main() -> None:
         prompts = workload(args.humaneval, args.specbench)
     except (PromptFileError, ValueError, RuntimeError, OSError) as exc:  # ContractError, ConfigError
         parser.error(str(exc))
+    if args.kernels:
+        rows = kernels(pipeline.target.spec, args.artifact)
+        if args.out:
+            args.out.write_text(json.dumps({"artifact": str(args.artifact), "kernels": rows}, indent=1))
+        return
     if args.ops:
         rows = ops(pipeline, args.artifact, prompts[0][1], args.tokens, sizes, args.every_row)
         if args.out:

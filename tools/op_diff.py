@@ -226,3 +226,37 @@ def op_report(engine, directory: Path, sequence: list[int], start: int, sizes: l
             report(f"batch mate: T={width} row 0 alone vs beside another row", verify,
                    ran(Call(window(start, width, pair), [start] * 2, row=1), both))
     return rows
+
+
+def matmul_nbits_rows(k: int, n: int, block: int, accuracy: int, most: int = 9) -> dict:
+    """One int4 MatMulNBits node (random weights, K x N, ``block`` weights a block, ``accuracy`` level) on this CPU:
+    for calls of M = 2 .. ``most`` rows, which rows (M, j) differ from row j computed alone (M = 1), and which from row
+    j computed as row 0 of a two-row call. Whether a kernel branches on the row count, apart from any graph."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specdeploy.engines.ort import fit_thread_pool
+
+    rng = np.random.default_rng(0)
+    blocks = (k + block - 1) // block
+    weights = rng.integers(0, 256, (n, blocks, block // 2), dtype=np.uint8)
+    scales = (rng.random(n * blocks, dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=block, accuracy_level=accuracy)
+    graph = helper.make_graph([node], "matmul", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])],
+                              [numpy_helper.from_array(weights, "B"), numpy_helper.from_array(scales, "S")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    options = ort.SessionOptions()
+    fit_thread_pool(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((most, k)).astype(np.float32)
+    alone = [session.run(None, {"A": x[j : j + 1]})[0][0] for j in range(most)]
+    paired = [session.run(None, {"A": np.stack([x[j], x[0]])})[0][0] for j in range(most)]
+    unlike_alone, unlike_paired = [], []
+    for m in range(2, most + 1):
+        y = session.run(None, {"A": x[:m]})[0]
+        unlike_alone += [(m, j) for j in range(m) if not np.array_equal(y[j], alone[j])]
+        unlike_paired += [(m, j) for j in range(m) if not np.array_equal(y[j], paired[j])]
+    return {"k": k, "n": n, "block": block, "accuracy_level": accuracy, "rows_compared": sum(range(2, most + 1)),
+            "differ_from_one_row_call": unlike_alone, "differ_from_row_0_of_two": unlike_paired}

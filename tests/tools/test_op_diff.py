@@ -50,3 +50,13 @@ def test_the_report_finds_a_padded_step_and_a_verifications_rows_the_same_in_the
     for case in ("T=2 vs T=5, row 0", "verify T=5 row 1 vs T=2 at p+1", "verify T=5 row 4 vs T=2 at p+4"):
         assert found[case]["outputs_differing"] == 0 and found[case]["first_differing"] is None, case
         assert found[case]["logits_max_abs"] == 0.0 and found[case]["kv_written_max_abs"] == 0.0
+
+
+def test_a_kernels_rows_are_told_apart_by_the_calls_that_computed_them():
+    """The row table of one MatMulNBits node: every row of every call of 2..9 rows is compared with that row alone and
+    as row 0 of a two-row call (which rows differ is the CPU's kernels' own: the same each time it is asked)."""
+    found = op_diff.matmul_nbits_rows(64, 96, 32, 4)
+    assert found["rows_compared"] == sum(range(2, 10))
+    for key in ("differ_from_one_row_call", "differ_from_row_0_of_two"):
+        assert all(2 <= m <= 9 and 0 <= j < m for m, j in found[key])
+    assert op_diff.matmul_nbits_rows(64, 96, 32, 4) == found
