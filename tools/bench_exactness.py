@@ -10,14 +10,20 @@ any logit, how far the margin between the one-token call's top two tokens moved 
 positions whose top token changed. A divergence whose margin (``Pipeline.first_divergence``) is inside the moves
 seen here is the arithmetic's, not the runtime's.
 
+``--ops`` says where the move comes from, op by op (``tools.op_diff``): over the first prompt and its plain greedy
+tokens, the target's graph as ONNX Runtime optimizes it, every node's output exposed, is run at T = 1, T = 2 and each
+size; per comparison it prints the first node whose output differs for the same position, the logits' and the written
+K/V's largest change. Exact mode (``GenerationConfig.exact``) is chosen from what it shows.
+
     python -m tools.bench_exactness --artifact ART [--humaneval 2] [--specbench 1] [--tokens 64] [--sizes 5,9]
-        [--out FILE]
+        [--ops [--every-row]] [--out FILE]
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +82,38 @@ def measure(pipeline, prompts, tokens: int, sizes: list[int], log=print) -> list
     return out
 
 
+def ops(pipeline, artifact: Path, prompt, tokens: int, sizes: list[int], every_row: bool) -> list[dict]:
+    """``op_diff.op_report`` over ``prompt`` (a workload prompt) and its ``tokens`` plain greedy tokens (at least the
+    widest size and one more), from the prompt's last token on."""
+    from specdeploy import GenerationConfig
+    from tools.op_diff import op_report
+
+    ids = pipeline.encode(prompt.for_pipeline(pipeline)).tolist()
+    config = GenerationConfig(drafter="none", max_new_tokens=max(tokens, max(sizes) + 1), ignore_eos=True)
+    sequence = ids + pipeline.generate([ids], config, suffix_index=None, scope=None)[0].token_ids
+    with tempfile.TemporaryDirectory() as work:
+        return op_report(pipeline.target, artifact, sequence, len(ids) - 1, sizes, Path(work), every_row)
+
+
+def kernels(spec, artifact: Path, log=print) -> list[dict]:
+    """``op_diff.matmul_nbits_rows`` at two of the target's projection shapes (hidden -> hidden, hidden -> vocabulary;
+    hidden = heads x head_dim), for block sizes 32 and 128 and accuracy levels 0 and 4."""
+    from tools.op_diff import matmul_nbits_rows
+
+    hidden = spec.num_heads * spec.head_dim
+    shapes = [(hidden, hidden), (hidden, spec.vocab_size)]
+    rows = []
+    for k, n in shapes:
+        for block in (32, 128):
+            for accuracy in (0, 4):
+                row = matmul_nbits_rows(k, n, block, accuracy)
+                rows.append(row)
+                log(f"K {k} N {n} block {block} accuracy {accuracy}: of {row['rows_compared']} rows (M = 2..9), "
+                    f"{len(row['differ_from_one_row_call'])} differ from a one-row call, "
+                    f"{len(row['differ_from_row_0_of_two'])} from a two-row call {row['differ_from_row_0_of_two'][:6]}")
+    return rows
+
+
 def main() -> None:
     options = parser(__doc__)
     options.add_argument("--artifact", type=artifact, required=True, help="the artifact whose target to measure")
@@ -85,6 +123,15 @@ def main() -> None:
     options.add_argument("--sizes", type=integers(2, "sizes"), default="5,9",
                          help="comma list of tokens a call to compare with one (K + 1), each >= 2")
     options.add_argument("--threads", type=integer(1), default=2, help="ONNX Runtime threads")
+    options.add_argument("--ops", action="store_true",
+                         help="the op-by-op report instead (tools.op_diff): where one position's arithmetic first differs "
+                              "between call sizes, over the first prompt")
+    options.add_argument("--every-row", action="store_true",
+                         help="with --ops: compare every row of each call size, not only rows 1 and T - 1")
+    options.add_argument("--kernels", action="store_true",
+                         help="instead, one int4 MatMulNBits node at the artifact's target's shapes, each block size "
+                              "(32, 128) and accuracy level (0, 4): which rows of an M-row call differ from a one-row "
+                              "call and from a two-row call (tools.op_diff.matmul_nbits_rows)")
     options.add_argument("--out", type=Path, default=None, help="write every row and the summary as JSON")
     args = options.parse_args()
     sizes = args.sizes
@@ -94,6 +141,16 @@ def main() -> None:
     with refusing(options):  # an artifact or a workload that cannot be had: one line, not a traceback
         pipeline = Pipeline.load(args.artifact, threads=args.threads)
         prompts = workload(args.humaneval, args.specbench)
+    if args.kernels:
+        rows = kernels(pipeline.target.spec, args.artifact)
+        if args.out:
+            args.out.write_text(json.dumps({"artifact": str(args.artifact), "kernels": rows}, indent=1))
+        return
+    if args.ops:
+        rows = ops(pipeline, args.artifact, prompts[0][1], args.tokens, sizes, args.every_row)
+        if args.out:
+            args.out.write_text(json.dumps({"artifact": str(args.artifact), "ops": rows}, indent=1))
+        return
     rows = measure(pipeline, prompts, args.tokens, sizes)
     summary = {size: {"max_logit_change": max(r["max_logit_change"] for r in part),
                       "margin_move_max": max(r["margin_move_max"] for r in part),

@@ -11,7 +11,10 @@
 Prints, per prompt, the completion, each configuration's speedup over the target alone, whether its output is
 the target's own, and the verdict; an even result is called even.
 
-    python -m tools.demo [--rounds 3] [--max-new-tokens 128] [--artifact DIR]
+With ``--exact`` every configuration runs in exact mode (``GenerationConfig.exact``): speculation's output is then the
+target alone's bit for bit, and the speedups are exact mode's. The header says which mode ran.
+
+    python -m tools.demo [--rounds 3] [--max-new-tokens 128] [--artifact DIR] [--exact]
 """
 
 from __future__ import annotations
@@ -107,9 +110,10 @@ def cli_default() -> GenerationConfig:
     return GenerationConfig(k=defaults["k"], policy=defaults["policy"], drafter=defaults["drafter"])
 
 
-def configurations(default: GenerationConfig, max_new_tokens: int) -> dict[str, GenerationConfig]:
-    """The target alone, the default, and the default with each drafter alone (same policy and K)."""
-    default = replace(default, max_new_tokens=max_new_tokens, temperature=0.0)
+def configurations(default: GenerationConfig, max_new_tokens: int, exact: bool = False) -> dict[str, GenerationConfig]:
+    """The target alone, the default, and the default with each drafter alone (same policy and K), all in exact mode
+    where ``exact``."""
+    default = replace(default, max_new_tokens=max_new_tokens, temperature=0.0, exact=exact)
     return {PLAIN: replace(default, drafter="none"), DEFAULT: default, LOOKUP: replace(default, drafter="prompt-lookup"),
             MODEL: replace(default, drafter="model")}
 
@@ -219,7 +223,8 @@ def _differs(divergence: dict | None) -> str:
         return "differs from the target's output"
     return (f"differs from the target's output at token {divergence['position']}, where the target's own margin between "
             f"the two tokens is {divergence['margin']:.2f} (a small margin is a near-tie that a compressed target's "
-            "arithmetic can tip: verifying K + 1 tokens at once is not bit-identical to decoding one)")
+            "arithmetic can tip: verifying K + 1 tokens at once is not bit-identical to decoding one; --exact makes it "
+            "so)")
 
 
 def prepare(cache: Path) -> Path:
@@ -249,16 +254,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=arguments.integer(1), default=128)
     parser.add_argument("--rounds", type=arguments.integer(1), default=3, help="runs of each configuration of each prompt, pooled")
     parser.add_argument("--threads", type=arguments.integer(1), default=2, help="ONNX Runtime threads, as the CLI runs them")
+    parser.add_argument("--exact", action="store_true",
+                        help="run every configuration in exact mode (generate --exact): outputs identical bit for bit")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.max_new_tokens < 1:
         parser.error("--rounds and --max-new-tokens must be at least 1")
     artifact = args.artifact or prepare(args.cache)
     pipeline = Pipeline.load(artifact, threads=args.threads)
-    configs = configurations(cli_default(), args.max_new_tokens)
+    configs = configurations(cli_default(), args.max_new_tokens, args.exact)
     # piped into a file or a log, rich would wrap the table at 80 columns
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 112)
-    console.print(f"greedy, {args.max_new_tokens} new tokens, {args.threads} threads; each configuration {args.rounds} "
-                  "times, in turn; tok/s end to end (prefill included)")
+    mode = "exact mode (--exact: every target call an even number of tokens)" if args.exact else "default mode"
+    console.print(f"greedy, {mode}, {args.max_new_tokens} new tokens, {args.threads} threads; each configuration "
+                  f"{args.rounds} times, in turn; tok/s end to end (prefill included)")
     results = measure(pipeline, CASES, configs, args.rounds)
     for case in CASES:
         show(case, results[case.title], configs, console)

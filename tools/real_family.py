@@ -108,9 +108,9 @@ def run(args: argparse.Namespace, log=print) -> dict:
     if args.int4:
         int4 = export(gguf, artifacts / f"{gguf.stem}-int4-{args.graph}", args.graph, "int4", log)
         pipeline = Pipeline.load(int4, threads=args.threads)
-        plain4 = pipeline.generate(prompt_ids, plain, batch_size=1, suffix_index=None)
+        plain4 = pipeline.generate(prompt_ids, plain, batch_size=1, suffix_index=None, scope=None)
         suffix = GenerationConfig(drafter="suffix", max_new_tokens=args.tokens, ignore_eos=True)
-        spec4 = pipeline.generate(prompt_ids, suffix, batch_size=1, suffix_index=None)
+        spec4 = pipeline.generate(prompt_ids, suffix, batch_size=1, suffix_index=None, scope=None)
         report["int4_suffix"] = []
         for text, a, b in zip(PROMPTS, plain4, spec4):
             at = first_difference(a.token_ids, b.token_ids)

@@ -13,7 +13,7 @@ console = Console(stderr=True)
 
 
 def speculation_options(k_help: str):
-    """--k, --policy, --drafter and --confidence-threshold, as ``generate`` and ``serve`` take them, with
+    """--k, --policy, --drafter, --confidence-threshold and --exact, as ``generate`` and ``serve`` take them, with
     ``GenerationConfig``'s defaults (one default everywhere: the cost policy over the hybrid drafter)."""
     from ..runtime.config import GenerationConfig
     from ..runtime.registry import DRAFTERS, POLICIES
@@ -32,6 +32,10 @@ def speculation_options(k_help: str):
                           "alone on an artifact without a draft model); none: plain target decoding."),
         click.option("--confidence-threshold", type=float, default=default.confidence_threshold, show_default=True,
                      help="--policy confidence: stop drafting once the draft's top probability falls below this."),
+        click.option("--exact", is_flag=True,
+                     help="Exact mode: every target call carries an even number of tokens a row (a plain step padded "
+                          "with one dummy), so every position runs the same kernels and greedy speculative output equals "
+                          "greedy plain output bit for bit; plain steps cost more. Needs a fused-form target."),
     ]
 
     def apply(command):

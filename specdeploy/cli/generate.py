@@ -69,8 +69,8 @@ def read_prompts(path: Path) -> list[str]:
               help="Also decode the prompts with the target alone, in the same process, and print the speedup "
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
-             seed, k, policy, drafter, confidence_threshold, stop, stop_token_ids, ignore_eos, batch_size, provider,
-             threads, remember_costs, suffix_cache, chat, system, as_json, compare):
+             seed, k, policy, drafter, confidence_threshold, exact, stop, stop_token_ids, ignore_eos, batch_size,
+             provider, threads, remember_costs, suffix_cache, chat, system, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -88,7 +88,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
         config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                   min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, k=k, policy=policy,
                                   drafter=drafter, stop=tuple(stop), stop_token_ids=stop_token_ids,
-                                  confidence_threshold=confidence_threshold, ignore_eos=ignore_eos)
+                                  confidence_threshold=confidence_threshold, ignore_eos=ignore_eos, exact=exact)
         pipeline = Pipeline.load(directory, provider=provider, threads=threads, remember_costs=remember_costs,
                                  suffix_cache=suffix_cache, log=lambda message: click.echo(f"warning: {message}", err=True))
         # what is generated from: the prompt texts, or their chat renderings as token ids
@@ -201,11 +201,13 @@ def _comparison(spec, plain, config, as_json: bool, divergences: list[dict]) -> 
         "identical_outputs": sum(a.token_ids == b.token_ids for a, b in zip(spec, plain)),
         "prompts": len(spec),
         "divergences": divergences,  # greedy: where each differing output leaves plain decoding, and the margin
+        "exact": config.exact,  # both sides ran in exact mode (--exact), or both in the default
     }
     if as_json:
         click.echo(strict_json({"comparison": summary}))
         return
     table = Table("", "tok/s", title=f"speculative ({config.drafter}, k={config.k}, {config.policy}) vs target alone")
+    table.add_row("mode (both)", "exact (--exact)" if config.exact else "default")
     table.add_row("target alone", f"{summary['plain_tokens_per_s']:.2f}")
     table.add_row("speculative", f"{summary['speculative_tokens_per_s']:.2f}")
     table.add_row("speedup", f"{summary['speedup']:.2f}x")
@@ -216,9 +218,12 @@ def _comparison(spec, plain, config, as_json: bool, divergences: list[dict]) -> 
     for d in divergences:
         table.add_row(f"prompt {d['prompt']} differs", f"from token {d['position']}: target margin {d['margin']:.2f}")
     Console(stderr=True).print(table)
-    if divergences:
+    if divergences and config.exact:
+        Console(stderr=True).print("In exact mode the outputs must be identical: please report this with the command.")
+    elif divergences:
         Console(stderr=True).print("A small margin is a near-tie the compressed target's arithmetic tipped (verifying "
-                                   "K + 1 tokens at once is not bit-identical to decoding one): see README, Exactness.")
+                                   "K + 1 tokens at once is not bit-identical to decoding one; --exact makes it so): see "
+                                   "README, Exactness.")
 
 
 def _stats_table(results) -> None:

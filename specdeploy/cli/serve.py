@@ -97,7 +97,7 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
 @click.option("--ray-replicas", type=click.IntRange(min=1), default=None,
               help="Run this many replicas under Ray Serve (a local Ray instance; needs ray[serve]), same API.")
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
-          prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, max_body_bytes, api_key,
+          prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, exact, max_body_bytes, api_key,
           chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins, forwarded_allow_ips, drain_seconds,
           access_log, template_seconds, suffix_scope, suffix_cache, suffix_tokens, prefix_cache_bytes, ray_replicas):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
@@ -120,12 +120,14 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     root_path = root_path or ""
     origins = _origins(allowed_origins)
     try:
-        config = GenerationConfig(k=k, policy=policy, drafter=drafter, confidence_threshold=confidence_threshold)
+        config = GenerationConfig(k=k, policy=policy, drafter=drafter, confidence_threshold=confidence_threshold,
+                                  exact=exact)
         store = SuffixStore(max_tokens=suffix_tokens)
         pipeline = Pipeline.load(directory, provider=provider, threads=threads, suffix_cache=suffix_cache,
                                  suffix_store=store, log=lambda message: click.echo(f"warning: {message}", err=True),
                                  prefix_cache_bytes=prefix_cache_bytes)
         pipeline.drafter_for(config)  # a drafter that needs a draft model the artifact lacks: refused now
+        pipeline.check_mode(config)  # exact mode on a target that cannot give it: likewise
         if chat_template is not None:
             pipeline.chat_template = _chat_template(pipeline.chat_template, chat_template)
         context = context_slots(pipeline, context, config.max_drafts)
@@ -264,6 +266,6 @@ def _serve_on_ray(directory, name, host, port, threads, replicas, config, option
     ray.init(include_dashboard=False)
     ray_serve.start(http_options={"host": host, "port": port})
     settings = dict(k=config.k, policy=config.policy, drafter=config.drafter,
-                    confidence_threshold=config.confidence_threshold)
+                    confidence_threshold=config.confidence_threshold, exact=config.exact)
     click.echo(f"serving {directory} as {name!r} on http://{host}:{port}/v1 with {replicas} Ray Serve replicas", err=True)
     ray_serve.run(application(directory, replicas, name, threads, options=options, config=settings), blocking=True)

@@ -35,6 +35,10 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 class GenerationConfig:
     """Decoding options. ``temperature`` 0 means greedy; ``k`` is the (maximum) draft length.
 
+    ``exact``: the target computes every position by the same kernels whichever call computes it (a plain step, a
+    verification, a prefill chunk), so greedy speculative output equals this mode's greedy plain output bit for bit
+    for any drafter, k, batch and batch mates; without it, a near-tie of a compressed target can go either way.
+
     The speculation defaults (``k``, ``policy``, ``drafter``) are the CLI's and the server's too: the cost policy
     prices each source of drafts (prompt lookup, the draft model) and plain decoding by what they cost on this
     machine, and drafts at most ``k`` a cycle; on an artifact without a draft model it drafts by lookup alone.
@@ -58,6 +62,9 @@ class GenerationConfig:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # stop like EOS, in addition to it
     confidence_threshold: float = 0.4
     ignore_eos: bool = False
+    # every target call carries an even number of tokens a row (``engines.even``): greedy speculative output is then
+    # the same artifact's greedy plain output (in this mode) bit for bit, at the cost of a padded plain step
+    exact: bool = False
 
     def __post_init__(self):
         def bad(name, expected):
@@ -91,9 +98,10 @@ class GenerationConfig:
         if not isinstance(self.drafter, str) or self.drafter not in DRAFTERS:
             raise bad("drafter", f"one of {', '.join(DRAFTERS)}")
         number("confidence_threshold", lambda c: 0 < c < 1, "a number in (0, 1)")
-        if not isinstance(self.ignore_eos, (bool, np.bool_)):
-            raise bad("ignore_eos", "True or False")
-        object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
+        for name in ("ignore_eos", "exact"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise bad(name, "True or False")
+            object.__setattr__(self, name, bool(getattr(self, name)))
         object.__setattr__(self, "stop", _checked_stops(self.stop))
         object.__setattr__(self, "stop_token_ids", _checked_stop_ids(self.stop_token_ids))
 

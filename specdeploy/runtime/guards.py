@@ -37,11 +37,14 @@ def checked_join(generation, prompts, request_ids, settings) -> list[np.ndarray]
 
 def check_merge(generation, other) -> None:
     """Refuse a ``Generation.merge`` whose ``other`` this batch cannot take: not a Generation, itself, another
-    pipeline's, unprefilled, of another capacity or speculation, or in use by another thread."""
+    pipeline's, unprefilled, of another capacity, speculation or mode (exact), or in use by another thread."""
     if type(other) is not type(generation):
         raise ConfigError(f"other: got {type(other).__name__}; expected a Generation")
     if other is generation:
         raise ConfigError("other: got this Generation itself; expected another batch (its rows are already here)")
+    if other.config.exact != generation.config.exact:
+        raise ConfigError(f"other: exact={other.config.exact}; expected this batch's exact={generation.config.exact} "
+                          "(exact mode pads every target call of a batch)")
     if other.target is not generation.target:
         raise ConfigError("other: a Generation of another pipeline's target engine; expected one this pipeline started")
     if other.state.capacity != generation.state.capacity:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..contract import PREFILL_CHUNK, Manifest
 from ..engines.base import feed
+from ..engines.even import EvenTokens
 from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch, slots_needed
 from .calibration import RememberedCosts, machine_key
@@ -60,7 +61,11 @@ class Pipeline:
         self._remembered = remembered_costs
         # what each call costs on this machine: the engines', so shared by every request's cost policy
         self.costs = (remembered_costs.recall() if remembered_costs else None) or Costs()
-        self._warmed: set[int] = set()  # the k whose shapes ``warm_up`` has run
+        # exact mode's target: every call padded to an even number of tokens a row (``engines.even``); its calls cost
+        # otherwise (a plain step is a two-token call), so its requests' policies price by a table of their own
+        self.exact_target = EvenTokens(target)
+        self.exact_costs = Costs()
+        self._warmed: set[tuple[int, bool]] = set()  # the (k, exact) whose shapes ``warm_up`` has run
         # the texts of the requests this pipeline finished, which later requests draft from (``suffix_index``)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
         self.suffix_cache: Path | None = None  # where ``save_suffix_cache`` writes (``load(suffix_cache=...)``)
@@ -153,7 +158,7 @@ class Pipeline:
         """
         return cache_bytes(_model_specs(self.target, self.draft if speculative else None), batch, capacity)
 
-    def warm_up(self, k: int, prompt_tokens: int = 0) -> float:
+    def warm_up(self, k: int, prompt_tokens: int = 0, exact: bool = False) -> float:
         """Bring the shapes a request of at most ``k`` drafts calls at batch 1 into ``costs``: T = 1 .. k + 1 in the
         target, and in the draft its one- and two-token calls and a catch-up of ``CATCHUP_TOKENS`` (none with
         ``k`` = 0). A shape the table lacks is called twice and the second call measured; one it has (recalled from
@@ -162,11 +167,12 @@ class Pipeline:
 
         ONNX Runtime grows its buffers at the first call that needs them (on the real pair a cold 100-token prefill
         took 1.02 s in the target, 0.56 s the second time): the cost policy prices its first cycle with warm calls'
-        costs. ``start`` runs it once per k."""
+        costs. ``start`` runs it once per k and mode (``exact``: exact mode's target and costs)."""
         with self._warm_lock:
             began = time.perf_counter()
-            policy = CostPolicy(k, self.costs)  # what it measures, the cost policy learns as from a cycle
-            shapes = [(self.target, t, None) for t in range(1, k + 2)]
+            target, costs = self.mode(exact)
+            policy = CostPolicy(k, costs)  # what it measures, the cost policy learns as from a cycle
+            shapes = [(target, t, None) for t in range(1, k + 2)]
             if k and self.draft is not None:
                 shapes += [(self.draft, t, 1) for t in (1, 2, CATCHUP_TOKENS)]
             for engine in dict.fromkeys(engine for engine, _, _ in shapes):  # the target first
@@ -177,7 +183,7 @@ class Pipeline:
                     feed(engine, cache, np.zeros((1, prompt), np.int64), [prompt])
                 for _, tokens, last in [shape for shape in shapes if shape[0] is engine]:
                     past = max(0, min(prompt, room - tokens))
-                    known = self.costs.verify if last is None else self.costs.draft
+                    known = costs.verify if last is None else costs.draft
                     if (1, tokens) in known or tokens > room:
                         continue
                     for _ in range(2):
@@ -186,7 +192,7 @@ class Pipeline:
                     policy.observe(CycleOutcome(1, verify_seconds=seconds, verify_tokens=tokens) if last is None else
                                    CycleOutcome(1, first_call_seconds=seconds, first_call_tokens=tokens) if tokens > 1 else
                                    CycleOutcome(1, later_call_seconds=seconds, later_calls=1))
-            self._warmed.add(k)
+            self._warmed.add((k, exact))
             return time.perf_counter() - began
 
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
@@ -258,7 +264,12 @@ class Pipeline:
         ids = [self.encode(p) for p in prompts]
         for row in {config, *row_configs}:
             self.check_stop_tokens(row)
-        policy, drafter = speculation(config, self.draft, self.costs, policy)
+        if any(row.exact != config.exact for row in row_configs):
+            raise ConfigError(f"row_configs: exact={not config.exact} in a batch of exact={config.exact}; exact mode is "
+                              "the batch's (its target calls), so every row's config must agree with config's")
+        self.check_mode(config)
+        target, costs = self.mode(config.exact)
+        policy, drafter = speculation(config, self.draft, costs, policy)
         limit = _checked_capacity(capacity, min(s.capacity for s in self.manifest.models.values()))
         longest = max(row_configs, key=lambda c: c.max_new_tokens)
         specs = _model_specs(self.target, self.draft if drafter.uses_model else None)
@@ -270,15 +281,24 @@ class Pipeline:
         scopes = row_scopes(self.suffix_store, suffix_index, scope, len(prompts))
         settings = [self.row_settings(row, 0 if mine else i, index, name)
                     for i, (row, (index, name)) in enumerate(zip(row_configs, scopes))]
-        if config.speculative and config.k not in self._warmed:
-            self.warm_up(config.k)
-        return Generation(self.target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
+        if config.speculative and (config.k, config.exact) not in self._warmed:
+            self.warm_up(config.k, exact=config.exact)
+        return Generation(target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
                           settings=settings, prefixes=self.prefix_cache, **listeners)
 
     def policy_for(self, config: GenerationConfig) -> Policy:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
         belongs to the text: each request starts its own)."""
-        return policy_of(config, self.costs)
+        return policy_of(config, self.mode(config.exact)[1])
+
+    def check_mode(self, config: GenerationConfig) -> None:
+        """Refuse (ConfigError) exact mode where this artifact's target cannot give it (``check_exact``)."""
+        if config.exact:
+            check_exact(self.target.spec)
+
+    def mode(self, exact: bool) -> tuple:
+        """The target engine and the costs table of exact mode (``exact``) or of the default."""
+        return (self.exact_target, self.exact_costs) if exact else (self.target, self.costs)
 
     def row_settings(self, config: GenerationConfig, seed_stream: int = 0,
                      index: SuffixIndex | None = None, scope: str | None = None) -> RowSettings:
@@ -348,7 +368,7 @@ class Pipeline:
                          config: GenerationConfig) -> dict | None:
         """Where greedy ``other`` leaves ``reference``: position and the target's margin there, as plain
         decoding of ``prompt`` under ``config`` computed it (``divergence.first_divergence``); None if nowhere."""
-        return first_divergence(self.target, self.encode(prompt), reference, other, config)
+        return first_divergence(self.mode(config.exact)[0], self.encode(prompt), reference, other, config)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of ``token_ids`` (integers inside the vocabulary; ConfigError otherwise), special tokens skipped."""
@@ -361,13 +381,14 @@ class Pipeline:
         stats["prefill_s"] = row.prefill_seconds
         stats["prompt_tokens"] = int(len(row.prompt_ids))
         stats["cached_prompt_tokens"] = row.cached_tokens
+        stats["exact"] = config.exact
         text = StopStrings(config.stop, None).cut(self.decode(row.token_ids))
         return GenerationResult(text, row.token_ids, stats, row.finish_reason, row.records, row.error)
 
     def drafter_for(self, config: GenerationConfig) -> Drafter:
         """The drafter ``config`` names, on this artifact's draft model (the hybrid drafter without one drafts by
         the index alone; the model drafter without one is refused)."""
-        return speculation(config, self.draft, self.costs)[1]
+        return speculation(config, self.draft, self.mode(config.exact)[1])[1]
 
 
 def _tokenize(tokenizer, text: str, capacity: int) -> list[int]:
@@ -383,6 +404,15 @@ def _tokenize(tokenizer, text: str, capacity: int) -> list[int]:
         raise ConfigError(f"prompt: {len(text):,} characters; expected at most {head:,} ({CHARS_PER_TOKEN_BOUND} "
                           f"a token of the artifact's capacity of {capacity}: no text that fits is longer)")
     return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def check_exact(spec) -> None:
+    """Refuse exact mode on a target whose graph cannot give it: the explicit form's attention sums the keys of a
+    call's own tokens apart from the cache's (``exporter.layers.cached_attention``), so a position's logits depend on
+    which of its keys came in the same call, and on the cache's capacity (docs/results/exactness/)."""
+    if spec.graph != "fused":
+        raise ConfigError(f"exact: the target's graph is the {spec.graph} form; exact mode needs the fused form (its attention "
+                          "reads every key from the cache in place, whichever call wrote it): re-export with --graph fused")
 
 
 def _row_configs(config: GenerationConfig, given, prompts: int) -> list[GenerationConfig]:

@@ -87,13 +87,14 @@ class Sampling(Body):
 
     def generation_configs(self, server: GenerationConfig, max_new_tokens: int, seed: int | None) -> list[GenerationConfig]:
         """Each choice's row settings (``n`` of them); ``server`` holds the batch's speculation (k, drafter,
-        policy). Choice 0 draws from ``seed`` itself, choice i from a seed derived from (seed, i), so that
+        policy, exact mode). Choice 0 draws from ``seed`` itself, choice i from a seed derived from (seed, i), so that
         the n choices of a sampled request differ and a seeded request's first choice is as with n = 1."""
         return [GenerationConfig(
             max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=_choice_seed(seed, i), stop=self.stops(),
             ignore_eos=self.ignore_eos, k=server.k if self.num_speculative_tokens is None else self.num_speculative_tokens,
-            policy=server.policy, drafter=server.drafter, confidence_threshold=server.confidence_threshold)
+            policy=server.policy, drafter=server.drafter, confidence_threshold=server.confidence_threshold,
+            exact=server.exact)
             for i in range(self.n)]
 
     def unsupported(self, server: GenerationConfig) -> tuple[str, str] | None:

@@ -107,7 +107,7 @@ class Scheduler:
         at a shape are dear, and the cost policy learns from its first measurements (``Pipeline.warm_up``).
         ``ready`` is set once it is done; a failure is kept in ``warm_up_error`` and the server stays unready."""
         try:
-            self.warm_up_seconds = self.pipeline.warm_up(self.k, self.prefill_chunk)
+            self.warm_up_seconds = self.pipeline.warm_up(self.k, self.prefill_chunk, self.config.exact)
         except Exception as exc:  # an engine that fails here fails requests too, each with its error
             self.warm_up_error = f"{type(exc).__name__}: {exc}"
             log.warning("warming up the engines failed: %s", self.warm_up_error)

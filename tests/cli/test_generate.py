@@ -171,3 +171,18 @@ def test_json_finish_reasons_are_stop_length_or_error(pair_dir):
     assert lines[0]["stopped_by"] == "eos" and lines[0]["token_ids"] == plain.token_ids[: first + 1]
     result = run("generate", pair_dir, "--prompt", "w5 w6 w7", "--max-new-tokens", "3", "--ignore-eos", "--json")
     assert json.loads(result.output.splitlines()[-1])["finish_reason"] == "length"
+
+
+def test_exact_compare_says_its_mode_and_the_outputs_are_identical(fused_dirs):
+    result = run("generate", fused_dirs["close"], "--prompt", "w5 w6 w7", "--prompt", "w9 w9", "--max-new-tokens", "12",
+                 "--k", "4", "--policy", "fixed", "--exact", "--compare", "--json")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in result.output.splitlines() if x.startswith("{")]
+    assert all(line["stats"]["exact"] is True for line in lines[:-1])
+    comparison = lines[-1]["comparison"]
+    assert comparison["exact"] is True and comparison["identical_outputs"] == comparison["prompts"] == 2
+    table = run("generate", fused_dirs["close"], "--prompt", "w5 w6 w7", "--max-new-tokens", "12", "--exact",
+                "--compare")
+    assert table.exit_code == 0 and "exact (--exact)" in table.output
+    default = run("generate", fused_dirs["close"], "--prompt", "w5 w6 w7", "--max-new-tokens", "12", "--compare")
+    assert default.exit_code == 0 and "│ default" in default.output

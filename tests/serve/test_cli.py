@@ -48,6 +48,7 @@ def test_serve_answers_from_its_own_process(pair_dir):
     (["--context", "5000"], "--max-model-len/--context: got 5000; the artifact was exported with capacity 96"),
     (["--max-cache-bytes", "1000"], "over --max-cache-bytes"),
     (["--k", "-1"], "k: got -1; expected an integer >= 0"),
+    (["--exact"], "exact: the target's graph is the explicit form; exact mode needs the fused form"),
 ])
 def test_serve_refuses_bad_settings_before_listening(pair_dir, args, message):
     result = CliRunner().invoke(main, ["serve", str(pair_dir), *args])

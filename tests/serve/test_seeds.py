@@ -40,3 +40,24 @@ def test_the_same_seeded_request_gives_one_text_in_turn_and_at_once_under_the_de
     assert not errors and len(others) == 4
     (text,) = in_turn  # one text in 10 runs
     assert text and at_once == [text] * 8 and plain.choices[0].text == text
+
+
+def test_an_exact_server_answers_what_exact_plain_decoding_gives(fused_dirs):
+    """``serve --exact``: every request's rows run in exact mode, so a greedy answer, drafted, is exact-mode plain
+    decoding's (one prompt a request: several prompts in one request fail on a fused pair with the model drafter,
+    in the default mode too, "draft: input tensor input_ids | received empty shape (1, 0)")."""
+    from openai import OpenAI
+
+    from specdeploy import Pipeline
+
+    pipeline = Pipeline.load(fused_dirs["close"])
+    prompts = ["w30 w31 w30 w31", "w5 w6 w7 w8 w9", "w40"]
+    plain = [r.text for r in pipeline.generate(prompts, GenerationConfig(drafter="none", max_new_tokens=20,
+                                                                         ignore_eos=True, exact=True), batch_size=1)]
+    config = GenerationConfig(k=3, policy="fixed", drafter="model", exact=True)
+    with serving(pipeline, config=config, max_batch=4) as (url, scheduler):
+        client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+        answers = [client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0,
+                                             extra_body={"ignore_eos": True}).choices[0].text for prompt in prompts]
+        assert scheduler.config.exact
+    assert answers == plain

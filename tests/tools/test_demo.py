@@ -33,6 +33,22 @@ def test_every_configuration_runs_each_round_and_is_the_targets_own_output(pair_
         assert results[case.title][demo.MODEL].drafted > 0  # the fixed policy drafts every cycle it can
 
 
+def test_exact_demo_runs_every_configuration_in_exact_mode_and_says_so(fused_dirs, tmp_path, monkeypatch):
+    configs = demo.configurations(GenerationConfig(k=3, policy="fixed", drafter="hybrid"), max_new_tokens=12, exact=True)
+    assert all(config.exact for config in configs.values())
+    pipeline = Pipeline.load(fused_dirs["close"])
+    for name, measured in demo.measure(pipeline, CASES[:1], configs, rounds=1)[CASES[0].title].items():
+        assert measured.identical and measured.token_ids == pipeline.generate([CASES[0].prompt], configs[demo.PLAIN])[
+            0].token_ids, name
+    monkeypatch.setattr(demo, "measure", lambda *args: {case.title: {} for case in demo.CASES})
+    monkeypatch.setattr(demo, "show", lambda *args: None)
+    out = tmp_path / "out.txt"
+    with out.open("w") as handle:
+        monkeypatch.setattr("sys.stdout", handle)
+        demo.main(["--artifact", str(fused_dirs["close"]), "--exact", "--rounds", "1"])
+    assert "greedy, exact mode (--exact" in out.read_text()
+
+
 def test_a_draft_that_is_the_target_costs_a_target_step_and_is_always_accepted(self_dir, tmp_path):
     pipeline = Pipeline.load(self_dir)
     configs = demo.configurations(GenerationConfig(k=3, policy="fixed", drafter="hybrid"), max_new_tokens=13)
