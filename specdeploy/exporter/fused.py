@@ -153,18 +153,15 @@ class FusedGraph:
         return "seqlens_k", self.node("Cast", [capacity], to=TensorProto.INT32)[0]
 
     def attention(self, qkv: str, layer: int, lengths: tuple[str, str], rotary: tuple[str, str] | None,
-                  qk_norms: tuple[str, str] | None = None, **attributes) -> str:
-        """GroupQueryAttention over packed q/k/v [batch, T, (heads + 2 kv_heads) * head_dim], cache in place; with
-        ``qk_norms``, the op's per-head RMSNorm of q and k (before its rotary); ``attributes``: the op's ``scale``,
-        ``softcap``, ``local_window_size``, ``qk_norm_epsilon``."""
+                  **attributes) -> str:
+        """GroupQueryAttention over packed q/k/v [batch, T, (heads + 2 kv_heads) * head_dim], cache in place;
+        ``attributes``: the op's ``scale``, ``softcap``, ``local_window_size``."""
         dims = self.dims
         inputs = [qkv, "", "", f"cache_key.{layer}", f"cache_value.{layer}", *lengths]
         attributes = {"num_heads": dims.num_heads, "kv_num_heads": dims.kv_heads, **attributes}
         if rotary is not None:
             inputs += list(rotary)
             attributes.update(do_rotary=1, rotary_interleaved=0)
-        if qk_norms is not None:
-            inputs += [""] * (14 - len(inputs)) + list(qk_norms)  # q_norm_weight, k_norm_weight are inputs 14 and 15
         outputs = [self.name(f"/attn.{layer}"), f"present_key.{layer}", f"present_value.{layer}"]
         return self.node("GroupQueryAttention", inputs, outputs, domain=MS, label=f"layers.{layer}.attention", **attributes)[0]
 

@@ -36,19 +36,15 @@ def write_fused(model, graph: FusedGraph, capacity: int) -> str:
     for i, layer in model.layers_to_write():
         h, residual = _norm(graph, residual, added, layer.before_attention, f"layers.{i}.before_attention", eps)
         qkv = _biased(graph, graph.matmul(h, layer.qkv, f"layers.{i}.qkv"), layer.qkv_bias, f"layers.{i}.qkv_bias")
-        if family.qk_norm == "projection":
-            qkv = _projection_norms(model, graph, qkv, layer, i, eps)
+        if family.qk_norm:
+            qkv = _qk_norms(model, graph, qkv, layer, i, eps)
         rope = s.rope(i)
         attributes = {} if s.attention_scale == model.head_dim ** -0.5 else {"scale": s.attention_scale}
         if s.attention_softcap:
             attributes["softcap"] = s.attention_softcap
         if s.windows[i]:
             attributes["local_window_size"] = s.windows[i]
-        norms = None
-        if family.qk_norm == "head":
-            norms = (graph.constant(f"layers.{i}.q_norm", layer.q_norm), graph.constant(f"layers.{i}.k_norm", layer.k_norm))
-            attributes["qk_norm_epsilon"] = s.eps
-        attn = graph.attention(qkv, i, lengths, None if rope is None else rotary[s.rope_keys[i]], norms, **attributes)
+        attn = graph.attention(qkv, i, lengths, None if rope is None else rotary[s.rope_keys[i]], **attributes)
         out = _biased(graph, graph.matmul(attn, layer.o, f"layers.{i}.o"), layer.o_bias, f"layers.{i}.o_bias")
         added = _branch(graph, out, layer.after_attention, f"layers.{i}.after_attention", s.residual_scale, eps)
         h, residual = _norm(graph, residual, added, layer.before_mlp, f"layers.{i}.before_mlp", eps)
@@ -88,13 +84,23 @@ def _branch(graph: FusedGraph, out: str, weight, name: str, scale: float, eps: d
     return _scaled(graph, out, scale, f"{name}_scale")
 
 
-def _projection_norms(model, graph: FusedGraph, qkv: str, layer, i: int, eps: dict) -> str:
-    """OLMo 2's RMSNorm over the whole q and k projections, on the packed projection's slices (re-packed)."""
+def _qk_norms(model, graph: FusedGraph, qkv: str, layer, i: int, eps: dict) -> str:
+    """RMSNorm of q and k on the packed projection's slices, re-packed for GroupQueryAttention, whose rotary then
+    follows as the family has it: over each head (Qwen3, Gemma 3: reshaped to [batch, T, heads, head_dim]) or over
+    the whole projection (OLMo 2). GroupQueryAttention's own q_norm_weight / k_norm_weight inputs would do the per-head
+    norm, but ONNX Runtime 1.32 implements them only on the CUDA and WebGPU EPs (its CPU kernel refuses them)."""
     q_size, kv_size = model.heads * model.head_dim, model.kv_heads * model.head_dim
     sizes = graph.constant(f"layers.{i}.qkv_sizes", np.array([q_size, kv_size, kv_size], np.int64))
     q, k, v = graph.node("Split", [qkv, sizes], 3, axis=-1)
+    per_head = model.family.qk_norm == "head"
+    if per_head:
+        heads = graph.constant("per_head", np.array([0, 0, -1, model.head_dim], np.int64))
+        q, k = (graph.node("Reshape", [x, heads])[0] for x in (q, k))
     q = graph.node("SimplifiedLayerNormalization", [q, graph.constant(f"layers.{i}.q_norm", layer.q_norm)], **eps)[0]
     k = graph.node("SimplifiedLayerNormalization", [k, graph.constant(f"layers.{i}.k_norm", layer.k_norm)], **eps)[0]
+    if per_head:
+        flat = graph.constant("flat", np.array([0, 0, -1], np.int64))
+        q, k = (graph.node("Reshape", [x, flat])[0] for x in (q, k))
     return graph.node("Concat", [q, k, v], axis=-1)[0]
 
 
