@@ -92,6 +92,11 @@ class ModelSpec:
     # The graph also outputs ``ids`` (int64 [batch, kept]): each position's argmax token, so that greedy acceptance
     # reads a few integers instead of [batch, kept, vocab] logits (fused graphs; absent from older manifests: false)
     argmax_ids: bool = False
+    # The exporter's family description this model was built from (exporter/families.py; "" in manifests from before
+    # families were descriptions) and what sets it apart from a plain Llama, in words ("sliding window 4096 on 13 of
+    # 26 layers", "logits soft-cap 30"): shown by inspect and doctor, read by nothing that runs the model
+    family: str = ""
+    features: tuple[str, ...] = ()
 
     @property
     def inputs(self) -> list[str]:
@@ -158,6 +163,7 @@ class Manifest:
         data = asdict(self)
         for spec in data["models"].values():
             spec["eos_token_ids"] = list(spec["eos_token_ids"])
+            spec["features"] = list(spec["features"])
         return json.dumps(data, indent=2, sort_keys=True)
 
     def write(self, directory: Path) -> Path:
@@ -298,8 +304,13 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
             raise ContractError(f"{where}: {name} must be true or false, got {_shown(flags[name])}")
     if flags["takes_seqlens_k"] and graph != "fused":
         raise ContractError(f"{where}: takes_seqlens_k on a {graph} graph; only the fused form takes seqlens_k")
+    features = data.get("features", [])
+    if (not isinstance(features, list) or len(features) > 64
+            or not all(isinstance(f, str) and len(f) <= MAX_TEXT for f in features)):
+        raise ContractError(f"{where}: features must be a list of at most 64 strings, got {_shown(features)}")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
-                     graph=graph, vocab_kept=kept, **flags)
+                     graph=graph, vocab_kept=kept, **flags, family=_field(data, "family", str, where, default=""),
+                     features=tuple(features))
 
 
 def _check_relative(name: str, where: str) -> None:

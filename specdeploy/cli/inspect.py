@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..doctor import described
 from ..files import FileRefused, open_regular
 from ..reports.graph import graph_summary
 from .common import human, read_manifest
@@ -60,6 +61,9 @@ def inspect(directory, as_json):
                        str(spec.vocab_size) + (f" (scores {spec.vocab_kept})" if spec.vocab_kept else ""), spec.dtype,
                        spec.weights, str(spec.capacity), spec.graph)
     out.print(models)
+    for spec in manifest.models.values():  # as Text: a feature's brackets are not markup
+        if spec.family:
+            out.print(Text(described(spec.role, spec.family, spec.features)))
     tensors = Table("tensor", "dtype", "shape", title="verify-v1 tensors (per model; i = layer)")
     spec = manifest.target
     rows = [("input_ids", "int64", "[batch, tokens]"), ("past_len", "int64", "[batch]"),

@@ -29,8 +29,6 @@ class DecoderVerify(nn.Module):
         self.family, self.settings = family, family.settings(config, dims)
         self.eps = self.settings.eps
         self.heads, self.kv_heads, self.head_dim = dims.num_heads, dims.kv_heads, dims.head_dim
-        self.tied = "lm_head.weight" not in weights
-        self.features = features(family, self.settings, dims, self.tied)
         self.embed = frozen(take(weights, "model.embed_tokens.weight"))
         self.lm_head = transposed(weights.pop("lm_head.weight", self.embed.data))
         self.norm = frozen(take(weights, "model.norm.weight") + family.norm_offset)
@@ -169,6 +167,10 @@ class DecoderFamily:
             vocab_size=config.vocab_size,
             max_positions=getattr(config, "max_position_embeddings", None),
         )
+
+    def features(self, config) -> tuple[str, ...]:
+        dims = self.dims(config)
+        return features(self.family, self.family.settings(config, dims), dims, bool(getattr(config, "tie_word_embeddings", False)))
 
     def build(self, config, weights: dict[str, torch.Tensor], capacity: int, streamed: bool = False) -> DecoderVerify:
         return DecoderVerify(self.family, config, weights, self.dims(config), streamed).eval()

@@ -37,6 +37,10 @@ class Architecture(Protocol):
         """The sizes of a config."""
         ...
 
+    def features(self, config) -> tuple[str, ...]:
+        """What sets a config's model apart from a plain Llama, in words (the manifest's ``features``)."""
+        ...
+
     def build(self, config, weights: dict[str, torch.Tensor], capacity: int, streamed: bool = False) -> VerifyModel:
         """The verify model of this family, filled with ``weights``; with ``streamed``, its ``write_fused`` may take
         layers from ``weights`` as it writes them (the forward then cannot run)."""
