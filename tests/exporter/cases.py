@@ -50,6 +50,7 @@ PARITY_CASES = {
     # the second layer without RoPE, and windowed (SmolLM3 windows only rope-less layers)
     "smollm3": lambda: tiny.llama_config("smollm3", **APART, no_rope_layers=[1, 0], use_sliding_window=True,
                                          sliding_window=WINDOW, pad_token_id=None),
+    "gpt2": lambda: tiny.gpt2_config(),
 }
 
 # cases one graph form refuses, with why (tests/exporter/test_families.py checks the refusal)
