@@ -66,11 +66,10 @@ class Family:
         if activation not in ACTIVATIONS:
             raise ExportError(f"{config.model_type}: activation {activation!r} is not supported; "
                               f"supported: {', '.join(ACTIVATIONS)}")
-        hidden = config.hidden_size
         embedding_scale, attention_scale = 1.0, dims.head_dim ** -0.5
         residual_scale, logits_scale = 1.0, 1.0
         if self.scaled_embedding:
-            embedding_scale = math.sqrt(hidden)
+            embedding_scale = math.sqrt(config.hidden_size)
         if self.query_pre_attn_scalar:
             attention_scale = config.query_pre_attn_scalar ** -0.5
         if self.multipliers:
@@ -78,7 +77,12 @@ class Family:
             residual_scale, logits_scale = config.residual_multiplier, 1.0 / config.logits_scaling
         table = ropes(config, dims.head_dim)
         types = getattr(config, "layer_types", None) or [None] * dims.num_layers
-        rotates = list(getattr(config, "no_rope_layers", None) or [1] * dims.num_layers) if self.rope_layers else [1] * dims.num_layers
+        rotates = [1] * dims.num_layers  # SmolLM3's no_rope_layers: 1 where a layer rotates, 0 where it does not
+        if self.rope_layers and getattr(config, "no_rope_layers", None) is not None:
+            rotates = list(config.no_rope_layers)
+            if len(rotates) != dims.num_layers:
+                raise ExportError(f"{config.model_type}: no_rope_layers has {len(rotates)} entries; expected one per "
+                                  f"layer ({dims.num_layers})")
         rope_keys = tuple((t if t in table else None) if rotates[i] else NO_ROPE for i, t in enumerate(types))
         return Settings(
             eps=float(getattr(config, "rms_norm_eps", 1e-6)),

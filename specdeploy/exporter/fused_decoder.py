@@ -23,7 +23,7 @@ def write_fused(model, graph: FusedGraph, capacity: int) -> str:
     if model.head_dim % 16:
         raise ExportError(f"the fused graph form needs head_dim to be a multiple of 16 (ONNX Runtime's "
                           f"GroupQueryAttention rotary), got {model.head_dim}; export with --graph explicit")
-    for key, rope in s.ropes.items():
+    for rope in s.ropes.values():
         if rope.rotary_dim != model.head_dim:
             raise ExportError(f"{family.name}: partial rotary ({rope.rotary_dim} of head_dim {model.head_dim}) is not "
                               "expressible by ONNX Runtime's GroupQueryAttention; export with --graph explicit")
