@@ -44,3 +44,14 @@ def test_speculative_greedy_over_windows_equals_plain(pipeline, plain, drafter, 
     assert [r.token_ids for r in results] == plain
     accepted = [r.accepted for result in results for r in result.records]
     assert max(accepted) >= 2 and min(accepted) < k  # drafts accepted past one token, and some rolled back
+
+
+def test_seeded_sampling_over_windows_is_reproducible_whatever_drafts(pipeline):
+    """A seeded request's text depends on neither the drafter nor its batch mate, across the window's edge too."""
+    texts = []
+    for drafter in ("none", "model", "suffix"):
+        config = GenerationConfig(k=4, drafter=drafter, temperature=0.8, seed=11, max_new_tokens=NEW, ignore_eos=True)
+        texts.append([r.token_ids for r in pipeline.generate(PROMPTS, config)])
+    assert texts[0] == texts[1] == texts[2]
+    greedy = GenerationConfig(drafter="none", max_new_tokens=NEW, ignore_eos=True)
+    assert texts[0] != [r.token_ids for r in pipeline.generate(PROMPTS, greedy)]  # sampled, not greedy
