@@ -22,6 +22,9 @@ NORM_SLOTS = ("before_attention", "after_attention", "before_mlp", "after_mlp")
 
 
 class DecoderVerify(nn.Module):
+    """A described family's verify-v1 model: ``forward`` (the explicit form) and ``write_fused`` read the family's
+    description and its config's ``Settings``, nothing else."""
+
     def __init__(self, family: Family, config, weights: dict[str, torch.Tensor], dims: Dims, streamed: bool = False):
         """``streamed``: build each layer from ``weights`` only when ``write_fused`` reaches it, so that no
         more than one layer's fp32 weights is ever held (the fused form; ``forward`` needs them all)."""

@@ -130,3 +130,22 @@ def test_a_combination_a_form_cannot_express_is_refused_in_one_line(tmp_path, na
     message = [line for line in result.output.splitlines() if REFUSED[name, form] in line]
     assert len(message) == 1 and "phi3" in message[0] and "--graph explicit" in message[0], result.output
     assert not (tmp_path / "art").exists()
+
+
+def test_a_trimmed_draft_keeps_its_cut_tokens_at_minus_inf_under_a_logits_soft_cap(exported_architecture, tmp_path):
+    """A soft-cap maps -inf to -cap: Gemma's is applied to the computed logits before the cut columns are padded on,
+    so a draft scoring half the vocabulary never proposes the other half."""
+    _, full = exported_architecture("gemma2", "fused")
+    checkpoint = full.parent / "ckpt"
+    directory = tiny.export_cli(tmp_path / "art", checkpoint, checkpoint, "--graph", "fused",
+                                "--draft-vocab", str(tiny.VOCAB // 2))
+    manifest = Manifest.read(directory)
+    ids = np.random.default_rng(2).integers(0, tiny.VOCAB // 2, (1, 6))
+    logits = {}
+    for role in ("target", "draft"):
+        engine = load_engine(directory, manifest, role)
+        logits[role] = engine.infer(ids, np.zeros(1, np.int64), engine.allocate_cache(1, 8)).logits
+    assert np.isneginf(logits["draft"][..., tiny.VOCAB // 2 :]).all()
+    np.testing.assert_allclose(logits["draft"][..., : tiny.VOCAB // 2], logits["target"][..., : tiny.VOCAB // 2],
+                               rtol=1e-5, atol=1e-5)
+    assert np.abs(logits["target"]).max() <= 4.0  # the cap (4) bounds the target's logits
