@@ -126,6 +126,11 @@ class ModelSpec:
     # A graph we did not write (``specdeploy import``): its own tensor names and cache layout; None for our exports.
     # Its graph form says how calls run: "fused" for a shared buffer written in place, "explicit" for new K/V returned
     imported: ImportedIO | None = None
+    # The exporter's family description this model was built from (exporter/families.py; "" in manifests from before
+    # families were descriptions) and what sets it apart from a plain Llama, in words ("sliding window 4096 on 13 of
+    # 26 layers", "logits soft-cap 30"): shown by inspect and doctor, read by nothing that runs the model
+    family: str = ""
+    features: tuple[str, ...] = ()
 
     @property
     def inputs(self) -> list[str]:
@@ -206,6 +211,7 @@ class Manifest:
         data = asdict(self)
         for spec in data["models"].values():
             spec["eos_token_ids"] = list(spec["eos_token_ids"])
+            spec["features"] = list(spec["features"])
         return json.dumps(data, indent=2, sort_keys=True)
 
     def write(self, directory: Path) -> Path:
@@ -349,8 +355,13 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
     imported = data.get("imported")
     if imported is not None:
         imported = _imported_from_dict(imported, graph, flags, f"{where}: imported")
+    features = data.get("features", [])
+    if (not isinstance(features, list) or len(features) > 64
+            or not all(isinstance(f, str) and len(f) <= MAX_TEXT for f in features)):
+        raise ContractError(f"{where}: features must be a list of at most 64 strings, got {_shown(features)}")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
-                     graph=graph, vocab_kept=kept, imported=imported, **flags)
+                     graph=graph, vocab_kept=kept, imported=imported, **flags,
+                     family=_field(data, "family", str, where, default=""), features=tuple(features))
 
 
 # the graph form each cache layout runs as: a shared buffer is written in place, a concatenated cache's new K/V returned

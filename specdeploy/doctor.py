@@ -103,3 +103,25 @@ def diagnose_pair(target: str, draft: str | None) -> list[tuple[str, str]]:
             problems.append((f"vocab_size: target {loaded['target'].config.vocab_size}, draft "
                              f"{loaded['draft'].config.vocab_size}", "use a draft from the target's model family"))
     return problems
+
+
+def describe(directory: Path | None, target: str | None = None, draft: str | None = None) -> list[str]:
+    """One line per model: the family it was (or would be) exported as and what sets it apart from a plain Llama;
+    from the artifact's manifest, or from each checkpoint's config (no weights read)."""
+    if directory is not None:
+        manifest = Manifest.read(directory)
+        return [described(spec.role, spec.family or spec.architecture, spec.features) for spec in manifest.models.values()]
+    from .exporter.checkpoint import load_tokenizer_and_config
+    from .exporter.registry import lookup
+
+    lines = []
+    for role, path in (("target", target), ("draft", draft)):
+        if path is not None:
+            config = load_tokenizer_and_config(path, tokenizer=False)[1]
+            arch = lookup(config.model_type)
+            lines.append(described(role, arch.name, arch.features(config)))
+    return lines
+
+
+def described(role: str, family: str, features) -> str:
+    return f"{role}: family {family}" + (f"; {', '.join(features)}" if features else " (as Llama)")

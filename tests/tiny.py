@@ -28,14 +28,14 @@ def make_tokenizer(words: int = WORDS, shift: int = 0):
 
 
 def llama_config(kind: str = "llama", **overrides):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    """A tiny config of model_type ``kind``: Llama's sizes, for any decoder family transformers knows."""
+    from transformers import AutoConfig
 
     base = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                 intermediate_size=48, max_position_embeddings=256, eos_token_id=EOS, bos_token_id=1,
                 tie_word_embeddings=False)
     base.update(overrides)
-    config_cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[kind]
-    return config_cls(**base)
+    return AutoConfig.for_model(kind, **base)
 
 
 def gpt2_config(**overrides):

@@ -158,12 +158,12 @@ def write_target(shape: dict, path: Path, capacity: int):
 
     from specdeploy.contract import ModelSpec
     from specdeploy.exporter.fused import FusedGraph
-    from specdeploy.exporter.llama import LlamaVerify
+    from specdeploy.exporter.llama import LLAMA, DecoderVerify
 
     dims = dims_of(shape)
     config = SimpleNamespace(rms_norm_eps=1e-6, rope_theta=1e6)
     with torch.no_grad():
-        module = LlamaVerify(config, random_weights(shape), dims, streamed=True)
+        module = DecoderVerify(LLAMA, config, random_weights(shape), dims, streamed=True)
         graph = FusedGraph(path, dims, dtype=np.float16)
         graph.save(module.write_fused(graph, capacity))
     return ModelSpec(role="target", file=path.name, architecture="qwen2", dtype="float16", weights="full", capacity=capacity,

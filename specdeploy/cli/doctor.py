@@ -19,7 +19,7 @@ SHOWN = 20  # problems printed in full; the rest are counted
 def doctor(directory, target, draft):
     """Check an artifact DIRECTORY (manifest, hashes, tokenizer, pair, capacity, graphs), or a checkpoint pair
     (--target/--draft) before export. Exits 1 on a problem, saying what to do."""
-    from ..doctor import diagnose, diagnose_pair
+    from ..doctor import describe, diagnose, diagnose_pair
 
     if (directory is None) == (target is None):
         raise click.UsageError("give either DIRECTORY or --target (with optional --draft), not both")
@@ -27,6 +27,8 @@ def doctor(directory, target, draft):
     out = Console()
     if not problems:
         out.print(f"[green]ok[/] {directory or target}: no problem found")
+        for line in describe(directory, target, draft):
+            out.print(escape(line))
         return
     for what, fix in problems[:SHOWN]:
         out.print(f"[red]problem[/] {escape(what)}\n  [bold]fix:[/] {escape(fix)}")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..doctor import described
 from ..files import FileRefused, open_regular
 from ..reports.graph import graph_summary
 from .common import human, read_manifest
@@ -60,6 +61,9 @@ def inspect(directory, as_json):
                        str(spec.vocab_size) + (f" (scores {spec.vocab_kept})" if spec.vocab_kept else ""), spec.dtype,
                        spec.weights, str(spec.capacity), spec.graph)
     out.print(models)
+    for spec in manifest.models.values():  # as Text: a feature's brackets are not markup
+        if spec.family:
+            out.print(Text(described(spec.role, spec.family, spec.features)))
     out.print(_imported_table(manifest) if manifest.target.imported else _tensors_table(manifest))
     table = Table("role", "nodes", "per layer", "most frequent ops",
                   title="graphs, as stored (ONNX Runtime fuses some at load; each node is a dispatch)")

@@ -142,6 +142,8 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
     facts = {
         "capacity": capacity,
         "architecture": checkpoint.config.model_type,
+        "family": arch.name,
+        "features": arch.features(checkpoint.config),
         **dims.spec_fields(),
         "tokenizer_fingerprint": tokenizer_fingerprint(checkpoint.tokenizer),
         "eos_token_ids": tuple(checkpoint.eos_token_ids),

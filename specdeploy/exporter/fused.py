@@ -124,20 +124,21 @@ class FusedGraph:
         if (layer + 1) * 4 // layers > layer * 4 // layers:
             self.progress(f"{layer + 1}/{layers} layers written")
 
-    def lm_head(self, x: str, weight) -> str:
+    def lm_head(self, x: str, weight, then=lambda logits: logits) -> str:
         """Logits: x @ weight ([hidden, vocab]). With ``vocab_kept`` (a draft), only the first vocab_kept columns
         are computed and the rest are -inf: the head is a quarter of a 0.5B draft's weights, and a drafter never
         proposes what it scores -inf, so the target's verification stays exact (README, Draft vocabulary).
 
         Only each row's last ``num_logits`` positions reach the head: a prefill chunk needs none of its logits
-        and a catch-up one position's (``ModelSpec.trims_logits``)."""
+        and a catch-up one position's (``ModelSpec.trims_logits``). ``then`` writes what follows the head on the
+        computed logits (scaling, soft-capping), before the -inf columns are padded on."""
         starts = self.node("Neg", ["num_logits"])[0]
         ends = self.constant("to_the_end", np.array([np.iinfo(np.int64).max], np.int64))
         x = self.node("Slice", [x, starts, ends, self.constant("tokens_axis", np.array([1], np.int64))])[0]
         if self.vocab_kept is None:
-            return self.matmul(x, weight, "lm_head")
+            return then(self.matmul(x, weight, "lm_head"))
         vocab = weight.shape[1]
-        logits = self.matmul(x, _numpy(weight)[:, : self.vocab_kept], "lm_head")
+        logits = then(self.matmul(x, _numpy(weight)[:, : self.vocab_kept], "lm_head"))
         pads = self.constant("lm_head_pads", np.array([0, 0, 0, 0, 0, vocab - self.vocab_kept], np.int64))
         return self.node("Pad", [logits, pads, self.constant("minus_inf", np.array(-np.inf, self.dtype))])[0]
 
@@ -151,11 +152,13 @@ class FusedGraph:
         capacity = self.node("Gather", [shape, self.constant("capacity_axis", np.array(2, np.int64))], axis=0)[0]
         return "seqlens_k", self.node("Cast", [capacity], to=TensorProto.INT32)[0]
 
-    def attention(self, qkv: str, layer: int, lengths: tuple[str, str], rotary: tuple[str, str] | None) -> str:
-        """GroupQueryAttention over packed q/k/v [batch, T, (heads + 2 kv_heads) * head_dim], cache in place."""
+    def attention(self, qkv: str, layer: int, lengths: tuple[str, str], rotary: tuple[str, str] | None,
+                  **attributes) -> str:
+        """GroupQueryAttention over packed q/k/v [batch, T, (heads + 2 kv_heads) * head_dim], cache in place;
+        ``attributes``: the op's ``scale``, ``softcap``, ``local_window_size``."""
         dims = self.dims
         inputs = [qkv, "", "", f"cache_key.{layer}", f"cache_value.{layer}", *lengths]
-        attributes = {"num_heads": dims.num_heads, "kv_num_heads": dims.kv_heads}
+        attributes = {"num_heads": dims.num_heads, "kv_num_heads": dims.kv_heads, **attributes}
         if rotary is not None:
             inputs += list(rotary)
             attributes.update(do_rotary=1, rotary_interleaved=0)
@@ -185,11 +188,15 @@ def skip_outputs(graph: FusedGraph) -> list[str]:
     return [graph.name("/normed"), "", "", graph.name("/residual")]
 
 
-def rotary_tables(graph: FusedGraph, inv_freq, scaling: float, capacity: int) -> tuple[str, str]:
-    """cos/sin caches [capacity, head_dim / 2] for GroupQueryAttention's rotary (scaling folded in)."""
-    angles = np.arange(capacity, dtype=np.float64)[:, None] * _numpy(inv_freq).astype(np.float64)[None, :]
-    return (graph.constant("cos_cache", (np.cos(angles) * scaling).astype(np.float32)),
-            graph.constant("sin_cache", (np.sin(angles) * scaling).astype(np.float32)))
+def rotary_tables(graph: FusedGraph, rope, capacity: int) -> tuple[str, str]:
+    """cos/sin caches [capacity, head_dim / 2] of a ``rope.Rope`` for GroupQueryAttention's rotary (its attention factor
+    folded in; long-RoPE's long factors in the rows from its trained length on, as the explicit form chooses them)."""
+    pos = np.arange(capacity, dtype=np.float64)[:, None]
+    angles = pos * _numpy(rope.inv_freq).astype(np.float64)[None, :]
+    if rope.long_inv_freq is not None:
+        angles = np.where(pos >= rope.original, pos * _numpy(rope.long_inv_freq).astype(np.float64)[None, :], angles)
+    return (graph.constant("cos_cache", (np.cos(angles) * rope.scaling).astype(np.float32)),
+            graph.constant("sin_cache", (np.sin(angles) * rope.scaling).astype(np.float32)))
 
 
 def _numpy(tensor) -> np.ndarray:

@@ -104,6 +104,9 @@ class Gpt2Family:
         return Dims(num_layers=config.n_layer, num_heads=config.n_head, kv_heads=config.n_head,
                     head_dim=config.n_embd // config.n_head, vocab_size=config.vocab_size, max_positions=config.n_positions)
 
+    def features(self, config) -> tuple[str, ...]:
+        return ("learned positions", "LayerNorm", "gelu_new")
+
     def build(self, config, weights: dict[str, torch.Tensor], capacity: int,
               streamed: bool = False) -> Gpt2Verify:  # a GPT-2 is small: always built whole
         if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "reorder_and_upcast_attn", False):

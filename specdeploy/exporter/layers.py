@@ -24,17 +24,19 @@ def positions(past_len: torch.Tensor, tokens: int) -> torch.Tensor:
     return past_len[:, None] + torch.arange(tokens, dtype=past_len.dtype)[None, :]
 
 
-def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin for rotate-half RoPE.  # each [batch, 1, tokens, head_dim]"""
-    freqs = pos[..., None].to(torch.float32) * inv_freq  # [batch, tokens, head_dim / 2]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return (emb.cos() * scaling)[:, None], (emb.sin() * scaling)[:, None]
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of the first cos.shape[-1] dims of each head (partial rotary: the rest pass through)."""
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :dim], cos, sin), x[..., dim:]], dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap): Gemma 2's soft-capping of attention scores and logits."""
+    return torch.tanh(x * (1.0 / cap)) * cap
 
 
 def cached_attention(
@@ -44,12 +46,17 @@ def cached_attention(
     cache_k: torch.Tensor,
     cache_v: torch.Tensor,
     past_len: torch.Tensor,
+    window: int | None = None,
+    cap: float | None = None,
 ) -> torch.Tensor:
     """Attention of the new tokens over the valid cache prefix and, causally, over each other.
 
     q: [batch, heads, tokens, head_dim], already scaled; k_new, v_new: [batch, kv_heads, tokens,
     head_dim]; cache_k, cache_v: [batch, kv_heads, capacity, head_dim]; past_len: [batch].
-    Returns [batch, tokens, heads * head_dim].
+    Returns [batch, tokens, heads * head_dim]. ``window``: a sliding window, as transformers masks it: the
+    query at position p sees keys at p - window + 1 .. p, each query's bound computed from its own position, so
+    a verification of K + 1 tokens, a rollback and a ragged row are as exact as with full attention.
+    ``cap``: scores soft-capped (``softcap``) before the mask.
 
     The cache is never concatenated or repeated for grouped-query heads (that would copy it every
     call): query heads are folded into the kv-head axis, and the scores over the cache and over the
@@ -62,10 +69,20 @@ def cached_attention(
     qg = q.reshape(batch, kv_heads, group * tokens, head_dim)  # row = g * tokens + t
     s_cache = qg @ cache_k.transpose(-1, -2)  # [batch, kv_heads, group * tokens, capacity]
     s_new = qg @ k_new.transpose(-1, -2)  # [batch, kv_heads, group * tokens, tokens]
+    if cap is not None:
+        s_cache, s_new = softcap(s_cache, cap), softcap(s_new, cap)
     floor = torch.finfo(s_cache.dtype).min
-    valid = torch.arange(capacity)[None, :] < past_len[:, None]  # [batch, capacity]
-    s_cache = torch.where(valid[:, None, None, :], s_cache, floor)
-    causal = torch.arange(tokens)[:, None] >= torch.arange(tokens)[None, :]  # [tokens, tokens]
+    slots = torch.arange(capacity)
+    valid = slots[None, :] < past_len[:, None]  # [batch, capacity]
+    steps = torch.arange(tokens)
+    causal = steps[:, None] >= steps[None, :]  # [tokens, tokens]
+    if window is None:
+        s_cache = torch.where(valid[:, None, None, :], s_cache, floor)
+    else:
+        query_pos = past_len[:, None] + steps[None, :]  # [batch, tokens]
+        seen = valid[:, None, :] & (slots[None, None, :] > query_pos[:, :, None] - window)  # [batch, tokens, capacity]
+        s_cache = torch.where(seen.repeat(1, group, 1)[:, None], s_cache, floor)
+        causal = causal & (steps[:, None] - steps[None, :] < window)
     s_new = torch.where(causal.repeat(group, 1), s_new, floor)
     weights = torch.softmax(torch.cat([s_cache, s_new], dim=-1), dim=-1)
     out = weights[..., :capacity] @ cache_v + weights[..., capacity:] @ v_new  # [batch, kv, g*t, d]

@@ -1,154 +1,164 @@
-"""Llama family: Llama, Mistral, Qwen2 (q/k/v bias); covers SmolLM, TinyLlama and Qwen2.5.
+"""The one decoder-block builder, Llama's block with what a family's description (``family.Family``) changes, and
+the Llama family itself: Llama, Mistral, Qwen2 (q/k/v bias); covers SmolLM, TinyLlama and Qwen2.5.
 
-Grouped-query attention, rotate-half RoPE (default, ``linear`` and ``llama3`` scaling), RMSNorm,
-SwiGLU, tied or untied embeddings.
+Grouped-query attention, rotate-half RoPE (default, linear, llama3, YaRN and long-RoPE scaling), RMSNorm, a gated
+MLP, tied or untied embeddings; per family: norms before and after attention and MLP, q/k norms, GELU-tanh, scaled
+embeddings, multipliers, soft-caps, sliding windows per layer, RoPE per layer type, layers without RoPE. The
+other families' descriptions are in families.py.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
 from .dims import Dims
-from .fused import MS, FusedGraph, rotary_tables, skip_outputs
-from .layers import apply_rope, cached_attention, frozen, positions, rms_norm, rope_tables, transposed
+from .family import Family, Settings, features
+from .fused import FusedGraph
+from .layers import apply_rope, cached_attention, frozen, positions, rms_norm, softcap, transposed
 from .registry import ExportError, register, take
 
-SUPPORTED_ROPE = ("default", "linear", "llama3")
+NORM_SLOTS = ("before_attention", "after_attention", "before_mlp", "after_mlp")
 
 
-def _rope(config, head_dim: int) -> tuple[torch.Tensor, float]:
-    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE:
-        raise ExportError(f"rope_type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE)}")
-    if rope_type == "default":
-        theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        return inv_freq, 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+class DecoderVerify(nn.Module):
+    """A described family's verify-v1 model: ``forward`` (the explicit form) and ``write_fused`` read the family's
+    description and its config's ``Settings``, nothing else."""
 
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-    return inv_freq.to(torch.float32), float(scaling)
-
-
-class LlamaVerify(nn.Module):
-    def __init__(self, config, weights: dict[str, torch.Tensor], dims: Dims, streamed: bool = False):
+    def __init__(self, family: Family, config, weights: dict[str, torch.Tensor], dims: Dims, streamed: bool = False):
         """``streamed``: build each layer from ``weights`` only when ``write_fused`` reaches it, so that no
         more than one layer's fp32 weights is ever held (the fused form; ``forward`` needs them all)."""
         super().__init__()
-        self.eps = config.rms_norm_eps
+        self.family, self.settings = family, family.settings(config, dims)
+        self.eps = self.settings.eps
         self.heads, self.kv_heads, self.head_dim = dims.num_heads, dims.kv_heads, dims.head_dim
-        inv_freq, self.rope_scaling = _rope(config, self.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.embed = frozen(take(weights, "model.embed_tokens.weight"))
         self.lm_head = transposed(weights.pop("lm_head.weight", self.embed.data))
-        self.norm = frozen(take(weights, "model.norm.weight"))
+        self.norm = frozen(take(weights, "model.norm.weight") + family.norm_offset)
         self.num_layers = dims.num_layers
         self.pending = weights if streamed else None  # the checkpoint's layers, taken one by one by write_fused
         # streamed: no layers here, so that ``forward`` fails loudly instead of running none
-        self.layers = None if streamed else nn.ModuleList(
-            _consumed(weights, f"model.layers.{i}.") for i in range(self.num_layers))
+        self.layers = None if streamed else nn.ModuleList(self.layer(weights, i) for i in range(self.num_layers))
+
+    def layer(self, weights: dict[str, torch.Tensor], i: int) -> _Layer:
+        """Layer ``i`` built from its checkpoint tensors, which then leave ``weights``: the module holds its own
+        (transposed, fused) copies, so building layer by layer never holds two copies of the whole model."""
+        prefix = f"model.layers.{i}."
+        layer = _Layer(self.family, weights, prefix)
+        for name in [name for name in weights if name.startswith(prefix)]:
+            del weights[name]
+        return layer
 
     def forward(self, input_ids, past_len, *cache):
         batch, tokens = input_ids.shape
-        x = nn.functional.embedding(input_ids, self.embed)
-        cos, sin = rope_tables(positions(past_len, tokens), self.inv_freq, self.rope_scaling)
+        s = self.settings
+        x = _scaled(nn.functional.embedding(input_ids, self.embed), s.embedding_scale)
+        pos = positions(past_len, tokens)
+        tables = {key: rope.tables(pos) for key, rope in s.ropes.items()}
         new_kv = []
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.ln1, self.eps)
-            qkv = h @ layer.qkv
-            if layer.qkv_bias is not None:
-                qkv = qkv + layer.qkv_bias
-            q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = q.reshape(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
-            k = k.reshape(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = v.reshape(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = apply_rope(q, cos, sin) * (1.0 / math.sqrt(self.head_dim))
-            k = apply_rope(k, cos, sin)
-            attn = cached_attention(q, k, v, cache[2 * i], cache[2 * i + 1], past_len)
-            x = x + attn @ layer.o
-            h = rms_norm(x, layer.ln2, self.eps)
-            gate, up = (h @ layer.gate_up).chunk(2, dim=-1)
-            x = x + (nn.functional.silu(gate) * up) @ layer.down
+            h = self._norm(x, layer.before_attention)
+            attn, k, v = self._attention(layer, i, h, tables, cache[2 * i], cache[2 * i + 1], past_len)
+            x = x + _scaled(self._norm(attn, layer.after_attention), s.residual_scale)
+            h = self._norm(x, layer.before_mlp)
+            gate, up = _biased(h @ layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            act = nn.functional.silu(gate) if s.activation == "silu" else nn.functional.gelu(gate, approximate="tanh")
+            mlp = _biased((act * up) @ layer.down, layer.down_bias)
+            x = x + _scaled(self._norm(mlp, layer.after_mlp), s.residual_scale)
             new_kv += [k, v]
-        logits = rms_norm(x, self.norm, self.eps) @ self.lm_head
+        logits = _scaled(rms_norm(x, self.norm, self.eps) @ self.lm_head, s.logits_scale)
+        if s.final_softcap:
+            logits = softcap(logits, s.final_softcap)
         return (logits.to(torch.float32), *new_kv)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        return x if weight is None else rms_norm(x, weight, self.eps)
+
+    def _attention(self, layer: _Layer, i: int, h, tables, cache_k, cache_v, past_len):
+        """(attention output [batch, tokens, hidden], the new tokens' K and V [batch, kv_heads, tokens, head_dim])."""
+        batch, tokens, _ = h.shape
+        s = self.settings
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = _biased(h @ layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+        if self.family.qk_norm == "projection":
+            q, k = rms_norm(q, layer.q_norm, self.eps), rms_norm(k, layer.k_norm, self.eps)
+        q = q.reshape(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.family.qk_norm == "head":
+            q, k = rms_norm(q, layer.q_norm, self.eps), rms_norm(k, layer.k_norm, self.eps)
+        if s.rope(i) is not None:
+            cos, sin = tables[s.rope_keys[i]]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        attn = cached_attention(q * s.attention_scale, k, v, cache_k, cache_v, past_len, s.windows[i], s.attention_softcap)
+        return _biased(attn @ layer.o, layer.o_bias), k, v
 
     def write_fused(self, graph: FusedGraph, capacity: int) -> str:
         """The same forward as fused ONNX Runtime ops, about a dozen nodes a layer; returns the logits' name."""
-        if self.head_dim % 16:
-            raise ExportError(f"the fused graph form needs head_dim to be a multiple of 16 (ONNX Runtime's "
-                              f"GroupQueryAttention rotary), got {self.head_dim}; export with --graph explicit")
-        lengths = graph.lengths()
-        rotary = rotary_tables(graph, self.inv_freq, self.rope_scaling, capacity)
-        residual = graph.node("Gather", [graph.constant("embed", self.embed), "input_ids"])[0]
-        mlp_out, eps = None, {"epsilon": float(self.eps), "axis": -1}
+        from .fused_decoder import write_fused
+
+        return write_fused(self, graph, capacity)
+
+    def layers_to_write(self):
+        """(index, layer) of each layer in turn: built from the checkpoint as reached where streamed."""
         for i in range(self.num_layers):
-            layer = _consumed(self.pending, f"model.layers.{i}.") if self.pending is not None else self.layers[i]
-            h, residual = _norm(graph, residual, mlp_out, graph.constant(f"layers.{i}.ln1", layer.ln1), eps)
-            qkv = graph.matmul(h, layer.qkv, f"layers.{i}.qkv")
-            if layer.qkv_bias is not None:
-                qkv = graph.node("Add", [qkv, graph.constant(f"layers.{i}.qkv_bias", layer.qkv_bias)])[0]
-            attn = graph.attention(qkv, i, lengths, rotary)
-            h, residual = _norm(graph, residual, graph.matmul(attn, layer.o, f"layers.{i}.o"),
-                                graph.constant(f"layers.{i}.ln2", layer.ln2), eps)
-            gate, up = graph.node("Split", [graph.matmul(h, layer.gate_up, f"layers.{i}.gate_up")], 2, axis=-1, num_outputs=2)
-            silu = graph.node("Mul", [gate, graph.node("Sigmoid", [gate])[0]])[0]
-            mlp_out = graph.matmul(graph.node("Mul", [silu, up])[0], layer.down, f"layers.{i}.down")
-            del layer.qkv, layer.o, layer.gate_up, layer.down  # on disk now: the next layer's copies replace them
-            graph.layer_written(i)
-        h, _ = _norm(graph, residual, mlp_out, graph.constant("norm", self.norm), eps)
-        return graph.lm_head(h, self.lm_head)
+            yield i, (self.layer(self.pending, i) if self.pending is not None else self.layers[i])
 
 
-def _norm(graph: FusedGraph, residual: str, added: str | None, weight: str, eps: dict) -> tuple[str, str]:
-    """RMSNorm of residual + added; returns (normed, the new residual stream)."""
-    if added is None:
-        return graph.node("SimplifiedLayerNormalization", [residual, weight], **eps)[0], residual
-    normed, _, _, summed = graph.node("SkipSimplifiedLayerNormalization", [residual, added, weight], skip_outputs(graph), domain=MS,
-                                      epsilon=eps["epsilon"])
-    return normed, summed
+def _scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return x if scale == 1.0 else x * scale
 
 
-def _consumed(weights: dict[str, torch.Tensor], prefix: str) -> _Layer:
-    """A layer built from its checkpoint tensors, which then leave ``weights``: the module holds its own
-    (transposed, fused) copies, so building layer by layer never holds two copies of the whole model."""
-    layer = _Layer(weights, prefix)
-    for name in [name for name in weights if name.startswith(prefix)]:
-        del weights[name]
-    return layer
+def _biased(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x if bias is None else x + bias
 
 
 class _Layer(nn.Module):
-    def __init__(self, weights: dict[str, torch.Tensor], prefix: str):
+    def __init__(self, family: Family, weights: dict[str, torch.Tensor], prefix: str):
         super().__init__()
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
-        # q, k, v (and gate, up) are fused into one MatMul each: fewer, larger kernels per layer.
-        self.qkv = transposed(torch.cat([take(weights, f"{attn}{p}_proj.weight") for p in "qkv"], dim=0))
-        biases = [weights.get(f"{attn}{p}_proj.bias") for p in "qkv"]
-        if any(b is not None for b in biases):
-            sizes = [take(weights, f"{attn}{p}_proj.weight").shape[0] for p in "qkv"]
-            biases = [b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]
-            self.qkv_bias = frozen(torch.cat(biases))
+        # q, k, v (and gate, up) are fused into one MatMul each: fewer, larger kernels per layer. A checkpoint that
+        # stores them fused (Phi-3: rows q, k, v and gate, up) is taken as it is.
+        if family.fused_projections:
+            self.qkv = transposed(take(weights, f"{attn}qkv_proj.weight"))
+            self.qkv_bias = _bias(weights, f"{attn}qkv_proj.bias")
+            self.gate_up = transposed(take(weights, f"{mlp}gate_up_proj.weight"))
+            self.gate_up_bias = _bias(weights, f"{mlp}gate_up_proj.bias")
         else:
-            self.qkv_bias = None
-        if f"{attn}o_proj.bias" in weights or f"{mlp}down_proj.bias" in weights:
-            raise ExportError(f"{prefix}: output-projection biases are not supported by the llama exporter")
-        self.o = transposed(take(weights, f"{attn}o_proj.weight"))
-        gate, up = take(weights, f"{mlp}gate_proj.weight"), take(weights, f"{mlp}up_proj.weight")
-        self.gate_up = transposed(torch.cat([gate, up], dim=0))
+            self.qkv = transposed(torch.cat([take(weights, f"{attn}{p}_proj.weight") for p in "qkv"], dim=0))
+            self.qkv_bias = _joined_bias(weights, [f"{attn}{p}_proj" for p in "qkv"])
+            gate, up = take(weights, f"{mlp}gate_proj.weight"), take(weights, f"{mlp}up_proj.weight")
+            self.gate_up = transposed(torch.cat([gate, up], dim=0))
+            self.gate_up_bias = _joined_bias(weights, [f"{mlp}gate_proj", f"{mlp}up_proj"])
+        self.o, self.o_bias = transposed(take(weights, f"{attn}o_proj.weight")), _bias(weights, f"{attn}o_proj.bias")
         self.down = transposed(take(weights, f"{mlp}down_proj.weight"))
-        self.ln1 = frozen(take(weights, prefix + "input_layernorm.weight"))
-        self.ln2 = frozen(take(weights, prefix + "post_attention_layernorm.weight"))
+        self.down_bias = _bias(weights, f"{mlp}down_proj.bias")
+        for slot in NORM_SLOTS:
+            name = getattr(family.norms, slot)
+            setattr(self, slot, None if name is None else frozen(take(weights, f"{prefix}{name}.weight") + family.norm_offset))
+        if family.qk_norm:
+            self.q_norm = frozen(take(weights, f"{attn}q_norm.weight") + family.norm_offset)
+            self.k_norm = frozen(take(weights, f"{attn}k_norm.weight") + family.norm_offset)
 
 
-class LlamaFamily:
-    name = "llama"
-    model_types = ("llama", "mistral", "qwen2")
+def _bias(weights: dict[str, torch.Tensor], name: str) -> nn.Parameter | None:
+    return frozen(weights[name]) if name in weights else None
+
+
+def _joined_bias(weights: dict[str, torch.Tensor], projections: list[str]) -> nn.Parameter | None:
+    """The biases of projections fused into one MatMul, joined (zeros for one without), or None if none has one."""
+    biases = [weights.get(f"{p}.bias") for p in projections]
+    if all(b is None for b in biases):
+        return None
+    sizes = [take(weights, f"{p}.weight").shape[0] for p in projections]
+    return frozen(torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]))
+
+
+class DecoderFamily:
+    """A described family as the registry's ``Architecture``: its sizes and its verify model."""
+
+    def __init__(self, family: Family):
+        self.family, self.name, self.model_types = family, family.name, family.model_types
 
     def dims(self, config) -> Dims:
         heads = config.num_attention_heads
@@ -161,16 +171,16 @@ class LlamaFamily:
             max_positions=getattr(config, "max_position_embeddings", None),
         )
 
-    def build(self, config, weights: dict[str, torch.Tensor], capacity: int, streamed: bool = False) -> LlamaVerify:
-        act = getattr(config, "hidden_act", "silu")
-        if act != "silu":
-            raise ExportError(f"hidden_act {act!r} is not supported for {config.model_type}; expected 'silu'")
-        window = getattr(config, "sliding_window", None)
-        if window and getattr(config, "use_sliding_window", True) and capacity > window:
-            raise ExportError(
-                f"capacity {capacity} exceeds the model's sliding_window {window}; export with --capacity <= {window}"
-            )
-        return LlamaVerify(config, weights, self.dims(config), streamed).eval()
+    def features(self, config) -> tuple[str, ...]:
+        dims = self.dims(config)
+        return features(self.family, self.family.settings(config, dims), dims, bool(getattr(config, "tie_word_embeddings", False)))
+
+    def build(self, config, weights: dict[str, torch.Tensor], capacity: int, streamed: bool = False) -> DecoderVerify:
+        return DecoderVerify(self.family, config, weights, self.dims(config), streamed).eval()
 
 
-register(LlamaFamily())
+LLAMA = Family("llama", ("llama", "mistral", "qwen2"))
+
+register(DecoderFamily(LLAMA))
+
+__all__ = ["LLAMA", "DecoderFamily", "DecoderVerify", "ExportError", "Settings"]

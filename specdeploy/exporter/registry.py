@@ -1,5 +1,6 @@
-"""Architectures are registered, not branched on: one small module per family, which a type checker can check against
-the protocols here (``Architecture``, and ``VerifyModel`` for what its ``build`` returns)."""
+"""Architectures are registered, not branched on: a decoder family is a description (``family.Family``, declared in
+families.py and llama.py) over one block builder, GPT-2 a module of its own; each is an ``Architecture`` a type
+checker can check against the protocols here (and ``VerifyModel`` for what its ``build`` returns)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ class Architecture(Protocol):
 
     def dims(self, config) -> Dims:
         """The sizes of a config."""
+        ...
+
+    def features(self, config) -> tuple[str, ...]:
+        """What sets a config's model apart from a plain Llama, in words (the manifest's ``features``)."""
         ...
 
     def build(self, config, weights: dict[str, torch.Tensor], capacity: int, streamed: bool = False) -> VerifyModel:

@@ -4,6 +4,13 @@ from tests import tiny
 
 # Llama-family head_dim 16: ONNX Runtime's GroupQueryAttention (the fused form) rotates only multiples of 16.
 FUSED_READY = {"hidden_size": 64}
+# head_dim 16 apart from hidden / heads (32 / 4 = 8)
+APART = {"head_dim": 16}
+WINDOW = 4  # shorter than every text the parity tests run (7 to 14 tokens) and the greedy tests (40)
+# each layer's kind: the first windowed, the second full
+LAYER_TYPES = ["sliding_attention", "full_attention"]
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+            "long_factor": [1.0 + 0.5 * i for i in range(8)]}
 
 # name -> config factory; every registered model_type must appear (see test_parity's meta-test).
 PARITY_CASES = {
@@ -13,8 +20,38 @@ PARITY_CASES = {
                                "original_max_position_embeddings": 16}),
     "llama-rope-linear": lambda: tiny.llama_config("llama", **FUSED_READY, rope_scaling={"rope_type": "linear",
                                                                                             "factor": 2.0}),
+    # YaRN's attention factor (0.1 ln(factor) + 1 = 1.14) scales cos and sin
+    "llama-rope-yarn": lambda: tiny.llama_config("llama", **FUSED_READY, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
     "llama-tied": lambda: tiny.llama_config("llama", **FUSED_READY, tie_word_embeddings=True),
     "mistral": lambda: tiny.llama_config("mistral", **FUSED_READY, sliding_window=None),
+    "mistral-window": lambda: tiny.llama_config("mistral", **FUSED_READY, sliding_window=WINDOW),
     "qwen2": lambda: tiny.llama_config("qwen2", **FUSED_READY, tie_word_embeddings=True),
+    # per-head q/k norms; the second layer windowed (Qwen windows the layers from max_window_layers on)
+    "qwen3": lambda: tiny.llama_config("qwen3", **APART, use_sliding_window=True, sliding_window=WINDOW,
+                                       max_window_layers=1),
+    "gemma2": lambda: tiny.llama_config("gemma2", **APART, query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
+                                        final_logit_softcapping=4.0, sliding_window=WINDOW, layer_types=LAYER_TYPES,
+                                        tie_word_embeddings=True),
+    # a local RoPE base for windowed layers, a global one (linear-scaled) for full ones; per-head q/k norms
+    "gemma3_text": lambda: tiny.llama_config("gemma3_text", **APART, query_pre_attn_scalar=24, final_logit_softcapping=6.0,
+                                             sliding_window=WINDOW, layer_types=LAYER_TYPES, rope_parameters={
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}),
+    # fused q/k/v and gate/up; long-RoPE (attention factor sqrt(1 + ln 4 / ln 64) = 1.15), texts within its 64 positions
+    "phi3": lambda: tiny.llama_config("phi3", **FUSED_READY, rope_scaling=LONGROPE, original_max_position_embeddings=64,
+                                      sliding_window=None, pad_token_id=0),
+    # half of each head rotated
+    "phi3-partial": lambda: tiny.llama_config("phi3", **FUSED_READY, partial_rotary_factor=0.5, sliding_window=None,
+                                              pad_token_id=0),
+    "granite": lambda: tiny.llama_config("granite", **APART, embedding_multiplier=6.0, attention_multiplier=0.05,
+                                         residual_multiplier=0.3, logits_scaling=4.0),
+    "olmo2": lambda: tiny.llama_config("olmo2", **APART),
+    # the second layer without RoPE, and windowed (SmolLM3 windows only rope-less layers)
+    "smollm3": lambda: tiny.llama_config("smollm3", **APART, no_rope_layers=[1, 0], use_sliding_window=True,
+                                         sliding_window=WINDOW, pad_token_id=None),
     "gpt2": lambda: tiny.gpt2_config(),
 }
+
+# cases one graph form refuses, with why (tests/exporter/test_families.py checks the refusal)
+REFUSED = {("phi3-partial", "fused"): "partial rotary"}

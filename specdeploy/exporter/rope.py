@@ -1,0 +1,86 @@
+"""Rotary position embeddings as a config describes them: inverse frequencies, the attention factor that scales
+cos/sin, the rotated share of each head and, for long-RoPE, the second set of frequencies past the trained length.
+
+The frequencies come from transformers' own ``ROPE_INIT_FUNCTIONS`` (linear, llama3, YaRN, long-RoPE), so a scaled
+RoPE is the one transformers computes. A config whose ``rope_parameters`` are keyed by layer type (Gemma 3: a local
+base for sliding layers, a global one for full layers) gives one ``Rope`` per layer type.
+
+Long-RoPE picks short or long factors by length: transformers uses the long factors for every token of a call
+whose last position is at or past ``original_max_position_embeddings``, and the short ones otherwise, so the same
+token's K/V depends on how the text was split into calls. Here the choice is per position (short below the trained
+length, long from it on): a token's K/V is a function of its position alone, which keeps rollback, ragged rows and
+the prefix cache exact. That is what transformers computes for any text within the trained length, and for a
+longer one generated token by token after a prompt within it; a single transformers call over a text that crosses
+the length rotates its earlier tokens with the long factors too, which this graph does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ExportError
+
+SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+@dataclass(frozen=True)
+class Rope:
+    """One RoPE: ``inv_freq`` [rotary_dim / 2] and the ``scaling`` (attention factor) applied to cos and sin; with
+    long-RoPE, ``long_inv_freq`` used from position ``original`` on."""
+
+    inv_freq: torch.Tensor
+    scaling: float = 1.0
+    long_inv_freq: torch.Tensor | None = None
+    original: int | None = None
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head are rotated (the rest pass through: partial rotary)."""
+        return 2 * self.inv_freq.shape[0]
+
+    def angles(self, pos: torch.Tensor) -> torch.Tensor:
+        """pos [...] -> angles [..., rotary_dim / 2]: position times each frequency, long-RoPE's chosen per position."""
+        angles = pos[..., None].to(torch.float32) * self.inv_freq
+        if self.long_inv_freq is None:
+            return angles
+        long = pos[..., None].to(torch.float32) * self.long_inv_freq
+        return torch.where(pos[..., None] >= self.original, long, angles)
+
+    def tables(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for rotate-half RoPE at positions ``pos`` [batch, tokens].  # each [batch, 1, tokens, rotary_dim]"""
+        angles = self.angles(pos)
+        emb = torch.cat([angles, angles], dim=-1)
+        return (emb.cos() * self.scaling)[:, None], (emb.sin() * self.scaling)[:, None]
+
+
+def ropes(config, head_dim: int) -> dict[str | None, Rope]:
+    """Each RoPE of ``config``: keyed by layer type where its ``rope_parameters`` are (Gemma 3), else under None."""
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    types = set(getattr(config, "layer_types", None) or ())
+    if types and types <= set(params) and all(isinstance(params[t], dict) for t in types):
+        return {t: _rope(config, head_dim, dict(params[t]), t) for t in sorted(types)}
+    return {None: _rope(config, head_dim, params, None)}
+
+
+def _rope(config, head_dim: int, params: dict, layer_type: str | None) -> Rope:
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE:
+        raise ExportError(f"rope_type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE)}")
+    if rope_type == "default":
+        theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+        dim = int(head_dim * partial)
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        return Rope(inv_freq)
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    init = ROPE_INIT_FUNCTIONS[rope_type]
+    kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+    inv_freq, scaling = init(config, torch.device("cpu"), **kwargs)
+    if rope_type != "longrope":
+        return Rope(inv_freq.to(torch.float32), float(scaling))
+    original = int(params["original_max_position_embeddings"])
+    long_inv_freq, _ = init(config, torch.device("cpu"), seq_len=original + 1, **kwargs)
+    return Rope(inv_freq.to(torch.float32), float(scaling), long_inv_freq.to(torch.float32), original)
