@@ -2,9 +2,14 @@
 
 A policy answers ``next_k(batch, lookup)``: how many drafts the next cycle of a batch of ``batch`` rows
 proposes by the draft model (``lookup=False``) or by prompt lookup (``lookup=True``: drafts that cost no
-model call); 0: that source does not draft. ``observe`` hears what a cycle did; ``catchup_pays`` judges
-whether drafting repays the draft model catching up on tokens it has not seen. ``stop_below`` (None: never)
-asks the drafter to stop a row's drafts once the draft's top probability falls below it.
+model call); 0: that source does not draft. A suffix index's drafts are priced row by row: ``index_k`` bounds
+them, and ``free_drafts`` says how many of a row's to verify from the index's estimates of them. ``observe``
+hears what a cycle did (``CycleOutcome``: what the proposal drafted, what was kept, what the calls cost);
+``catchup_pays`` judges whether drafting repays the draft model catching up on tokens it has not seen.
+``stop_below`` (None: never) stops a row's model drafts once the draft's top probability falls below it.
+
+A policy never sees a drafter, nor a drafter the policy: the decoder asks the policy for counts, hands them
+to the drafter, and hands what the drafter returned back to the policy (``decoder.Generation._propose``).
 
 The simple policies live here; the cost policy, the default, in ``cost_policy``; ``registry`` names them all.
 """
