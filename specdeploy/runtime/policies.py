@@ -28,7 +28,7 @@ class CycleOutcome:
     batch: int
     drafted: Sequence[int] = ()  # drafts verified per row (0: the row decoded plainly)
     accepted: Sequence[int] = ()  # drafts kept per row
-    lookup: Sequence[bool] = ()  # per row: its drafts came from prompt lookup
+    lookup: Sequence[bool] = ()  # per row: its drafts cost no model call (prompt lookup's or a suffix index's)
     first_call_seconds: float = 0.0  # the cycle's first draft call, which feeds what the draft has not seen yet
     first_call_tokens: int = 0  # tokens a row in that call (1-2 after a drafting cycle; more: a catch-up); 0: none
     later_call_seconds: float = 0.0  # the draft calls after the first, together
@@ -45,7 +45,8 @@ class Policy(ABC):
 
     @abstractmethod
     def next_k(self, batch: int, lookup: bool = False) -> int:
-        """Drafts the next cycle proposes by the draft model, or (``lookup``) by prompt lookup; 0: none."""
+        """Drafts the next cycle proposes by the draft model, or (``lookup``) by prompt lookup; 0: none (a suffix
+        index's drafts: ``index_k`` and ``free_drafts``)."""
 
     def observe(self, outcome: CycleOutcome) -> None:  # noqa: B027 (a default: nothing to learn)
         """Learn from a cycle."""
