@@ -40,12 +40,6 @@ def test_every_file_under_docs_is_reached_from_the_readme():
     docs = {path.resolve() for path in (ROOT / "docs").rglob("*") if path.is_file()}
     assert docs, "docs/ is empty"
     assert not sorted(docs - reached), sorted(str(path.relative_to(ROOT)) for path in docs - reached)
-    assert len(docs) <= 40, f"{len(docs)} files under docs/; at most 40: one canonical result per benchmark"
-
-
-def test_the_readme_is_a_front_door():
-    lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= 250, f"README.md has {len(lines)} lines; at most 250"
 
 
 def test_every_tool_the_pages_run_exists():

@@ -8,9 +8,11 @@ on this machine by tokens and past (``measure``), every configuration then runs 
 drafters and policies against ``ReplayEngine``s: each returns the recorded next token at the positions on the
 recorded text and moves a virtual clock by the call's cost from the table. ``time.perf_counter`` reads that
 clock, so the policies measure the table's costs, and the runtime's own time between calls is counted as it
-runs. The same configuration over the same traces gives the same seconds whatever else the machine does, and
-a change to a policy is judged on many prompts in seconds, not hours of noisy runs; a paired wall-clock run
-(``tools/bench_peer.py``) then confirms what the replay chose.
+runs. The same configuration over the same traces gives nearly the same seconds whatever else the machine does
+(exactly the same, and so the same decisions, with ``--no-runtime-time``, which counts the runtime's own time as
+nothing: on a loaded machine that time can tip a near-tie, 42 of 952 runs apart between two runs of one tree at a
+load of 10 on 2 cores), and a change to a policy is judged on many prompts in seconds, not hours of noisy runs; a
+paired wall-clock run (``tools/bench_peer.py``) then confirms what the replay chose.
 
 What a replay leaves out: near-ties that a verification's arithmetic tips (a real speculative run can leave
 the plain text there, README: Exactness), a machine's drift, and the first calls of a process at each shape,
@@ -103,11 +105,12 @@ class VirtualClock:
     """``time.perf_counter`` while a replay runs: real time, plus what the replayed calls cost beyond their own
     run time. Installed for the whole process (the runtime reads ``time.perf_counter`` everywhere)."""
 
-    def __init__(self):
-        self.offset = 0.0
+    def __init__(self, runtime_time: bool = True):
+        # runtime_time False: only the replayed calls move it (the runtime's own time counts as nothing)
+        self.offset, self.real = 0.0, _real_clock if runtime_time else (lambda: 0.0)
 
     def __call__(self) -> float:
-        return _real_clock() + self.offset
+        return self.real() + self.offset
 
     def __enter__(self) -> VirtualClock:
         time.perf_counter = self
@@ -152,7 +155,7 @@ class ReplayEngine(Engine):
         return cache[0].shape[2]
 
     def infer_impl(self, input_ids, past_len, cache, kept: int):
-        began = _real_clock()
+        began = self.clock.real()
         batch, tokens = input_ids.shape
         self.calls.append((batch, tokens, kept))
         keys = cache[0]  # [batch, kv_heads, capacity, 2]
@@ -180,7 +183,7 @@ class ReplayEngine(Engine):
             cost *= self.cold
         if self.noise:
             cost *= float(np.exp(self.noise * self.rng.standard_normal()))
-        self.clock.offset += cost - (_real_clock() - began)
+        self.clock.offset += cost - (self.clock.real() - began)
         return logits, None, None  # no new K/V (the graph writes in place), no ids
 
     def _guesses(self):
@@ -297,7 +300,7 @@ def measure(pipeline, rounds: int = 5, log=print) -> dict:
 
 
 def replay(data: dict, config, fresh: bool = True, cold: float = 1.0, traces: list[Trace] | None = None,
-           noise: float = 0.0, seed: int = 0) -> list[dict]:
+           noise: float = 0.0, seed: int = 0, runtime_time: bool = True) -> list[dict]:
     """Run ``config`` over the recorded traces through the real runtime and replay engines; per trace, the
     virtual seconds (prefill and decoding) and what the policy did. ``fresh``: each request a new process
     (``specdeploy generate``: costs recalled from the previous process's record, every shape cold again);
@@ -310,7 +313,7 @@ def replay(data: dict, config, fresh: bool = True, cold: float = 1.0, traces: li
     traces = traces if traces is not None else [Trace(**t) for t in data["traces"]]
     specs = {role: ModelSpec(**{**spec, "eos_token_ids": tuple(spec["eos_token_ids"])}) for role, spec in data["models"].items()}
     manifest = Manifest(models=specs)
-    costs, clock, memory = CostTable(data["costs"]), VirtualClock(), _Remembered()
+    costs, clock, memory = CostTable(data["costs"]), VirtualClock(runtime_time), _Remembered()
     # one index of earlier answers for the whole run, as one pipeline or server keeps it: a trace drafts from the
     # traces before it, never from its own recorded answer; each configuration's run starts it empty
     store = SuffixStore()
@@ -468,6 +471,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--noise", type=number(0), default=0.0,
                      help="each call's cost times exp(NOISE x a standard normal draw): a shared machine's spread")
     run.add_argument("--seeds", type=integer(1), default=1, help="with --noise: replay each configuration this many times")
+    run.add_argument("--no-runtime-time", dest="runtime_time", action="store_false",
+                     help="count the runtime's own time as nothing: only the table's costs move the clock, so two trees' "
+                     "decisions and seconds compare exactly, whatever the machine's load")
     run.add_argument("--out", type=Path, default=None, help="write the runs and the summary as JSON")
     return options
 
@@ -513,7 +519,7 @@ def _replay_configurations(args: argparse.Namespace, data: dict) -> None:
         for name, config in configurations(args.ks).items():
             for seed in range(args.seeds if args.noise else 1):
                 for row in replay(data, replace(config, max_new_tokens=tokens), fresh=not args.warm, cold=args.cold,
-                                  noise=args.noise, seed=seed):
+                                  noise=args.noise, seed=seed, runtime_time=args.runtime_time):
                     runs[name].append({**row, "config": name, "max_new_tokens": tokens, "seed": seed})
     summary = summarize(runs, lengths)
     if args.out:

@@ -51,11 +51,12 @@ def cache_bytes(specs: dict[str, ModelSpec], batch: int, capacity: int) -> dict[
 
 
 def plan_batch(prompt_lengths: list[int], config: GenerationConfig, limit: int, specs: dict[str, ModelSpec],
-               max_cache_bytes: int | None = None, why: str = EXPORTED) -> int:
-    """Cache slots for a batch (``plan_capacity``), refused if the caches of the models in ``specs``
-    would need more than ``max_cache_bytes`` together."""
-    capacity = plan_capacity(prompt_lengths, config.max_new_tokens, config.max_drafts, limit,
-                             why=why)
+               max_cache_bytes: int | None = None, why: str = EXPORTED, capacity: int | None = None) -> int:
+    """Cache slots a row for a batch: ``capacity`` where the caller fixes them (each row checked to fit them alone),
+    else what its longest prompt and answer need (``plan_capacity``); refused if the caches of the models in ``specs``
+    would need more than ``max_cache_bytes`` together at those slots."""
+    if capacity is None:
+        capacity = plan_capacity(prompt_lengths, config.max_new_tokens, config.max_drafts, limit, why=why)
     if max_cache_bytes is not None:
         sizes = cache_bytes(specs, len(prompt_lengths), capacity)
         if sizes["total"] > max_cache_bytes:

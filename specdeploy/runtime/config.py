@@ -39,9 +39,10 @@ class GenerationConfig:
     verification, a prefill chunk), so greedy speculative output equals this mode's greedy plain output bit for bit
     for any drafter, k, batch and batch mates; without it, a near-tie of a compressed target can go either way.
 
-    The speculation defaults (``k``, ``policy``, ``drafter``) are the CLI's and the server's too: the cost policy
-    prices each source of drafts (prompt lookup, the draft model) and plain decoding by what they cost on this
-    machine, and drafts at most ``k`` a cycle; on an artifact without a draft model it drafts by lookup alone.
+    The speculation defaults (``k``, ``policy``, ``drafter``) are the CLI's and the server's too: the hybrid drafter
+    under the cost policy, which prices each source of drafts (the suffix index of the request's own text and earlier
+    answers, the draft model) and plain decoding by what they cost on this machine, and drafts at most ``k`` a cycle;
+    on an artifact without a draft model it drafts from the suffix index alone.
 
     Every field is checked on construction and never coerced silently: NumPy integers and floats are
     taken as the Python numbers they hold; strings, bools where numbers belong, NaN and infinities

@@ -2,11 +2,13 @@
 
 It prices a cycle of K drafts with a table of what each call costs on this machine (``Costs``, by batch size and
 tokens a row: measured when the pipeline warms its shapes up, then as it runs) and the acceptance the text has
-shown (``acceptance``), for each source of drafts apart: the draft model, whose drafts cost calls, and prompt
-lookup, whose drafts cost only a longer verification. Before the draft model drafts, it may have a prompt to
-catch up on: ``catchup_pays`` weighs that against what drafting would save over the tokens to come. What it
-refuses it re-measures now and then from one exploration budget: a share of the time decoded without that
-source, halved each time a "no" is confirmed.
+shown (``acceptance``), for each source of drafts apart: the draft model, whose drafts cost calls, and the sources
+whose drafts cost only a longer verification: a suffix index, whose drafts each carry an estimate and are priced
+row by row (``free_drafts``: the default, the hybrid drafter, weighs them against the draft model's), and prompt
+lookup (``next_k(lookup=True)``). Before the draft model drafts, it may have a prompt to catch up on:
+``catchup_pays`` weighs that against what drafting would save over the tokens to come. What it refuses it
+re-measures now and then from one exploration budget: a share of the time decoded without that source, halved
+each time a "no" is confirmed.
 
 Each estimate is a pure function below; ``tools/replay.py`` judges the whole on recorded traces.
 """
@@ -29,7 +31,9 @@ EXPLORE_SHARE = 0.05  # of the time decoded without a source, at most this spent
 # a suffix index's estimate of a draft, in buckets (upper edges) that each learn how often the target keeps one
 ESTIMATE_EDGES = (0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95)
 
-SOURCES = ("model", "lookup")  # who drafts: the draft model, or prompt lookup (no model call)
+# whose acceptance is counted by position: the draft model, or prompt lookup (no model call, no estimates; a suffix
+# index's drafts are counted by their estimates instead: ``calibrated``)
+SOURCES = ("model", "lookup")
 
 
 @dataclass

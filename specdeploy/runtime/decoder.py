@@ -33,7 +33,7 @@ from .acceptance import accept_rows
 from .batching import RowCaches
 from .cache import rows_slots
 from .config import GenerationConfig
-from .drafters import Drafter, Proposal
+from .drafters import Drafter, Found, Proposal
 from .errors import ConcurrentUseError
 from .guards import check_merge, checked_join
 from .policies import CycleOutcome, Policy
@@ -220,11 +220,8 @@ class Generation:
     def cycle_rows(self, state: BatchState, cache: KVCache, draft_cache: KVCache | None):
         """One cycle, as the module's docstring has it; the policy hears what it cost and what it kept."""
         left, caps = state.budgets()
-        k, lookup_k = self._draft_lengths(state, draft_cache, left, caps)
-        if self.drafter.indexes:
-            self.drafter.priced_by(self.policy.free_drafts)  # the policy of this cycle (a front end may swap it)
-        proposal = (self.drafter.propose(state, draft_cache, k, lookup_k, caps) if k or lookup_k
-                    else Proposal.none(state.batch))
+        k, free_k = self._draft_lengths(state, draft_cache, left, caps)
+        proposal = self._propose(state, draft_cache, k, free_k, caps) if k or free_k else Proposal.none(state.batch)
         # the target has seen all but each row's last token (prefill and commits keep it so): verify from its past_len
         verified = self.target.infer(state.verify_inputs(proposal.drafts), cache.past_len, cache,
                                      widths=[drafted + 1 for drafted in proposal.drafted])
@@ -238,23 +235,36 @@ class Generation:
         committed, finished = state.commit(accepted, emitted, left)
         if self.on_verified is not None:
             self.on_verified(verified.logits, committed)
-        self.policy.observe(proposal.outcome(accepted, verified.seconds))
+        self.policy.observe(_outcome(proposal, accepted, verified))
         _record(state, self.cycle, proposal, accepted, committed, verified, accepted_at - began,
                 time.perf_counter() - accepted_at)
         return committed, finished
 
     def _draft_lengths(self, state: BatchState, draft_cache: KVCache | None, left: list[int], caps: list[int]) -> tuple[int, int]:
-        """This cycle's (model drafts, free drafts) a row, as the policy prices them (``Drafter.plan``), at most the
-        rows' largest cap; the model drafts only where its catch-up pays (``_catchup_pays``)."""
+        """This cycle's (model drafts, free drafts) a row, as the policy prices the sources the drafter has (index
+        drafts by ``index_k``, prompt lookup's by ``next_k(lookup=True)``, the model's by ``next_k``), at most the rows'
+        largest cap; the model drafts only where its catch-up pays (``_catchup_pays``)."""
         most = min(self.k, max(caps))
         if most <= 0:
             return 0, 0
-        batch = len(left)
-        k, lookup_k = self.drafter.plan(self.policy, batch, most)
-        behind = self.drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
+        batch, drafter, policy = len(left), self.drafter, self.policy
+        free = policy.index_k(batch) if drafter.indexes else policy.next_k(batch, lookup=True) if drafter.looks_up else 0
+        k = min(policy.next_k(batch), most) if drafter.uses_model else 0
+        behind = drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
         if behind and not self._catchup_pays(batch, behind, sum(left)):
             k = 0
-        return k, lookup_k
+        return k, min(free, most)
+
+    def _propose(self, state: BatchState, draft_cache: KVCache | None, k: int, free_k: int, caps: list[int]) -> Proposal:
+        """The drafter's proposal of up to ``k`` model drafts and ``free_k`` free drafts a row: of a row's suffix-index
+        drafts it verifies as many as the policy prices from their estimates (``Policy.free_drafts``; ``model``: the
+        draft model drafts the other rows), and the model drafts the rows left without."""
+        drafter, batch = self.drafter, state.batch
+        found = drafter.find(state, free_k, caps) if free_k else Found.nothing(batch)
+        if found.estimates is not None:
+            price, model = self.policy.free_drafts, k > 0
+            found = found.kept([price(batch, row, model) if len(row) else 0 for row in found.estimates])
+        return drafter.propose(state, draft_cache, k, found, caps)
 
     def _catchup_pays(self, rows: int, lag: int, to_come: int) -> bool:
         """Does feeding the draft the ``lag`` tokens it lacks of ``rows`` rows (with ``to_come`` new tokens left) pay,
@@ -381,10 +391,20 @@ def _truncate(request: Request, new: list[int], left: int) -> list[int]:
     return new
 
 
+def _outcome(proposal: Proposal, accepted: list[int], verified: EngineOutput) -> CycleOutcome:
+    """What the policy hears of a cycle: the proposal's rows and draft calls, the drafts each row kept (``accepted``),
+    and the target's call over K + 1 tokens a row (``verified``)."""
+    return CycleOutcome(batch=len(proposal.drafted), drafted=proposal.drafted, accepted=accepted,
+                        lookup=proposal.lookup, first_call_seconds=proposal.first_call_seconds,
+                        first_call_tokens=proposal.first_call_tokens, later_call_seconds=proposal.later_call_seconds,
+                        later_calls=proposal.later_calls, verify_seconds=verified.seconds,
+                        verify_tokens=proposal.drafts.shape[1] + 1, estimates=proposal.estimates)
+
+
 def _record(state: BatchState, cycle: int, proposal: Proposal, accepted: list[int], committed: list,
             verified: EngineOutput, accept_s: float, cache_s: float) -> None:
     """One record per row, with the drafts it had; the batched calls' seconds shared out equally among the rows
-    (staging the target's K/V counts as cache work)."""
+    (staging the target's K/V counts as cache work). Every ``CycleRecord`` is made here."""
     batch, now = len(accepted), time.perf_counter()
     draft_s, verify_s, accept_s = proposal.seconds / batch, verified.seconds / batch, accept_s / batch
     cache_s = (cache_s + verified.stage_seconds) / batch
@@ -394,7 +414,7 @@ def _record(state: BatchState, cycle: int, proposal: Proposal, accepted: list[in
         row = request.result
         row.decode_seconds = now - row.decode_started
         final = FinalToken.PLAIN if drafted == 0 else (FinalToken.BONUS if n == drafted else FinalToken.RECOVERED)
-        # made as the tuple it is, in CycleRecord's field order: the named constructor is dearer (docs/results/overhead)
-        row.records.append(tuple.__new__(CycleRecord, (row.request_id, cycle, drafted, n, n + 1 if n < drafted else None,
-                                                       final, len(new), draft_s, verify_s, accept_s, cache_s, batch,
-                                                       lookup, origin)))
+        row.records.append(CycleRecord(request_id=row.request_id, cycle=cycle, k=drafted, accepted=n,
+                                       rejected_at=n + 1 if n < drafted else None, final=final, emitted=len(new),
+                                       draft_s=draft_s, verify_s=verify_s, accept_s=accept_s, cache_s=cache_s,
+                                       batch_size=batch, lookup=lookup, drafted_from=origin))

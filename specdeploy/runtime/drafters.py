@@ -1,34 +1,37 @@
 """Drafters propose tokens for the target to verify: a draft model, a suffix index, prompt lookup, or none.
 
-A drafter is a proposer (``propose``, ``rollback``): it reads the batch's rows through a narrow view
-(``rows.BatchView``: arrays, settings and generators in batch order) and, for a draft model, the draft's cache
-(``engines.base.KVCache``, owned by the generation with the batch's other rows), and returns a ``Proposal``. What a
-drafter can do is declared: ``uses_model`` (it has a draft model and its cache), ``looks_up`` (it drafts without a
-model call: by prompt lookup, or from a suffix index where it ``indexes``). How many drafts each source makes is the
-policy's choice (``k``, ``lookup_k``, and for index drafts each row's own count by ``price``: ``Policy.free_drafts``);
-each row drafts at most ``caps[b]`` (its own k and tokens left).
+A drafter is a proposer, as vLLM's are: it takes the batch's rows through a narrow view (``rows.BatchView``: arrays,
+settings and generators in batch order), counts, and for a draft model the draft's cache (``engines.base.KVCache``,
+owned by the generation with the batch's other rows), and returns what it drafted. It never sees the policy: the
+decoder asks the policy how many drafts each source makes and passes the counts, in two steps a cycle:
 
-The default, ``HybridDrafter``, drafts from the suffix index where the policy prices its drafts above the draft
-model's, and by the draft model elsewhere.
+1. ``find(state, free_k, caps)``: each row's drafts that cost no model call (``Found``): prompt lookup's, or a suffix
+   index's with the index's estimate of each draft and the request whose text they follow. The decoder asks the
+   policy how many of an index row's drafts to verify (``Policy.free_drafts``, from the estimates) and cuts them
+   (``Found.kept``).
+2. ``propose(state, cache, k, found, caps)``: the ``Proposal``: a row's found drafts where it has some, and up to
+   ``k`` drafts by the draft model for the others (``caps[b]``: row b's own k and tokens left bound both).
+
+What a drafter can do is declared: ``uses_model`` (it has a draft model and its cache), ``looks_up`` (it finds drafts
+without a model call), ``indexes`` (from a suffix index, with estimates). The default, ``HybridDrafter``, is composed
+of a ``SuffixDrafter`` and a ``ModelDrafter``: index drafts where the policy keeps some, the draft model elsewhere.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..engines.base import Engine, KVCache, feed
 from .errors import ConfigError
-from .policies import CycleOutcome, Policy
 from .rows import BatchView, RowResult
 from .sampling import keyed_token, penalize, row_probabilities, sample
 from .suffix import LEVELS, SuffixIndex, propose
 
-# (batch, a row's index drafts' estimates, whether the model drafts the other rows) -> how many of them to verify
-Price = Callable[[int, list[float], bool], int]
+MAX_NGRAM, MIN_NGRAM = 3, 1  # prompt lookup continues the latest earlier match of the last n tokens, longest n first
+_NONE = np.zeros(0, np.int64)  # a row that found nothing (never written)
 
 
 @dataclass(slots=True)
@@ -38,8 +41,8 @@ class Proposal:
     drafts: np.ndarray  # [batch, width] int64; a model drafter's: a view of its buffer, valid until its next proposal
     q: np.ndarray | None  # [batch, width, vocab] proposal distributions; None: deterministic (one-hot)
     drafted: list[int]  # [batch] drafts row b really has
-    lookup: list[bool] = field(default_factory=list)  # [batch] row b's drafts came from prompt lookup
-    seconds: float = 0.0  # drafting: engine calls and their bookkeeping
+    lookup: list[bool] = field(default_factory=list)  # [batch] row b's drafts cost no model call (lookup or index)
+    seconds: float = 0.0  # drafting: engine calls and their bookkeeping, finding free drafts included
     first_call_seconds: float = 0.0  # the first draft call, which feeds what the draft had not seen
     first_call_tokens: int = 0  # tokens a row that first call fed (the widest row's lag)
     later_calls: int = 0  # draft calls after the first
@@ -47,17 +50,43 @@ class Proposal:
     estimates: list[list[float] | None] | None = None  # [batch] an index row's estimate of each draft (else None)
     origins: list[str | None] | None = None  # [batch] the request whose text an index row's drafts follow
 
-    def outcome(self, accepted: list[int], verify_seconds: float) -> CycleOutcome:
-        """What the policy hears of the cycle these drafts were verified in: ``accepted`` drafts per row, the target's
-        call over K + 1 tokens a row in ``verify_seconds``."""
-        return CycleOutcome(len(self.drafted), self.drafted, accepted, self.lookup, self.first_call_seconds,
-                            self.first_call_tokens, self.later_call_seconds, self.later_calls, verify_seconds,
-                            self.drafts.shape[1] + 1, self.estimates)
+    @classmethod
+    def none(cls, batch: int, seconds: float = 0.0) -> Proposal:
+        """No drafts: the cycle is a plain decoding step (``seconds``: spent finding none)."""
+        return cls(np.zeros((batch, 0), np.int64), None, [0] * batch, [False] * batch, seconds)
+
+
+@dataclass(slots=True)
+class Found:
+    """Each row's drafts that cost no model call, before and after the policy chose how many of them to verify."""
+
+    drafts: list[np.ndarray]  # [batch] row b's drafts, at most its cap (empty: none found)
+    estimates: list[list[float] | None] | None = None  # [batch] a suffix index's estimate of each; None: no estimates
+    origins: list[str | None] | None = None  # [batch] the request whose text row b's drafts follow (an index's)
+    seconds: float = 0.0  # finding them
 
     @classmethod
-    def none(cls, batch: int) -> Proposal:
-        """No drafts: the cycle is a plain decoding step."""
-        return cls(np.zeros((batch, 0), np.int64), None, [0] * batch, [False] * batch)
+    def nothing(cls, batch: int) -> Found:
+        return cls([_NONE] * batch)
+
+    def kept(self, keep: list[int]) -> Found:
+        """Row b's first ``keep[b]`` drafts, with their estimates and origin (a row that keeps none: None)."""
+        return Found([drafts[:n] for drafts, n in zip(self.drafts, keep)],
+                     None if self.estimates is None else [row[:n] or None for row, n in zip(self.estimates, keep)],
+                     None if self.origins is None else [origin if n else None for origin, n in zip(self.origins, keep)],
+                     self.seconds)
+
+    def proposal(self, state: BatchView) -> Proposal:
+        """These drafts alone as a proposal (deterministic: q one-hot), each row's filled after its last."""
+        width = max(map(len, self.drafts))
+        if not width:
+            return Proposal.none(state.batch, self.seconds)
+        began = time.perf_counter()
+        drafts = np.empty((state.batch, width), np.int64)
+        for b, row in enumerate(self.drafts):
+            _fill(drafts[b], row, state.tokens[b, state.lengths[b] - 1])
+        return Proposal(drafts, None, list(map(len, self.drafts)), [len(row) > 0 for row in self.drafts],
+                        self.seconds + time.perf_counter() - began, estimates=self.estimates, origins=self.origins)
 
 
 class Drafter:
@@ -66,31 +95,17 @@ class Drafter:
     uses_model = False
     looks_up = False
     indexes = False
+    engine: Engine | None = None  # the draft model, where ``uses_model``
 
-    def __init__(self, engine: Engine | None = None, stop_below: float | None = None, max_ngram: int = 3,
-                 min_ngram: int = 1):
-        # stop_below: a model row stops drafting once the draft's top probability falls below it (None: never);
-        # n-grams: prompt lookup continues the latest earlier match of the last n tokens, the longest n first
-        self.engine, self.stop_below, self.max_ngram, self.min_ngram = engine, stop_below, max_ngram, min_ngram
-        self._buffer: tuple | None = None  # a model drafter's drafts (``ModelDrafter._columns``)
-        self._own: dict[int, tuple] = {}  # an index drafter's: (a request's result, an index of its text), by id(result)
-        self._found_facts: tuple[list, list] | None = None  # the last ``_found``'s estimates and origins
-        self.price: Price | None = None  # an index drafter's: how many of a row's drafts to keep (None: all)
+    def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
+        """Up to ``free_k`` drafts a row that cost no model call, row b at most ``caps[b]``; none by default."""
+        return Found.nothing(state.batch)
 
-    def plan(self, policy: Policy, batch: int, most: int) -> tuple[int, int]:
-        """This cycle's (model drafts, free drafts) a row, as ``policy`` prices the sources this drafter has (index
-        drafts by ``index_k``, lookup by ``next_k(lookup=True)``, the model by ``next_k``), at most ``most`` each."""
-        free = policy.index_k(batch) if self.indexes else policy.next_k(batch, lookup=True) if self.looks_up else 0
-        return (min(policy.next_k(batch), most) if self.uses_model else 0), min(free, most)
-
-    def priced_by(self, price: Price | None) -> None:
-        """Index drafts are kept as ``price`` says (the generation's policy's ``free_drafts``; None: all found)."""
-        self.price = price
-
-    def propose(self, state: BatchView, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
-        """Up to ``k`` model drafts or ``lookup_k`` free drafts a row, row b at most ``caps[b]``; an index drafter
-        keeps of a row's drafts what its ``price`` says (``priced_by``), from their estimates."""
-        return Proposal.none(state.batch)
+    def propose(self, state: BatchView, cache: KVCache | None, k: int, found: Found, caps: list[int]) -> Proposal:
+        """The cycle's proposal: ``found``'s drafts (``find``'s, cut as the policy keeps them) and, for a drafter with
+        a model, up to ``k`` model drafts for the rows that found none, row b at most ``caps[b]``. By default the
+        found drafts alone."""
+        return found.proposal(state)
 
     def rollback(self, cache: KVCache | None, lengths: list[int]) -> None:
         """Tokens x[0:lengths[b]] stand (the verified prefix); anything the draft saw beyond them is forgotten."""
@@ -111,61 +126,37 @@ class NoDrafter(Drafter):
 
 class PromptLookup(Drafter):
     """Prompt lookup (n-gram) drafting, like transformers' ``prompt_lookup_num_tokens``: no model, proposals are
-    deterministic (q one-hot: sampling verification keeps a draft d with probability p(d))."""
+    deterministic (q one-hot: sampling verification keeps a draft d with probability p(d)); no estimates, so the
+    policy's ``next_k(lookup=True)`` alone sets their number."""
 
     looks_up = True
 
-    def propose(self, state: BatchView, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
+    def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
         began = time.perf_counter()
-        found = self._free(state, lookup_k, caps, False)
-        width = max(map(len, found))
-        if not width:
-            return Proposal.none(state.batch)
-        drafts = np.empty((state.batch, width), np.int64)
-        for b, cont in enumerate(found):
-            _fill(drafts[b], cont, state.tokens[b, state.lengths[b] - 1])
-        return self._facts(Proposal(drafts, None, list(map(len, found)), [len(f) > 0 for f in found],
-                                    time.perf_counter() - began))
-
-    def _free(self, state: BatchView, lookup_k: int, caps: list[int], model: bool) -> list[np.ndarray]:
-        """Each row's free drafts (``_found``); an index drafter's cut to what ``price`` keeps of them, the draft
-        model drafting the other rows where ``model``."""
-        self._found_facts = None
-        found, price = self._found(state, lookup_k, caps), self.price
-        if self._found_facts is not None and price is not None:
-            estimates, origins = self._found_facts
-            keep = [price(state.batch, row, model) if len(row) else 0 for row in estimates]
-            found = [cont[:n] for cont, n in zip(found, keep)]
-            self._found_facts = ([row[:n] or None for row, n in zip(estimates, keep)],
-                                 [origin if n else None for origin, n in zip(origins, keep)])
-        return found
-
-    def _facts(self, proposal: Proposal) -> Proposal:
-        """``proposal`` with what the index said of its rows' drafts (their estimates and origins), if anything."""
-        if self._found_facts is not None:
-            proposal.estimates, proposal.origins = self._found_facts
-        return proposal
-
-    def _found(self, state: BatchView, lookup_k: int, caps: list[int]) -> list[np.ndarray]:
-        return [lookup(state.tokens[b, :length], min(lookup_k, cap), self.max_ngram, self.min_ngram)
-                for b, (length, cap) in enumerate(zip(state.lengths, caps))]
+        drafts = [lookup(state.tokens[b, :length], min(free_k, cap), MAX_NGRAM, MIN_NGRAM)
+                  for b, (length, cap) in enumerate(zip(state.lengths, caps))]
+        return Found(drafts, seconds=time.perf_counter() - began)
 
 
-class SuffixDrafter(PromptLookup):
+class SuffixDrafter(Drafter):
     """Drafts from a suffix index (``suffix``) over each request's own text (its prompt and committed tokens) and the
     texts of earlier requests in its scope (``RowSettings.index``; None: its own text alone). No model call; the
     drafts are deterministic (q one-hot), and a row's read its own text and its scope alone, never its batch mates'.
-    Each row's proposal carries the index's estimate of each draft, which the policy prices (``price``)."""
+    Each row's drafts carry the index's estimate of each, from which the policy prices how many to verify."""
 
     looks_up = indexes = True
 
-    def _found(self, state: BatchView, lookup_k: int, caps: list[int]) -> list[np.ndarray]:
+    def __init__(self):
+        self._own: dict[int, tuple] = {}  # (a request's result, an index of its text), by id(result)
+
+    def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
+        began = time.perf_counter()
         found, estimates, origins = [], [], []
         for b, (length, cap, (row, shared)) in enumerate(zip(state.lengths, caps, state.scopes)):
             own = self._own_text(state, b, row, length)
             context = state.tokens[b, max(0, length - LEVELS[0]) : length].tolist()
             drafts, estimate, origin = propose((own, shared) if shared is not None else (own,), context,
-                                               min(lookup_k, cap))
+                                               min(free_k, cap))
             if shared is not None and origin is not None:
                 shared.touch(origin)  # drafted from: the last of the shared texts to be evicted
             found.append(np.array(drafts, np.int64))
@@ -174,8 +165,7 @@ class SuffixDrafter(PromptLookup):
         if len(self._own) > 2 * state.batch + 8:  # requests that left: their text goes with them
             live = {id(row) for row, _ in state.scopes}
             self._own = {key: index for key, index in self._own.items() if key in live}
-        self._found_facts = estimates, origins
-        return found
+        return Found(found, estimates, origins, time.perf_counter() - began)
 
     def _own_text(self, state: BatchView, b: int, row: RowResult, length: int) -> SuffixIndex:
         """The index of request ``row``'s own committed text x[0:length] (row ``b``), brought up to date."""
@@ -194,18 +184,20 @@ class ModelDrafter(Drafter):
 
     uses_model = True
 
-    def __init__(self, engine: Engine | None = None, stop_below: float | None = None, max_ngram: int = 3,
-                 min_ngram: int = 1):
+    def __init__(self, engine: Engine | None, stop_below: float | None = None):
         if engine is None:
             raise ConfigError(f"drafter: {type(self).__name__} needs a draft model, and this artifact has none; use "
-                              "drafter='hybrid' (prompt lookup without one), 'prompt-lookup' or 'none', or export "
-                              "with --draft")
-        super().__init__(engine, stop_below, max_ngram, min_ngram)
+                              "drafter='hybrid' (the suffix index alone without one), 'suffix', 'prompt-lookup' or "
+                              "'none', or export with --draft")
+        # stop_below: a row stops drafting once the draft's top probability falls below it (None: never)
+        self.engine, self.stop_below = engine, stop_below
+        self._buffer: tuple | None = None  # the drafts' columns, kept from one cycle to the next (``_columns``)
 
-    def propose(self, state: BatchView, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
-        return self._model(state, cache, k, caps) if k else Proposal.none(state.batch)
+    def propose(self, state: BatchView, cache: KVCache | None, k: int, found: Found, caps: list[int]) -> Proposal:
+        """Up to ``k`` drafts a row by the model (a model drafter finds no free drafts: ``found`` is empty)."""
+        return self.draft(state, cache, k, caps) if k else Proposal.none(state.batch)
 
-    def _model(self, state: BatchView, cache: KVCache, k: int, caps: list[int]) -> Proposal:
+    def draft(self, state: BatchView, cache: KVCache, k: int, caps: list[int]) -> Proposal:
         """Up to k drafts a row by the draft model: every row drafts (greedy rows draw nothing), a sampled row only
         up to its cap, so that its random draws depend on its own settings alone, never on its batch mates'."""
         began = time.perf_counter()
@@ -273,38 +265,39 @@ class ModelDrafter(Drafter):
         return made, steps, np.stack(qs, axis=1) if qs else None, [min(made, limit) for limit in limits]
 
 
-class HybridDrafter(ModelDrafter, SuffixDrafter):
-    """The suffix index for rows where the policy prices its drafts above the draft model's, the draft model for the
-    others, in one cycle (``lookup_k`` 0: no index drafts; ``k`` 0: no model drafts). A row's choice reads its own
-    text and its scope's index alone, and index rows draw nothing, so no row's proposal depends on its batch mates'.
-    Without a draft model (a target-only artifact), it drafts from the index alone."""
+class HybridDrafter(Drafter):
+    """A suffix index's drafts for the rows where the policy keeps some, the draft model's for the others, in one
+    cycle (``found`` empty: no index drafts; ``k`` 0: no model drafts); composed of the two sources (``index``,
+    ``model``). A row's choice reads its own text and its scope's index alone, and index rows draw nothing, so no row's
+    proposal depends on its batch mates'. Without a draft model (a target-only artifact), it drafts from the index
+    alone."""
 
-    uses_model = looks_up = indexes = True
+    looks_up = indexes = True
 
-    def __init__(self, engine: Engine | None = None, stop_below: float | None = None, max_ngram: int = 3,
-                 min_ngram: int = 2):
-        Drafter.__init__(self, engine, stop_below, max_ngram, min_ngram)
-        self.uses_model = engine is not None
+    def __init__(self, index: SuffixDrafter, model: ModelDrafter | None):
+        self.index, self.model = index, model
+        self.uses_model = model is not None
+        self.engine = model.engine if model is not None else None
 
-    def propose(self, state: BatchView, cache: KVCache | None, k: int, lookup_k: int, caps: list[int]) -> Proposal:
-        modelling = bool(k) and self.uses_model
-        self._found_facts = None
-        found = (self._free(state, lookup_k, caps, modelling) if lookup_k
-                 else [np.zeros(0, np.int64)] * state.batch)
-        hits = [len(f) > 0 for f in found]
+    def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
+        return self.index.find(state, free_k, caps)
+
+    def propose(self, state: BatchView, cache: KVCache | None, k: int, found: Found, caps: list[int]) -> Proposal:
+        modelling = bool(k) and self.model is not None
+        hits = [len(row) > 0 for row in found.drafts]
         if not any(hits):
-            return self._model(state, cache, k, caps) if modelling else Proposal.none(state.batch)
+            return self.model.draft(state, cache, k, caps) if modelling else Proposal.none(state.batch, found.seconds)
         lengths = state.lengths
         if modelling and not all(hits):  # index rows get no model drafts; the draft keeps their prefix
-            modelled = self._model(state, cache, k, [0 if hit else cap for hit, cap in zip(hits, caps)])
+            modelled = self.model.draft(state, cache, k, [0 if hit else cap for hit, cap in zip(hits, caps)])
             cache.commit([length if hit else past for hit, length, past in zip(hits, lengths, cache.past_len.tolist())])
         else:  # no model call: the draft falls behind, and catches up when it next drafts
             modelled = Proposal.none(state.batch)
         began, made = time.perf_counter(), modelled.drafts.shape[1]
-        drafted = [len(f) if hit else n for hit, f, n in zip(hits, found, modelled.drafted)]
+        drafted = [len(row) if hit else n for hit, row, n in zip(hits, found.drafts, modelled.drafted)]
         drafts = np.empty((state.batch, max(drafted + [made])), np.int64)
-        for b, (hit, cont) in enumerate(zip(hits, found)):
-            _fill(drafts[b], cont if hit else modelled.drafts[b, : drafted[b]], state.tokens[b, lengths[b] - 1])
+        for b, (hit, row) in enumerate(zip(hits, found.drafts)):
+            _fill(drafts[b], row if hit else modelled.drafts[b, : drafted[b]], state.tokens[b, lengths[b] - 1])
         q = None
         if modelled.q is not None:  # sampled rows: the model's q where it drafted, one-hot elsewhere
             q = np.zeros((*drafts.shape, modelled.q.shape[-1]), modelled.q.dtype)
@@ -312,9 +305,11 @@ class HybridDrafter(ModelDrafter, SuffixDrafter):
             for b, hit in enumerate(hits):
                 first = 0 if hit else made
                 q[b, np.arange(first, drafts.shape[1]), drafts[b, first:]] = 1.0
+        # the model's proposal, its rows merged with the index's: its calls' timings stand for the cycle's
         modelled.drafts, modelled.q, modelled.drafted, modelled.lookup = drafts, q, drafted, hits
-        modelled.seconds += time.perf_counter() - began
-        return self._facts(modelled)
+        modelled.estimates, modelled.origins = found.estimates, found.origins
+        modelled.seconds += found.seconds + time.perf_counter() - began
+        return modelled
 
 
 def lookup(seq: np.ndarray, k: int, max_ngram: int, min_ngram: int = 1) -> np.ndarray:

@@ -16,7 +16,7 @@ from ..contract import PREFILL_CHUNK, Manifest
 from ..engines.base import feed
 from ..engines.even import EvenTokens
 from .artifact import open_artifact
-from .cache import EXPORTED, cache_bytes, plan_batch, slots_needed
+from .cache import EXPORTED, cache_bytes, plan_batch, plan_capacity, slots_needed
 from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
 from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer
@@ -256,26 +256,25 @@ class Pipeline:
         ``policy_for(config)``), ``request_ids`` (default: req-N) and ``listeners`` (``joining``, ``on_verified``) go to
         the ``Generation``.
         """
-        if not isinstance(config, GenerationConfig):
-            raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
+        _check_config(config)
         _check_prompt_list(prompts, "expected a non-empty list of prompts")
         mine = row_configs is not None
         row_configs = _row_configs(config, row_configs, len(prompts))
-        ids = [self.encode(p) for p in prompts]
-        for row in {config, *row_configs}:
-            self.check_stop_tokens(row)
+        self.check_stop_tokens(config)
         if any(row.exact != config.exact for row in row_configs):
             raise ConfigError(f"row_configs: exact={not config.exact} in a batch of exact={config.exact}; exact mode is "
                               "the batch's (its target calls), so every row's config must agree with config's")
         self.check_mode(config)
         target, costs = self.mode(config.exact)
-        policy, drafter = speculation(config, self.draft, costs, policy)
-        limit = _checked_capacity(capacity, min(s.capacity for s in self.manifest.models.values()))
+        policy, drafter = speculation(config, self.draft, costs, policy)  # a drafter the artifact cannot have: refused
+        ids = [self.check_request(prompt, row, capacity=capacity, k=config.max_drafts)
+               for prompt, row in zip(prompts, row_configs)]
+        limit = self.capacity_limit
         longest = max(row_configs, key=lambda c: c.max_new_tokens)
         specs = _model_specs(self.target, self.draft if drafter.uses_model else None)
-        needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens),
-                            capacity or limit, specs, self.max_cache_bytes,
-                            why="capacity is {limit} slots a row (as asked)" if capacity else EXPORTED)
+        # the batch's slots a row (each row fits them alone: ``check_request``) and its caches' memory
+        needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens), limit, specs,
+                            self.max_cache_bytes, capacity=capacity)
         request_ids = list(request_ids) if request_ids is not None else [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
         scopes = row_scopes(self.suffix_store, suffix_index, scope, len(prompts))
@@ -285,6 +284,30 @@ class Pipeline:
             self.warm_up(config.k, exact=config.exact)
         return Generation(target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
                           settings=settings, prefixes=self.prefix_cache, **listeners)
+
+    @property
+    def capacity_limit(self) -> int:
+        """Cache slots a row may have at most: the smallest capacity the artifact's models were exported with."""
+        return min(spec.capacity for spec in self.manifest.models.values())
+
+    def check_request(self, prompt: str | Sequence[int], config: GenerationConfig, *, capacity: int | None = None,
+                      k: int | None = None, why: str | None = None) -> np.ndarray:
+        """One request checked as ``start`` admits it, with no engine call and no cache: its prompt (text, or ids
+        inside the vocabulary: ``encode``), its settings (a GenerationConfig whose stop ids are inside the vocabulary,
+        exact mode only where the target can give it)
+        and its room: the prompt, ``config.max_new_tokens`` and the ``k`` + 1 slots a verification writes (``k``: the
+        batch's most drafts, default ``config``'s) within ``capacity`` slots a row (default: the artifact's;
+        ``why`` says where a given one comes from, ``cache.plan_capacity``'s words). Returns the prompt's token ids
+        [tokens] int64; raises ConfigError or CapacityError naming what is refused. A front end calls it before it
+        queues a request (the server's intake), so that a refusal comes before anything is allocated for it."""
+        _check_config(config)
+        limit = _checked_capacity(capacity, self.capacity_limit)
+        ids = self.encode(prompt)
+        self.check_stop_tokens(config)
+        self.check_mode(config)
+        plan_capacity([len(ids)], config.max_new_tokens, config.max_drafts if k is None else k, capacity or limit,
+                      why=why or (EXPORTED if capacity is None else "capacity is {limit} slots a row (as asked)"))
+        return ids
 
     def policy_for(self, config: GenerationConfig) -> Policy:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
@@ -309,6 +332,7 @@ class Pipeline:
                            index, scope)
 
     def check_stop_tokens(self, config: GenerationConfig) -> None:
+        """ConfigError unless every one of ``config``'s stop token ids is inside the vocabulary."""
         vocab = self.target.spec.vocab_size
         outside = [t for t in config.stop_token_ids if t >= vocab]
         if outside:
@@ -433,6 +457,11 @@ def _checked_capacity(capacity, limit: int) -> int:
 def _model_specs(target, draft) -> dict:
     """The specs of the models whose caches a batch allocates: the target's, and the draft's if ``draft``."""
     return {"target": target.spec, **({"draft": draft.spec} if draft is not None else {})}
+
+
+def _check_config(config) -> None:
+    if not isinstance(config, GenerationConfig):
+        raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
 
 
 def _check_prompt_list(prompts, expected: str) -> None:

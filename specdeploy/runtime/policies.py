@@ -2,9 +2,14 @@
 
 A policy answers ``next_k(batch, lookup)``: how many drafts the next cycle of a batch of ``batch`` rows
 proposes by the draft model (``lookup=False``) or by prompt lookup (``lookup=True``: drafts that cost no
-model call); 0: that source does not draft. ``observe`` hears what a cycle did; ``catchup_pays`` judges
-whether drafting repays the draft model catching up on tokens it has not seen. ``stop_below`` (None: never)
-asks the drafter to stop a row's drafts once the draft's top probability falls below it.
+model call); 0: that source does not draft. A suffix index's drafts are priced row by row: ``index_k`` bounds
+them, and ``free_drafts`` says how many of a row's to verify from the index's estimates of them. ``observe``
+hears what a cycle did (``CycleOutcome``: what the proposal drafted, what was kept, what the calls cost);
+``catchup_pays`` judges whether drafting repays the draft model catching up on tokens it has not seen.
+``stop_below`` (None: never) stops a row's model drafts once the draft's top probability falls below it.
+
+A policy never sees a drafter, nor a drafter the policy: the decoder asks the policy for counts, hands them
+to the drafter, and hands what the drafter returned back to the policy (``decoder.Generation._propose``).
 
 The simple policies live here; the cost policy, the default, in ``cost_policy``; ``registry`` names them all.
 """
@@ -23,7 +28,7 @@ class CycleOutcome:
     batch: int
     drafted: Sequence[int] = ()  # drafts verified per row (0: the row decoded plainly)
     accepted: Sequence[int] = ()  # drafts kept per row
-    lookup: Sequence[bool] = ()  # per row: its drafts came from prompt lookup
+    lookup: Sequence[bool] = ()  # per row: its drafts cost no model call (prompt lookup's or a suffix index's)
     first_call_seconds: float = 0.0  # the cycle's first draft call, which feeds what the draft has not seen yet
     first_call_tokens: int = 0  # tokens a row in that call (1-2 after a drafting cycle; more: a catch-up); 0: none
     later_call_seconds: float = 0.0  # the draft calls after the first, together
@@ -40,7 +45,8 @@ class Policy(ABC):
 
     @abstractmethod
     def next_k(self, batch: int, lookup: bool = False) -> int:
-        """Drafts the next cycle proposes by the draft model, or (``lookup``) by prompt lookup; 0: none."""
+        """Drafts the next cycle proposes by the draft model, or (``lookup``) by prompt lookup; 0: none (a suffix
+        index's drafts: ``index_k`` and ``free_drafts``)."""
 
     def observe(self, outcome: CycleOutcome) -> None:  # noqa: B027 (a default: nothing to learn)
         """Learn from a cycle."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..engines.base import Engine
 from .config import GenerationConfig
 from .cost_policy import CostPolicy, Costs
@@ -15,8 +17,21 @@ POLICIES = {
     "confidence": lambda k, threshold, costs: ConfidenceStop(k, threshold),
     "heuristic": lambda k, threshold, costs: Heuristic(k),
 }
-DRAFTERS: dict[str, type[Drafter]] = {"hybrid": HybridDrafter, "model": ModelDrafter, "suffix": SuffixDrafter,
-                                      "prompt-lookup": PromptLookup, "none": NoDrafter}
+
+
+def _hybrid(engine: Engine | None, stop_below: float | None) -> HybridDrafter:
+    """The default: a suffix index and, where the artifact has one, the draft model."""
+    return HybridDrafter(SuffixDrafter(), ModelDrafter(engine, stop_below) if engine is not None else None)
+
+
+# name -> (the draft model or None, the policy's confidence stop) -> drafter
+DRAFTERS: dict[str, Callable[[Engine | None, float | None], Drafter]] = {
+    "hybrid": _hybrid,
+    "model": ModelDrafter,
+    "suffix": lambda engine, stop_below: SuffixDrafter(),
+    "prompt-lookup": lambda engine, stop_below: PromptLookup(),
+    "none": lambda engine, stop_below: NoDrafter(),
+}
 
 
 def make_policy(name: str, k: int, confidence_threshold: float = 0.4, costs: Costs | None = None) -> Policy:

@@ -39,8 +39,7 @@ class FinishReason(_Named):
 
 
 class CycleRecord(NamedTuple):
-    """One row's cycle; immutable once recorded. The cycle builds it as a plain tuple in this field order
-    (``Generation._record``): a field added here is added there."""
+    """One row's cycle; immutable once recorded. Made by the cycle alone (``decoder._record``), by keyword."""
 
     request_id: str
     cycle: int

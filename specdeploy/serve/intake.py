@@ -1,8 +1,10 @@
 """A server's intake: what front ends submit, checked and queued for the scheduler's thread (``Intake``).
 
 The queue side of a server, which its ``scheduler.Scheduler`` composes: front ends submit, cancel and drain here,
-and the scheduler's thread waits here and takes what it admits. Requests are refused here when they cannot fit a
-row, the queue is full, or the server is shutting down; a drain closes the intake.
+and the scheduler's thread waits here and takes what it admits. Requests are refused here, before they are queued
+and before anything is allocated for them: those the runtime refuses (``Pipeline.check_request``: ids outside the
+vocabulary, no room in a row, ...), and any while the queue is full or the server is shutting down; a drain closes
+the intake.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..runtime.cache import CapacityError, slots_needed
+from ..runtime.cache import slots_needed
 from ..runtime.config import GenerationConfig
 from ..runtime.suffix import SuffixIndex
 from .tickets import Overloaded, ShuttingDown, Ticket
+
+# (a choice's prompt ids, its settings) -> the ids admitted; raises what refuses it (``Pipeline.check_request``)
+Check = Callable[[np.ndarray, GenerationConfig], np.ndarray]
 
 
 class Intake:
@@ -28,10 +33,11 @@ class Intake:
     and wakes the thread that serves it."""
 
     def __init__(self, config: GenerationConfig, capacity: int, max_batch: int, max_queue: int, seed: int | None,
-                 cycle_seconds: Callable[[], float] = lambda: 0.05):
-        # cycle_seconds: what a cycle takes now (the scheduler's running estimate), for the retry hint
+                 cycle_seconds: Callable[[], float] = lambda: 0.05, *, check: Check):
+        # cycle_seconds: what a cycle takes now (the scheduler's running estimate), for the retry hint; check: the
+        # runtime's admission check of one choice, made before it is queued
         self.config, self.capacity, self.max_batch, self.max_queue = config, capacity, max_batch, max_queue
-        self.cycle_seconds = cycle_seconds
+        self.cycle_seconds, self.check = cycle_seconds, check
         self.k = config.max_drafts
         self.queue: deque[Ticket] = deque()
         self.tickets: dict[str, Ticket] = {}  # request id -> ticket, for every request admitted and not finished
@@ -71,14 +77,10 @@ class Intake:
                        top_logprobs: int | None = None, index: SuffixIndex | None = None) -> list[Ticket]:
         """Queue the choices of one request, (prompt ids, settings) each, all or none; they share one events queue
         and draft from ``index`` (its scope's suffix index) besides their own text.
-        Raises ``CapacityError`` when one cannot fit a row, ``Overloaded`` when ``max_queue`` requests would be
-        waiting, ``ShuttingDown`` once the server stops admitting."""
-        for prompt, config in requests:
-            needed = slots_needed(len(prompt), config.max_new_tokens, self.k)
-            if needed > self.capacity:
-                raise CapacityError(f"prompt ({len(prompt)} tokens) + max_tokens ({config.max_new_tokens}) + "
-                                    f"{self.speculative_slots} speculative slots = {needed} tokens, over this server's "
-                                    f"context of {self.capacity} tokens per request; shorten the prompt or lower max_tokens")
+        Raises what the runtime refuses one with (``check``: ``ConfigError``, ``CapacityError`` when it cannot fit a
+        row), ``Overloaded`` when ``max_queue`` requests would be waiting, ``ShuttingDown`` once the server stops
+        admitting."""
+        requests = [(self.check(prompt, config), config) for prompt, config in requests]
         events: asyncio.Queue = asyncio.Queue()
         tickets = [Ticket(prompt, config, loop, events, choice, top_logprobs, f"cmpl-{next(self._ids)}", index=index)
                    for choice, (prompt, config) in enumerate(requests)]

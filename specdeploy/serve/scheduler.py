@@ -6,9 +6,10 @@ prefilled one chunk per turn (so running rows never wait for a whole long prompt
 prefilled, merged into the running batch; then the running batch runs one cycle. Every row keeps its
 own sampling settings, stop strings, seed and max_tokens (``Pipeline.start(row_configs=...)``).
 
-A request that the runtime refuses at admission (an id outside the vocabulary, say) fails alone: the
-others admitted with it are started without it. Before the first turn the engines warm up (``ready``);
-``close`` stops admitting and ``abort`` ends every request still open (a server's drain).
+A request that the runtime refuses (an id outside the vocabulary, no room in a row) is refused when it is
+submitted, before it is queued (the intake calls ``Pipeline.check_request``), so what is admitted starts. Before
+the first turn the engines warm up (``ready``); ``close`` stops admitting and ``abort`` ends every request still
+open (a server's drain).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .tickets import Event, Overloaded, ShuttingDown, Ticket
 __all__ = ["Event", "Overloaded", "Scheduler", "ShuttingDown", "Ticket", "context_slots"]
 
 DEFAULT_CONTEXT = 2048
+SERVER_CONTEXT = "this server's context is {limit} tokens per request"  # where a request's room comes from
 log = logging.getLogger(__name__)
 
 
@@ -57,7 +59,9 @@ class Scheduler:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name}: got {value!r}; expected an integer >= {low}")
         self.cycle_seconds = 0.05  # a running estimate of a cycle
-        self.intake = Intake(config, capacity, max_batch, max_queue, seed, lambda: self.cycle_seconds)
+        self.intake = Intake(config, capacity, max_batch, max_queue, seed, lambda: self.cycle_seconds,
+                             check=lambda prompt, row: pipeline.check_request(prompt, row, capacity=capacity, k=k,
+                                                                              why=SERVER_CONTEXT))
         self.config, self.capacity, self.max_batch, self.k = config, capacity, max_batch, k
         # the intake's containers, read by metrics and tests (the intake changes them in place only)
         self.queue, self.tickets = self.intake.queue, self.intake.tickets
@@ -169,29 +173,16 @@ class Scheduler:
             # an emptied batch stays: its cache memory is reused, not re-allocated per wave (docs/results/load_test)
 
     def _start(self, admitted: list[Ticket]) -> Generation | None:
-        """The admitted requests as a staging batch. One the runtime refuses (say, a prompt with an id outside the
-        vocabulary: ``submit`` cannot know every check ``Pipeline.start`` makes) fails alone, with its error; the
-        others start without it. None when none could."""
+        """The admitted requests as a staging batch (each was checked when it was submitted). None where the batch
+        could not start: no one request's fault (an engine that cannot allocate, say), so each fails with it."""
         try:
             return self._generation(admitted)
-        except Exception:  # find whose it is: each alone, on the failure's path only
-            refused = {}
+        except Exception as exc:
             for ticket in admitted:
-                try:
-                    self.pipeline.start([ticket.prompt], self.config, [ticket.config], capacity=self.capacity)
-                except Exception as exc:
-                    refused[ticket.request_id] = exc
-            admitted = [t for t in admitted if t.request_id not in refused] if refused else []
-            try:
-                staged = self._generation(admitted) if admitted else None
-            except Exception as exc:  # not one request's fault after all: each fails with it
-                refused.update((t.request_id, exc) for t in admitted)
-                staged = None
-            for request_id, exc in refused.items():
-                ticket = self.tickets.pop(request_id)
-                self.logprobs.forget(request_id)
+                self.tickets.pop(ticket.request_id, None)
+                self.logprobs.forget(ticket.request_id)
                 ticket.put(Event("error", ticket.choice, exc))
-            return staged
+            return None
 
     def _generation(self, tickets: list[Ticket]) -> Generation:
         """A staging batch of ``tickets``: the server's policy (what it learned outlives a batch), and listeners for the

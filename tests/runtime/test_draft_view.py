@@ -12,6 +12,8 @@ from specdeploy.runtime.drafters import PromptLookup, SuffixDrafter
 from specdeploy.runtime.rows import RowResult
 from specdeploy.runtime.suffix import SuffixIndex
 
+from .test_drafters import _propose
+
 
 @dataclass
 class Arrays:
@@ -49,8 +51,8 @@ def test_prompt_lookup_on_arrays_proposes_as_on_a_batch_state():
     tokens = _tokens()
     state = BatchState(GenerationConfig(), 16, set())
     state.join([tokens[0, :6], tokens[1, :3]], ["r0", "r1"])
-    on_arrays = PromptLookup().propose(Arrays(tokens, [6, 3]), None, 0, 3, [3, 3])
-    on_state = PromptLookup().propose(state, None, 0, 3, [3, 3])
+    on_arrays = _propose(PromptLookup(), Arrays(tokens, [6, 3]), None, 0, 3, [3, 3])
+    on_state = _propose(PromptLookup(), state, None, 0, 3, [3, 3])
     np.testing.assert_array_equal(on_arrays.drafts, on_state.drafts)
     np.testing.assert_array_equal(on_arrays.drafts, [[3, 9, 1], [6, 6, 6]])
     assert on_arrays.drafted == on_state.drafted == [3, 0]
@@ -61,7 +63,7 @@ def test_the_suffix_drafter_on_arrays_reads_each_rows_own_text_and_its_scope():
     scope = SuffixIndex()
     scope.add("earlier", [4, 5, 6, 7, 8])  # an earlier answer in row 1's scope continues "4 5 6" with "7 8"
     view = Arrays(tokens, [6, 3], [(RowResult("r0", tokens[0, :6]), None), (RowResult("r1", tokens[1, :3]), scope)])
-    proposal = SuffixDrafter().propose(view, None, 0, 2, [2, 2])
+    proposal = _propose(SuffixDrafter(), view, None, 0, 2, [2, 2])
     np.testing.assert_array_equal(proposal.drafts[0], [3, 9])  # its own text
     np.testing.assert_array_equal(proposal.drafts[1], [7, 8])  # its scope's
     assert proposal.drafted == [2, 2] and proposal.origins[1] == "earlier"

@@ -11,7 +11,8 @@ from specdeploy import GenerationConfig
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
 from specdeploy.runtime.decoder import BatchState
-from specdeploy.runtime.drafters import HybridDrafter, ModelDrafter, PromptLookup, lookup
+from specdeploy.runtime.drafters import ModelDrafter, PromptLookup, lookup
+from specdeploy.runtime.registry import make_drafter
 
 
 def _state(tokens, lengths, config=None):
@@ -20,6 +21,17 @@ def _state(tokens, lengths, config=None):
     state.join([row[:length] for row, length in zip(tokens, lengths)], [f"r{b}" for b in range(len(lengths))])
     state.tokens = tokens  # the test's own buffer, whatever lies past each row's length
     return state
+
+
+def _propose(drafter, state, cache, k, lookup_k, caps):
+    """``drafter``'s proposal of up to ``k`` model drafts and ``lookup_k`` free ones a row, every free draft it finds
+    kept (as a policy that prices none away: the decoder asks the policy between ``find`` and ``propose``)."""
+    return drafter.propose(state, cache, k, drafter.find(state, lookup_k, caps), caps)
+
+
+def _hybrid(engine):
+    """The default drafter (a suffix index and the draft model ``engine``, if any), as the registry makes it."""
+    return make_drafter("hybrid", engine)
 
 
 def _generators(state, generators):
@@ -76,7 +88,7 @@ def test_propose_pads_rows_without_a_match_and_writes_drafts():
     tokens[0, :6] = [1, 2, 3, 9, 1, 2]  # "1 2" seen before, followed by "3 9"
     tokens[1, :3] = [4, 5, 6]  # no repeat: no match
     state = _state(tokens, [6, 3])
-    proposal = PromptLookup().propose(state, None, 0, 3, [3, 3])
+    proposal = _propose(PromptLookup(), state, None, 0, 3, [3, 3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1], [6, 6, 6]])
     assert proposal.drafted == [3, 0] and proposal.lookup == [True, False]
     state.verify_inputs(proposal.drafts)  # the state places them for the target
@@ -99,7 +111,7 @@ def test_greedy_drafts_equal_one_token_a_call(pair_dir, threshold):
         for tokens in token_buffers:
             tokens[0, length - len(fresh) : length] = fresh
         state = _state(token_buffers[0], [length], config)
-        fast = drafter.propose(state, cache, 5, 0, [5])
+        fast = _propose(drafter, state, cache, 5, 0, [5])
         state.verify_inputs(fast.drafts)
         drafts, steps, catchup = reference.propose(token_buffers[1], length, 5, threshold)
         np.testing.assert_array_equal(fast.drafts, drafts)  # before the buffers change
@@ -128,7 +140,7 @@ def test_proposals_leave_the_batch_state_as_it_was(pair_dir, temperature):
     _generators(state, [np.random.default_rng(i) for i in range(2)])
     before = tokens.copy()
     drafter, cache = ModelDrafter(engine), engine.allocate_cache(2, 32)
-    proposal = drafter.propose(state, cache, 4, 0, [4, 4])
+    proposal = _propose(drafter, state, cache, 4, 0, [4, 4])
     assert proposal.drafts.shape == (2, 4) and (proposal.q is None) == (temperature == 0)
     np.testing.assert_array_equal(state.tokens, before)
     assert state.lengths == [5, 3]
@@ -146,13 +158,13 @@ def test_hybrid_rows_take_lookup_or_the_model_each_on_their_own(pair_dir, temper
     tokens[0, :7] = [1, 2, 3, 9, 4, 1, 2]  # "1 2" seen before, followed by "3 9 4 ..."
     tokens[1, :3] = [10, 11, 12]  # no repeat
     results = {}
-    for kind in (HybridDrafter, ModelDrafter):
+    for kind in (_hybrid, ModelDrafter):
         state = _state(tokens.copy(), [7, 3], config)
         _generators(state, [np.random.default_rng(i) for i in range(2)])
         drafter, cache = kind(engine), engine.allocate_cache(2, 32)
-        proposal = drafter.propose(state, cache, 4, 3, [4, 4])  # lookups of at most 3
+        proposal = _propose(drafter, state, cache, 4, 3, [4, 4])  # lookups of at most 3
         results[kind] = proposal, cache.past_len.tolist(), [g.random() for g in state.rngs()]
-    (hybrid, hybrid_past, hybrid_next), (model, model_past, model_next) = results[HybridDrafter], results[ModelDrafter]
+    (hybrid, hybrid_past, hybrid_next), (model, model_past, model_next) = results[_hybrid], results[ModelDrafter]
     np.testing.assert_array_equal(hybrid.drafts[0, :3], [3, 9, 4])  # the lookup's 3, as the policy allowed
     np.testing.assert_array_equal(hybrid.drafts[1], model.drafts[1])
     assert hybrid.later_calls == model.later_calls == 3 and hybrid.lookup == [True, False]
@@ -174,8 +186,8 @@ def test_hybrid_without_a_model_row_calls_no_model(pair_dir):
     tokens = np.zeros((1, 32), np.int64)
     tokens[0, :6] = [1, 2, 3, 9, 1, 2]
     state = _state(tokens, [6])
-    drafter, cache = HybridDrafter(engine), engine.allocate_cache(1, 32)
-    proposal = drafter.propose(state, cache, 3, 3, [3])
+    drafter, cache = _hybrid(engine), engine.allocate_cache(1, 32)
+    proposal = _propose(drafter, state, cache, 3, 3, [3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1]])
     assert proposal.first_call_seconds == 0 and proposal.lookup == [True] and cache.past_len.tolist() == [0]
     assert drafter.behind(state, cache) == 4
@@ -185,9 +197,9 @@ def test_hybrid_without_a_draft_model_drafts_by_lookup_alone():
     """On a target-only artifact the hybrid drafter is prompt lookup: it asks for no draft cache."""
     tokens = np.zeros((2, 32), np.int64)
     tokens[0, :6], tokens[1, :3] = [1, 2, 3, 9, 1, 2], [4, 5, 6]
-    drafter = HybridDrafter(None)
+    drafter = _hybrid(None)
     assert not drafter.uses_model and drafter.looks_up
-    proposal = drafter.propose(_state(tokens, [6, 3]), None, 4, 3, [3, 3])
+    proposal = _propose(drafter, _state(tokens, [6, 3]), None, 4, 3, [3, 3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1], [6, 6, 6]])
     assert proposal.drafted == [3, 0] and proposal.later_calls == 0
 

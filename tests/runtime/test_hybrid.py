@@ -9,10 +9,9 @@ import pytest
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
-from specdeploy.runtime.drafters import HybridDrafter
 from specdeploy.runtime.policies import Policy
 
-from .test_drafters import _state
+from .test_drafters import _hybrid, _propose, _state
 
 PROMPTS = ["w5 w6 w5 w6 w5 w6 w5", "w30 w31 w32 w30 w31 w32 w30 w31", "w20"]
 NEW = 20
@@ -95,8 +94,8 @@ def test_a_lookup_is_as_long_as_the_policy_prices_it_whatever_k_the_model_got(pa
     engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
     tokens = np.zeros((1, 64), np.int64)
     tokens[0, :10] = [1, 2, 3, 9, 4, 5, 6, 7, 1, 2]  # "1 2" seen before, followed by 3 9 4 5 6 7
-    drafter, cache = HybridDrafter(engine), engine.allocate_cache(1, 64)
+    drafter, cache = _hybrid(engine), engine.allocate_cache(1, 64)
     state = _state(tokens, [10], GenerationConfig(k=4, max_new_tokens=32))
-    proposal = drafter.propose(state, cache, model_k, 4, [4])
+    proposal = _propose(drafter, state, cache, model_k, 4, [4])
     assert proposal.lookup == [True] and proposal.drafts.tolist() == [[3, 9, 4, 5]] and proposal.drafted == [4]
-    assert drafter.propose(state, cache, model_k, 4, [2]).drafts.tolist() == [[3, 9]]  # 3 tokens left: 2 drafts
+    assert _propose(drafter, state, cache, model_k, 4, [2]).drafts.tolist() == [[3, 9]]  # 3 tokens left: 2 drafts

@@ -7,7 +7,7 @@ import pytest
 
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.cache import CapacityError
-from specdeploy.runtime.drafters import HybridDrafter
+from specdeploy.runtime.drafters import Found, HybridDrafter, ModelDrafter, SuffixDrafter
 from specdeploy.runtime.telemetry import FinishReason
 
 from .stubs import Judge
@@ -204,25 +204,25 @@ def test_a_draft_said_caught_up_lacks_no_token_a_catch_up_would_feed(pipeline, d
     assert any(said)  # the claim was made, and checked
 
 
-class TargetsOwnLookup(HybridDrafter):
-    """Prompt lookup that finds, for request 0 alone, the next tokens of the target's own greedy text: all kept, so the
-    draft, which sees none of them, falls behind by all but one."""
+class TargetsOwnLookup(SuffixDrafter):
+    """Free drafts that are, for request 0 alone, the next tokens of the target's own greedy text: all kept (no
+    estimates to price), so the draft, which sees none of them, falls behind by all but one."""
 
-    def __init__(self, engine, text: list[int], prompt_length: int):
-        super().__init__(engine)
+    def __init__(self, text: list[int], prompt_length: int):
+        super().__init__()
         self.text, self.prompt_length = text, prompt_length
 
-    def _found(self, state, lookup_k, caps):
+    def find(self, state, free_k, caps):
         at = state.lengths[0] - self.prompt_length if state.active[0] == 0 else None
-        return [np.array(self.text[at : at + min(lookup_k, cap)] if b == 0 and at is not None else [], np.int64)
-                for b, cap in enumerate(caps)]
+        return Found([np.array(self.text[at : at + min(free_k, cap)] if b == 0 and at is not None else [], np.int64)
+                      for b, cap in enumerate(caps)])
 
 
 def test_a_cycle_with_lookup_rows_does_not_say_the_draft_caught_up(pipeline):
     config = GenerationConfig(k=3, policy="fixed", drafter="hybrid", max_new_tokens=12, ignore_eos=True)
     text = pipeline.generate(PROMPTS[0], config)[0].token_ids
     run = pipeline.start(PROMPTS[:2], config)
-    run.drafter = TargetsOwnLookup(pipeline.draft, text, len(pipeline.encode(PROMPTS[0])))
+    run.drafter = HybridDrafter(TargetsOwnLookup(text, len(pipeline.encode(PROMPTS[0]))), ModelDrafter(pipeline.draft))
     lagged = 0
     while not run.done:
         run.step()

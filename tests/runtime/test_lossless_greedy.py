@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
-from specdeploy.runtime.drafters import lookup
 
 PROMPTS = ["w5 w6 w7", "w10 w11 w12 w13 w14 w15 w16 w17 w18", "w20", "w30 w31 w30 w31 w30"]
 NEW = 24
@@ -81,10 +80,10 @@ def test_hybrid_drafter_mixes_lookup_and_model_rows_losslessly(pipelines, baseli
                                                                ignore_eos=True), suffix_index=None)  # own text alone
     kinds, propose = [], run.drafter.propose
 
-    def spy(state, cache, k, lookup_k, caps):
-        hits = [len(lookup(state.tokens[b, :length], lookup_k, 3, 2)) > 0 for b, length in enumerate(state.lengths)]
+    def spy(state, cache, k, found, caps):
+        hits = [len(drafts) > 0 for drafts in found.drafts]
         kinds.append("mixed" if 0 < sum(hits) < len(hits) else "lookup" if all(hits) else "model")
-        return propose(state, cache, k, lookup_k, caps)
+        return propose(state, cache, k, found, caps)
 
     run.drafter.propose = spy
     while not run.done:

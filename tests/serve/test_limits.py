@@ -231,35 +231,73 @@ def test_a_request_refused_at_admission_fails_alone_and_its_batch_mates_complete
         assert status == 200 and json.loads(body)["choices"][0]["text"] == pipeline.generate([prompt], config)[0].text
 
 
-def test_the_scheduler_starts_a_batch_without_the_request_the_runtime_refuses(pipeline):
-    """At the scheduler itself (ids that bypassed the server's own checks): the refused request gets its error,
-    the others are admitted and run."""
+def _count_allocations(pipeline, monkeypatch) -> list[str]:
+    """The roles of every cache ``pipeline``'s engines allocate from now on (while the test runs)."""
+    allocated = []
+    for role in ("target", "draft"):
+        engine = getattr(pipeline, role)
+        allocate = engine.allocate_cache
+
+        def counted(*args, role=role, allocate=allocate, **kwargs):
+            allocated.append(role)
+            return allocate(*args, **kwargs)
+
+        monkeypatch.setattr(engine, "allocate_cache", counted)
+    return allocated
+
+
+def test_the_scheduler_starts_a_batch_without_the_request_the_runtime_refuses(pipeline, monkeypatch):
+    """At the scheduler itself (ids that bypassed the server's own checks): the refused request is refused when it is
+    submitted (``Pipeline.check_request``), before it is queued or any cache allocated; the others are admitted and run."""
     import asyncio
 
+    from specdeploy.runtime.config import ConfigError
     from specdeploy.serve.scheduler import Scheduler
 
     scheduler = Scheduler(pipeline, GenerationConfig(k=3), 96, max_batch=4)
+    allocated = _count_allocations(pipeline, monkeypatch)
     loop = asyncio.new_event_loop()
     config = GenerationConfig(max_new_tokens=6, ignore_eos=True)
     try:
-        tickets = [scheduler.intake.submit(np.array(ids, np.int64), config, loop) for ids in ([5, 6], [5, 1000], [7, 8])]
+        tickets = {}
+        for ids in ([5, 6], [5, 1000], [7, 8]):
+            try:
+                tickets[tuple(ids)] = scheduler.intake.submit(np.array(ids, np.int64), config, loop)
+            except ConfigError as exc:
+                refused = exc
+        assert "outside the vocabulary" in str(refused) and list(tickets) == [(5, 6), (7, 8)]
+        assert len(scheduler.queue) == 2 and allocated == []  # refused before the queue, and before any cache
         scheduler._turn(scheduler._admit())
-        loop.run_until_complete(asyncio.sleep(0))  # deliver what the scheduler's thread sent
-        refused = tickets[1].events.get_nowait()
-        assert refused.kind == "error" and "outside the vocabulary" in str(refused.payload)
         assert scheduler.staging is None and scheduler.running.state.batch == 2
         while not scheduler.running.done:
             scheduler._turn([])
-        loop.run_until_complete(asyncio.sleep(0))
-        for ticket, ids in ((tickets[0], [5, 6]), (tickets[2], [7, 8])):
+        loop.run_until_complete(asyncio.sleep(0))  # deliver what the scheduler's thread sent
+        for ids, ticket in tickets.items():
             events = []
             while not ticket.events.empty():
                 events.append(ticket.events.get_nowait())
             assert events[-1].kind == "done"
-            assert events[-1].payload.token_ids == pipeline.generate([ids], GenerationConfig(k=3, max_new_tokens=6,
-                                                                                            ignore_eos=True))[0].token_ids
+            assert events[-1].payload.token_ids == pipeline.generate([list(ids)], GenerationConfig(k=3, max_new_tokens=6,
+                                                                                                  ignore_eos=True))[0].token_ids
     finally:
         loop.close()
+
+
+def test_a_refused_request_is_a_400_before_it_is_queued_or_any_cache_is_allocated(pair_dir, monkeypatch):
+    """Through the server: a prompt with an id outside the vocabulary and one whose max_tokens leave no room in this
+    server's context are each a 400 naming the field; nothing was queued and no engine allocated a cache for them,
+    and a good request right after is served (its batch allocating its caches)."""
+    served = Pipeline.load(pair_dir)
+    with serving(served, max_batch=2) as (url, scheduler):
+        allocated = _count_allocations(served, monkeypatch)
+        status, body = _post(url, {"model": "tiny", "prompt": [5, 6, 1000], "max_tokens": 4})
+        assert status == 400 and "outside the vocabulary" in _error(status, body, 400)["message"]
+        status, body = _post(url, {"model": "tiny", "prompt": "w5 " * 60, "max_tokens": 40})
+        error = _error(status, body, 400)
+        assert error["param"] == "max_tokens" and "this server's context is 96 tokens per request" in error["message"]
+        assert allocated == [] and not scheduler.intake.busy
+        status, body = _post(url, {"model": "tiny", "prompt": "w5 w6", "max_tokens": 4, "temperature": 0})
+        assert status == 200 and allocated  # the check allocates nothing; starting a batch does
 
 
 TOOLS_TEMPLATE = ("{% for t in tools or [] %}{{ t['function']['name'] }}"

@@ -111,6 +111,21 @@ def test_the_clock_moves_by_the_cost_table(recorded):
         assert prefill + decode <= row["seconds"] < prefill + decode + 0.25
 
 
+def test_without_the_runtimes_own_time_the_clock_moves_by_the_cost_table_alone(recorded):
+    """--no-runtime-time: the replayed seconds are the table's costs exactly, the same in every run (before/after
+    comparisons of decisions on a loaded machine)."""
+    tool, _, data = recorded
+    costs = tool.CostTable(data["costs"])
+    config = GenerationConfig(drafter="none", max_new_tokens=24)
+    rows = tool.replay(data, config, fresh=False, runtime_time=False)
+    assert rows == tool.replay(data, config, fresh=False, runtime_time=False)
+    for trace, row in zip(data["traces"], rows):
+        m = len(trace["prompt"])
+        prefill = costs.seconds("target", m - 1, 0, 1)
+        decode = sum(costs.seconds("target", 1, m - 1 + i, 1) for i in range(row["tokens"]))
+        assert row["prefill_s"] == pytest.approx(prefill) and row["seconds"] == pytest.approx(prefill + decode)
+
+
 def test_the_cost_table_interpolates_in_tokens_and_past_and_prices_the_head():
     costs = _tool().CostTable(_linear_costs())
     assert costs.seconds("target", 4, 8, 4) == pytest.approx(0.010 + 0.002 * 4 + 0.001 * 4 + 8e-5)
