@@ -4,9 +4,9 @@
 2. exports them to a verify-v1 artifact (cached: a second run skips this),
 3. runs two prompts in one process, each with the target alone and with speculation as ``specdeploy generate``
    runs it by default, round by round in turn: a code completion (new text, which only the draft model can
-   guess) and a code edit (the answer copies most of its input, which prompt lookup drafts without a model call).
-   Each prompt also runs with the default's drafter swapped for prompt lookup alone and for the draft model
-   alone: which of the two carried the speedup, and why, from their per-cycle records.
+   guess) and a code edit (the answer copies most of its input, which the suffix index drafts without a model call).
+   Each prompt also runs with the default's drafter swapped for each of its two sources alone, the suffix index and
+   the draft model: which of them carried the speedup, and why, from their per-cycle records.
 
 Prints, per prompt, the completion, each configuration's speedup over the target alone, whether its output is
 the target's own, and the verdict; an even result is called even.
@@ -68,7 +68,7 @@ CASES = (Case("code completion: new code, which only the draft model can guess",
          Case("code edit: the answer copies most of its input", EDIT_PROMPT, chat=True))
 # The fused int4 pair decodes and speculates fastest on this CPU, end to end (README, Measuring)
 TARGET_WEIGHTS, DRAFT_WEIGHTS, BLOCK_SIZE, GRAPH = "int4", "int4", "128", "fused"
-PLAIN, DEFAULT, LOOKUP, MODEL = "target alone", "default", "prompt lookup alone", "draft model alone"
+PLAIN, DEFAULT, SUFFIX, MODEL = "target alone", "default", "suffix index alone", "draft model alone"
 PAYS, COSTS = 1.10, 0.90  # a shared machine's run-to-run spread is about +-10 %: within it, a run is even
 
 
@@ -114,7 +114,7 @@ def configurations(default: GenerationConfig, max_new_tokens: int, exact: bool =
     """The target alone, the default, and the default with each drafter alone (same policy and K), all in exact mode
     where ``exact``."""
     default = replace(default, max_new_tokens=max_new_tokens, temperature=0.0, exact=exact)
-    return {PLAIN: replace(default, drafter="none"), DEFAULT: default, LOOKUP: replace(default, drafter="prompt-lookup"),
+    return {PLAIN: replace(default, drafter="none"), DEFAULT: default, SUFFIX: replace(default, drafter="suffix"),
             MODEL: replace(default, drafter="model")}
 
 
@@ -154,10 +154,10 @@ def measure(pipeline: Pipeline, cases: Sequence[Case], configs: dict[str, Genera
     return results
 
 
-def verdict(speedup: float, lookup: float, model: float) -> str:
+def verdict(speedup: float, suffix: float, model: float) -> str:
     """What the default's speedup says, and which drafter alone reached a gain, given each one's speedup."""
     if speedup >= PAYS:
-        carriers = [name for name, alone in (("prompt lookup", lookup), ("the draft model", model)) if alone >= PAYS]
+        carriers = [name for name, alone in (("the suffix index", suffix), ("the draft model", model)) if alone >= PAYS]
         carried = " and ".join(carriers) if carriers else "neither drafter alone: only the two together"
         return f"speculation pays here, {speedup:.2f}x the target alone, carried by {carried}"
     if speedup <= COSTS:
@@ -169,9 +169,10 @@ def reasons(measured: dict[str, Measured], configs: dict[str, GenerationConfig])
     """Why each drafter alone did what it did, from its per-cycle records."""
     plain = measured[PLAIN]
     target_step = statistics.fmean(r.verify_s for r in plain.records) if plain.records else 0.0
-    lookup, model = measured[LOOKUP], measured[MODEL]
-    lines = [f"prompt lookup alone, {lookup.rate / plain.rate:.2f}x: a repeat of the text to draft from in "
-             f"{lookup.drafted} of {len(lookup.records)} cycles, {lookup.accepted_per_drafted_cycle():.1f} drafts "
+    suffix, model = measured[SUFFIX], measured[MODEL]
+    lines = [f"the suffix index alone, {suffix.rate / plain.rate:.2f}x: drafts from a continuation of the text seen before, "
+             f"kept by the policy, in {suffix.drafted} of {len(suffix.records)} cycles, "
+             f"{suffix.accepted_per_drafted_cycle():.1f} drafts "
              "accepted per drafted cycle"]
     line = f"the draft model alone, {model.rate / plain.rate:.2f}x: "
     policy, refused = configs[MODEL].policy, len(model.records) - model.drafted
@@ -212,7 +213,7 @@ def show(case: Case, measured: dict[str, Measured], configs: dict[str, Generatio
     for name, m in measured.items():
         if not m.identical:
             console.print(f"* {names.get(name, name)}: {_differs(m.divergence)}", highlight=False)
-    console.print(verdict(measured[DEFAULT].rate / plain.rate, measured[LOOKUP].rate / plain.rate,
+    console.print(verdict(measured[DEFAULT].rate / plain.rate, measured[SUFFIX].rate / plain.rate,
                           measured[MODEL].rate / plain.rate), style="bold", highlight=False)
     for line in reasons(measured, configs):
         console.print(f"  - {line}", highlight=False)

@@ -19,9 +19,9 @@ CASES = (demo.Case("new text", "w5 w6 w7", chat=False),
 def test_every_configuration_runs_each_round_and_is_the_targets_own_output(pair_dir):
     pipeline = Pipeline.load(pair_dir)
     configs = demo.configurations(GenerationConfig(k=3, policy="fixed", drafter="hybrid"), max_new_tokens=12)
-    assert list(configs) == [demo.PLAIN, demo.DEFAULT, demo.LOOKUP, demo.MODEL]
+    assert list(configs) == [demo.PLAIN, demo.DEFAULT, demo.SUFFIX, demo.MODEL]
     assert configs[demo.MODEL] == replace(configs[demo.DEFAULT], drafter="model")
-    assert configs[demo.LOOKUP] == replace(configs[demo.DEFAULT], drafter="prompt-lookup")
+    assert configs[demo.SUFFIX] == replace(configs[demo.DEFAULT], drafter="suffix")
     results = demo.measure(pipeline, CASES, configs, rounds=2)
     for case in CASES:
         plain = pipeline.generate([case.prompt], configs[demo.PLAIN])[0].token_ids
@@ -66,8 +66,8 @@ def test_a_draft_that_is_the_target_costs_a_target_step_and_is_always_accepted(s
 
 
 @pytest.mark.parametrize("speedups, expected", [
-    ((1.6, 1.7, 0.95), "speculation pays here, 1.60x the target alone, carried by prompt lookup"),
-    ((1.3, 1.2, 1.15), "carried by prompt lookup and the draft model"),
+    ((1.6, 1.7, 0.95), "speculation pays here, 1.60x the target alone, carried by the suffix index"),
+    ((1.3, 1.2, 1.15), "carried by the suffix index and the draft model"),
     ((1.2, 1.05, 1.0), "carried by neither drafter alone: only the two together"),
     ((1.04, 0.97, 0.93), "about even: 1.04x the target alone"),
     ((0.95, 1.3, 0.8), "about even: 0.95x"),
