@@ -46,6 +46,7 @@ QWEN3_TENSORS = layers({"attn_q": (HEADS * QWEN3_HEAD_DIM, HIDDEN), "attn_k": (K
                         "attn_v": (KV_HEADS * QWEN3_HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HEADS * QWEN3_HEAD_DIM),
                         "attn_q_norm": (QWEN3_HEAD_DIM,), "attn_k_norm": (QWEN3_HEAD_DIM,)})
 
+
 def phi3_metadata(writer) -> None:
     writer.add_pad_token_id(VOCAB - 9)  # the end-of-text id, as Phi-3's files say; else Phi3Config's 32000 is past the vocab
 
