@@ -15,13 +15,17 @@ from tests import tiny
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 64, 2, 4, 2, 128, 300
 
 
-def write_tiny_gguf(path, seed: int = 0, extra: str = "extra", quantized=None, reshaped=None) -> dict[str, np.ndarray]:
-    """A random Llama-architecture GGUF (fp32 tensors; matrices in ``quantized``'s type if given) with a
-    byte-level BPE tokenizer that merges "abc"; returns the tensors written (before quantization), by GGUF name."""
+def write_tiny_gguf(path, seed: int = 0, extra: str = "extra", quantized=None, reshaped=None,
+                    architecture: str = "llama", metadata=None, tensors=None) -> dict[str, np.ndarray]:
+    """A random GGUF (fp32 tensors; matrices in ``quantized``'s type if given) with a byte-level BPE tokenizer that
+    merges "abc"; returns the tensors written (before quantization), by GGUF name.
+
+    Llama's metadata and tensors by default; another ``architecture`` adds its own keys through ``metadata`` (called
+    with the writer) and its tensors through ``tensors`` (GGUF name: a shape to add or replace, None to drop)."""
     import gguf
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
     writer.add_block_count(LAYERS)
@@ -39,6 +43,8 @@ def write_tiny_gguf(path, seed: int = 0, extra: str = "extra", quantized=None, r
     writer.add_token_merges(["a b", "ab c"])
     writer.add_bos_token_id(len(tokens) - 2)
     writer.add_eos_token_id(len(tokens) - 1)
+    if metadata is not None:
+        metadata(writer)
     rng = np.random.default_rng(seed)
     kv = KV_HEADS * HIDDEN // HEADS
     shapes = {"token_embd.weight": (VOCAB, HIDDEN), "output_norm.weight": (HIDDEN,), "output.weight": (VOCAB, HIDDEN)}
@@ -48,6 +54,8 @@ def write_tiny_gguf(path, seed: int = 0, extra: str = "extra", quantized=None, r
                    f"blk.{i}.attn_v.weight": (kv, HIDDEN), f"blk.{i}.attn_output.weight": (HIDDEN, HIDDEN),
                    f"blk.{i}.ffn_gate.weight": (INTERMEDIATE, HIDDEN), f"blk.{i}.ffn_up.weight": (INTERMEDIATE, HIDDEN),
                    f"blk.{i}.ffn_down.weight": (HIDDEN, INTERMEDIATE)}
+    shapes |= tensors or {}
+    shapes = {name: shape for name, shape in shapes.items() if shape is not None}
     shapes |= reshaped or {}  # tensors that disagree with the metadata
     written = {}
     for name, shape in shapes.items():  # norms near 1, the rest small: logits that are not all ties
