@@ -101,13 +101,28 @@ def test_the_real_pairs_traces_are_replayed_at_the_measured_costs(report):
     assert pair["cycle_bytes"] == {"k": 4, "to_device": 0, "to_host": 0}
 
 
-def test_the_peer_is_skipped_with_what_to_carry_and_the_results_name_the_machine_and_commit(report):
-    assert "onnxruntime-genai-cuda==0.18.0" in report[0]["peer"]["test"]["skipped"]
+def test_the_peer_is_built_and_timed_and_the_results_name_the_machine_and_commit(report):
+    """make test installs onnxruntime-genai (the import tests build folders with its builder), so the peer's graph of
+    the test shape is built here and timed as the device run times it."""
+    peer = report[0]["peer"]["test"]
+    assert "error" not in peer and "skipped" not in peer, peer
+    assert peer["build_s"] > 0 and peer["plain"], peer
     results = report[2]
     assert sorted(p.name for p in results.iterdir()) == ["no-gpu-0123456789ab.json", "no-gpu-0123456789ab.md"]
     summary = (results / "no-gpu-0123456789ab.md").read_text()
     assert summary.startswith("# GPU check: no GPU, driver -, commit 0123456789abcdef")
     assert "| ours test | plain |" in summary and "test+test" in summary
+
+
+def test_without_the_peers_wheel_the_peer_is_skipped_with_what_to_carry(tmp_path, monkeypatch):
+    import importlib.util
+
+    from tools import gpu_timing
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime_genai" else real(name, *a))
+    record = gpu_timing.check_peer("test", "cpu", tmp_path)
+    assert "onnxruntime-genai-cuda==0.18.0" in record["skipped"] and not list(tmp_path.iterdir())
 
 
 def test_environment_is_recorded(report):
