@@ -149,3 +149,25 @@ def test_a_trimmed_draft_keeps_its_cut_tokens_at_minus_inf_under_a_logits_soft_c
     np.testing.assert_allclose(logits["draft"][..., : tiny.VOCAB // 2], logits["target"][..., : tiny.VOCAB // 2],
                                rtol=1e-5, atol=1e-5)
     assert np.abs(logits["target"]).max() <= 4.0  # the cap (4) bounds the target's logits
+
+
+RAGGED = [PROMPT, [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5]]  # batch 2 of two lengths; the second repeats, so it drafts
+
+
+@pytest.mark.parametrize("form", ["explicit", "fused"])
+@pytest.mark.parametrize("name", NEW_FAMILIES)
+def test_speculative_greedy_equals_plain_and_seeded_sampling_repeats(exported_architecture, name, form):
+    """Each family's graph under the runtime: suffix-index drafts verified K + 1 at a time over a ragged batch of 2 give
+    plain decoding's tokens, and a seeded sampled request's text is the same whether or not anything drafts."""
+    _, directory = exported_architecture(name, form)
+    pipeline = Pipeline.load(directory)
+    plain = GenerationConfig(drafter="none", max_new_tokens=24, ignore_eos=True)
+    expected = [r.token_ids for r in pipeline.generate(RAGGED, plain, scope=None)]
+    speculative = pipeline.generate(RAGGED, GenerationConfig(drafter="suffix", policy="fixed", k=4, max_new_tokens=24,
+                                                             ignore_eos=True), scope=None)
+    assert [r.token_ids for r in speculative] == expected, f"{name} ({form})"
+    assert any(record.k for result in speculative for record in result.records)  # drafts were verified
+    sampled = [GenerationConfig(drafter=drafter, policy="fixed", k=4, temperature=0.9, seed=11, max_new_tokens=16,
+                                ignore_eos=True) for drafter in ("none", "suffix", "none")]
+    texts = [[r.token_ids for r in pipeline.generate(RAGGED, config, scope=None)] for config in sampled]
+    assert texts[0] == texts[1] == texts[2], f"{name} ({form})"
