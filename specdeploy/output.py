@@ -22,9 +22,11 @@ import shutil
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from .contract import CONTRACT, MANIFEST
+from .contract import CONTRACT, MANIFEST, sha256_file
 from .files import MAX_JSON_BYTES, FileRefused, read_regular
 
 
@@ -104,6 +106,32 @@ def artifact_files(directory: Path) -> set[str] | None:
     return {MANIFEST, *data["files"]}
 
 
+PID_FILE = ".pid"  # a staging dir's writer: ``remove_abandoned`` removes the dir once that process is gone
+
+
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A staging dir beside ``out`` for an export or an import to write into, marked with this process's pid while it
+    is written (so that ``remove_abandoned`` removes it should the process be killed); put at ``out`` (``replace``)
+    when the body returns, removed when it raises."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(out)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    (staging / PID_FILE).write_text(str(os.getpid()))
+    try:
+        yield staging
+        (staging / PID_FILE).unlink()
+        replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def file_hashes(staging: Path) -> dict[str, str]:
+    """The sha256 of every file written into ``staging`` (``staged``), its pid marker left out: the manifest's files."""
+    return {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file() and p.name != PID_FILE}
+
+
 def replace(staging: Path, out: Path) -> None:
     """Put the finished ``staging`` dir at ``out``, with the permissions the umask gives. An artifact already there
     (``replaceable`` checked once more: an export takes minutes) is swapped out in one step where the system can
@@ -171,7 +199,7 @@ def remove_abandoned(out: Path) -> None:
             except OSError:
                 pass  # tried again next time
     for staging in out.parent.glob(f".{out.name}.*"):
-        pid_file = staging / ".pid"
+        pid_file = staging / PID_FILE
         if staging.is_symlink() or not staging.is_dir() or not pid_file.is_file():
             continue
         try:

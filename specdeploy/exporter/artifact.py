@@ -9,14 +9,11 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..contract import GRAPH_ROLE_KEY, Manifest, ModelSpec, io_problems, sha256_file, tokenizer_fingerprint
-from ..output import OutputError, output_dir, remove_abandoned, replace
+from ..contract import GRAPH_ROLE_KEY, Manifest, ModelSpec, io_problems, tokenizer_fingerprint
+from ..output import OutputError, file_hashes, output_dir, staged
 from ..version import __version__
 from . import onnx_graph
 from .checkpoint import Checkpoint, gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
@@ -53,18 +50,9 @@ def export_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
         progress("checking that draft and target share a tokenizer and vocabulary")
         _check_pair(target, draft)
         _check_draft_vocab(draft, options.draft_vocab)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(out)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    (staging / ".pid").write_text(str(os.getpid()))
-    try:
+    with staged(out) as staging:
         specs = {role: _export_model(role, source, staging, options, progress) for role, source in sources.items()}
-        (staging / ".pid").unlink()
         manifest = _write_manifest(staging, specs, options.capacity, progress)
-        replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     progress(f"wrote {out}")
     return manifest
 
@@ -93,8 +81,7 @@ def _write_manifest(staging: Path, specs: dict[str, ModelSpec], capacity: int | 
         least = min(spec.capacity for spec in specs.values())
         specs = {role: dataclasses.replace(spec, capacity=least) for role, spec in specs.items()}
     progress("hashing files")
-    files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
-    manifest = Manifest(models=specs, files=files, exporter_version=__version__, opset=onnx_graph.OPSET)
+    manifest = Manifest(models=specs, files=file_hashes(staging), exporter_version=__version__, opset=onnx_graph.OPSET)
     manifest.write(staging)
     return manifest
 

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from ..contract import (
@@ -27,7 +26,7 @@ from ..contract import (
     tokenizer_problems,
 )
 from ..engines.vetting import check_foreign_graph, external_tensors
-from ..output import OutputError, output_dir, remove_abandoned, replace
+from ..output import OutputError, file_hashes, output_dir, staged
 from ..version import __version__
 from .sources import ImportRefused, Source, graph_io, read_source
 
@@ -64,21 +63,14 @@ def import_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
         out = output_dir(Path(out), force)
     except OutputError as exc:
         raise ImportRefused(str(exc)) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(out)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged(out) as staging:  # a killed import's staging dir is removed by the next, as an export's is
         for role, source in sources.items():
             progress(f"{role}: importing {source.graph} ({source.io.source})")
             _write_model(source, graphs[role][0], planned[role], staging)
         _keep_files(sources["target"], staging)
         progress("hashing files")
-        manifest.files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
+        manifest.files = file_hashes(staging)
         manifest.write(staging)
-        replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     progress(f"wrote {out}")
     return manifest
 
