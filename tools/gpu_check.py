@@ -35,7 +35,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,18 @@ from pathlib import Path
 import numpy as np
 
 from tools import arguments
-from tools.gpu_report import print_artifact, print_big, print_environment, print_pair, print_peer, write_results
+from tools.gpu_decoding import exact_mode, exactness, failures, prefix_reuse
+from tools.gpu_imported import GENAI_PRECISIONS, build_genai, check_imported
+from tools.gpu_report import (
+    print_artifact,
+    print_big,
+    print_environment,
+    print_imported,
+    print_pair,
+    print_peer,
+    print_skipped,
+    write_results,
+)
 from tools.gpu_timing import (
     BIG,
     CAPACITY,
@@ -66,16 +76,25 @@ from tools.provenance import commit
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tools" / "replay_data" / "traces.json"
-NEW_TOKENS = 24
-PROMPT_LENGTHS = (5, 9, 14)
-ARTIFACTS = {  # name -> export options
+PROMPT_LENGTHS = (5, 9, 14)  # a ragged batch of 3 rows
+ARTIFACTS = {  # name -> export options ("family": the tiny model's, FAMILIES; default qwen2)
     "fused-fp16": {"graph": "fused", "dtype": "float16"},
     "fused-fp16-int4": {"graph": "fused", "dtype": "float16", "weights": "int4"},
     "explicit-fp16": {"graph": "explicit", "dtype": "float16"},
     "explicit-fp32": {"graph": "explicit", "dtype": "float32"},
     "fused-int4": {"graph": "fused", "dtype": "float32", "weights": "int4"},  # `make demo`'s form: refused on CUDA
+    # a family of its own: Gemma 2's soft-capped attention (GroupQueryAttention's softcap), sliding windows on every
+    # other layer, soft-capped logits
+    "gemma2-fused-fp16": {"graph": "fused", "dtype": "float16", "family": "gemma2"},
 }
-SPECULATIVE = {"k4": (4, None), "k2": (2, None), "k4-batch1": (4, 1)}  # case -> (k, batch_size: None = all prompts)
+WINDOW = 8  # the tiny Gemma 2's window: shorter than the check's texts (5-14 prompt tokens + 24)
+FAMILIES = {  # family -> (model_type, config overrides, the draft's noise: partial, ragged acceptance); head_dim 64, as
+    # the 0.5B draft's: GroupQueryAttention's CUDA kernels choose by head size
+    "qwen2": ("qwen2", {}, 0.01),
+    "gemma2": ("gemma2", {"query_pre_attn_scalar": 64, "attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0,
+                          "sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"],
+                          "tie_word_embeddings": False}, 0.05),
+}
 SPEC_FIELDS = ("graph", "dtype", "weights", "num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size", "capacity")
 PAIRS = {"1.5b": "0.5b", "7b": "0.5b", "test": "test"}  # target -> draft of the replayed pairs
 
@@ -90,17 +109,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.build:
         if only and any(n not in ARTIFACTS for n in only):
             parser.error(f"--only: got {args.only!r}; expected names among {', '.join(ARTIFACTS)}")
-        build(args.build, only or list(ARTIFACTS), args.vendor_tokenizers)
+        precisions = [p for p in args.genai.split(",") if p]
+        if any(p not in GENAI_PRECISIONS for p in precisions):
+            parser.error(f"--genai: got {args.genai!r}; expected names among {', '.join(GENAI_PRECISIONS)}")
+        build(args.build, only or list(ARTIFACTS), args.vendor_tokenizers, precisions)
         return 0
     options = {"big": big, "peer": peer, "replay_tokens": args.replay_tokens,
                "replay_ks": [int(k) for k in args.replay_ks.split(",")], "loader": args.loader, "budget": args.budget}
     report = run(args.run, args.out, args.provider, only, options)
     if args.results:
         write_results(report, args.results, args.commit or commit())
-    failed = [name for name, r in report["artifacts"].items() if _failures(r)]
+    failed = [f"{name} ({'; '.join(_failures(r))})" for name, r in report["artifacts"].items() if _failures(r)]
+    failed += [f"imported ({'; '.join(found)})" for found in [_failures(report["imported"])] if found]
     failed += [f"{part} {name}" for part in ("big", "peer") for name, r in report[part].items() if "error" in r]
-    print(f"done in {report['seconds']:.0f} s; " + (f"failures in {', '.join(failed)}" if failed else "no failures"))
-    return 0
+    skipped = [name for part in ("artifacts", "big", "peer") for name, r in report[part].items() if "skipped" in r]
+    skipped += ["imported"] * ("skipped" in report["imported"])
+    print(f"done in {report['seconds']:.0f} s; " + (f"FAILURES in {', '.join(failed)}" if failed else "no failures")
+          + (f"; skipped (budget or absent): {', '.join(skipped)}" if skipped else ""))
+    return 1 if failed else 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--loader", default="auto", choices=("auto", "pipeline", "engines"),
                         help="Pipeline.load (needs tokenizers), the Pipeline built from its engines, or auto")
     parser.add_argument("--budget", type=arguments.number(0), default=280.0, help="--run: seconds after which the rest is skipped")
+    parser.add_argument("--genai", default=",".join(GENAI_PRECISIONS),
+                        help="--build: the precisions of the onnxruntime-genai builds of the tiny target to write "
+                             "(fp16: its CUDA graph, run with --provider cuda; fp32: its CPU graph, run with cpu)")
     parser.add_argument("--vendor-tokenizers", action="store_true",
                         help="--build: put the tokenizers wheel (cp312 manylinux x86_64) into DIR/wheels")
     return parser
@@ -132,24 +161,28 @@ def _parser() -> argparse.ArgumentParser:
 # --- build (here, with the export extra) ----------------------------------------------------------------------
 
 
-def build(directory: Path, names: list[str], vendor_tokenizers: bool) -> None:
-    """Export ``names`` (keys of ARTIFACTS) from one seeded tiny target and draft into ``directory``."""
+def build(directory: Path, names: list[str], vendor_tokenizers: bool, genai: list[str]) -> None:
+    """Export ``names`` (keys of ARTIFACTS), each from one seeded tiny target of its family and a perturbed copy as its
+    draft, into ``directory``; and the qwen2 target as onnxruntime-genai's builder writes it in each precision of
+    ``genai`` (``gpu_imported.build_genai``; imported on the machine under test)."""
     from specdeploy import export
 
     tiny = _tests_tiny()
     directory.mkdir(parents=True, exist_ok=True)
-    # head_dim 64, as the 0.5B draft's: GroupQueryAttention's CUDA kernels choose by head size
-    config = tiny.llama_config("qwen2", hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                               num_key_value_heads=1, head_dim=64, max_position_embeddings=CAPACITY)
-    target = tiny.build_model(config, seed=0)
-    draft = tiny.build_model(config, seed=1, perturb_from=target, noise=0.01)  # accepts 1-4 of 4, row by row
+    families = {ARTIFACTS[name].get("family", "qwen2") for name in names} | ({"qwen2"} if genai else set())
     with tempfile.TemporaryDirectory() as tmp:
-        target_dir, draft_dir = (tiny.save_checkpoint(m, Path(tmp) / n) for m, n in ((target, "target"), (draft, "draft")))
+        checkpoints = {family: _checkpoints(tiny, family, Path(tmp) / family) for family in sorted(families)}
         for name in names:
             began = time.perf_counter()
-            export(target_dir, directory / name, draft=draft_dir, capacity=CAPACITY, force=True, **ARTIFACTS[name])
+            options = {k: v for k, v in ARTIFACTS[name].items() if k != "family"}
+            target_dir, draft_dir = checkpoints[ARTIFACTS[name].get("family", "qwen2")]
+            export(target_dir, directory / name, draft=draft_dir, capacity=CAPACITY, force=True, **options)
             size = sum(p.stat().st_size for p in (directory / name).iterdir())
             print(f"{name}: {size / 1e3:.0f} kB in {time.perf_counter() - began:.1f} s")
+        for precision in genai:
+            began = time.perf_counter()
+            size = build_genai(checkpoints["qwen2"][0], directory, precision)
+            print(f"genai-{precision}: {size / 1e3:.0f} kB in {time.perf_counter() - began:.1f} s")
     if vendor_tokenizers:
         from importlib.metadata import version
 
@@ -158,6 +191,16 @@ def build(directory: Path, names: list[str], vendor_tokenizers: bool) -> None:
                         "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--platform",
                         "manylinux2014_x86_64", "-d", str(wheels)], check=True)
         print("vendored: " + ", ".join(p.name for p in wheels.glob("*.whl")))
+
+
+def _checkpoints(tiny, family: str, folder: Path) -> tuple[Path, Path]:
+    """A seeded tiny target of ``family`` (FAMILIES) and a perturbed copy as its draft, saved under ``folder``."""
+    kind, overrides, noise = FAMILIES[family]
+    config = tiny.llama_config(kind, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                               head_dim=64, max_position_embeddings=CAPACITY, **overrides)
+    target = tiny.build_model(config, seed=0)
+    draft = tiny.build_model(config, seed=1, perturb_from=target, noise=noise)
+    return tiny.save_checkpoint(target, folder / "target"), tiny.save_checkpoint(draft, folder / "draft")
 
 
 def _tests_tiny():
@@ -177,7 +220,8 @@ def run(directory: Path, out: Path | None, provider: str, only: list[str] | None
     budget = options["budget"]
     faulthandler.enable()  # a crash inside ONNX Runtime still prints where Python was; the JSON names the stage
     os.environ.setdefault("SPECDEPLOY_CACHE", tempfile.mkdtemp(prefix="gpu-check-cache-"))
-    report = {"environment": _environment(directory, provider), "artifacts": {}, "big": {}, "pairs": {}, "peer": {}}
+    report = {"environment": _environment(directory, provider), "artifacts": {}, "imported": {}, "big": {}, "pairs": {},
+              "peer": {}}
     print_environment(report["environment"])
     save = lambda: _write(out, report, began)  # noqa: E731
     built = sorted((p.name for p in directory.iterdir() if (p / "manifest.json").is_file()),
@@ -186,11 +230,18 @@ def run(directory: Path, out: Path | None, provider: str, only: list[str] | None
     for name in only or built:
         if left() <= 0:
             report["artifacts"][name] = {"skipped": f"budget of {budget:.0f} s spent"}
+            print_skipped(name, report["artifacts"][name])
             continue
         record = report["artifacts"][name] = {}
-        check_artifact(directory / name, provider, options["loader"], record, save)
+        check_artifact(directory / name, provider, options["loader"], record, save, left)
         print_artifact(name, record)
         save()
+    if left() <= 0:
+        report["imported"] = {"skipped": f"budget of {budget:.0f} s spent"}
+    else:
+        report["imported"] = check_imported(directory, provider, _prompts(), left, save)
+    print_imported(report["imported"])
+    save()
     workdir = scratch("gpu-check-big-")
     try:
         check_big_shapes(report, provider, options, workdir, left, save)
@@ -216,6 +267,7 @@ def check_big_shapes(report: dict, provider: str, options: dict, workdir: Path, 
     for name in sorted(options["big"], key=lambda n: BIG[n]["layers"] * BIG[n]["hidden"]):
         if left() <= 0:
             report["big"][name] = {"skipped": "budget spent"}
+            print_skipped(f"big {name}", report["big"][name])
             continue
         print(f"== big {name}: writing and loading it ...", flush=True)
         record = report["big"][name] = guard(lambda name=name: check_big(name, provider, workdir, keep=True))
@@ -236,6 +288,7 @@ def check_big_shapes(report: dict, provider: str, options: dict, workdir: Path, 
     for name in options["peer"]:
         if left() <= 0:
             report["peer"][name] = {"skipped": "budget spent"}
+            print_skipped(f"peer {name}", report["peer"][name])
             continue
         print(f"== peer {name}: building it with onnxruntime-genai's builder ...", flush=True)
         report["peer"][name] = guard(lambda name=name: check_peer(name, provider, workdir))
@@ -303,10 +356,12 @@ def _vendor(directory: Path) -> list[str]:
     return [w.name for w in names]
 
 
-def check_artifact(directory: Path, provider: str, loader: str, record: dict, save=lambda: None) -> None:
-    """Exactness, placement, cache and latency of one artifact into ``record``; each part's failure is recorded, not
-    raised. ``record["stage"]`` names the part under way at each ``save()`` (removed when all are done). A fused
-    float32 artifact on CUDA must be refused before any session (``record["refused"]``)."""
+def check_artifact(directory: Path, provider: str, loader: str, record: dict, save=lambda: None,
+                   left=lambda: float("inf")) -> None:
+    """Exactness, prefix reuse, exact mode, placement, cache and latency of one artifact into ``record``; each part's
+    failure is recorded, not raised, and a part begun with no time ``left()`` is skipped (``{"skipped": why}``).
+    ``record["stage"]`` names the part under way at each ``save()`` (removed when all are done). A fused float32
+    artifact on CUDA must be refused before any session (``record["refused"]``)."""
     from specdeploy.contract import Manifest
     from specdeploy.engines import ProviderError
     from specdeploy.engines.ort import check_provider
@@ -337,29 +392,44 @@ def check_artifact(directory: Path, provider: str, loader: str, record: dict, sa
                                                 "seconds": round(time.perf_counter() - start, 3)})
     if any(isinstance(v, dict) for v in loaded.values()):
         return
-    _check_pipelines(usable, loaded["reference"][0], loaded["device"][0], provider, record, stage)
+    _check_pipelines(usable, loaded["reference"][0], loaded["device"][0], provider, record, stage, left)
     del record["stage"]
 
 
-def _check_pipelines(usable: Path, ref, dev, provider: str, record: dict, stage) -> None:
-    """Exactness, placement, cache and latency of an artifact's pipelines on the CPU (``ref``) and on ``provider``
-    (``dev``) into ``record``; ``stage(name)`` marks each part before it runs."""
-    prompts = [np.random.default_rng(n).integers(4, 120, n).tolist() for n in PROMPT_LENGTHS]
-    stage("exactness")
-    record["exactness"] = exactness(ref, dev, prompts, provider)
-    stage("placement")
-    record["placement"] = guard(lambda: placement(usable / dev.target.spec.file, dev.target.spec, provider))
-    stage("cache")
+def _check_pipelines(usable: Path, ref, dev, provider: str, record: dict, stage, left) -> None:
+    """Exactness (every drafter), prefix reuse, exact mode, placement, cache and latency of an artifact's pipelines on
+    the CPU (``ref``) and on ``provider`` (``dev``) into ``record``; ``stage(name)`` marks each part before it runs,
+    and a part begun with no time ``left()`` is skipped."""
+    prompts = _prompts()
+
+    def part(name: str, work, key: str | None = None) -> None:
+        if left() <= 0:
+            record[key or name] = {"skipped": "budget spent"}
+            return
+        stage(name)
+        record[key or name] = work()
+
+    part("exactness", lambda: exactness(ref, dev, prompts, provider))
+    # the costs the default speculation priced by: measured on ``provider`` (its warm-up and its cycles)
+    record["costs"] = dev.costs.to_dict()
+    part("prefix", lambda: guard(lambda: prefix_reuse(dev, prompts[2])))
+    plain = record.get("exactness", {}).get(next(iter(record.get("exactness", {})), ""), {}).get("tokens")
+    part("exact", lambda: guard(lambda: exact_mode(dev, prompts, plain)))
+    part("placement", lambda: guard(lambda: placement(usable / dev.target.spec.file, dev.target.spec, provider)))
     ids = np.random.default_rng(3).integers(0, dev.target.spec.vocab_size, (1, PAST + 5))
-    record["cache"] = guard(lambda: cache_check(ref.target, dev.target, ids))
-    stage("latency")
-    record["latency"] = {"engine": guard(lambda: engine_latency(dev.target)), "captures": dev.target.graphs is not None}
-    if dev.target.graphs is not None:  # the same graph without CUDA graphs
+    part("cache", lambda: guard(lambda: cache_check(ref.target, dev.target, ids)))
+    part("latency", lambda: {"engine": guard(lambda: engine_latency(dev.target)), "captures": dev.target.graphs is not None})
+    if dev.target.graphs is not None and "engine" in record["latency"] and left() > 0:  # without CUDA graphs
         from specdeploy.engines.ort import OrtEngine
 
         stage("latency without CUDA graphs")
         record["latency"]["plain"] = guard(lambda: engine_latency(OrtEngine(
             usable / dev.target.spec.file, dev.target.spec, provider=provider, cuda_graphs=False)))
+
+
+def _prompts() -> list[list[int]]:
+    """The check's prompts: a ragged batch of random token ids, one row of each of PROMPT_LENGTHS."""
+    return [np.random.default_rng(n).integers(4, 120, n).tolist() for n in PROMPT_LENGTHS]
 
 
 def _readable_copy(directory: Path, record: dict) -> Path:
@@ -423,46 +493,6 @@ def _pipeline(directory: Path, provider: str, loader: str):
     return Pipeline(manifest, _IdTokenizer(), target, draft, directory), "Pipeline(engines), token ids"
 
 
-def exactness(ref, dev, prompts: list[list[int]], provider: str) -> dict:
-    """Greedy tokens: plain CPU vs plain ``provider``; speculative vs plain on ``provider`` (and on the CPU)."""
-    from specdeploy import GenerationConfig
-
-    plain = GenerationConfig(max_new_tokens=NEW_TOKENS, drafter="none", ignore_eos=True)
-    names = {"reference": "cpu", "device": provider if provider != "cpu" else "cpu (2nd pipeline)"}
-    outputs = {side: guard(lambda p=p: p.generate(prompts, plain)) for side, p in zip(("reference", "device"), (ref, dev))}
-    failed = {f"plain {names[side]}": o for side, o in outputs.items() if isinstance(o, dict)}
-    if failed:
-        return failed
-    plain_tokens = {side: [r.token_ids for r in results] for side, results in outputs.items()}
-    cases = {f"plain {names['reference']} vs {names['device']}":
-             _compare(ref, prompts, plain_tokens["reference"], outputs["device"], plain)}
-    runs = [(f"{case} {names['device']}", dev, "device", k, batch) for case, (k, batch) in SPECULATIVE.items()]
-    runs.append(("k4 cpu", ref, "reference", 4, None))
-    for label, pipeline, side, k, batch in runs:
-        config = GenerationConfig(max_new_tokens=NEW_TOKENS, k=k, policy="fixed", drafter="model", ignore_eos=True)
-        cases[f"spec {label} vs plain"] = guard(lambda p=pipeline, c=config, s=side, b=batch: _compare(
-            p, prompts, plain_tokens[s], p.generate(prompts, c, batch_size=b), c))
-    return cases
-
-
-def _compare(pipeline, prompts, reference: list[list[int]], results, config) -> dict:
-    """Prompts whose tokens equal ``reference``; where each other one diverges, with the target's margin there."""
-    other = [r.token_ids for r in results]
-    case = {"equal": sum(a == b for a, b in zip(reference, other)), "of": len(prompts), "diverged": [], "tokens": other}
-    for i, (prompt, a, b) in enumerate(zip(prompts, reference, other)):
-        if a != b:
-            where = pipeline.first_divergence(prompt, a, b, config) or {"position": min(len(a), len(b)),
-                                                                         "lengths": [len(a), len(b)]}
-            case["diverged"].append({"prompt": i, **where})
-    errors = [r.error for r in results if r.error]
-    if errors:
-        case["row_errors"] = errors[:3]
-    accepted = [r.stats["mean_accepted_length"] for r in results if r.stats.get("cycles")]
-    if config.speculative and accepted:
-        case["mean_accepted_length"] = round(statistics.fmean(accepted), 3)
-    return case
-
-
 def placement(path: Path, spec, provider: str) -> dict:
     """Nodes (of the optimised graph, as ONNX Runtime's profiler saw them run) per execution provider and op."""
     import onnx
@@ -513,12 +543,10 @@ def cache_check(ref, dev, ids: np.ndarray) -> dict:
 
 
 def _failures(record: dict) -> list[str]:
-    """The parts of an artifact's record that raised or whose tokens differ (speculative against plain on one
-    provider: the CPU's and the GPU's plain tokens may part at a near-tie, whose margin is reported)."""
+    """The parts of an artifact's record that raised, and its decoding cases that part where they must not
+    (``gpu_decoding.failures``)."""
     found = [key for key, value in record.items() if isinstance(value, dict) and "error" in value]
-    for case, result in record.get("exactness", {}).items():
-        if "error" in result or (case.startswith("spec") and result.get("equal") != result.get("of")):
-            found.append(case)
+    found += failures(record)
     found += [f"latency {kind}" for kind, value in record.get("latency", {}).items() if isinstance(value, dict)
               and "error" in value]
     return found
