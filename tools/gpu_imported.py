@@ -1,9 +1,9 @@
-"""The imported-graph check of tools/gpu_check.py: the tiny target as onnxruntime-genai's model builder writes it (fp16
-for CUDA, fp32 for the CPU; built where the check is built, so the machine under test needs no onnxruntime-genai), run
-through ``specdeploy import`` and the genai adapter (engines/genai.py) on the provider under test: greedy speculative
-decoding (the suffix index, the default speculation) against plain decoding on a ragged batch, a second turn reusing
-the first's K/V, exact mode, and ``Engine.infer``'s latency; on CUDA, its plain output against the fp32 build's on
-the CPU (the same weights: they may part at a near-tie).
+"""The imported-graph check of tools/gpu_check.py: the tiny target as onnxruntime-genai's model builder writes it for
+CUDA in fp16 (built where the check is built, so the machine under test needs no onnxruntime-genai; the CPU EP runs it
+too), run through ``specdeploy import`` and the genai adapter (engines/genai.py) on the provider under test: greedy
+speculative decoding (the suffix index, the default speculation) against plain decoding on a ragged batch, a second
+turn reusing the first's K/V, exact mode, and ``Engine.infer``'s latency; and its plain output against the builder's
+fp32 CPU build of the same weights on the CPU (they may part at a near-tie: margins).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ def check_imported(directory: Path, provider: str, prompts: list[list[int]], lef
     """The genai build of ``provider``'s precision under ``directory``, imported and checked on ``provider`` (module
     docstring); each part's failure recorded in its part (``{"error": ...}``), parts begun with no time ``left()``
     skipped."""
-    precision = "fp16" if provider == "cuda" else "fp32"
-    folder = directory / f"genai-{precision}"
-    if not (folder / "genai_config.json").is_file():
-        return {"skipped": f"{folder} is absent: build it here with tools.gpu_check --build DIR --genai {precision} "
-                           "(needs onnxruntime-genai)"}
+    built = [p for p in GENAI_PRECISIONS if (directory / f"genai-{p}" / "genai_config.json").is_file()]
+    if not built:
+        return {"skipped": f"no genai-fp16 or genai-fp32 in {directory}: build them here with tools.gpu_check --build "
+                           "DIR --genai fp16,fp32 (needs onnxruntime-genai)"}
+    folder = directory / f"genai-{built[0]}"  # fp16 where it was built: the form a GPU runs
     record = {"folder": folder.name}
     work = Path(tempfile.mkdtemp(prefix="gpu-check-imported-"))
     try:
@@ -87,14 +87,15 @@ def _load(folder: Path, artifact: Path, provider: str, record: dict):
 
 def _exactness(pipeline, prompts, provider: str, directory: Path, work: Path) -> dict:
     """Every drafter the import has (no draft model: the suffix index, the default) against its plain output on
-    ``provider``; on a GPU, that plain output against the fp32 build's on the CPU (same weights, margins reported)."""
+    ``provider``; an fp16 build's plain output against the fp32 build's on the CPU (same weights, margins reported)."""
     plain = guard(lambda: pipeline.generate(prompts, config()))
     if isinstance(plain, dict):
         return {f"plain {provider}": plain}
     tokens = [r.token_ids for r in plain]
     cases = speculative_cases(pipeline, prompts, tokens, provider)
     cpu_build = directory / "genai-fp32"
-    if provider != "cpu" and (cpu_build / "genai_config.json").is_file() and importlib.util.find_spec("tokenizers"):
+    fp16 = pipeline.target.spec.dtype == "float16"
+    if fp16 and (cpu_build / "genai_config.json").is_file() and importlib.util.find_spec("tokenizers"):
         def against_cpu() -> dict:
             from specdeploy import Pipeline
             from specdeploy.importer import import_artifact
