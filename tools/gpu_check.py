@@ -2,24 +2,33 @@
 
     .venv/bin/python -m tools.gpu_check --build .gpucheck --vendor-tokenizers        # here (torch, transformers)
     python3 -m tools.gpu_check --run .gpucheck --out $OUT/gpu_check.json --big 0.5b,1.5b,7b --peer 0.5b,1.5b \
-        --results docs/results/gpu --commit <sha>                                                    # there (<= 5 minutes)
+        --budget 240 --results $OUT --commit <sha>                                              # there (~4 minutes)
 
-``--build`` exports one tiny Qwen2-shaped target with a perturbed copy as its draft (partial, ragged acceptance)
-in each graph form and weight format (``ARTIFACTS``), with specdeploy's own exporter. ``--run`` needs only
-numpy, onnx and onnxruntime(-gpu) (and torch for ``--big``, CuPy for CUDA): per artifact it reports
+(docs/results/gpu/README.md: the whole procedure.) ``--build`` exports one tiny Qwen2-shaped target with a perturbed
+copy as its draft (partial, ragged acceptance) in each graph form and weight format, and a tiny Gemma 2 (soft-capped
+attention on GroupQueryAttention, a windowed layer) in the fused fp16 form (``ARTIFACTS``), with specdeploy's own
+exporter; and the Qwen2 target as onnxruntime-genai's builder writes it, fp16 for CUDA and fp32 for the CPU
+(``--genai``; tools/gpu_imported.py). ``--run`` needs only numpy, onnx and onnxruntime(-gpu) (and torch for ``--big``,
+CuPy for CUDA): per artifact it reports (tools/gpu_decoding.py)
 - exactness through the public API: greedy plain decoding on the CPU against ``--provider`` token for token, then
-  greedy speculative decoding (draft model, fixed K, batch 3 and batch 1) against plain decoding on ``--provider``;
+  greedy speculative decoding against plain decoding on ``--provider`` for every drafter (the draft model at a fixed
+  K on a ragged batch of 3 and at batch 1, the suffix index, the default speculation at the costs it measured there);
+- a second turn reusing the first's K/V (the prefix cache) against the same turn cold, and exact mode, whose
+  speculative output must be its plain output bit for bit (the explicit form's refusal recorded);
 - where the engine keeps its cache, on which execution provider each node of the target ran (ONNX Runtime's
   profile), and one call's logits and cache against the CPU's (a fused float32 artifact is refused on CUDA: checked);
 - ``Engine.infer`` latency at batch 1, T = 1, 5 and 9 after a past of 256, with CUDA graphs where the engine
-  captures them and without.
-``--big`` writes Qwen2.5-shaped fused fp16 targets with random weights through the exporter's own fused writer and
-times them alike (past 1024), the bytes a greedy cycle moves between host and device, and tools/replay.py's cost
-tables of the 1.5B and 7B-shaped targets with the 0.5B draft, at which the real pair's recorded traces
-(tools/replay_data/traces.json) are replayed through the real runtime: plain against speculative tokens per second.
-``--peer`` builds the same shapes with onnxruntime-genai's model builder (the peer; its wheel carried like
+  captures them and without;
+then the genai fp16 build, imported (``specdeploy import``) and checked alike on ``--provider``, against the fp32
+build on the CPU. ``--big`` writes Qwen2.5-shaped fused fp16 targets with random weights through the exporter's own
+fused writer and times them alike (past 1024), the bytes a greedy cycle moves between host and device, and
+tools/replay.py's cost tables of the 1.5B and 7B-shaped targets with the 0.5B draft, at which the real pair's recorded
+traces (tools/replay_data/traces.json) are replayed through the real runtime: plain against speculative tokens per
+second. ``--peer`` builds the same shapes with onnxruntime-genai's model builder (the peer; its wheel carried like
 onnxruntime-gpu) over the same random weights and times its graphs alike, with and without CUDA graphs.
-``--results DIR`` writes the report there too, named after the GPU and the commit.
+``--out`` (JSON) and ``--results DIR`` (the report named after the GPU and the commit, and its summary) are rewritten
+after each part; ``--budget`` skips the parts left once it is spent (and a big shape with less left than it needs),
+each with its reason. Where a part fails, the last line names it and the exit status is 1.
 ``Pipeline.load`` reads the tokenizer with ``tokenizers``: where it is missing and no vendored wheel
 (``--vendor-tokenizers``) is in the dir, the pipeline is built from its engines and prompts are token ids.
 A graph whose IR version this onnxruntime refuses is run from a copy with the IR version lowered (reported).
@@ -97,6 +106,10 @@ FAMILIES = {  # family -> (model_type, config overrides, the draft's noise: part
 }
 SPEC_FIELDS = ("graph", "dtype", "weights", "num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size", "capacity")
 PAIRS = {"1.5b": "0.5b", "7b": "0.5b", "test": "test"}  # target -> draft of the replayed pairs
+# seconds a big shape (written, timed with and without CUDA graphs, its pair's cost table and replays) or the peer's
+# build of it needs at least: one begun with less of the budget left would outrun the command's limit and lose the
+# report's last parts. From the H200 run of 2026-12-04 (1.5B written in 12.9 s, 0.5B in 4.6 s), with room
+NEEDS = {"big": {"0.5b": 30, "1.5b": 60, "7b": 150, "test": 0}, "peer": {"0.5b": 60, "1.5b": 120, "7b": 300, "test": 0}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,10 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         build(args.build, only or list(ARTIFACTS), args.vendor_tokenizers, precisions)
         return 0
     options = {"big": big, "peer": peer, "replay_tokens": args.replay_tokens,
-               "replay_ks": [int(k) for k in args.replay_ks.split(",")], "loader": args.loader, "budget": args.budget}
+               "replay_ks": [int(k) for k in args.replay_ks.split(",")], "loader": args.loader, "budget": args.budget,
+               "results": args.results, "commit": args.commit or commit()}
     report = run(args.run, args.out, args.provider, only, options)
-    if args.results:
-        write_results(report, args.results, args.commit or commit())
     failed = [f"{name} ({'; '.join(_failures(r))})" for name, r in report["artifacts"].items() if _failures(r)]
     failed += [f"imported ({'; '.join(found)})" for found in [_failures(report["imported"])] if found]
     failed += [f"{part} {name}" for part in ("big", "peer") for name, r in report[part].items() if "error" in r]
@@ -223,7 +235,8 @@ def run(directory: Path, out: Path | None, provider: str, only: list[str] | None
     report = {"environment": _environment(directory, provider), "artifacts": {}, "imported": {}, "big": {}, "pairs": {},
               "peer": {}}
     print_environment(report["environment"])
-    save = lambda: _write(out, report, began)  # noqa: E731
+    # the report and its summary rewritten after each part: a run its command's limit kills keeps what it measured
+    save = lambda: _write(out, report, began, options.get("results"), options.get("commit", ""))  # noqa: E731
     built = sorted((p.name for p in directory.iterdir() if (p / "manifest.json").is_file()),
                    key=lambda n: (list(ARTIFACTS).index(n) if n in ARTIFACTS else len(ARTIFACTS), n))
     left = lambda: budget - (time.perf_counter() - began)  # noqa: E731
@@ -265,8 +278,9 @@ def check_big_shapes(report: dict, provider: str, options: dict, workdir: Path, 
     cycle bytes and replayed speedups, then the peer's graphs."""
     engines = {}
     for name in sorted(options["big"], key=lambda n: BIG[n]["layers"] * BIG[n]["hidden"]):
-        if left() <= 0:
-            report["big"][name] = {"skipped": "budget spent"}
+        if left() < NEEDS["big"][name] or left() <= 0:
+            report["big"][name] = {"skipped": f"budget spent: {max(0, left()):.0f} s left, {name} needs "
+                                              f"{NEEDS['big'][name]} s"}
             print_skipped(f"big {name}", report["big"][name])
             continue
         print(f"== big {name}: writing and loading it ...", flush=True)
@@ -286,8 +300,9 @@ def check_big_shapes(report: dict, provider: str, options: dict, workdir: Path, 
         save()
     engines.clear()
     for name in options["peer"]:
-        if left() <= 0:
-            report["peer"][name] = {"skipped": "budget spent"}
+        if left() < NEEDS["peer"][name] or left() <= 0:
+            report["peer"][name] = {"skipped": f"budget spent: {max(0, left()):.0f} s left, {name} needs "
+                                               f"{NEEDS['peer'][name]} s"}
             print_skipped(f"peer {name}", report["peer"][name])
             continue
         print(f"== peer {name}: building it with onnxruntime-genai's builder ...", flush=True)
@@ -296,11 +311,13 @@ def check_big_shapes(report: dict, provider: str, options: dict, workdir: Path, 
         save()
 
 
-def _write(out: Path | None, report: dict, began: float) -> None:
+def _write(out: Path | None, report: dict, began: float, results: Path | None = None, sha: str = "") -> None:
     report["seconds"] = time.perf_counter() - began
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1, default=str))
+    if results is not None:
+        write_results(report, results, sha)
 
 
 def _environment(directory: Path, provider: str) -> dict:

@@ -34,8 +34,13 @@ def write_results(report: dict, folder: Path, commit: str) -> Path:
         if "skipped" in record or "refused" in record:
             lines.append(f"| {name} | - | {record.get('skipped') or 'refused: ' + record['refused'][:80]} | | | | |")
         for section in ("exactness", "prefix", "exact"):
-            for case, r in record.get(section, {}).items():
-                lines.append(f"| {name} | {section} | {case} | " + _case_cells(r) + " |")
+            cases = record.get(section, {})
+            if any(key in cases for key in ("error", "skipped", "refused")):  # the section as a whole
+                lines.append(f"| {name} | {section} | - | " + _case_cells(cases) + " |")
+                continue
+            for case, r in cases.items():
+                if isinstance(r, dict):  # a case (the prefix section's counts are in the JSON)
+                    lines.append(f"| {name} | {section} | {case} | " + _case_cells(r) + " |")
     for name, pair in report["pairs"].items():
         speedups = pair.get("replay", {}).get("speedup_over_plain", {})
         lines.append(f"\n{name}: cycle bytes {pair.get('cycle_bytes')}; replayed speedup over plain {speedups}")
@@ -48,7 +53,8 @@ def _case_cells(r) -> str:
     if not isinstance(r, dict):
         return f"{r} | | |"
     if "error" in r or "skipped" in r or "refused" in r:
-        return f"{'ERROR ' + r['error'][:80] if 'error' in r else r.get('skipped') or r.get('refused')} | | |"
+        what = "ERROR " + r["error"][:80] if "error" in r else r.get("skipped") or "refused: " + r["refused"][:80]
+        return f"{what} | | |"
     if "equal" not in r:
         return " | | |"
     diverged = " ".join(f"p{d['prompt']}@{d.get('position')} {d.get('margin', float('nan')):.3g}" for d in r["diverged"])

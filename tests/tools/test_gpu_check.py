@@ -249,7 +249,24 @@ def test_a_spent_budget_skips_every_part_with_the_reason_and_still_writes_the_re
     report = json.loads(out.read_text())
     assert code == 0 and report["imported"] == {"skipped": "budget of 0 s spent"}
     assert all(r == {"skipped": "budget of 0 s spent"} for r in report["artifacts"].values()) and len(report["artifacts"]) == 3
-    assert report["big"]["test"] == report["peer"]["test"] == {"skipped": "budget spent"}
+    assert report["big"]["test"] == report["peer"]["test"] == {"skipped": "budget spent: 0 s left, test needs 0 s"}
+
+
+def test_a_big_shape_is_not_begun_with_less_of_the_budget_left_than_it_needs(tmp_path, monkeypatch):
+    """A shape begun near the budget's end would outrun the command's limit: it is skipped with the seconds left and
+    needed, and the report and its summary (rewritten after each part) still name the machine and commit."""
+    from tools import gpu_check
+
+    report = {"environment": {"gpu": "", "onnxruntime": "1", "available_providers": ["CPUExecutionProvider"],
+                              "numpy": "2"}, "artifacts": {}, "imported": {}, "big": {}, "pairs": {}, "peer": {}}
+    saved = []
+    gpu_check.check_big_shapes(report, "cpu", {"big": ["1.5b"], "peer": ["0.5b"]}, tmp_path, lambda: 45.0,
+                               lambda: saved.append(True))
+    assert report["big"]["1.5b"] == {"skipped": "budget spent: 45 s left, 1.5b needs 60 s"}
+    assert report["peer"]["0.5b"] == {"skipped": "budget spent: 45 s left, 0.5b needs 60 s"}
+    gpu_check._write(tmp_path / "out.json", report, 0.0, tmp_path / "results", "0123456789abcdef")
+    assert json.loads((tmp_path / "out.json").read_text())["big"] == report["big"]
+    assert (tmp_path / "results" / "no-gpu-0123456789ab.md").is_file()
 
 
 def test_a_case_that_parts_where_it_must_not_is_named_as_a_failure():
