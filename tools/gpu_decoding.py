@@ -93,17 +93,28 @@ def compare(pipeline, prompts, reference: list[list[int]], results, config) -> d
 def prefix_reuse(pipeline, prompt: list[int]) -> dict:
     """A conversation's second turn (the first turn's prompt and answer, then more) three ways on ``pipeline``: cold
     (no K/V reused: the reference), plain reusing the first turn's K/V, and speculative (the draft model if there is
-    one, else the suffix index, K 4) reusing it; the prompt tokens each reused and where the kept K/V lives."""
+    one, else the suffix index, K 4) reusing it; the prompt tokens each reused, where the kept K/V lives (on a GPU:
+    "cupy.ndarray") and the bytes each turn moved between host and device (the engines' ``transfers``: inputs in,
+    what acceptance reads out)."""
+    from specdeploy.engines.memory import transfers
+
+    def moved(work):  # (work's result, bytes it moved to the device and back)
+        before = transfers.to_device, transfers.to_host
+        done = work()
+        return done, {"to_device": transfers.to_device - before[0], "to_host": transfers.to_host - before[1]}
+
     first = pipeline.generate([prompt], config())[0]
     second = [*prompt, *first.token_ids, *prompt[:5]]
-    cold = pipeline.generate([second], config(), scope=None)[0]
+    cold, cold_bytes = moved(lambda: pipeline.generate([second], config(), scope=None)[0])
     record = {"first_turn_tokens": len(prompt) + len(first.token_ids), "second_turn_prompt": len(second),
-              "kept_bytes": pipeline.prefix_cache.bytes}
+              "kept_bytes": pipeline.prefix_cache.bytes, "kept_in": sorted(pipeline.prefix_cache.held_in()),
+              "cold_bytes_moved": cold_bytes}
     drafter = "model" if pipeline.draft is not None else "suffix"
     for name, run in (("plain", config()), (f"spec {drafter}-k4", config(4, drafter))):
-        results = pipeline.generate([second], run)
+        results, bytes_moved = moved(lambda run=run: pipeline.generate([second], run))
         case = compare(pipeline, [second], [cold.token_ids], results, run)
         case["cached_prompt_tokens"] = results[0].stats["cached_prompt_tokens"]
+        case["bytes_moved"] = bytes_moved
         record[f"{name} reused vs cold"] = case
     return record
 

@@ -75,6 +75,8 @@ def test_a_second_turn_reuses_the_first_turns_kv_and_decodes_as_a_cold_one(repor
     for name, record in report[0]["artifacts"].items():
         prefix = record["prefix"]
         assert prefix["second_turn_prompt"] == prefix["first_turn_tokens"] + 5 and prefix["kept_bytes"] > 0
+        assert prefix["kept_in"] == ["numpy.ndarray"]  # where the CPU's engines compute (on CUDA: cupy.ndarray)
+        assert prefix["cold_bytes_moved"] == {"to_device": 0, "to_host": 0}
         for case in ("plain reused vs cold", "spec model-k4 reused vs cold"):
             result = prefix[case]
             assert (result["equal"], result["of"], result["diverged"]) == (1, 1, []), (name, case, result)
