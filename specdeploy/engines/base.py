@@ -401,6 +401,16 @@ def _feed_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[in
 def prefill(engine: Engine, cache: KVCache, tokens: np.ndarray, goal: list[int]) -> None:
     """Bring each row's cache up to ``goal[b]`` tokens of ``tokens``, in calls of at most PREFILL_CHUNK tokens
     (a fused graph's rows each fed their own: ``_feed_rows``)."""
+    seen = cache.past_len.tolist()
+    if len(goal) > 1 and engine.call_form.rows_alone and any(past < end for past, end in zip(seen, goal)):
+        # Row by row here, not chunk by chunk through ``feed``: there a row already at its goal would re-feed its last
+        # token in every chunk the others still need, one wasted engine call each.
+        for b, (past, end) in enumerate(zip(seen, goal)):
+            if past < end:
+                row = cache.rows(b, b + 1)
+                prefill(engine, row, tokens[b : b + 1], [end])
+        cache.commit(goal)  # as ``feed`` leaves it: a row past its goal is brought back to it
+        return
     while True:
         seen = cache.past_len.tolist()
         if all(past >= end for past, end in zip(seen, goal)):

@@ -175,3 +175,26 @@ def test_only_valid_prefixes_move_so_an_unseen_draft_cache_costs_no_copy():
     grown = left.extend(unseen)
     assert grown.past_len.tolist() == [0, 2, 0, 0] and not (grown.stacked[:, 2:] == 5).any()
 
+
+
+def test_a_fused_graphs_prefill_feeds_a_row_only_while_it_has_tokens_to_feed(fused_dirs, monkeypatch):
+    """Row by row, a chunked prefill of a ragged batch calls the engine once per chunk a row needs: a row already at
+    its goal used to re-feed its last token in every chunk the longer rows still needed (2 calls a chunk, not 1). The
+    K/V each row gets is what it gets prefilled alone."""
+    from specdeploy.engines import base
+
+    monkeypatch.setattr(base, "PREFILL_CHUNK", 8)
+    engine = Pipeline.load(fused_dirs["close"]).target
+    tokens = np.random.default_rng(0).integers(3, 60, size=(2, 40))
+    calls = []
+    infer = engine.infer
+    monkeypatch.setattr(engine, "infer", lambda ids, *rest, **kw: calls.append(ids.shape) or infer(ids, *rest, **kw))
+    cache = engine.allocate_cache(2, 48)
+    base.prefill(engine, cache, tokens, [3, 40])
+    assert cache.past_len.tolist() == [3, 40]
+    assert calls == [(1, 3)] + [(1, 8)] * 5  # row 0 once, row 1 in five chunks of 8, nothing re-fed
+    for b, end in enumerate([3, 40]):
+        alone = engine.allocate_cache(1, 48)
+        base.prefill(engine, alone, tokens[b : b + 1], [end])
+        for buf, ref in zip(cache.buffers, alone.buffers):
+            np.testing.assert_allclose(buf[b, :, :end], ref[0, :, :end], atol=1e-5, rtol=1e-5)
