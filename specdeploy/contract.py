@@ -137,7 +137,7 @@ class ModelSpec:
         io = self.imported
         if io is not None:
             return ([io.input_ids, io.attention_mask] + ([io.position_ids] if io.position_ids else [])
-                    + io.cache_names(self.num_layers, "past"))
+                    + io.cache_names(self.num_layers, "past") + (["num_logits"] if self.trims_logits else []))
         names = input_names(self.num_layers)
         if self.takes_seqlens_k:
             names[1] = "seqlens_k"
@@ -386,7 +386,8 @@ def _imported_from_dict(data: object, graph: str, flags: dict, where: str) -> Im
     for name in ("input_ids", "attention_mask", "logits"):
         if not values[name]:
             raise ContractError(f"{where}: missing field {name!r}")
-    set_flags = [name for name, value in flags.items() if value]
+    # trims_logits is a rewrite an import makes (importer/rewrites.py: the head's input sliced, input num_logits)
+    set_flags = [name for name, value in flags.items() if value and name != "trims_logits"]
     if set_flags:
         raise ContractError(f"{where}: {set_flags} describe our own graphs; an imported graph has none of them")
     rewrites = data.get("rewrites", [])

@@ -35,6 +35,8 @@ class OptimumEngine(OrtEngine):
         feeds = {io.input_ids: input_ids, io.attention_mask: mask.astype(np.int64)}
         if io.position_ids:
             feeds[io.position_ids] = past_len[:, None] + np.arange(tokens)  # [batch, tokens]
+        if spec.trims_logits:  # the import sliced the head's input: the logits of each row's last ``kept`` positions
+            feeds["num_logits"] = np.array([kept], np.int64)
         for name, buffer in zip(spec.cache_inputs, cache.buffers):
             feeds[name] = np.ascontiguousarray(buffer[:, :, :longest])
         logits, *present = self.session.run(spec.outputs, feeds)

@@ -1,8 +1,9 @@
 """Folders others wrote -> an artifact dir: their graphs as they are, their contract in the manifest, every file hashed.
 
-The graph's file is rewritten in two ways only, both recorded in the manifest (``ImportedIO.rewrites``): its external
-data is renamed after its role (a target and a draft from two folders both call theirs ``model.onnx.data``), and the
-role it is imported as is stamped in its metadata, as ours are. Weights are linked where the filesystem allows, else
+The graph's file is rewritten in these ways only, each recorded in the manifest (``ImportedIO.rewrites``): its external
+data is renamed after its role (a target and a draft from two folders both call theirs ``model.onnx.data``), the
+role it is imported as is stamped in its metadata, as ours are, and its nodes change where ``rewrites`` says (logits
+cast to float32, the head computed for the positions a call asks for only). Weights are linked where the filesystem allows, else
 copied; either way they are hashed, so a source file changed later is caught when the artifact is opened.
 """
 
@@ -28,7 +29,8 @@ from ..contract import (
 from ..engines.vetting import check_foreign_graph, external_tensors
 from ..output import OutputError, file_hashes, output_dir, staged
 from ..version import __version__
-from .sources import ONNX_TYPES, ImportRefused, Source, graph_io, read_source
+from .rewrites import head_trimmed, logits_in_float32
+from .sources import ImportRefused, Source, graph_io, read_source
 
 DEFAULT_CAPACITY = 2048  # cache slots when the folder allows as many and no capacity is given
 TOKENIZER = "tokenizer.json"
@@ -121,7 +123,9 @@ def _plan(role: str, source: Source, graph: tuple, capacity: int, fingerprint: s
                 renamed.setdefault(entry.value, f"{role}.{entry.value}")
                 entry.value = renamed[entry.value]
     rewrites = [f"external data {old} renamed {new}" for old, new in sorted(renamed.items())]
-    rewrites += _logits_in_float32(model, source.io.logits)
+    rewrites += logits_in_float32(model, source.io.logits)
+    trimmed = head_trimmed(model, source.io.logits)
+    rewrites += trimmed
     onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, GRAPH_ROLE_KEY: role})
     rewrites.append(f"metadata {GRAPH_ROLE_KEY} = {role}")
     io = dataclasses.replace(source.io, origin=source.graph.name, origin_sha256=sha256_file(source.graph),
@@ -131,27 +135,8 @@ def _plan(role: str, source: Source, graph: tuple, capacity: int, fingerprint: s
     facts["eos_token_ids"] = tuple(facts["eos_token_ids"])
     spec = ModelSpec(role=role, file=f"{role}.onnx", dtype=io_facts["dtype"], weights=_weights(model),
                      graph=LAYOUT_FORMS[io.cache], tokenizer_fingerprint=fingerprint, parameters=_parameters(model),
-                     imported=io, **facts)
+                     imported=io, trims_logits=bool(trimmed), **facts)
     return spec, renamed
-
-
-def _logits_in_float32(model, name: str) -> list[str]:
-    """Cast the graph's logits ``name`` to float32 where it declares another type (onnxruntime-genai's fp16 builds give
-    float16 logits; the engines bind and acceptance reads float32, as every exported graph gives): a Cast node after
-    the graph's own, on the device where its producer runs. Returns the rewrite in words, or nothing."""
-    from onnx import TensorProto, helper
-
-    output = next(value for value in model.graph.output if value.name == name)
-    elem = output.type.tensor_type.elem_type
-    if elem == TensorProto.FLOAT:
-        return []
-    inner = f"{name}_{ONNX_TYPES.get(elem, elem)}"
-    for node in model.graph.node:
-        node.output[:] = [inner if o == name else o for o in node.output]
-        node.input[:] = [inner if i == name else i for i in node.input]
-    model.graph.node.append(helper.make_node("Cast", [inner], [name], to=TensorProto.FLOAT, name=f"{name}_to_float32"))
-    output.type.tensor_type.elem_type = TensorProto.FLOAT
-    return [f"{name} cast from {ONNX_TYPES.get(elem, elem)} to float32 (a Cast node after the graph's own)"]
 
 
 def _write_model(source: Source, model, planned: tuple[ModelSpec, dict], staging: Path) -> None:

@@ -22,6 +22,8 @@ def test_the_manifest_records_the_contract_and_a_changed_weight_file_is_caught(f
     assert (spec.imported.source, spec.imported.cache, spec.graph, spec.weights) == (
         "onnxruntime-genai", "shared", "fused", "int4")
     assert spec.imported.rewrites == ("external data model.onnx.data renamed target.model.onnx.data",
+                                      "logits of each row's last num_logits positions only (a Slice before "
+                                      "MatMulNBits '/lm_head/MatMul_Q4', the head; input num_logits int64 [1])",
                                       "metadata specdeploy.role = target")
     # the graph as written names its renamed weights, and they are the source folder's bytes
     model = onnx.load(str(artifact / "target.onnx"), load_external_data=False)
@@ -84,3 +86,26 @@ def test_an_fp16_build_s_logits_are_cast_to_float32_and_it_decodes_as_the_fp32_b
                 assert [r.token_ids for r in drafted] == [r.token_ids for r in plain]
     assert logits[0].dtype == np.float32 and np.abs(logits[0]).max() > 1
     np.testing.assert_allclose(logits[0], logits[1], atol=0.05, rtol=0.01)
+
+
+@pytest.mark.parametrize("name", ["genai-llama", "genai-qwen3-int4", "optimum-llama"])
+def test_an_imported_head_computes_the_positions_a_call_asks_for_only(foreign, name):
+    """Both tools' graphs run the head over every position, while a prefill chunk needs no logits and a catch-up one
+    position's: the import slices the head's input by a new input ``num_logits``, as our fused graphs do
+    (``trims_logits``). Asked for the last 2 of 5 positions, a call computes [batch, 2, vocab], and they are the last 2
+    of what the untrimmed call computes; the draft's graph is sliced too."""
+    import numpy as np
+
+    artifact = foreign["artifacts"][name]
+    manifest = Manifest.read(artifact)
+    for spec in manifest.models.values():
+        graph = onnx.load(str(artifact / spec.file), load_external_data=False).graph
+        assert spec.trims_logits and "num_logits" in [value.name for value in graph.input]
+        assert [node.op_type for node in graph.node if node.name == "num_logits_slice"] == ["Slice"]
+    ids = np.array([[1, 5, 9, 33, 17], [4, 8, 15, 16, 23]], np.int64)
+    with Pipeline.load(artifact, prefix_cache_bytes=0) as pipeline:
+        engine = pipeline.target
+        every = engine.infer(ids, np.zeros(2, np.int64), engine.allocate_cache(2, 16)).logits.copy()
+        last = engine.infer(ids, np.zeros(2, np.int64), engine.allocate_cache(2, 16), 2).logits.copy()
+    assert every.shape == (2, 5, spec.vocab_size) and last.shape == (2, 2, spec.vocab_size)
+    np.testing.assert_allclose(last, every[:, -2:], atol=1e-5, rtol=1e-5)
