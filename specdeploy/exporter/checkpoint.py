@@ -261,11 +261,12 @@ def _read_gguf(path: Path, tokenizer: bool = True):
     from .gguf_weights import fast_gguf_parsing, reader_class
 
     try:
-        architecture = gguf_config.peek_architecture(path)
+        architecture, reader = gguf_config.peek_architecture(path), None
         if architecture is None:  # not the first entry: parse the metadata to find it
-            architecture = gguf_config.architecture_of(reader_class()(str(path)))
+            reader = reader_class()(str(path))
+            architecture = gguf_config.architecture_of(reader)
         if architecture in gguf_config.GGUF_FAMILIES:
-            model_config = gguf_config.read_config(reader_class()(str(path)))
+            model_config = gguf_config.read_config(reader or reader_class()(str(path)))
             if not tokenizer:
                 return model_config, None, None, None
             built, settings = gguf_config.read_tokenizer(path)

@@ -10,7 +10,7 @@ from collections.abc import MutableMapping
 
 from .dims import Dims
 from .family import GEMMA_NORMS, POST_NORMS, Family
-from .llama import DecoderFamily
+from .llama import DecoderFamily, DecoderVerify
 from .registry import register
 
 QWEN3 = Family("qwen3", ("qwen3",), qk_norm="head")
@@ -46,7 +46,7 @@ class LanguageModelOf:
     def features(self, config) -> tuple[str, ...]:
         return (*self.text.features(self.text_config(config)), "language model only: image inputs are not exported")
 
-    def build(self, config, weights, capacity: int, streamed: bool = False):
+    def build(self, config, weights, capacity: int, streamed: bool = False) -> DecoderVerify:
         return self.text.build(self.text_config(config), TextWeights(weights, self.PREFIXES), capacity, streamed)
 
     @staticmethod
