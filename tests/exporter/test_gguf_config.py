@@ -209,3 +209,27 @@ def test_the_architecture_is_peeked_from_the_first_entry_or_left_to_the_parser(t
     assert peek_architecture(other) is None
     with pytest.raises(ExportError, match="cannot be loaded as GGUF"):
         load_tokenizer_and_config(other, tokenizer=False)
+
+
+@pytest.mark.parametrize("scaling,expected", [
+    (lambda w: (w.add_rope_scaling_type(gguf_rope("LINEAR")), w.add_rope_scaling_factor(2.0)),
+     {"rope_type": "linear", "factor": 2.0}),
+    (lambda w: (w.add_rope_scaling_type(gguf_rope("YARN")), w.add_rope_scaling_factor(4.0),
+                w.add_rope_scaling_orig_ctx_len(64)),
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+])
+def test_rope_scaling_is_read_from_the_metadata(tmp_path, scaling, expected):
+    """Linear and YaRN scaling as the converter writes them (type, factor, original context) become the config's
+    rope_parameters, and the export's RoPE tables are the ones transformers computes from them."""
+    from specdeploy.exporter.rope import ropes
+
+    model = tiny.build_model(FAMILIES["smollm3"][0](), seed=3)
+    path = tmp_path / "smollm3.gguf"
+    write_gguf(path, model, "smollm3", True, lambda w, c: scaling(w))
+    config = load_tokenizer_and_config(path, tokenizer=False)[1]
+    assert config.rope_parameters == {"rope_theta": model.config.rope_parameters["rope_theta"], **expected}
+    reference = tiny.llama_config("smollm3", **SIZES | {"num_hidden_layers": 4},
+                                  rope_parameters={"rope_theta": model.config.rope_parameters["rope_theta"], **expected})
+    ours, theirs = ropes(config, 16), ropes(reference, 16)
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k].inv_freq, theirs[k].inv_freq) and
+                                            ours[k].scaling == theirs[k].scaling for k in ours)
