@@ -95,9 +95,10 @@ def _check_pair(target, draft) -> None:
     problems = differences(t_tok, d_tok)
     if problems:
         raise ExportError("the draft's tokenizer differs from the target's:\n  " + "\n  ".join(problems))
-    if t_config.vocab_size != d_config.vocab_size:
+    t_vocab, d_vocab = _vocab_size(t_config), _vocab_size(d_config)
+    if t_vocab != d_vocab:
         raise ExportError(
-            f"vocab_size differs: target {t_config.vocab_size}, draft {d_config.vocab_size}; "
+            f"vocab_size differs: target {t_vocab}, draft {d_vocab}; "
             "the logits of both must index the same tokens"
         )
 
@@ -107,10 +108,15 @@ def _check_draft_vocab(draft, draft_vocab: int | None) -> None:
     exporting the target."""
     if draft_vocab is None:
         return
-    vocab = load_tokenizer_and_config(draft, tokenizer=False)[1].vocab_size
+    vocab = _vocab_size(load_tokenizer_and_config(draft, tokenizer=False)[1])
     if draft_vocab >= vocab:
         raise ExportError(f"draft_vocab {draft_vocab} leaves nothing out of the vocabulary of {vocab}; "
                           "give fewer tokens, or none")
+
+
+def _vocab_size(config) -> int:
+    """A config's vocabulary: its text config's, for a multimodal one (Gemma 3's has no vocab_size of its own)."""
+    return config.get_text_config().vocab_size
 
 
 def _trace(role: str, source, staging: Path, capacity: int | None, progress: Progress, form: Form = Form()) -> dict:

@@ -55,18 +55,9 @@ def load_tokenizer_and_config(path: str | Path, tokenizer: bool = True):
     is None when not asked for (building a GGUF file's takes seconds)."""
     local = Path(path)
     if local.is_file() and local.suffix == ".gguf":
-        from transformers import AutoConfig, AutoTokenizer
-
-        from .gguf_weights import fast_gguf_parsing
-
         check_gguf_header(local)
-        try:
-            with fast_gguf_parsing():
-                config = AutoConfig.from_pretrained(local.parent, gguf_file=local.name)
-                built = AutoTokenizer.from_pretrained(local.parent, gguf_file=local.name) if tokenizer else None
-        except (ValueError, OSError, KeyError) as exc:
-            raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
-        return (built.backend_tokenizer if built else None), config
+        config, built, _, _ = _read_gguf(local, tokenizer)
+        return built, config
     directory = local if local.is_dir() else None
     if directory is None:
         if local.exists():
@@ -246,23 +237,50 @@ def gguf_vocabulary_digest(path: str | Path) -> str | None:
 
 
 def _load_gguf(path: Path) -> Checkpoint:
-    """A GGUF file's config and tokenizer through transformers' GGUF support; its weights dequantized one
-    tensor at a time as the exporter takes them (``GgufWeights``), never the whole fp32 model at once."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from .gguf_weights import GgufWeights, fast_gguf_parsing
+    """A GGUF file's config and tokenizer (``_read_gguf``); its weights dequantized one tensor at a time as the
+    exporter takes them (``GgufWeights``), never the whole fp32 model at once."""
+    from .gguf_weights import GgufWeights
 
     check_gguf_header(path)
+    model_config, tokenizer, config, eos = _read_gguf(path)
     try:
-        with fast_gguf_parsing():
-            model_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         weights = GgufWeights(path, model_config)
     except (ValueError, OSError, KeyError) as exc:
         raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
-    eos = _eos_ids(None, model_config) or tuple(
-        t for t in [getattr(tokenizer, "eos_token_id", None)] if isinstance(t, int)
-    )
-    config = tokenizer_config(getattr(tokenizer, "chat_template", None), tokenizer.bos_token, tokenizer.eos_token,
-                              getattr(tokenizer, "add_bos_token", False), path)
-    return Checkpoint(str(path), model_config, weights, tokenizer.backend_tokenizer, eos, config)
+    eos = _eos_ids(None, model_config) or tuple(t for t in [eos] if isinstance(t, int))
+    return Checkpoint(str(path), model_config, weights, tokenizer, eos, config)
+
+
+def _read_gguf(path: Path, tokenizer: bool = True):
+    """(config, tokenizers.Tokenizer or None, the artifact's tokenizer_config or None, the tokenizer's EOS id or None)
+    of a GGUF file: through transformers' GGUF support, or for the architectures transformers cannot load from GGUF
+    and we read ourselves (``gguf_config.GGUF_FAMILIES``), from the file's metadata."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from . import gguf_config
+    from .gguf_weights import fast_gguf_parsing, reader_class
+
+    try:
+        architecture, reader = gguf_config.peek_architecture(path), None
+        if architecture is None:  # not the first entry: parse the metadata to find it
+            reader = reader_class()(str(path))
+            architecture = gguf_config.architecture_of(reader)
+        if architecture in gguf_config.GGUF_FAMILIES:
+            model_config = gguf_config.read_config(reader or reader_class()(str(path)))
+            if not tokenizer:
+                return model_config, None, None, None
+            built, settings = gguf_config.read_tokenizer(path)
+            config = tokenizer_config(settings.get("chat_template"), settings.get("bos_token"),
+                                      settings.get("eos_token"), settings.get("add_bos_token", False), path)
+            eos = built.token_to_id(settings["eos_token"]) if settings.get("eos_token") else None
+            return model_config, built, config, eos
+        with fast_gguf_parsing():
+            model_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+            built = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name) if tokenizer else None
+    except (ValueError, OSError, KeyError) as exc:
+        raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
+    if built is None:
+        return model_config, None, None, None
+    config = tokenizer_config(getattr(built, "chat_template", None), built.bos_token, built.eos_token,
+                              getattr(built, "add_bos_token", False), path)
+    return model_config, built.backend_tokenizer, config, getattr(built, "eos_token_id", None)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .errors import ExportError
+from .gguf_config import GGUF_FAMILIES
 from .lazy_weights import LazyWeights
 
 ROWS_PER_CHUNK = 4096  # dequantize large tensors in slices: gguf-py's temporaries are several times the output
@@ -72,8 +73,11 @@ class GgufWeights(LazyWeights):
         self.reader = reader_class()(str(path))
         architecture = bytes(self.reader.fields["general.architecture"].parts[-1]).decode()
         # the processors read the config's Hugging Face keys (Llama's q/k un-permutation: the head counts); the
-        # config's own dict has them, without parsing the file's metadata again (~10 s for a 150k vocabulary)
-        self.processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+        # config's own dict has them, without parsing the file's metadata again (~10 s for a 150k vocabulary). An
+        # architecture we read ourselves names the processor its converter's tensors need (granite: Llama's)
+        own = GGUF_FAMILIES.get(architecture)
+        processor = own.processor if own is not None else architecture
+        self.processor = TENSOR_PROCESSORS.get(processor, TensorProcessor)(config=config.to_dict())
         with torch.device("meta"):  # only the module's names are needed: no memory, no initialisation
             skeleton = AutoModelForCausalLM.from_config(config)
         # GGUF name -> Hugging Face name from gguf-py's table, as transformers' get_gguf_hf_weights_map maps

@@ -12,6 +12,20 @@ LAYER_TYPES = ["sliding_attention", "full_attention"]
 LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
             "long_factor": [1.0 + 0.5 * i for i in range(8)]}
 
+
+
+def gemma3_multimodal():
+    """Gemma 3's multimodal config around the gemma3_text case's text config, with a one-layer vision tower (left out of
+    the export); its head tied, as Gemma 3's is, in the text config and the outer one alike. The text config's logits
+    soft-cap stays: transformers' multimodal model applies none, and parity holds only if the export does not either."""
+    from transformers import Gemma3Config
+
+    text = PARITY_CASES["gemma3_text"]().to_dict() | {"tie_word_embeddings": True}
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, tie_word_embeddings=True)
+
+
 # name -> config factory; every registered model_type must appear (see test_parity's meta-test).
 PARITY_CASES = {
     "llama": lambda: tiny.llama_config("llama", **FUSED_READY),
@@ -39,6 +53,7 @@ PARITY_CASES = {
                                                  "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                                                  "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}),
     # fused q/k/v and gate/up; long-RoPE (attention factor sqrt(1 + ln 4 / ln 64) = 1.15), texts within its 64 positions
+    "gemma3": gemma3_multimodal,  # the multimodal checkpoint's language model
     "phi3": lambda: tiny.llama_config("phi3", **FUSED_READY, rope_scaling=LONGROPE, original_max_position_embeddings=64,
                                       sliding_window=None, pad_token_id=0),
     # half of each head rotated

@@ -1,0 +1,153 @@
+"""The config and tokenizer of a GGUF file whose architecture transformers cannot load from GGUF (granite, olmo2,
+smollm3 in transformers 5.25), read from the file's metadata under the key names llama.cpp's converter
+(convert_hf_to_gguf.py) writes, one function per architecture, as transformers' own ``GGUF_CONFIG_ARCHS`` does.
+
+What a file does not say is what llama.cpp assumes when it runs the file, not transformers' config defaults: a Granite
+file without ``attention.scale`` scales scores by head_dim^-1/2 (GraniteConfig's default would be 1), and SmolLM3's
+rope-less layers are every fourth (llama.cpp's fixed ``n_no_rope_layer_step``; the converter writes no key for them).
+What cannot be read back is refused in one line rather than exported as a different model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import ExportError
+
+
+@dataclass(frozen=True)
+class GgufFamily:
+    """An architecture we read ourselves: its transformers ``model_type``, the config fields its metadata gives beyond
+    the common ones, and the transformers tensor processor its tensors need (``"llama"``: q and k rows un-permuted
+    from llama.cpp's interleaved rotary order, for files converted as a Llama is)."""
+
+    model_type: str
+    extra: Callable[[dict, int, int], dict]
+    processor: str | None = None
+
+
+def _granite(meta: dict, layers: int, head_dim: int) -> dict:
+    # the converter writes each multiplier under a *_scale name, and only when it is set (non-zero)
+    return {"embedding_multiplier": meta.get("embedding_scale", 1.0), "residual_multiplier": meta.get("residual_scale", 1.0),
+            "logits_scaling": meta.get("logit_scale", 1.0),
+            "attention_multiplier": meta.get("attention.scale", head_dim ** -0.5)}
+
+
+def _olmo2(meta: dict, layers: int, head_dim: int) -> dict:
+    if meta.get("attention.sliding_window"):  # OLMo 3, converted as olmo2: a family we have not described
+        raise ExportError(f"olmo2: attention.sliding_window {meta['attention.sliding_window']} (an OLMo 3 file) is not "
+                          "supported; expected an OLMo 2 file, without sliding windows")
+    return {}
+
+
+NO_ROPE_LAYER_STEP = 4  # llama.cpp's SmolLM3: layer i does not rotate where (i + 1) % 4 == 0
+
+
+def _smollm3(meta: dict, layers: int, head_dim: int) -> dict:
+    return {"no_rope_layers": [int((i + 1) % NO_ROPE_LAYER_STEP != 0) for i in range(layers)], "use_sliding_window": False}
+
+
+GGUF_FAMILIES = {
+    "granite": GgufFamily("granite", _granite, processor="llama"),
+    "olmo2": GgufFamily("olmo2", _olmo2),
+    "smollm3": GgufFamily("smollm3", _smollm3, processor="llama"),
+}
+ROPE_SCALING = ("none", "linear", "yarn")
+
+
+def architecture_of(reader) -> str:
+    return reader.fields["general.architecture"].contents()
+
+
+def peek_architecture(path) -> str | None:
+    """A GGUF file's ``general.architecture`` when it is the file's first metadata entry (gguf-py's writer and
+    llama.cpp's converter put it there), read without parsing the rest (seconds for a large vocabulary); None
+    otherwise. The header is ``check_gguf_header``'s to vet first."""
+    with open(path, "rb") as handle:
+        header = handle.read(24 + 8 + 64)
+    length = int.from_bytes(header[24:32], "little")
+    if header[32 : 32 + length] != b"general.architecture":
+        return None
+    start = 32 + length
+    kind, size = int.from_bytes(header[start : start + 4], "little"), int.from_bytes(header[start + 4 : start + 12], "little")
+    if kind != 8 or size > 64:  # 8: a string
+        return None
+    with open(path, "rb") as handle:
+        handle.seek(start + 12)
+        return handle.read(size).decode("utf-8", "replace")
+
+
+def read_config(reader):
+    """The transformers config of a GGUF file (``reader``: gguf-py's GGUFReader over it) of an architecture in
+    ``GGUF_FAMILIES``."""
+    from transformers import AutoConfig
+
+    arch = architecture_of(reader)
+    family = GGUF_FAMILIES[arch]
+    meta = {key[len(arch) + 1 :]: reader.fields[key].contents() for key in reader.fields if key.startswith(arch + ".")}
+    names = {tensor.name for tensor in reader.tensors}
+
+    def need(key: str):
+        if key not in meta:
+            raise ExportError(f"{arch}: the GGUF metadata has no {arch}.{key}; expected it of a file converted by "
+                              "llama.cpp")
+        return meta[key]
+
+    if "rope_freqs.weight" in names:  # llama3-style scaling is stored as a tensor of factors, not as a config
+        raise ExportError(f"{arch}: a rope_freqs tensor (Llama 3-style RoPE scaling) is not read back; expected a file "
+                          "without it")
+    hidden, heads, layers = need("embedding_length"), need("attention.head_count"), need("block_count")
+    head_dim = meta.get("attention.key_length", hidden // heads)
+    if arch == "granite":  # llama.cpp's Granite ignores head_dim: always hidden / heads
+        head_dim = hidden // heads
+    rope = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 10000.0))}
+    scaling = meta.get("rope.scaling.type", "none")
+    if scaling not in ROPE_SCALING:
+        raise ExportError(f"{arch}: rope.scaling.type {scaling!r} is not supported; supported: {', '.join(ROPE_SCALING)}")
+    if scaling != "none":
+        rope |= {"rope_type": scaling, "factor": float(need("rope.scaling.factor"))}
+        if scaling == "yarn":
+            rope["original_max_position_embeddings"] = int(need("rope.scaling.original_context_length"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = meta.get("vocab_size", len(tokens.data) if tokens is not None else None)
+    if vocab is None:
+        raise ExportError(f"{arch}: the GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+
+    def token(key: str):
+        field = reader.fields.get(f"tokenizer.ggml.{key}")
+        return None if field is None else int(field.contents())
+
+    fields = {
+        "max_position_embeddings": need("context_length"),
+        "hidden_size": hidden,
+        "intermediate_size": need("feed_forward_length"),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": meta.get("attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(meta.get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_parameters": rope,
+        "vocab_size": int(vocab),
+        # llama.cpp's converters write the output projection only where it is not the embedding matrix
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": token("bos_token_id"),
+        "eos_token_id": token("eos_token_id"),
+        "pad_token_id": token("padding_token_id"),
+        **family.extra(meta, layers, head_dim),
+    }
+    try:
+        return AutoConfig.for_model(family.model_type, **fields)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ExportError(f"{arch}: the GGUF metadata makes no valid {family.model_type} config ({exc})") from exc
+
+
+def read_tokenizer(path) -> tuple[object, dict]:
+    """The tokenizer a GGUF file's metadata describes (a ``tokenizers.Tokenizer``) and its tokenizer_config (BOS/EOS
+    tokens, chat template, add_bos_token), built by transformers' GGUF tokenizer converter, which does not depend on
+    the model's architecture."""
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    architecture, tokenizer, config = get_gguf_tokenizer(str(path))
+    backend, _ = convert_gguf_tokenizer(architecture, tokenizer)
+    return backend, config
