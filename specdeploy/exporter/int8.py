@@ -34,6 +34,8 @@ class Int8Error(ValueError):
     """The graph has nothing to quantize, or not in the expected form."""
 
 
+COLLECT_FROM_BYTES = 200_000_000  # weights below this free too little to pay a full garbage collection for
+
 def to_int8_per_row(path: Path, external_data_bytes: int, progress=lambda message: None, reduce_range: bool = True) -> None:
     """Rewrite the graph at ``path`` (and its external data) in place with int8 MatMuls. ``reduce_range=False``:
     full-range weights, as exporters before 0.3.3 wrote them (``tools/bench_int8_range.py`` compares the two)."""
@@ -148,7 +150,8 @@ def _save(model, path: Path, external_data_bytes: int) -> None:
         ir.external_data.load_to_model(model)
     ir.save(model, fresh / path.name, external_data=data.name if external else None)
     del model
-    gc.collect()
+    if size >= COLLECT_FROM_BYTES:  # as artifact.COLLECT_FROM_PARAMETERS: a full pass costs the heap, not the model
+        gc.collect()
     (fresh / path.name).replace(path)
     if external:
         (fresh / data.name).replace(data)
