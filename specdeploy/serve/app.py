@@ -90,7 +90,7 @@ class Api:
 
     async def ready(self):
         status = self.lifecycle.status()
-        body = {"status": status, "rows": self.scheduler.rows, "queued": len(self.scheduler.queue),
+        body = {"status": status, "rows": self.scheduler.row_count, "queued": len(self.scheduler.queue),
                 "server": self.server_id}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 

@@ -73,7 +73,7 @@ class Scheduler:
         self.staging: Generation | None = None
         self.logprobs = Logprobs()  # of the requests in flight that asked for them
         self._thread = threading.Thread(target=self._serve, name="specdeploy-scheduler", daemon=True)
-        self.cached_tokens = 0  # tokens the rows' caches hold, after the last turn
+        self.held_tokens = 0  # tokens the rows' caches hold, after the last turn
         self.ready = threading.Event()  # set once the engines have warmed up
         self.warm_up_seconds: float | None = None
         self.warm_up_error = ""  # why warming up failed, if it did
@@ -87,7 +87,7 @@ class Scheduler:
             self._thread.join(timeout=30)
 
     @property
-    def rows(self) -> int:
+    def row_count(self) -> int:
         """Rows decoding or prefilling now."""
         return sum(g.batch for g in (self.running, self.staging) if g is not None)
 
@@ -102,7 +102,7 @@ class Scheduler:
                     for row in generation.fail_all(exc) if generation is not None else []:
                         self._finish(row)
                 self.running = self.staging = None
-            self.cached_tokens = sum(int(g.lengths.sum()) for g in (self.running, self.staging) if g is not None)
+            self.held_tokens = sum(int(g.lengths.sum()) for g in (self.running, self.staging) if g is not None)
         for ticket in self.intake.outstanding():
             ticket.put(Event("error", ticket.choice, ShuttingDown("the server is shutting down")))
 
@@ -133,7 +133,7 @@ class Scheduler:
         """Cancelled requests end (running ones first: their rows are room); queued ones that fit the batch are taken
         as one staging batch (none while one is prefilling: they wait for the next)."""
         self._drop_cancelled()
-        cancelled, admitted = self.intake.take(0 if self.staging is not None else self.max_batch - self.rows)
+        cancelled, admitted = self.intake.take(0 if self.staging is not None else self.max_batch - self.row_count)
         for ticket in cancelled:  # never admitted: each ends with an empty row
             self._end(ticket, RowResult(ticket.request_id, ticket.prompt, finish_reason=FinishReason.CANCELLED))
         now = time.perf_counter()
@@ -202,7 +202,7 @@ class Scheduler:
         tokens the draft lacks of them, and their tokens to come."""
         other = self.staging if generation is self.running else self.running
         rows, lacking, to_come = other.outlook() if other is not None and not other.done else (0, 0, 0)
-        queued = self.intake.queued(self.max_batch - self.rows)
+        queued = self.intake.queued(self.max_batch - self.row_count)
         rows += len(queued)
         lacking += sum(max(0, len(t.prompt) - 2) for t in queued)  # as ``Drafter.behind`` counts a fresh row
         to_come += sum(t.config.max_new_tokens for t in queued)
