@@ -90,15 +90,15 @@ class Measured:
 
     @property
     def drafted(self) -> int:
-        return sum(r.k > 0 for r in self.records)
+        return sum(r.drafted > 0 for r in self.records)
 
     def accepted_per_drafted_cycle(self) -> float:
-        drafted = [r.accepted for r in self.records if r.k > 0]
+        drafted = [r.accepted for r in self.records if r.drafted > 0]
         return statistics.fmean(drafted) if drafted else 0.0
 
     def draft_seconds_per_token(self) -> float:
         """A drafted token's seconds, the draft's catch-up on the prompt included."""
-        drafted = sum(r.k for r in self.records)
+        drafted = sum(r.drafted for r in self.records)
         return sum(r.draft_s for r in self.records) / drafted if drafted else 0.0
 
 

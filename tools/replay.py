@@ -350,9 +350,9 @@ def _replayed(trace: Trace, result, config) -> dict:
     stats = result.stats
     return {"group": trace.group, "prompt": trace.prompt_id, "tokens": stats["tokens"],
             "seconds": stats["seconds"] + stats["prefill_s"], "prefill_s": stats["prefill_s"],
-            "cycles": len(result.records), "drafted": sum(r.k for r in result.records),
+            "cycles": len(result.records), "drafted": sum(r.drafted for r in result.records),
             "accepted": sum(r.accepted for r in result.records),
-            "k_by_cycle": [r.k for r in result.records], "accepted_by_cycle": [r.accepted for r in result.records]}
+            "k_by_cycle": [r.drafted for r in result.records], "accepted_by_cycle": [r.accepted for r in result.records]}
 
 
 def configurations(ks: list[int]) -> dict:

@@ -247,9 +247,10 @@ class CostPolicy(Policy):
             return
         estimates = outcome.estimates or [None] * len(outcome.drafted)
         self._calibrate([(e, n) for e, n in zip(estimates, outcome.accepted) if e])
-        for source, by_lookup in zip(SOURCES, (False, True)):
-            rows = [(d, n) for d, n, lookup, e in zip(outcome.drafted, outcome.accepted, outcome.lookup, estimates)
-                    if d and lookup == by_lookup and not e]
+        # the model's rows drafted by calls; prompt lookup's are the free rows without estimates (an index's have them)
+        for source, free_rows in zip(SOURCES, (False, True)):
+            rows = [(d, n) for d, n, free, e in zip(outcome.drafted, outcome.accepted, outcome.free, estimates)
+                    if d and free == free_rows and not e]
             self._count(source, rows)  # plain cycles too: a refused source is forgotten as the text moves on
             if not rows:  # time this source did not draft: a share of it pays for re-measuring it
                 self.budget[source] += self.share[source] * outcome.verify_seconds

@@ -231,7 +231,7 @@ class Generation:
         past_len = [length + n for length, n in zip(state.lengths, accepted)]  # what the target has now seen
         cache.commit(past_len)
         self.drafter.rollback(draft_cache, past_len)
-        self.draft_caught_up = proposal.first_call_tokens > 0 and not any(proposal.lookup)
+        self.draft_caught_up = proposal.first_call_tokens > 0 and not any(proposal.free)
         committed, finished = state.commit(accepted, emitted, left)
         if self.on_verified is not None:
             self.on_verified(verified.logits, committed)
@@ -248,7 +248,7 @@ class Generation:
         if most <= 0:
             return 0, 0
         batch, drafter, policy = len(left), self.drafter, self.policy
-        free = policy.index_k(batch) if drafter.indexes else policy.next_k(batch, lookup=True) if drafter.looks_up else 0
+        free = policy.index_k(batch) if drafter.indexes else policy.next_k(batch, lookup=True) if drafter.finds_free else 0
         k = min(policy.next_k(batch), most) if drafter.uses_model else 0
         behind = drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
         if behind and not self._catchup_pays(batch, behind, sum(left)):
@@ -395,7 +395,7 @@ def _outcome(proposal: Proposal, accepted: list[int], verified: EngineOutput) ->
     """What the policy hears of a cycle: the proposal's rows and draft calls, the drafts each row kept (``accepted``),
     and the target's call over K + 1 tokens a row (``verified``)."""
     return CycleOutcome(batch=len(proposal.drafted), drafted=proposal.drafted, accepted=accepted,
-                        lookup=proposal.lookup, first_call_seconds=proposal.first_call_seconds,
+                        free=proposal.free, first_call_seconds=proposal.first_call_seconds,
                         first_call_tokens=proposal.first_call_tokens, later_call_seconds=proposal.later_call_seconds,
                         later_calls=proposal.later_calls, verify_seconds=verified.seconds,
                         verify_tokens=proposal.drafts.shape[1] + 1, estimates=proposal.estimates)
@@ -409,12 +409,12 @@ def _record(state: BatchState, cycle: int, proposal: Proposal, accepted: list[in
     draft_s, verify_s, accept_s = proposal.seconds / batch, verified.seconds / batch, accept_s / batch
     cache_s = (cache_s + verified.stage_seconds) / batch
     origins = proposal.origins or [None] * batch
-    for drafted, n, lookup, origin, request, (_, new) in zip(proposal.drafted, accepted, proposal.lookup, origins,
+    for drafted, n, free, origin, request, (_, new) in zip(proposal.drafted, accepted, proposal.free, origins,
                                                              state.live, committed):
         row = request.result
         row.decode_seconds = now - row.decode_started
         final = FinalToken.PLAIN if drafted == 0 else (FinalToken.BONUS if n == drafted else FinalToken.RECOVERED)
-        row.records.append(CycleRecord(request_id=row.request_id, cycle=cycle, k=drafted, accepted=n,
-                                       rejected_at=n + 1 if n < drafted else None, final=final, emitted=len(new),
+        row.records.append(CycleRecord(request_id=row.request_id, cycle=cycle, drafted=drafted, accepted=n,
+                                       rejected_at=n + 1 if n < drafted else None, final=final, committed=len(new),
                                        draft_s=draft_s, verify_s=verify_s, accept_s=accept_s, cache_s=cache_s,
-                                       batch_size=batch, lookup=lookup, drafted_from=origin))
+                                       batch_size=batch, free=free, drafted_from=origin))

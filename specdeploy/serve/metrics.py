@@ -138,9 +138,9 @@ class ServerMetrics:
         self.prompt_lengths.observe(prompt)
         self.generation_lengths.observe(generated)
         self.decoding.observe_all(row.records)
-        drafted = [r for r in row.records if r.k > 0]
+        drafted = [r for r in row.records if r.drafted > 0]
         self.drafts.inc(len(drafted))
-        self.draft_tokens.inc(sum(r.k for r in drafted))
+        self.draft_tokens.inc(sum(r.drafted for r in drafted))
         self.accepted_tokens.inc(sum(r.accepted for r in drafted))
         for position, count in Tally(i for r in drafted for i in range(r.accepted)).items():
             self.accepted_per_pos.labels(**self.labels, position=str(position)).inc(count)

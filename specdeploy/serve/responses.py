@@ -187,15 +187,15 @@ def speculative(tickets: list[Ticket], finished: dict[int, RowResult]) -> dict:
     token i + 1 was accepted."""
     ran = [finished[t.choice] for t in tickets if t.choice in finished]
     records = [r for row in ran for r in row.records]
-    drafted = [r for r in records if r.k > 0]
-    k = max((r.k for r in drafted), default=0)
+    drafted = [r for r in records if r.drafted > 0]
+    k = max((r.drafted for r in drafted), default=0)
     decode_seconds = max((row.decode_seconds for row in ran), default=0.0)
     firsts = [t.token_times[0] - t.submitted for t in tickets if t.token_times]
-    return {"drafts": len(drafted), "drafted_tokens": sum(r.k for r in drafted),
+    return {"drafts": len(drafted), "drafted_tokens": sum(r.drafted for r in drafted),
             "accepted_tokens": sum(r.accepted for r in drafted),
             "accepted_by_position": [sum(r.accepted >= i for r in drafted) for i in range(1, k + 1)],
             "cycles": len(records), "mean_accepted_length": _finite(mean_accepted_length(drafted)) if drafted else None,
-            "decode_tokens_per_s": _finite(sum(r.emitted for r in records) / decode_seconds) if decode_seconds > 0 else None,
+            "decode_tokens_per_s": _finite(sum(r.committed for r in records) / decode_seconds) if decode_seconds > 0 else None,
             "prefill_s": _finite(max((row.prefill_seconds for row in ran), default=0.0)),
             "first_token_s": _finite(min(firsts)) if firsts else None}
 

@@ -90,7 +90,7 @@ def test_propose_pads_rows_without_a_match_and_writes_drafts():
     state = _state(tokens, [6, 3])
     proposal = _propose(PromptLookup(), state, None, 0, 3, [3, 3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1], [6, 6, 6]])
-    assert proposal.drafted == [3, 0] and proposal.lookup == [True, False]
+    assert proposal.drafted == [3, 0] and proposal.free == [True, False]
     state.verify_inputs(proposal.drafts)  # the state places them for the target
     np.testing.assert_array_equal(tokens[0, 6:9], [3, 9, 1])
     assert proposal.q is None and proposal.later_calls == 0
@@ -167,7 +167,7 @@ def test_hybrid_rows_take_lookup_or_the_model_each_on_their_own(pair_dir, temper
     (hybrid, hybrid_past, hybrid_next), (model, model_past, model_next) = results[_hybrid], results[ModelDrafter]
     np.testing.assert_array_equal(hybrid.drafts[0, :3], [3, 9, 4])  # the lookup's 3, as the policy allowed
     np.testing.assert_array_equal(hybrid.drafts[1], model.drafts[1])
-    assert hybrid.later_calls == model.later_calls == 3 and hybrid.lookup == [True, False]
+    assert hybrid.later_calls == model.later_calls == 3 and hybrid.free == [True, False]
     assert hybrid_past == [7, model_past[1]]  # the lookup row's model drafts were never its tokens
     assert hybrid_next[1] == model_next[1]  # the model row drew as the model alone draws
     if temperature:
@@ -189,7 +189,7 @@ def test_hybrid_without_a_model_row_calls_no_model(pair_dir):
     drafter, cache = _hybrid(engine), engine.allocate_cache(1, 32)
     proposal = _propose(drafter, state, cache, 3, 3, [3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1]])
-    assert proposal.first_call_seconds == 0 and proposal.lookup == [True] and cache.past_len.tolist() == [0]
+    assert proposal.first_call_seconds == 0 and proposal.free == [True] and cache.past_len.tolist() == [0]
     assert drafter.behind(state, cache) == 4
 
 
@@ -198,7 +198,7 @@ def test_hybrid_without_a_draft_model_drafts_by_lookup_alone():
     tokens = np.zeros((2, 32), np.int64)
     tokens[0, :6], tokens[1, :3] = [1, 2, 3, 9, 1, 2], [4, 5, 6]
     drafter = _hybrid(None)
-    assert not drafter.uses_model and drafter.looks_up
+    assert not drafter.uses_model and drafter.finds_free
     proposal = _propose(drafter, _state(tokens, [6, 3]), None, 4, 3, [3, 3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1], [6, 6, 6]])
     assert proposal.drafted == [3, 0] and proposal.later_calls == 0

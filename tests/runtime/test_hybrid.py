@@ -65,7 +65,7 @@ def test_a_row_left_to_lookup_never_calls_the_model(pipeline, baseline, model, c
         assert not any(any(past) for past in seen)  # the model has seen nothing: never called
         assert run.rows[0].token_ids == expected
         drafted = [o for o in policy.outcomes if any(o.drafted)]
-        assert drafted and all(all(o.lookup) and o.first_call_seconds == 0 for o in drafted)
+        assert drafted and all(all(o.free) and o.first_call_seconds == 0 for o in drafted)
         assert bool(policy.asked) == (model > 0)  # a refused catch-up was asked about; a refused model never got there
 
 
@@ -80,10 +80,10 @@ def test_rows_draft_by_lookup_or_the_model_in_one_cycle_and_the_policy_hears_whi
     policy = Recorder(3, 2)
     run, _ = _run(pipeline, PROMPTS, policy)
     assert [row.token_ids for row in run.rows] == baseline
-    mixed = [o for o in policy.outcomes if any(o.lookup) and not all(o.lookup)]
+    mixed = [o for o in policy.outcomes if any(o.free) and not all(o.free)]
     assert mixed  # some cycle had a lookup row beside a model row
     for outcome in mixed:
-        for drafted, by_lookup in zip(outcome.drafted, outcome.lookup):
+        for drafted, by_lookup in zip(outcome.drafted, outcome.free):
             assert drafted <= (2 if by_lookup else 3)
 
 
@@ -97,5 +97,5 @@ def test_a_lookup_is_as_long_as_the_policy_prices_it_whatever_k_the_model_got(pa
     drafter, cache = _hybrid(engine), engine.allocate_cache(1, 64)
     state = _state(tokens, [10], GenerationConfig(k=4, max_new_tokens=32))
     proposal = _propose(drafter, state, cache, model_k, 4, [4])
-    assert proposal.lookup == [True] and proposal.drafts.tolist() == [[3, 9, 4, 5]] and proposal.drafted == [4]
+    assert proposal.free == [True] and proposal.drafts.tolist() == [[3, 9, 4, 5]] and proposal.drafted == [4]
     assert _propose(drafter, state, cache, model_k, 4, [2]).drafts.tolist() == [[3, 9]]  # 3 tokens left: 2 drafts

@@ -130,8 +130,8 @@ def test_rows_prefilled_without_the_draft_decode_plainly_or_catch_up_as_the_poli
         run.step()
     assert [row.token_ids for row in run.rows] == [alone[p] for p in PROMPTS]
     assert judge.asked[0] == (4, behind, to_come) and behind >= sum(len(pipeline.encode(p)) - 2 for p in PROMPTS[2:])
-    first = [r.k for row in run.rows for r in row.records if r.cycle == merged_at]
-    drafted = {r.k for row in run.rows for r in row.records if r.cycle >= merged_at}
+    first = [r.drafted for row in run.rows for r in row.records if r.cycle == merged_at]
+    drafted = {r.drafted for row in run.rows for r in row.records if r.cycle >= merged_at}
     if pays:  # caught up at once, then drafting as usual: asked no more
         assert first == [3] * 4 and len(judge.asked) == 1
     else:

@@ -172,7 +172,7 @@ class _Recording(Policy):
         return 3
 
     def observe(self, outcome) -> None:
-        self.told.append((list(outcome.drafted), list(outcome.accepted), list(outcome.lookup)))
+        self.told.append((list(outcome.drafted), list(outcome.accepted), list(outcome.free)))
 
 
 def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
@@ -185,7 +185,7 @@ def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
     for row in run.rows:
         for record in row.records:
             by_cycle.setdefault(record.cycle, []).append(record)
-    expected = [([r.k for r in records], [r.accepted for r in records], [r.lookup for r in records])
+    expected = [([r.drafted for r in records], [r.accepted for r in records], [r.free for r in records])
                 for _, records in sorted(by_cycle.items())]
     assert len(expected) > 2 and policy.told == expected
 
@@ -200,16 +200,16 @@ def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
         sizes.append(run.state.batch)
         run.step()
     for row in run.rows:
-        assert sum(r.emitted for r in row.records) == len(row.token_ids) == 14
+        assert sum(r.committed for r in row.records) == len(row.token_ids) == 14
         for r in row.records:
             assert r.request_id == row.request_id and r.batch_size == sizes[r.cycle]
-            assert 0 <= r.accepted <= r.k <= 3 and 1 <= r.emitted <= r.accepted + 1
-            assert r.rejected_at == (r.accepted + 1 if r.accepted < r.k else None)
-            assert r.final == ("plain" if r.k == 0 else "bonus" if r.accepted == r.k else "recovered")
+            assert 0 <= r.accepted <= r.drafted <= 3 and 1 <= r.committed <= r.accepted + 1
+            assert r.rejected_at == (r.accepted + 1 if r.accepted < r.drafted else None)
+            assert r.final == ("plain" if r.drafted == 0 else "bonus" if r.accepted == r.drafted else "recovered")
             assert all(isinstance(s, float) and s >= 0 for s in (r.draft_s, r.verify_s, r.accept_s, r.cache_s))
-            assert r.verify_s > 0 and isinstance(r.lookup, bool)
+            assert r.verify_s > 0 and isinstance(r.free, bool)
         assert [r.cycle for r in row.records] == sorted({r.cycle for r in row.records})
-    assert any(r.lookup for row in run.rows for r in row.records)  # the repeated bigram is looked up
+    assert any(r.free for row in run.rows for r in row.records)  # the repeated bigram is looked up
 
 
 @pytest.mark.parametrize("call,match", [
@@ -322,7 +322,7 @@ def test_a_target_only_artifact_decodes_by_default_with_lookup_or_plainly(checkp
     default = single.generate([prompt], GenerationConfig(max_new_tokens=16, ignore_eos=True))[0]
     assert default.token_ids == plain.token_ids and single.draft is None
     fixed = single.generate([prompt], GenerationConfig(policy="fixed", max_new_tokens=16, ignore_eos=True))[0]
-    assert fixed.token_ids == plain.token_ids and any(r.lookup and r.k for r in fixed.records)
+    assert fixed.token_ids == plain.token_ids and any(r.free and r.drafted for r in fixed.records)
     with pytest.raises(ConfigError, match="needs a draft model"):
         single.generate([prompt], GenerationConfig(drafter="model"))
 

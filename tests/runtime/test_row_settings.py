@@ -44,8 +44,8 @@ def test_rows_with_their_own_settings_decode_as_alone(pipeline):
         assert (result.token_ids, result.text, result.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)
     assert [len(r.token_ids) for r in results[:4]] == [24, 20, 12, 24]
     assert results[4].finish_reason == "stop" and len(results[4].token_ids) < 24
-    assert max(rec.k for rec in run.rows[3].records) == 1 == max(rec.accepted for rec in run.rows[3].records)
-    assert max(rec.accepted for rec in run.rows[0].records) > 1 and max(rec.k for rec in run.rows[0].records) == 4
+    assert max(rec.drafted for rec in run.rows[3].records) == 1 == max(rec.accepted for rec in run.rows[3].records)
+    assert max(rec.accepted for rec in run.rows[0].records) > 1 and max(rec.drafted for rec in run.rows[0].records) == 4
 
 
 @pytest.mark.parametrize("role", ["target", "draft"])

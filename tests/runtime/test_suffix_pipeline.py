@@ -31,7 +31,7 @@ def test_a_later_request_drafts_from_an_earlier_answer_and_says_whose(pipeline):
     assert earlier in _sources(second) and earlier not in _sources(first)
     assert sum(r.accepted for r in second.records) > sum(r.accepted for r in first.records)
     assert len(second.records) < len(first.records)  # fewer target calls: the earlier answer was followed
-    assert all(r.lookup for r in second.records if r.drafted_from == earlier)
+    assert all(r.free for r in second.records if r.drafted_from == earlier)
 
 
 def test_a_request_without_a_shared_index_drafts_from_its_own_text_alone(pipeline):
