@@ -134,7 +134,7 @@ def measure(pipeline: Pipeline, cases: Sequence[Case], configs: dict[str, Genera
             for name in names[round_ % len(names):] + names[: round_ % len(names)]:
                 began = time.perf_counter()
                 # each run as a first request (``specdeploy generate`` in a fresh process): drafting from the answer
-                # another run gave to the same prompt would measure a lookup of the answer, not speculation
+                # another run gave to the same prompt would measure a copy of the answer, not speculation
                 (result,) = pipeline.generate([inputs[case.title]], configs[name], suffix_index=None, scope=None)
                 seconds = time.perf_counter() - began
                 measured = results[case.title][name]

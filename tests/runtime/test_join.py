@@ -204,7 +204,7 @@ def test_a_draft_said_caught_up_lacks_no_token_a_catch_up_would_feed(pipeline, d
     assert any(said)  # the claim was made, and checked
 
 
-class TargetsOwnLookup(SuffixDrafter):
+class TargetsOwnText(SuffixDrafter):
     """Free drafts that are, for request 0 alone, the next tokens of the target's own greedy text: all kept (no
     estimates to price), so the draft, which sees none of them, falls behind by all but one."""
 
@@ -218,11 +218,11 @@ class TargetsOwnLookup(SuffixDrafter):
                       for b, cap in enumerate(caps)])
 
 
-def test_a_cycle_with_lookup_rows_does_not_say_the_draft_caught_up(pipeline):
+def test_a_cycle_with_free_rows_does_not_say_the_draft_caught_up(pipeline):
     config = GenerationConfig(k=3, policy="fixed", drafter="hybrid", max_new_tokens=12, ignore_eos=True)
     text = pipeline.generate(PROMPTS[0], config)[0].token_ids
     run = pipeline.start(PROMPTS[:2], config)
-    run.drafter = HybridDrafter(TargetsOwnLookup(text, len(pipeline.encode(PROMPTS[0]))), ModelDrafter(pipeline.draft))
+    run.drafter = HybridDrafter(TargetsOwnText(text, len(pipeline.encode(PROMPTS[0]))), ModelDrafter(pipeline.draft))
     lagged = 0
     while not run.done:
         run.step()
@@ -230,4 +230,4 @@ def test_a_cycle_with_lookup_rows_does_not_say_the_draft_caught_up(pipeline):
             lag = run.drafter.behind(run.state, run.draft_cache)
             assert not (run.draft_caught_up and lag)
             lagged += lag > 0
-    assert lagged and [row.token_ids for row in run.rows][0] == text  # lookup rows left the draft behind, losslessly
+    assert lagged and [row.token_ids for row in run.rows][0] == text  # free rows left the draft behind, losslessly

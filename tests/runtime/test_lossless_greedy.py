@@ -73,16 +73,16 @@ def test_hybrid_drafter_is_lossless(pipelines, baseline, k, policy, draft):
     assert [r.token_ids for r in pipelines[draft].generate(PROMPTS, config)] == baseline
 
 
-def test_hybrid_drafter_mixes_lookup_and_model_rows_losslessly(pipelines, baseline):
-    """The batch's cycles include some where rows that repeat themselves draft by lookup while the others
-    draft with the model, and some with lookup alone: the output is still the target's."""
+def test_hybrid_drafter_mixes_index_and_model_rows_losslessly(pipelines, baseline):
+    """The batch's cycles include some where rows that repeat themselves draft by the index while the others
+    draft with the model, and some with the index alone: the output is still the target's."""
     run = pipelines["close"].start(PROMPTS, GenerationConfig(k=4, policy="fixed", drafter="hybrid", max_new_tokens=NEW,
                                                                ignore_eos=True), suffix_index=None)  # own text alone
     kinds, propose = [], run.drafter.propose
 
     def spy(state, cache, k, found, caps):
         hits = [len(drafts) > 0 for drafts in found.drafts]
-        kinds.append("mixed" if 0 < sum(hits) < len(hits) else "lookup" if all(hits) else "model")
+        kinds.append("mixed" if 0 < sum(hits) < len(hits) else "index" if all(hits) else "model")
         return propose(state, cache, k, found, caps)
 
     run.drafter.propose = spy

@@ -191,7 +191,7 @@ def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
 
 
 def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
-    """Every field of a cycle record against what the cycle did (records are built positionally on the hot path)."""
+    """Every field of a cycle record against what the cycle did (records are built by keyword, in one place)."""
     hybrid = GenerationConfig(k=3, max_new_tokens=14, ignore_eos=True, policy="fixed", drafter="hybrid")
     run = Generation(pipeline.target, pipeline.drafter_for(hybrid), FixedK(3), hybrid,
                      [pipeline.encode("w5 w6 w7 w5 w6"), pipeline.encode("w9")], ["first", "second"])
@@ -209,7 +209,7 @@ def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
             assert all(isinstance(s, float) and s >= 0 for s in (r.draft_s, r.verify_s, r.accept_s, r.cache_s))
             assert r.verify_s > 0 and isinstance(r.free, bool)
         assert [r.cycle for r in row.records] == sorted({r.cycle for r in row.records})
-    assert any(r.free for row in run.rows for r in row.records)  # the repeated bigram is looked up
+    assert any(r.free for row in run.rows for r in row.records)  # the repeated bigram is found in the index
 
 
 @pytest.mark.parametrize("call,match", [
@@ -313,7 +313,7 @@ def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_se
     assert ("target", 1, 20, None) not in calls  # k = 3 is warm: a request does not warm it again
 
 
-def test_a_target_only_artifact_decodes_by_default_with_lookup_or_plainly(checkpoints, tmp_path):
+def test_a_target_only_artifact_decodes_by_default_with_the_index_or_plainly(checkpoints, tmp_path):
     """The default speculation drafts by prompt lookup where the artifact has no draft model, instead of failing;
     asking for the draft model there is refused, naming what to do."""
     single = Pipeline.load(tiny.export_cli(tmp_path / "single", checkpoints["target"]))
