@@ -373,7 +373,7 @@ class Pipeline:
         config = config or GenerationConfig()
         run = self.start([prompt], config, suffix_index=suffix_index, scope=scope)
         text = TextStream(self.tokenizer, config.stop)
-        row = run.rows[0]
+        row = run.results[0]
         while not run.done:
             for _, new in run.step():
                 if row.finish_reason == FinishReason.ERROR:

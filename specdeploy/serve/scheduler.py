@@ -122,12 +122,12 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         """Rows whose requests were cancelled leave their batch."""
         for generation in (self.running, self.staging):
-            for index, row in generation.in_flight if generation is not None else []:
+            for number, row in generation.in_flight if generation is not None else []:
                 ticket = self.tickets.get(row.request_id)
                 if ticket is not None and ticket.cancelled:
-                    generation.cancel(index)
+                    generation.cancel(number)
                     self._finish(row)
-                    generation.release(index)
+                    generation.release(number)
 
     def _admit(self) -> list[Ticket]:
         """Cancelled requests end (running ones first: their rows are room); queued ones that fit the batch are taken
@@ -148,7 +148,7 @@ class Scheduler:
         # the draft prefills the staged rows only if its catch-up pays in the batch they make (the runtime judges)
         if self.staging is not None and self.staging.prefill_chunk(self.prefill_chunk, draft=None):
             staged, self.staging = self.staging, None
-            for row in staged.rows:  # rows whose prefill failed have left already
+            for row in staged.results:  # rows whose prefill failed have left already
                 if row.finish_reason:
                     self._finish(row)
             if self.running is None:
@@ -161,15 +161,15 @@ class Scheduler:
             now = time.perf_counter()
             self.cycle_seconds = 0.9 * self.cycle_seconds + 0.1 * (now - began)  # the intake's retry hint
             requests = self.running.requests
-            for index, new in committed:
-                row = requests[index].result
+            for number, new in committed:
+                row = requests[number].result
                 if new:
                     ticket = self.tickets[row.request_id]
                     ticket.token_times.append(now)
                     ticket.put(Event("tokens", ticket.choice, new, self.logprobs.take(row.request_id)))
                 if row.finish_reason:
                     self._finish(row)
-                    self.running.release(index)
+                    self.running.release(number)
             # an emptied batch stays: its cache memory is reused, not re-allocated per wave (docs/results/load_test)
 
     def _start(self, admitted: list[Ticket]) -> Generation | None:

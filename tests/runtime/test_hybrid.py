@@ -63,7 +63,7 @@ def test_a_row_left_to_the_index_never_calls_the_model(pipeline, baseline, model
         policy = Recorder(model, 4, catch_up)
         run, seen = _run(pipeline, [prompt], policy)
         assert not any(any(past) for past in seen)  # the model has seen nothing: never called
-        assert run.rows[0].token_ids == expected
+        assert run.results[0].token_ids == expected
         drafted = [o for o in policy.outcomes if any(o.drafted)]
         assert drafted and all(all(o.free) and o.first_call_seconds == 0 for o in drafted)
         assert bool(policy.asked) == (model > 0)  # a refused catch-up was asked about; a refused model never got there
@@ -72,14 +72,14 @@ def test_a_row_left_to_the_index_never_calls_the_model(pipeline, baseline, model
 def test_a_batch_stays_plain_where_the_policy_refuses_both_sources(pipeline, baseline):
     policy = Recorder(0, 0)
     run, _ = _run(pipeline, PROMPTS, policy)
-    assert [row.token_ids for row in run.rows] == baseline
+    assert [row.token_ids for row in run.results] == baseline
     assert {o.verify_tokens for o in policy.outcomes} == {1}
 
 
 def test_rows_draft_by_the_index_or_the_model_in_one_cycle_and_the_policy_hears_which(pipeline, baseline):
     policy = Recorder(3, 2)
     run, _ = _run(pipeline, PROMPTS, policy)
-    assert [row.token_ids for row in run.rows] == baseline
+    assert [row.token_ids for row in run.results] == baseline
     mixed = [o for o in policy.outcomes if any(o.free) and not all(o.free)]
     assert mixed  # some cycle had an index row beside a model row
     for outcome in mixed:

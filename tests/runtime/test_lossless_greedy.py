@@ -89,7 +89,7 @@ def test_hybrid_drafter_mixes_index_and_model_rows_losslessly(pipelines, baselin
     while not run.done:
         run.step()
     assert {"mixed", "model"} <= set(kinds)
-    assert [row.token_ids for row in run.rows] == baseline
+    assert [row.token_ids for row in run.results] == baseline
 
 
 def test_ragged_acceptance_happens(pipelines):
@@ -99,7 +99,7 @@ def test_ragged_acceptance_happens(pipelines):
     ragged = False
     while not run.done:
         run.step()
-        last = [run.rows[i].records[-1].accepted for i in range(len(PROMPTS)) if run.rows[i].records]
+        last = [run.results[i].records[-1].accepted for i in range(len(PROMPTS)) if run.results[i].records]
         ragged |= len(set(last)) > 1
     assert ragged
 

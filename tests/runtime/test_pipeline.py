@@ -182,7 +182,7 @@ def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
     while not run.done:
         run.step()
     by_cycle = {}  # cycle -> records of the rows it served, in batch order
-    for row in run.rows:
+    for row in run.results:
         for record in row.records:
             by_cycle.setdefault(record.cycle, []).append(record)
     expected = [([r.drafted for r in records], [r.accepted for r in records], [r.free for r in records])
@@ -199,7 +199,7 @@ def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
     while not run.done:
         sizes.append(run.state.batch)
         run.step()
-    for row in run.rows:
+    for row in run.results:
         assert sum(r.committed for r in row.records) == len(row.token_ids) == 14
         for r in row.records:
             assert r.request_id == row.request_id and r.batch_size == sizes[r.cycle]
@@ -209,7 +209,7 @@ def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
             assert all(isinstance(s, float) and s >= 0 for s in (r.draft_s, r.verify_s, r.accept_s, r.cache_s))
             assert r.verify_s > 0 and isinstance(r.free, bool)
         assert [r.cycle for r in row.records] == sorted({r.cycle for r in row.records})
-    assert any(r.free for row in run.rows for r in row.records)  # the repeated bigram is found in the index
+    assert any(r.free for row in run.results for r in row.records)  # the repeated bigram is found in the index
 
 
 @pytest.mark.parametrize("call,match", [

@@ -52,7 +52,7 @@ def test_scopes_never_draft_from_each_others_answers(pipeline):
     run = pipeline.start([PROMPT, PROMPT], CONFIG, suffix_index=[alice, bob])  # one batch, a scope per row
     while not run.done:
         run.step()
-    mine, theirs = run.rows
+    mine, theirs = run.results
     assert first.records[0].request_id in _sources_of(mine)
     assert not _sources_of(theirs) & {first.records[0].request_id, mine.request_id}
 

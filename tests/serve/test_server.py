@@ -290,7 +290,7 @@ def test_an_emptied_batch_lends_its_cache_memory_to_the_next_rows(pipeline):
         serve("w20 w21 w22")
     finally:
         loop.close()
-    assert scheduler.running is running and running.cache.held is held and len(running.state.rows) == 1
+    assert scheduler.running is running and running.cache.held is held and len(running.state.results) == 1
     texts = {pipeline.decode(row.prompt_ids): pipeline.decode(row.token_ids) for row in finished}
     assert texts == {p: _alone(pipeline, p, max_new_tokens=12, ignore_eos=True).text
                      for p in ("w5 w6 w7", "w10 w11 w12", "w20 w21 w22")}
