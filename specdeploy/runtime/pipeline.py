@@ -68,7 +68,7 @@ class Pipeline:
         self._warmed: set[tuple[int, bool]] = set()  # the (k, exact) whose shapes ``warm_up`` has run
         # the texts of the requests this pipeline finished, which later requests draft from (``suffix_index``)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
-        self.suffix_cache: Path | None = None  # where ``save_suffix_cache`` writes (``load(suffix_cache=...)``)
+        self.suffix_file: Path | None = None  # where ``save_suffix_file`` writes (``load(suffix_file=...)``)
         if not is_integer(prefix_cache_bytes) or prefix_cache_bytes < 0:
             raise ConfigError(f"prefix_cache_bytes: got {short(prefix_cache_bytes)}; expected an integer >= 0 (0: none)")
         # the K/V of finished requests' texts, which later prompts of their scope that start alike reuse
@@ -79,8 +79,8 @@ class Pipeline:
     @classmethod
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
              verify_hashes: bool = True, max_cache_bytes: int | None = None, remember_costs: bool = False,
-             suffix_cache: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None,
-             prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES) -> Pipeline:
+             suffix_file: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None,
+             prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES, *, suffix_cache: str | Path | None = None) -> Pipeline:
         """Load an artifact dir written by ``specdeploy export``.
 
         Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
@@ -89,11 +89,12 @@ class Pipeline:
         ``remember_costs`` starts the first request's policy from what the last process measured on this
         artifact, provider and thread count, and keeps what this one measures (``calibration``): for
         short-lived processes such as ``specdeploy generate``; a long-lived one learns them in its first request.
-        ``suffix_cache``: a file of earlier requests' texts to draft from (``save_suffix_cache`` writes it); one that
+        ``suffix_file``: a file of earlier requests' texts to draft from (``save_suffix_file`` writes it); one that
         is corrupt, too large or for another tokenizer is refused in one line (``log``, default: a warning) and the
         pipeline starts with an empty index. ``suffix_store``: the indexes to use (bounds, scopes).
         ``prefix_cache_bytes``: memory for finished requests' K/V, which later prompts of the same suffix-index scope
-        that start alike reuse instead of prefilling (``PrefixCache``; 0: none).
+        that start alike reuse instead of prefilling (``PrefixCache``; 0: none). ``suffix_cache``: ``suffix_file``'s
+        name before 0.5 (deprecated).
         """
         threads = checked_threads(threads)  # before any work: too many abort the process inside ONNX Runtime
         directory = Path(directory)
@@ -102,7 +103,14 @@ class Pipeline:
         pipeline = cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered, suffix_store,
                        prefix_cache_bytes)
         if suffix_cache is not None:
-            pipeline.load_suffix_cache(suffix_cache, log)
+            if suffix_file is not None:
+                raise ConfigError("suffix_cache: got it with suffix_file; expected one (suffix_cache is the deprecated "
+                                  "name of suffix_file)")
+            warnings.warn("Pipeline.load(suffix_cache=...) is deprecated: use suffix_file=", DeprecationWarning,
+                          stacklevel=2)
+            suffix_file = suffix_cache
+        if suffix_file is not None:
+            pipeline.load_suffix_file(suffix_file, log)
         return pipeline
 
     @property
@@ -114,12 +122,12 @@ class Pipeline:
     def _forget_scope(self, scope: str) -> None:
         self.prefix_cache.forget(scope)
 
-    def load_suffix_cache(self, path: str | Path, log=None) -> int:
-        """Add the texts of the suffix index file at ``path`` (written by ``save_suffix_cache``) to this pipeline's
+    def load_suffix_file(self, path: str | Path, log=None) -> int:
+        """Add the texts of the suffix index file at ``path`` (written by ``save_suffix_file``) to this pipeline's
         indexes, and save there from now on (a missing file is created then); returns the sequences read. A refused
         file is told in one line to ``log`` (default: ``warnings.warn``), leaves the indexes as they were, and is never
         written: it is the user's (a larger index, another artifact's, a file named by mistake), so this pipeline's
-        index is saved nowhere unless ``save_suffix_cache`` is given a path."""
+        index is saved nowhere unless ``save_suffix_file`` is given a path."""
         spec = self.target.spec
         try:
             read = self.suffix_store.load(Path(path), spec.tokenizer_fingerprint, spec.vocab_size)
@@ -127,17 +135,27 @@ class Pipeline:
             (log or (lambda message: warnings.warn(message, stacklevel=3)))(
                 f"{exc}; starting with an empty index, which will not be saved ({path} is left as it is)")
             return 0
-        self.suffix_cache = Path(path)
+        self.suffix_file = Path(path)
         return read
 
-    def save_suffix_cache(self, path: str | Path | None = None) -> Path | None:
+    def save_suffix_file(self, path: str | Path | None = None) -> Path | None:
         """Write the suffix indexes to ``path`` (default: the file they were loaded from), atomically; None when
         there is nowhere to write."""
-        path = Path(path) if path is not None else self.suffix_cache
+        path = Path(path) if path is not None else self.suffix_file
         if path is not None:
             spec = self.target.spec
             self.suffix_store.save(path, spec.tokenizer_fingerprint, spec.vocab_size)
         return path
+
+    def load_suffix_cache(self, path: str | Path, log=None) -> int:
+        """Deprecated since 0.5 (the file is a suffix index's, no cache's): ``load_suffix_file``."""
+        warnings.warn("Pipeline.load_suffix_cache is deprecated: use load_suffix_file", DeprecationWarning, stacklevel=2)
+        return self.load_suffix_file(path, log)
+
+    def save_suffix_cache(self, path: str | Path | None = None) -> Path | None:
+        """Deprecated since 0.5 (the file is a suffix index's, no cache's): ``save_suffix_file``."""
+        warnings.warn("Pipeline.save_suffix_cache is deprecated: use save_suffix_file", DeprecationWarning, stacklevel=2)
+        return self.save_suffix_file(path)
 
     def close(self) -> None:
         """Close the engines (their sessions and bound buffers); later requests fail. Closing twice is harmless."""

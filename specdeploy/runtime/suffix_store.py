@@ -141,10 +141,10 @@ class SuffixStore:
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SuffixFileError(f"suffix index {path}: not JSON ({exc}); expected a file `--suffix-cache` wrote") from None
+            raise SuffixFileError(f"suffix index {path}: not JSON ({exc}); expected a file `--suffix-file` wrote") from None
         except RecursionError:  # the parser's depth is the interpreter's stack; a file we wrote is 4 levels deep
             raise SuffixFileError(f"suffix index {path}: nested too deeply to be a suffix index (it is 4 levels "
-                                  "deep); expected a file `--suffix-cache` wrote") from None
+                                  "deep); expected a file `--suffix-file` wrote") from None
         scopes = _checked(data, path, tokenizer, vocab_size)
         for name, sequences in list(scopes.items())[-self.max_scopes :]:
             index = self.scope(name)
