@@ -72,11 +72,11 @@ class CostTable:
     def __init__(self, table: dict):
         # "pasts": the pasts measured at; role -> {"full" | "trimmed": {tokens: [seconds at each past]}}
         self.pasts = table["pasts"]
-        self.rows = {role: {kind: {int(t): v for t, v in rows.items()} for kind, rows in kinds.items()}
+        self.by_tokens = {role: {kind: {int(t): v for t, v in measured.items()} for kind, measured in kinds.items()}
                      for role, kinds in table.items() if role != "pasts"}
 
     def seconds(self, role: str, tokens: int, past: int, kept: int) -> float:
-        full, trimmed = self.rows[role]["full"], self.rows[role]["trimmed"]
+        full, trimmed = self.by_tokens[role]["full"], self.by_tokens[role]["trimmed"]
         if kept == tokens and tokens in full or tokens == 1:
             return float(np.interp(past, self.pasts, full[tokens]))
         widest = max(t for t in full if t in trimmed)  # the head over one more position: full minus trimmed there
