@@ -352,7 +352,7 @@ def _replayed(trace: Trace, result, config) -> dict:
             "seconds": stats["seconds"] + stats["prefill_s"], "prefill_s": stats["prefill_s"],
             "cycles": len(result.records), "drafted": sum(r.drafted for r in result.records),
             "accepted": sum(r.accepted for r in result.records),
-            "k_by_cycle": [r.drafted for r in result.records], "accepted_by_cycle": [r.accepted for r in result.records]}
+            "drafted_by_cycle": [r.drafted for r in result.records], "accepted_by_cycle": [r.accepted for r in result.records]}
 
 
 def configurations(ks: list[int]) -> dict:

@@ -6,15 +6,14 @@ the draft model, by prompt lookup or a suffix index), the drafter proposes d_1..
 state commits them; each cache's past_len moves to what it has seen of the new prefix (rollback moves a length).
 Rows accept different numbers of tokens in the same call; finished rows leave the batch.
 
-Glossary (one meaning each):
-- *request*: a prompt and its answer, one ``rows.Request`` record (result, settings, stop ids, generator, noise) at its
-  *request number* in ``requests``; ``results`` lists their results (``RowResult``) by that number.
+The words mean one thing each (docs/runtime.md's glossary has them all); those of this module:
+- *request*: a prompt and its answer, one ``rows.Request`` record at its *request number* in ``requests``; ``results``
+  lists their results (``RowResult``) by that number.
 - *row* b: a request's place in the batch now (``active[b]``: its request number); ``batch``: how many rows.
 - *committed length* L_b (``lengths``): a row's committed tokens, prompt included; a cache's ``past_len``: the prefix
   of them it holds (the target's L_b - 1 between cycles); the draft's *lag* (``Drafter.behind``): what it lacks.
-- *k*: the most drafts a row may have (batch, row or policy); *drafted* (a record's ``k``): the drafts it proposed.
-- *emitted*: the n + 1 tokens acceptance gives a row; *committed*: those it keeps (cut at a stop), a record's
-  ``emitted`` their count.
+- *k*: the most drafts a row may have (batch, row or policy); *drafted*: the drafts it had in a cycle.
+- *emitted*: the n + 1 tokens acceptance gives a row; *committed*: those it keeps (cut at a stop).
 
 Bookkeeping runs on Python ints: each distinct NumPy routine costs microseconds (``tools/bench_overhead.py``).
 """
