@@ -127,8 +127,8 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
         pipeline = Pipeline.load(directory, provider=provider, threads=threads, suffix_file=suffix_file,
                                  suffix_store=store, log=lambda message: click.echo(f"warning: {message}", err=True),
                                  prefix_cache_bytes=prefix_cache_bytes)
-        pipeline.drafter_for(config)  # a drafter that needs a draft model the artifact lacks: refused now
-        pipeline.check_mode(config)  # exact mode on a target that cannot give it: likewise
+        pipeline.check_config(config)  # a drafter that needs a draft model the artifact lacks, exact mode where the
+        # target cannot give it: refused now
         if chat_template is not None:
             pipeline.chat_template = _chat_template(pipeline.chat_template, chat_template)
         context = context_slots(pipeline, context, config.max_drafts)
