@@ -18,6 +18,7 @@ import click
 from ..engines.ort import PROVIDERS
 from ..runtime.prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from ..runtime.suffix_store import BYTES_PER_TOKEN_IN_MEMORY, DEFAULT_SCOPES, DEFAULT_TOKENS, max_tokens_for
+from ..values import short
 from .common import given_suffix_file, speculation_options, suffix_file_option, threads_option
 from .settings import check_environment, networks_form, origins_form, root_path_form, text_setting
 
@@ -196,9 +197,9 @@ def _origins(given: tuple[str, ...]) -> list[str]:
             try:
                 parsed = json.loads(value)
             except ValueError as exc:
-                raise click.ClickException(f"--allowed-origins: got {value[:60]!r}; expected a JSON list of origins") from exc
+                raise click.ClickException(f"--allowed-origins: got {short(value)}; expected a JSON list of origins") from exc
             if not isinstance(parsed, list) or not all(isinstance(o, str) for o in parsed):
-                raise click.ClickException(f"--allowed-origins: got {value[:60]!r}; expected a JSON list of strings")
+                raise click.ClickException(f"--allowed-origins: got {short(value)}; expected a JSON list of strings")
             origins += parsed
         else:
             origins += [o.strip() for o in value.split(",") if o.strip()]
@@ -226,7 +227,7 @@ def _chat_template(artifact, value: str):
     elif "{{" in value or "{%" in value:
         text = value
     else:
-        raise ConfigError(f"--chat-template: got {value[:80]!r}; expected a template file, or a Jinja template")
+        raise ConfigError(f"--chat-template: got {short(value, 80)}; expected a template file, or a Jinja template")
     try:
         Environment().parse(text)  # parsing runs none of the template: safe here, and its errors are the clearest
     except TemplateSyntaxError as exc:

@@ -14,11 +14,12 @@ import numpy as np
 
 from ..contract import PREFILL_CHUNK, Manifest
 from ..engines.base import feed
+from ..values import is_integer, short
 from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch, plan_capacity, slots_needed
 from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
-from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer
+from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids
 from .cost_policy import CostPolicy, Costs
 from .decoder import Generation
 from .divergence import first_divergence
@@ -30,7 +31,6 @@ from .prefix_cache import PrefixCache
 from .registry import policy_of, speculation
 from .results import GenerationError, GenerationResult, StreamChunk
 from .rows import RowResult, RowSettings
-from .shorten import short
 from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
@@ -377,7 +377,7 @@ class Pipeline:
         if isinstance(prompts, str):
             prompts = [prompts]
         if batch_size is not None and (not is_integer(batch_size) or batch_size < 1):
-            raise ConfigError(f"batch_size: got {batch_size!r}; expected an integer >= 1, or None for all prompts")
+            raise ConfigError(f"batch_size: got {short(batch_size)}; expected an integer >= 1, or None for all prompts")
         _check_prompt_list(prompts, "expected a prompt or a non-empty list of prompts")
         batch_size = int(batch_size or len(prompts))
         results = []

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..files import FileMissing, FileRefused, read_regular
+from ..values import is_integer, short
 from .errors import ConfigError
-from .shorten import short
 from .suffix import SuffixIndex
 
 FORMAT = "specdeploy.suffix-index"
@@ -74,8 +74,8 @@ class SuffixStore:
     def __init__(self, max_tokens: int = DEFAULT_TOKENS, max_sequences: int = DEFAULT_SEQUENCES,
                  max_scopes: int = DEFAULT_SCOPES):
         for name, value in (("max_tokens", max_tokens), ("max_sequences", max_sequences), ("max_scopes", max_scopes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"suffix index {name}: got {value!r}; expected an integer >= 1")
+            if not is_integer(value) or value < 1:
+                raise ConfigError(f"suffix index {name}: got {short(value)}; expected an integer >= 1")
         most = max_tokens_for(max_scopes)
         if max_tokens > most:
             raise ConfigError(f"suffix index max_tokens: got {max_tokens:,}; expected at most {most:,} ({max_scopes} "

@@ -28,7 +28,7 @@ from starlette.routing import Route
 from ..runtime.cache import CapacityError
 from ..runtime.chat import ChatTemplateError, TemplateTimeout
 from ..runtime.config import ConfigError
-from ..runtime.shorten import short
+from ..values import short
 from . import errors
 from .breaker import Breaker, TemplateBroken
 from .errors import ApiError

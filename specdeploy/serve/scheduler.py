@@ -23,6 +23,7 @@ from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.decoder import Generation
 from ..runtime.rows import RowResult
 from ..runtime.telemetry import FinishReason
+from ..values import is_integer, short
 from .intake import Intake
 from .logprobs import Logprobs
 from .tickets import Event, Overloaded, ShuttingDown, Ticket
@@ -56,8 +57,8 @@ class Scheduler:
         k = config.max_drafts
         for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 1), ("prefill_chunk", prefill_chunk, 1),
                                  ("capacity", capacity, slots_needed(1, 1, k))):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{name}: got {value!r}; expected an integer >= {low}")
+            if not is_integer(value) or value < low:
+                raise ConfigError(f"{name}: got {short(value)}; expected an integer >= {low}")
         self.cycle_seconds = 0.05  # a running estimate of a cycle
         self.intake = Intake(config, capacity, max_batch, max_queue, seed, lambda: self.cycle_seconds,
                              check=lambda prompt, row: pipeline.check_request(prompt, row, capacity=capacity, k=k,
