@@ -2,24 +2,33 @@
 
     .venv/bin/python -m tools.gpu_check --build .gpucheck --vendor-tokenizers        # here (torch, transformers)
     python3 -m tools.gpu_check --run .gpucheck --out $OUT/gpu_check.json --big 0.5b,1.5b,7b --peer 0.5b,1.5b \
-        --results docs/results/gpu --commit <sha>                                                    # there (<= 5 minutes)
+        --budget 240 --results $OUT --commit <sha>                                              # there (~4 minutes)
 
-``--build`` exports one tiny Qwen2-shaped target with a perturbed copy as its draft (partial, ragged acceptance)
-in each graph form and weight format (``ARTIFACTS``), with specdeploy's own exporter. ``--run`` needs only
-numpy, onnx and onnxruntime(-gpu) (and torch for ``--big``, CuPy for CUDA): per artifact it reports
+(docs/results/gpu/README.md: the whole procedure.) ``--build`` exports one tiny Qwen2-shaped target with a perturbed
+copy as its draft (partial, ragged acceptance) in each graph form and weight format, and a tiny Gemma 2 (soft-capped
+attention on GroupQueryAttention, a windowed layer) in the fused fp16 form (``ARTIFACTS``), with specdeploy's own
+exporter; and the Qwen2 target as onnxruntime-genai's builder writes it, fp16 for CUDA and fp32 for the CPU
+(``--genai``; tools/gpu_imported.py). ``--run`` needs only numpy, onnx and onnxruntime(-gpu) (and torch for ``--big``,
+CuPy for CUDA): per artifact it reports (tools/gpu_decoding.py)
 - exactness through the public API: greedy plain decoding on the CPU against ``--provider`` token for token, then
-  greedy speculative decoding (draft model, fixed K, batch 3 and batch 1) against plain decoding on ``--provider``;
+  greedy speculative decoding against plain decoding on ``--provider`` for every drafter (the draft model at a fixed
+  K on a ragged batch of 3 and at batch 1, the suffix index, the default speculation at the costs it measured there);
+- a second turn reusing the first's K/V (the prefix cache) against the same turn cold, and exact mode, whose
+  speculative output must be its plain output bit for bit (the explicit form's refusal recorded);
 - where the engine keeps its cache, on which execution provider each node of the target ran (ONNX Runtime's
   profile), and one call's logits and cache against the CPU's (a fused float32 artifact is refused on CUDA: checked);
 - ``Engine.infer`` latency at batch 1, T = 1, 5 and 9 after a past of 256, with CUDA graphs where the engine
-  captures them and without.
-``--big`` writes Qwen2.5-shaped fused fp16 targets with random weights through the exporter's own fused writer and
-times them alike (past 1024), the bytes a greedy cycle moves between host and device, and tools/replay.py's cost
-tables of the 1.5B and 7B-shaped targets with the 0.5B draft, at which the real pair's recorded traces
-(tools/replay_data/traces.json) are replayed through the real runtime: plain against speculative tokens per second.
-``--peer`` builds the same shapes with onnxruntime-genai's model builder (the peer; its wheel carried like
+  captures them and without;
+then the genai fp16 build, imported (``specdeploy import``) and checked alike on ``--provider``, against the fp32
+build on the CPU. ``--big`` writes Qwen2.5-shaped fused fp16 targets with random weights through the exporter's own
+fused writer and times them alike (past 1024), the bytes a greedy cycle moves between host and device, and
+tools/replay.py's cost tables of the 1.5B and 7B-shaped targets with the 0.5B draft, at which the real pair's recorded
+traces (tools/replay_data/traces.json) are replayed through the real runtime: plain against speculative tokens per
+second. ``--peer`` builds the same shapes with onnxruntime-genai's model builder (the peer; its wheel carried like
 onnxruntime-gpu) over the same random weights and times its graphs alike, with and without CUDA graphs.
-``--results DIR`` writes the report there too, named after the GPU and the commit.
+``--out`` (JSON) and ``--results DIR`` (the report named after the GPU and the commit, and its summary) are rewritten
+after each part; ``--budget`` skips the parts left once it is spent (and a big shape with less left than it needs),
+each with its reason. Where a part fails, the last line names it and the exit status is 1.
 ``Pipeline.load`` reads the tokenizer with ``tokenizers``: where it is missing and no vendored wheel
 (``--vendor-tokenizers``) is in the dir, the pipeline is built from its engines and prompts are token ids.
 A graph whose IR version this onnxruntime refuses is run from a copy with the IR version lowered (reported).
@@ -35,7 +44,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,7 +55,18 @@ from pathlib import Path
 import numpy as np
 
 from tools import arguments
-from tools.gpu_report import print_artifact, print_big, print_environment, print_pair, print_peer, write_results
+from tools.gpu_decoding import exact_mode, exactness, failures, prefix_reuse
+from tools.gpu_imported import GENAI_PRECISIONS, build_genai, check_imported
+from tools.gpu_report import (
+    print_artifact,
+    print_big,
+    print_environment,
+    print_imported,
+    print_pair,
+    print_peer,
+    print_skipped,
+    write_results,
+)
 from tools.gpu_timing import (
     BIG,
     CAPACITY,
@@ -66,18 +85,31 @@ from tools.provenance import commit
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tools" / "replay_data" / "traces.json"
-NEW_TOKENS = 24
-PROMPT_LENGTHS = (5, 9, 14)
-ARTIFACTS = {  # name -> export options
+PROMPT_LENGTHS = (5, 9, 14)  # a ragged batch of 3 rows
+ARTIFACTS = {  # name -> export options ("family": the tiny model's, FAMILIES; default qwen2)
     "fused-fp16": {"graph": "fused", "dtype": "float16"},
     "fused-fp16-int4": {"graph": "fused", "dtype": "float16", "weights": "int4"},
     "explicit-fp16": {"graph": "explicit", "dtype": "float16"},
     "explicit-fp32": {"graph": "explicit", "dtype": "float32"},
     "fused-int4": {"graph": "fused", "dtype": "float32", "weights": "int4"},  # `make demo`'s form: refused on CUDA
+    # a family of its own: Gemma 2's soft-capped attention (GroupQueryAttention's softcap), sliding windows on every
+    # other layer, soft-capped logits
+    "gemma2-fused-fp16": {"graph": "fused", "dtype": "float16", "family": "gemma2"},
 }
-SPECULATIVE = {"k4": (4, None), "k2": (2, None), "k4-batch1": (4, 1)}  # case -> (k, batch_size: None = all prompts)
+WINDOW = 8  # the tiny Gemma 2's window: shorter than the check's texts (5-14 prompt tokens + 24)
+FAMILIES = {  # family -> (model_type, config overrides, the draft's noise: partial, ragged acceptance); head_dim 64, as
+    # the 0.5B draft's: GroupQueryAttention's CUDA kernels choose by head size
+    "qwen2": ("qwen2", {}, 0.01),
+    "gemma2": ("gemma2", {"query_pre_attn_scalar": 64, "attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0,
+                          "sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"],
+                          "tie_word_embeddings": False}, 0.05),
+}
 SPEC_FIELDS = ("graph", "dtype", "weights", "num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size", "capacity")
 PAIRS = {"1.5b": "0.5b", "7b": "0.5b", "test": "test"}  # target -> draft of the replayed pairs
+# seconds a big shape (written, timed with and without CUDA graphs, its pair's cost table and replays) or the peer's
+# build of it needs at least: one begun with less of the budget left would outrun the command's limit and lose the
+# report's last parts. From the H200 run of 2026-12-04 (1.5B written in 12.9 s, 0.5B in 4.6 s), with room
+NEEDS = {"big": {"0.5b": 30, "1.5b": 60, "7b": 150, "test": 0}, "peer": {"0.5b": 60, "1.5b": 120, "7b": 300, "test": 0}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,17 +122,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.build:
         if only and any(n not in ARTIFACTS for n in only):
             parser.error(f"--only: got {args.only!r}; expected names among {', '.join(ARTIFACTS)}")
-        build(args.build, only or list(ARTIFACTS), args.vendor_tokenizers)
+        precisions = [p for p in args.genai.split(",") if p]
+        if any(p not in GENAI_PRECISIONS for p in precisions):
+            parser.error(f"--genai: got {args.genai!r}; expected names among {', '.join(GENAI_PRECISIONS)}")
+        build(args.build, only or list(ARTIFACTS), args.vendor_tokenizers, precisions)
         return 0
     options = {"big": big, "peer": peer, "replay_tokens": args.replay_tokens,
-               "replay_ks": [int(k) for k in args.replay_ks.split(",")], "loader": args.loader, "budget": args.budget}
+               "replay_ks": [int(k) for k in args.replay_ks.split(",")], "loader": args.loader, "budget": args.budget,
+               "results": args.results, "commit": args.commit or commit()}
     report = run(args.run, args.out, args.provider, only, options)
-    if args.results:
-        write_results(report, args.results, args.commit or commit())
-    failed = [name for name, r in report["artifacts"].items() if _failures(r)]
+    failed = [f"{name} ({'; '.join(_failures(r))})" for name, r in report["artifacts"].items() if _failures(r)]
+    failed += [f"imported ({'; '.join(found)})" for found in [_failures(report["imported"])] if found]
     failed += [f"{part} {name}" for part in ("big", "peer") for name, r in report[part].items() if "error" in r]
-    print(f"done in {report['seconds']:.0f} s; " + (f"failures in {', '.join(failed)}" if failed else "no failures"))
-    return 0
+    skipped = [name for part in ("artifacts", "big", "peer") for name, r in report[part].items() if "skipped" in r]
+    skipped += ["imported"] * ("skipped" in report["imported"])
+    print(f"done in {report['seconds']:.0f} s; " + (f"FAILURES in {', '.join(failed)}" if failed else "no failures")
+          + (f"; skipped (budget or absent): {', '.join(skipped)}" if skipped else ""))
+    return 1 if failed else 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,6 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--loader", default="auto", choices=("auto", "pipeline", "engines"),
                         help="Pipeline.load (needs tokenizers), the Pipeline built from its engines, or auto")
     parser.add_argument("--budget", type=arguments.number(0), default=280.0, help="--run: seconds after which the rest is skipped")
+    parser.add_argument("--genai", default=",".join(GENAI_PRECISIONS),
+                        help="--build: the precisions of the onnxruntime-genai builds of the tiny target to write "
+                             "(fp16: its CUDA graph, run with --provider cuda; fp32: its CPU graph, run with cpu)")
     parser.add_argument("--vendor-tokenizers", action="store_true",
                         help="--build: put the tokenizers wheel (cp312 manylinux x86_64) into DIR/wheels")
     return parser
@@ -132,24 +173,28 @@ def _parser() -> argparse.ArgumentParser:
 # --- build (here, with the export extra) ----------------------------------------------------------------------
 
 
-def build(directory: Path, names: list[str], vendor_tokenizers: bool) -> None:
-    """Export ``names`` (keys of ARTIFACTS) from one seeded tiny target and draft into ``directory``."""
+def build(directory: Path, names: list[str], vendor_tokenizers: bool, genai: list[str]) -> None:
+    """Export ``names`` (keys of ARTIFACTS), each from one seeded tiny target of its family and a perturbed copy as its
+    draft, into ``directory``; and the qwen2 target as onnxruntime-genai's builder writes it in each precision of
+    ``genai`` (``gpu_imported.build_genai``; imported on the machine under test)."""
     from specdeploy import export
 
     tiny = _tests_tiny()
     directory.mkdir(parents=True, exist_ok=True)
-    # head_dim 64, as the 0.5B draft's: GroupQueryAttention's CUDA kernels choose by head size
-    config = tiny.llama_config("qwen2", hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                               num_key_value_heads=1, head_dim=64, max_position_embeddings=CAPACITY)
-    target = tiny.build_model(config, seed=0)
-    draft = tiny.build_model(config, seed=1, perturb_from=target, noise=0.01)  # accepts 1-4 of 4, row by row
+    families = {ARTIFACTS[name].get("family", "qwen2") for name in names} | ({"qwen2"} if genai else set())
     with tempfile.TemporaryDirectory() as tmp:
-        target_dir, draft_dir = (tiny.save_checkpoint(m, Path(tmp) / n) for m, n in ((target, "target"), (draft, "draft")))
+        checkpoints = {family: _checkpoints(tiny, family, Path(tmp) / family) for family in sorted(families)}
         for name in names:
             began = time.perf_counter()
-            export(target_dir, directory / name, draft=draft_dir, capacity=CAPACITY, force=True, **ARTIFACTS[name])
+            options = {k: v for k, v in ARTIFACTS[name].items() if k != "family"}
+            target_dir, draft_dir = checkpoints[ARTIFACTS[name].get("family", "qwen2")]
+            export(target_dir, directory / name, draft=draft_dir, capacity=CAPACITY, force=True, **options)
             size = sum(p.stat().st_size for p in (directory / name).iterdir())
             print(f"{name}: {size / 1e3:.0f} kB in {time.perf_counter() - began:.1f} s")
+        for precision in genai:
+            began = time.perf_counter()
+            size = build_genai(checkpoints["qwen2"][0], directory, precision)
+            print(f"genai-{precision}: {size / 1e3:.0f} kB in {time.perf_counter() - began:.1f} s")
     if vendor_tokenizers:
         from importlib.metadata import version
 
@@ -158,6 +203,16 @@ def build(directory: Path, names: list[str], vendor_tokenizers: bool) -> None:
                         "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--platform",
                         "manylinux2014_x86_64", "-d", str(wheels)], check=True)
         print("vendored: " + ", ".join(p.name for p in wheels.glob("*.whl")))
+
+
+def _checkpoints(tiny, family: str, folder: Path) -> tuple[Path, Path]:
+    """A seeded tiny target of ``family`` (FAMILIES) and a perturbed copy as its draft, saved under ``folder``."""
+    kind, overrides, noise = FAMILIES[family]
+    config = tiny.llama_config(kind, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+                               head_dim=64, max_position_embeddings=CAPACITY, **overrides)
+    target = tiny.build_model(config, seed=0)
+    draft = tiny.build_model(config, seed=1, perturb_from=target, noise=noise)
+    return tiny.save_checkpoint(target, folder / "target"), tiny.save_checkpoint(draft, folder / "draft")
 
 
 def _tests_tiny():
@@ -177,20 +232,29 @@ def run(directory: Path, out: Path | None, provider: str, only: list[str] | None
     budget = options["budget"]
     faulthandler.enable()  # a crash inside ONNX Runtime still prints where Python was; the JSON names the stage
     os.environ.setdefault("SPECDEPLOY_CACHE", tempfile.mkdtemp(prefix="gpu-check-cache-"))
-    report = {"environment": _environment(directory, provider), "artifacts": {}, "big": {}, "pairs": {}, "peer": {}}
+    report = {"environment": _environment(directory, provider), "artifacts": {}, "imported": {}, "big": {}, "pairs": {},
+              "peer": {}}
     print_environment(report["environment"])
-    save = lambda: _write(out, report, began)  # noqa: E731
+    # the report and its summary rewritten after each part: a run its command's limit kills keeps what it measured
+    save = lambda: _write(out, report, began, options.get("results"), options.get("commit", ""))  # noqa: E731
     built = sorted((p.name for p in directory.iterdir() if (p / "manifest.json").is_file()),
                    key=lambda n: (list(ARTIFACTS).index(n) if n in ARTIFACTS else len(ARTIFACTS), n))
     left = lambda: budget - (time.perf_counter() - began)  # noqa: E731
     for name in only or built:
         if left() <= 0:
             report["artifacts"][name] = {"skipped": f"budget of {budget:.0f} s spent"}
+            print_skipped(name, report["artifacts"][name])
             continue
         record = report["artifacts"][name] = {}
-        check_artifact(directory / name, provider, options["loader"], record, save)
+        check_artifact(directory / name, provider, options["loader"], record, save, left)
         print_artifact(name, record)
         save()
+    if left() <= 0:
+        report["imported"] = {"skipped": f"budget of {budget:.0f} s spent"}
+    else:
+        report["imported"] = check_imported(directory, provider, _prompts(), left, save)
+    print_imported(report["imported"])
+    save()
     workdir = scratch("gpu-check-big-")
     try:
         check_big_shapes(report, provider, options, workdir, left, save)
@@ -214,8 +278,10 @@ def check_big_shapes(report: dict, provider: str, options: dict, workdir: Path, 
     cycle bytes and replayed speedups, then the peer's graphs."""
     engines = {}
     for name in sorted(options["big"], key=lambda n: BIG[n]["layers"] * BIG[n]["hidden"]):
-        if left() <= 0:
-            report["big"][name] = {"skipped": "budget spent"}
+        if left() < NEEDS["big"][name] or left() <= 0:
+            report["big"][name] = {"skipped": f"budget spent: {max(0, left()):.0f} s left, {name} needs "
+                                              f"{NEEDS['big'][name]} s"}
+            print_skipped(f"big {name}", report["big"][name])
             continue
         print(f"== big {name}: writing and loading it ...", flush=True)
         record = report["big"][name] = guard(lambda name=name: check_big(name, provider, workdir, keep=True))
@@ -234,8 +300,10 @@ def check_big_shapes(report: dict, provider: str, options: dict, workdir: Path, 
         save()
     engines.clear()
     for name in options["peer"]:
-        if left() <= 0:
-            report["peer"][name] = {"skipped": "budget spent"}
+        if left() < NEEDS["peer"][name] or left() <= 0:
+            report["peer"][name] = {"skipped": f"budget spent: {max(0, left()):.0f} s left, {name} needs "
+                                               f"{NEEDS['peer'][name]} s"}
+            print_skipped(f"peer {name}", report["peer"][name])
             continue
         print(f"== peer {name}: building it with onnxruntime-genai's builder ...", flush=True)
         report["peer"][name] = guard(lambda name=name: check_peer(name, provider, workdir))
@@ -243,11 +311,13 @@ def check_big_shapes(report: dict, provider: str, options: dict, workdir: Path, 
         save()
 
 
-def _write(out: Path | None, report: dict, began: float) -> None:
+def _write(out: Path | None, report: dict, began: float, results: Path | None = None, sha: str = "") -> None:
     report["seconds"] = time.perf_counter() - began
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1, default=str))
+    if results is not None:
+        write_results(report, results, sha)
 
 
 def _environment(directory: Path, provider: str) -> dict:
@@ -303,10 +373,12 @@ def _vendor(directory: Path) -> list[str]:
     return [w.name for w in names]
 
 
-def check_artifact(directory: Path, provider: str, loader: str, record: dict, save=lambda: None) -> None:
-    """Exactness, placement, cache and latency of one artifact into ``record``; each part's failure is recorded, not
-    raised. ``record["stage"]`` names the part under way at each ``save()`` (removed when all are done). A fused
-    float32 artifact on CUDA must be refused before any session (``record["refused"]``)."""
+def check_artifact(directory: Path, provider: str, loader: str, record: dict, save=lambda: None,
+                   left=lambda: float("inf")) -> None:
+    """Exactness, prefix reuse, exact mode, placement, cache and latency of one artifact into ``record``; each part's
+    failure is recorded, not raised, and a part begun with no time ``left()`` is skipped (``{"skipped": why}``).
+    ``record["stage"]`` names the part under way at each ``save()`` (removed when all are done). A fused float32
+    artifact on CUDA must be refused before any session (``record["refused"]``)."""
     from specdeploy.contract import Manifest
     from specdeploy.engines import ProviderError
     from specdeploy.engines.ort import check_provider
@@ -337,29 +409,44 @@ def check_artifact(directory: Path, provider: str, loader: str, record: dict, sa
                                                 "seconds": round(time.perf_counter() - start, 3)})
     if any(isinstance(v, dict) for v in loaded.values()):
         return
-    _check_pipelines(usable, loaded["reference"][0], loaded["device"][0], provider, record, stage)
+    _check_pipelines(usable, loaded["reference"][0], loaded["device"][0], provider, record, stage, left)
     del record["stage"]
 
 
-def _check_pipelines(usable: Path, ref, dev, provider: str, record: dict, stage) -> None:
-    """Exactness, placement, cache and latency of an artifact's pipelines on the CPU (``ref``) and on ``provider``
-    (``dev``) into ``record``; ``stage(name)`` marks each part before it runs."""
-    prompts = [np.random.default_rng(n).integers(4, 120, n).tolist() for n in PROMPT_LENGTHS]
-    stage("exactness")
-    record["exactness"] = exactness(ref, dev, prompts, provider)
-    stage("placement")
-    record["placement"] = guard(lambda: placement(usable / dev.target.spec.file, dev.target.spec, provider))
-    stage("cache")
+def _check_pipelines(usable: Path, ref, dev, provider: str, record: dict, stage, left) -> None:
+    """Exactness (every drafter), prefix reuse, exact mode, placement, cache and latency of an artifact's pipelines on
+    the CPU (``ref``) and on ``provider`` (``dev``) into ``record``; ``stage(name)`` marks each part before it runs,
+    and a part begun with no time ``left()`` is skipped."""
+    prompts = _prompts()
+
+    def part(name: str, work, key: str | None = None) -> None:
+        if left() <= 0:
+            record[key or name] = {"skipped": "budget spent"}
+            return
+        stage(name)
+        record[key or name] = work()
+
+    part("exactness", lambda: exactness(ref, dev, prompts, provider))
+    # the costs the default speculation priced by: measured on ``provider`` (its warm-up and its cycles)
+    record["costs"] = dev.costs.to_dict()
+    part("prefix", lambda: guard(lambda: prefix_reuse(dev, prompts[2])))
+    plain = record.get("exactness", {}).get(next(iter(record.get("exactness", {})), ""), {}).get("tokens")
+    part("exact", lambda: guard(lambda: exact_mode(dev, prompts, plain)))
+    part("placement", lambda: guard(lambda: placement(usable / dev.target.spec.file, dev.target.spec, provider)))
     ids = np.random.default_rng(3).integers(0, dev.target.spec.vocab_size, (1, PAST + 5))
-    record["cache"] = guard(lambda: cache_check(ref.target, dev.target, ids))
-    stage("latency")
-    record["latency"] = {"engine": guard(lambda: engine_latency(dev.target)), "captures": dev.target.graphs is not None}
-    if dev.target.graphs is not None:  # the same graph without CUDA graphs
+    part("cache", lambda: guard(lambda: cache_check(ref.target, dev.target, ids)))
+    part("latency", lambda: {"engine": guard(lambda: engine_latency(dev.target)), "captures": dev.target.graphs is not None})
+    if dev.target.graphs is not None and "engine" in record["latency"] and left() > 0:  # without CUDA graphs
         from specdeploy.engines.ort import OrtEngine
 
         stage("latency without CUDA graphs")
         record["latency"]["plain"] = guard(lambda: engine_latency(OrtEngine(
             usable / dev.target.spec.file, dev.target.spec, provider=provider, cuda_graphs=False)))
+
+
+def _prompts() -> list[list[int]]:
+    """The check's prompts: a ragged batch of random token ids, one row of each of PROMPT_LENGTHS."""
+    return [np.random.default_rng(n).integers(4, 120, n).tolist() for n in PROMPT_LENGTHS]
 
 
 def _readable_copy(directory: Path, record: dict) -> Path:
@@ -423,46 +510,6 @@ def _pipeline(directory: Path, provider: str, loader: str):
     return Pipeline(manifest, _IdTokenizer(), target, draft, directory), "Pipeline(engines), token ids"
 
 
-def exactness(ref, dev, prompts: list[list[int]], provider: str) -> dict:
-    """Greedy tokens: plain CPU vs plain ``provider``; speculative vs plain on ``provider`` (and on the CPU)."""
-    from specdeploy import GenerationConfig
-
-    plain = GenerationConfig(max_new_tokens=NEW_TOKENS, drafter="none", ignore_eos=True)
-    names = {"reference": "cpu", "device": provider if provider != "cpu" else "cpu (2nd pipeline)"}
-    outputs = {side: guard(lambda p=p: p.generate(prompts, plain)) for side, p in zip(("reference", "device"), (ref, dev))}
-    failed = {f"plain {names[side]}": o for side, o in outputs.items() if isinstance(o, dict)}
-    if failed:
-        return failed
-    plain_tokens = {side: [r.token_ids for r in results] for side, results in outputs.items()}
-    cases = {f"plain {names['reference']} vs {names['device']}":
-             _compare(ref, prompts, plain_tokens["reference"], outputs["device"], plain)}
-    runs = [(f"{case} {names['device']}", dev, "device", k, batch) for case, (k, batch) in SPECULATIVE.items()]
-    runs.append(("k4 cpu", ref, "reference", 4, None))
-    for label, pipeline, side, k, batch in runs:
-        config = GenerationConfig(max_new_tokens=NEW_TOKENS, k=k, policy="fixed", drafter="model", ignore_eos=True)
-        cases[f"spec {label} vs plain"] = guard(lambda p=pipeline, c=config, s=side, b=batch: _compare(
-            p, prompts, plain_tokens[s], p.generate(prompts, c, batch_size=b), c))
-    return cases
-
-
-def _compare(pipeline, prompts, reference: list[list[int]], results, config) -> dict:
-    """Prompts whose tokens equal ``reference``; where each other one diverges, with the target's margin there."""
-    other = [r.token_ids for r in results]
-    case = {"equal": sum(a == b for a, b in zip(reference, other)), "of": len(prompts), "diverged": [], "tokens": other}
-    for i, (prompt, a, b) in enumerate(zip(prompts, reference, other)):
-        if a != b:
-            where = pipeline.first_divergence(prompt, a, b, config) or {"position": min(len(a), len(b)),
-                                                                         "lengths": [len(a), len(b)]}
-            case["diverged"].append({"prompt": i, **where})
-    errors = [r.error for r in results if r.error]
-    if errors:
-        case["row_errors"] = errors[:3]
-    accepted = [r.stats["mean_accepted_length"] for r in results if r.stats.get("cycles")]
-    if config.speculative and accepted:
-        case["mean_accepted_length"] = round(statistics.fmean(accepted), 3)
-    return case
-
-
 def placement(path: Path, spec, provider: str) -> dict:
     """Nodes (of the optimised graph, as ONNX Runtime's profiler saw them run) per execution provider and op."""
     import onnx
@@ -513,12 +560,10 @@ def cache_check(ref, dev, ids: np.ndarray) -> dict:
 
 
 def _failures(record: dict) -> list[str]:
-    """The parts of an artifact's record that raised or whose tokens differ (speculative against plain on one
-    provider: the CPU's and the GPU's plain tokens may part at a near-tie, whose margin is reported)."""
+    """The parts of an artifact's record that raised, and its decoding cases that part where they must not
+    (``gpu_decoding.failures``)."""
     found = [key for key, value in record.items() if isinstance(value, dict) and "error" in value]
-    for case, result in record.get("exactness", {}).items():
-        if "error" in result or (case.startswith("spec") and result.get("equal") != result.get("of")):
-            found.append(case)
+    found += failures(record)
     found += [f"latency {kind}" for kind, value in record.get("latency", {}).items() if isinstance(value, dict)
               and "error" in value]
     return found

@@ -27,11 +27,39 @@ def write_results(report: dict, folder: Path, commit: str) -> Path:
                 if all(f"T{t}" in timing for t in (1, 5, 9)):
                     lines.append(f"| {source} {name} | {mode} | " + " | ".join(f"{timing[f'T{t}']['median_ms']:.3f}"
                                                                         for t in (1, 5, 9)) + " |")
+    lines += ["", "| artifact | section | case | equal | diverged (prompt@position margin) | acc | reused |",
+              "|---|---|---|---|---|---|---|"]
+    records = dict(report["artifacts"]) | ({"imported genai": report["imported"]} if report.get("imported") else {})
+    for name, record in records.items():
+        if "skipped" in record or "refused" in record:
+            lines.append(f"| {name} | - | {record.get('skipped') or 'refused: ' + record['refused'][:80]} | | | | |")
+        for section in ("exactness", "prefix", "exact"):
+            cases = record.get(section, {})
+            if any(key in cases for key in ("error", "skipped", "refused")):  # the section as a whole
+                lines.append(f"| {name} | {section} | - | " + _case_cells(cases) + " |")
+                continue
+            for case, r in cases.items():
+                if isinstance(r, dict):  # a case (the prefix section's counts are in the JSON)
+                    lines.append(f"| {name} | {section} | {case} | " + _case_cells(r) + " |")
     for name, pair in report["pairs"].items():
         speedups = pair.get("replay", {}).get("speedup_over_plain", {})
         lines.append(f"\n{name}: cycle bytes {pair.get('cycle_bytes')}; replayed speedup over plain {speedups}")
     (folder / f"{stem}.md").write_text("\n".join(lines) + "\n")
     return folder / f"{stem}.json"
+
+
+def _case_cells(r) -> str:
+    """A decoding case's cells: equal of, divergences with margins, mean accepted length, prompt tokens reused."""
+    if not isinstance(r, dict):
+        return f"{r} | | |"
+    if "error" in r or "skipped" in r or "refused" in r:
+        what = "ERROR " + r["error"][:80] if "error" in r else r.get("skipped") or "refused: " + r["refused"][:80]
+        return f"{what} | | |"
+    if "equal" not in r:
+        return " | | |"
+    diverged = " ".join(f"p{d['prompt']}@{d.get('position')} {d.get('margin', float('nan')):.3g}" for d in r["diverged"])
+    return (f"{r['equal']}/{r['of']} | {diverged or '-'} | {r.get('mean_accepted_length', '-')} | "
+            f"{r.get('cached_prompt_tokens', '-')}")
 
 
 def print_environment(env: dict) -> None:
@@ -42,24 +70,63 @@ def print_environment(env: dict) -> None:
           f"{env['probe_session_providers']} | vendored: {env['vendored'] or '-'} | {modules}")
 
 
+def print_skipped(name: str, record: dict) -> None:
+    print(f"== {name}: SKIPPED ({record['skipped']})")
+
+
+def _cases(title: str, cases: dict) -> None:
+    """One line of a decoding section's cases: equal of, margins where they part, acceptance, reused tokens."""
+    if not cases:
+        return
+    if "error" in cases or "skipped" in cases or "refused" in cases:
+        what = "ERROR " + str(cases["error"])[:200] if "error" in cases else cases.get("skipped") or cases["refused"][:200]
+        print(f"  {title}: {what}")
+        return
+    texts = []
+    for case, r in cases.items():
+        if not isinstance(r, dict):
+            texts.append(f"{case}: {r}")
+            continue
+        if "error" in r or "skipped" in r:
+            texts.append(f"{case}: {'ERROR ' + r['error'][:160] if 'error' in r else 'SKIPPED ' + r['skipped']}")
+            continue
+        if "equal" not in r:
+            continue
+        text = f"{case}: {r['equal']}/{r['of']}"
+        if "mean_accepted_length" in r:
+            text += f" (acc {r['mean_accepted_length']:.2f}, cycles {r.get('cycles')})"
+        if "cached_prompt_tokens" in r:
+            text += f" (reused {r['cached_prompt_tokens']} prompt tokens)"
+        text += "".join(f" [p{d['prompt']}@{d.get('position')} margin {d.get('margin', float('nan')):.3g}]"
+                        for d in r["diverged"])
+        texts.append(text + (f" row errors: {r['row_errors']}" if "row_errors" in r else ""))
+    print(f"  {title}: " + " | ".join(texts))
+
+
+def print_imported(record: dict) -> None:
+    if "skipped" in record:
+        print_skipped("imported genai", record)
+        return
+    load = record.get("load")
+    print(f"== imported genai ({record.get('folder')}): " + (f"load FAILED {load.get('error')}" if load else
+                                                            f"{record.get('manifest')}, loaded in {record.get('load_s')} s"))
+    for section in ("exactness", "prefix", "exact"):
+        _cases(section, record.get(section, {}))
+    for kind, timings in record.get("latency", {}).items():
+        if isinstance(timings, dict):
+            print(f"  {kind} ms: " + _timings(timings))
+
+
 def print_artifact(name: str, record: dict) -> None:
     load = record.get("load", {})
     print(f"== {name}: " + "; ".join(f"{v['provider']} via {v['via']} {v['seconds']:.1f} s" if "via" in v else
                                       f"{side} load FAILED {v.get('error')}" for side, v in load.items())
           + (f" | IR lowered ({record['ir_lowered']})" if "ir_lowered" in record else ""))
-    cases = []
-    for case, r in record.get("exactness", {}).items():
-        if "error" in r:
-            cases.append(f"{case}: ERROR {r['error'][:160]}")
-            continue
-        text = f"{case}: {r['equal']}/{r['of']}"
-        if "mean_accepted_length" in r:
-            text += f" (acc {r['mean_accepted_length']:.2f})"
-        text += "".join(f" [p{d['prompt']}@{d.get('position')} margin {d.get('margin', float('nan')):.3g}]"
-                        for d in r["diverged"])
-        cases.append(text + (f" row errors: {r['row_errors']}" if "row_errors" in r else ""))
-    if cases:
-        print("  exact: " + " | ".join(cases))
+    _cases("exactness", record.get("exactness", {}))
+    _cases("prefix reuse", record.get("prefix", {}))
+    _cases("exact mode", record.get("exact", {}))
+    if record.get("costs"):
+        print(f"  measured costs (batch, tokens, s): {record['costs']}")
     place = record.get("placement", {})
     if "error" in place:
         print(f"  nodes: ERROR {place['error'][:200]}")

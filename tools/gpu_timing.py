@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import traceback
@@ -255,12 +253,15 @@ def check_peer(name: str, provider: str, workdir: Path) -> dict:
     checkpoint = write_peer_checkpoint(shape, workdir / f"{name}-hf", capacity)
     out = workdir / f"{name}-peer"
     precision = "fp16" if provider == "cuda" else "fp32"  # the builder's CPU graphs are fp32
-    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(out), "-p",
-               precision, "-e", provider, "-c", str(workdir / f"{name}-cache")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    # in this process: a process of its own spent ~13 s importing torch and transformers again, for a graph that takes
+    # the builder 0.4 s (the test shape) or ~1 minute (1.5B)
+    from onnxruntime_genai.models.builder import create_model, parse_extra_options
+
+    args = ("", str(checkpoint), str(out), precision, provider, str(workdir / f"{name}-cache"))
+    built = guard(lambda: create_model(*args, **parse_extra_options(*args, [])))
     record["build_s"] = round(time.perf_counter() - start, 1)
-    if done.returncode != 0:
-        return record | {"error": f"the builder failed (exit {done.returncode}): {done.stderr.strip()[-600:]}"}
+    if isinstance(built, dict):
+        return record | {"error": f"the builder failed: {built['error']}", "traceback": built["traceback"]}
     modes = {"plain": False} | ({"cuda graphs": True} if provider == "cuda" else {})
     for mode, graphs in modes.items():
         record[mode] = guard(lambda graphs=graphs: peer_latency(out / "model.onnx", provider, graphs, past, capacity,

@@ -383,9 +383,13 @@ def _feed_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[in
     """``feed`` one row at a time, each row its own tokens: a graph that writes its cache itself runs such a
     call row by row anyway (``FusedCalls``), and padded to the longest row, a draft's catch-up
     of one joining row at a batch of 4 computed its prompt 4 times. A row with nothing new re-feeds its last
-    token, for its logits."""
+    token, for its logits; one brought to 0 tokens (a one-token prompt's prefill stops at length - 1 = 0) has no
+    token to re-feed and no next-token distribution: it is not fed, its logits are NaN."""
     logits = np.empty((len(ends), engine.spec.vocab_size), np.float32)
     for b, (end, past) in enumerate(zip(ends, cache.past_len.tolist())):
+        if end == 0:  # re-feeding "its last token" would move its length to -1 and feed an empty slice
+            logits[b] = np.nan
+            continue
         row = cache.rows(b, b + 1)
         row.commit([min(past, end - 1)])
         logits[b] = feed(engine, row, tokens[b : b + 1], [end])[0][0]

@@ -28,7 +28,7 @@ from ..contract import (
 from ..engines.vetting import check_foreign_graph, external_tensors
 from ..output import OutputError, file_hashes, output_dir, staged
 from ..version import __version__
-from .sources import ImportRefused, Source, graph_io, read_source
+from .sources import ONNX_TYPES, ImportRefused, Source, graph_io, read_source
 
 DEFAULT_CAPACITY = 2048  # cache slots when the folder allows as many and no capacity is given
 TOKENIZER = "tokenizer.json"
@@ -121,6 +121,7 @@ def _plan(role: str, source: Source, graph: tuple, capacity: int, fingerprint: s
                 renamed.setdefault(entry.value, f"{role}.{entry.value}")
                 entry.value = renamed[entry.value]
     rewrites = [f"external data {old} renamed {new}" for old, new in sorted(renamed.items())]
+    rewrites += _logits_in_float32(model, source.io.logits)
     onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, GRAPH_ROLE_KEY: role})
     rewrites.append(f"metadata {GRAPH_ROLE_KEY} = {role}")
     io = dataclasses.replace(source.io, origin=source.graph.name, origin_sha256=sha256_file(source.graph),
@@ -132,6 +133,25 @@ def _plan(role: str, source: Source, graph: tuple, capacity: int, fingerprint: s
                      graph=LAYOUT_FORMS[io.cache], tokenizer_fingerprint=fingerprint, parameters=_parameters(model),
                      imported=io, **facts)
     return spec, renamed
+
+
+def _logits_in_float32(model, name: str) -> list[str]:
+    """Cast the graph's logits ``name`` to float32 where it declares another type (onnxruntime-genai's fp16 builds give
+    float16 logits; the engines bind and acceptance reads float32, as every exported graph gives): a Cast node after
+    the graph's own, on the device where its producer runs. Returns the rewrite in words, or nothing."""
+    from onnx import TensorProto, helper
+
+    output = next(value for value in model.graph.output if value.name == name)
+    elem = output.type.tensor_type.elem_type
+    if elem == TensorProto.FLOAT:
+        return []
+    inner = f"{name}_{ONNX_TYPES.get(elem, elem)}"
+    for node in model.graph.node:
+        node.output[:] = [inner if o == name else o for o in node.output]
+        node.input[:] = [inner if i == name else i for i in node.input]
+    model.graph.node.append(helper.make_node("Cast", [inner], [name], to=TensorProto.FLOAT, name=f"{name}_to_float32"))
+    output.type.tensor_type.elem_type = TensorProto.FLOAT
+    return [f"{name} cast from {ONNX_TYPES.get(elem, elem)} to float32 (a Cast node after the graph's own)"]
 
 
 def _write_model(source: Source, model, planned: tuple[ModelSpec, dict], staging: Path) -> None:

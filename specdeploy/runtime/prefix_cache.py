@@ -108,6 +108,13 @@ class PrefixCache:
         with self._lock:
             return {kept.scope for kept in self._kept.values()}
 
+    def held_in(self) -> set[str]:
+        """The array types the kept K/V is held in: "numpy.ndarray" (host memory), "cupy.ndarray" (a GPU's, where the
+        engines compute: a reuse then copies nothing across PCIe)."""
+        with self._lock:
+            return {f"{type(a).__module__.split('.')[0]}.{type(a).__name__}" for kept in self._kept.values()
+                    for a in [*kept.target, *(kept.draft or [])]}
+
     def _drop(self, key: int) -> None:
         self.bytes -= self._kept.pop(key).bytes
 

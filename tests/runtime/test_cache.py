@@ -111,6 +111,22 @@ def test_a_fused_graph_feeds_each_row_its_own_tokens(fused_dirs):
             np.testing.assert_allclose(buf[b, :, :end], ref[0, :, :end], atol=1e-4, rtol=1e-4)
 
 
+
+def test_a_fused_graphs_prefill_leaves_a_row_brought_to_no_tokens_unfed(fused_dirs):
+    """A one-token prompt's prefill stops at length - 1 = 0 tokens: fed row by row beside longer rows, that row has no
+    token to re-feed (it was once fed an empty slice, its length moved to -1: "input_ids | received empty shape
+    (1, 0)"). It is not fed, its length stays 0 and its logits are NaN; the other rows' are what they are alone."""
+    from specdeploy.engines.base import feed
+
+    engine = Pipeline.load(fused_dirs["close"]).target
+    tokens = np.array([[5, 6, 7, 8], [20, 21, 22, 23], [30, 0, 0, 0]])
+    cache = engine.allocate_cache(3, 16)
+    logits, width = feed(engine, cache, tokens, [3, 4, 0])
+    assert width == 4 and cache.past_len.tolist() == [3, 4, 0] and np.isnan(logits[2]).all()
+    alone = engine.infer(tokens[1:2], np.zeros(1, np.int64), engine.allocate_cache(1, 16)).logits[0, -1]
+    np.testing.assert_allclose(logits[1], alone, atol=1e-4, rtol=1e-4)
+
+
 def test_rows_that_leave_free_their_memory_for_the_next_to_join():
     """A leave moves the rows that stay up over those that left, and a join takes that memory: no new array per
     leave or join (at 8 rows of the real pair's 1024-slot caches, a copy moved 470 MB). Each row keeps its valid

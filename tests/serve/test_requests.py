@@ -116,6 +116,23 @@ def test_n_choices_and_lists_of_prompts(roles_client, roles_pipeline):
     assert [c.text for c in ids.choices] == [c.text for c in listed.choices]
 
 
+
+def test_a_list_of_prompts_on_a_fused_pair_drafted_by_the_model_is_each_prompts_own_answer(fused_dirs):
+    """One request of three prompts, one of them a single token, on a fused pair (whose rows are prefilled one by one)
+    with the draft model drafting: the draft's prefill of the staged rows once fed the one-token row, brought to
+    0 tokens, an empty slice ("draft: input tensor input_ids | received empty shape (1, 0)"). Each answer is what
+    plain decoding of its prompt alone gives."""
+    pipeline = Pipeline.load(fused_dirs["close"])
+    prompts = ["w30 w31 w30 w31", "w5 w6 w7 w8 w9", "w40"]
+    assert [len(pipeline.encode(p)) for p in prompts] == [4, 5, 1]
+    plain = GenerationConfig(drafter="none", max_new_tokens=12, ignore_eos=True)
+    alone = [pipeline.generate([prompt], plain)[0].text for prompt in prompts]
+    with serving(pipeline, max_batch=4) as (url, _):  # the model drafts at a fixed K of 3
+        client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        listed = client.completions.create(model="tiny", prompt=prompts, **GREEDY)
+    assert [c.text for c in listed.choices] == alone and listed.usage.prompt_tokens == 10
+
+
 def _reference_logprobs(pipeline, prompt: list[int], tokens: list[int]) -> np.ndarray:
     """Each token's logprob from one plain prefill of prompt + tokens through the target."""
     ids = np.array([prompt + tokens[:-1]], np.int64)

@@ -44,8 +44,7 @@ def test_the_same_seeded_request_gives_one_text_in_turn_and_at_once_under_the_de
 
 def test_an_exact_server_answers_what_exact_plain_decoding_gives(fused_dirs):
     """``serve --exact``: every request's rows run in exact mode, so a greedy answer, drafted, is exact-mode plain
-    decoding's (one prompt a request: several prompts in one request fail on a fused pair with the model drafter,
-    in the default mode too, "draft: input tensor input_ids | received empty shape (1, 0)")."""
+    decoding's."""
     from openai import OpenAI
 
     from specdeploy import Pipeline

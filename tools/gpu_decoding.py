@@ -1,0 +1,160 @@
+"""The decoding checks of tools/gpu_check.py, through the public API on one provider: greedy speculative decoding
+against plain decoding for each drafter (the draft model at a fixed K, the suffix index, the default: the hybrid
+drafter under the cost policy, which prices by the costs this pipeline measured on the provider) on a ragged batch
+and at batch 1; a conversation's second turn reusing the first's K/V (the prefix cache, kept where the engine
+computes) against the same turn cold; exact mode (``GenerationConfig.exact``), whose speculative output must be its
+plain output bit for bit.
+
+Where two greedy outputs part, the target's margin there is reported (``Pipeline.first_divergence``): the CPU and
+a GPU, or a reused and a recomputed K/V, may part at a near-tie (|margin| <= NEAR_TIE); a larger margin is a bug.
+Imported by tools.gpu_check (and its imported-graph check); needs numpy and onnxruntime.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from tools.gpu_timing import guard
+
+NEW_TOKENS = 24
+NEAR_TIE = 0.1  # logit units: an fp16 target's logits (|x| ~ 10) carry errors of ~1e-2 between kernels
+# case -> (k, batch_size: None = all prompts, drafter, policy); "default" is GenerationConfig's own speculation. The
+# suffix index is the pipeline's, which holds the earlier runs' answers to the same prompts: a random model's text does
+# not repeat itself, so its own text alone would draft nothing
+SPECULATIVE = {"k4": (4, None, "model", "fixed"), "k2": (2, None, "model", "fixed"), "k4-batch1": (4, 1, "model", "fixed"),
+               "suffix-k4": (4, None, "suffix", "fixed"), "default": (8, None, "hybrid", "cost")}
+
+
+def config(k: int = 0, drafter: str = "none", policy: str = "fixed", **settings):
+    """A greedy GenerationConfig of NEW_TOKENS that ignores EOS (the tiny models' texts are random)."""
+    from specdeploy import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=NEW_TOKENS, k=k or 8, drafter=drafter, policy=policy, ignore_eos=True,
+                            **settings)
+
+
+def speculative_cases(pipeline, prompts, plain_tokens: list[list[int]], label: str, cases=SPECULATIVE,
+                      **settings) -> dict:
+    """Each case of ``cases`` on ``pipeline`` against ``plain_tokens`` (its own plain output), as
+    ``{f"spec {name} {label} vs plain": comparison}``; a drafter the artifact lacks (the model drafter without a draft
+    model) is left out."""
+    out = {}
+    for name, (k, batch, drafter, policy) in cases.items():
+        if drafter == "model" and pipeline.draft is None:
+            continue
+        run = config(k, drafter, policy, **settings)
+        out[f"spec {name} {label} vs plain"] = guard(lambda c=run, b=batch: compare(
+            pipeline, prompts, plain_tokens, pipeline.generate(prompts, c, batch_size=b), c))
+    return out
+
+
+def exactness(ref, dev, prompts: list[list[int]], provider: str) -> dict:
+    """Greedy tokens: plain CPU vs plain ``provider``; every drafter's speculative output vs plain on ``provider``
+    (and the model drafter's on the CPU)."""
+    plain = config()
+    names = {"reference": "cpu", "device": provider if provider != "cpu" else "cpu (2nd pipeline)"}
+    outputs = {side: guard(lambda p=p: p.generate(prompts, plain)) for side, p in zip(("reference", "device"), (ref, dev))}
+    failed = {f"plain {names[side]}": o for side, o in outputs.items() if isinstance(o, dict)}
+    if failed:
+        return failed
+    plain_tokens = {side: [r.token_ids for r in results] for side, results in outputs.items()}
+    cases = {f"plain {names['reference']} vs {names['device']}":
+             compare(ref, prompts, plain_tokens["reference"], outputs["device"], plain)}
+    cases |= speculative_cases(dev, prompts, plain_tokens["device"], names["device"])
+    cases |= speculative_cases(ref, prompts, plain_tokens["reference"], "cpu", {"k4": SPECULATIVE["k4"]})
+    return cases
+
+
+def compare(pipeline, prompts, reference: list[list[int]], results, config) -> dict:
+    """Prompts whose tokens equal ``reference``; where each other one diverges, with the target's margin there; the
+    cycles that drafted from the draft model and from text (the suffix index), and the mean accepted length."""
+    other = [r.token_ids for r in results]
+    case = {"equal": sum(a == b for a, b in zip(reference, other)), "of": len(prompts), "diverged": [], "tokens": other}
+    for i, (prompt, a, b) in enumerate(zip(prompts, reference, other)):
+        if a != b:
+            where = pipeline.first_divergence(prompt, a, b, config) or {"position": min(len(a), len(b)),
+                                                                         "lengths": [len(a), len(b)]}
+            case["diverged"].append({"prompt": i, **where})
+    errors = [r.error for r in results if r.error]
+    if errors:
+        case["row_errors"] = errors[:3]
+    records = [rec for r in results for rec in r.records]
+    accepted = [r.stats["mean_accepted_length"] for r in results if r.stats.get("cycles")]
+    if config.speculative and accepted:
+        case["mean_accepted_length"] = round(statistics.fmean(accepted), 3)
+        case["cycles"] = {"model": sum(rec.drafted > 0 and not rec.free for rec in records),
+                          "text": sum(rec.drafted > 0 and rec.free for rec in records),
+                          "plain": sum(rec.drafted == 0 for rec in records)}
+    return case
+
+
+def prefix_reuse(pipeline, prompt: list[int]) -> dict:
+    """A conversation's second turn (the first turn's prompt and answer, then more) three ways on ``pipeline``: cold
+    (no K/V reused: the reference), plain reusing the first turn's K/V, and speculative (the draft model if there is
+    one, else the suffix index, K 4) reusing it; the prompt tokens each reused, where the kept K/V lives (on a GPU:
+    "cupy.ndarray") and the bytes each turn moved between host and device (the engines' ``transfers``: inputs in,
+    what acceptance reads out)."""
+    from specdeploy.engines.memory import transfers
+
+    def moved(work):  # (work's result, bytes it moved to the device and back)
+        before = transfers.to_device, transfers.to_host
+        done = work()
+        return done, {"to_device": transfers.to_device - before[0], "to_host": transfers.to_host - before[1]}
+
+    first = pipeline.generate([prompt], config())[0]
+    second = [*prompt, *first.token_ids, *prompt[:5]]
+    cold, cold_bytes = moved(lambda: pipeline.generate([second], config(), scope=None)[0])
+    record = {"first_turn_tokens": len(prompt) + len(first.token_ids), "second_turn_prompt": len(second),
+              "kept_bytes": pipeline.prefix_cache.bytes, "kept_in": sorted(pipeline.prefix_cache.held_in()),
+              "cold_bytes_moved": cold_bytes}
+    drafter = "model" if pipeline.draft is not None else "suffix"
+    for name, run in (("plain", config()), (f"spec {drafter}-k4", config(4, drafter))):
+        results, bytes_moved = moved(lambda run=run: pipeline.generate([second], run))
+        case = compare(pipeline, [second], [cold.token_ids], results, run)
+        case["cached_prompt_tokens"] = results[0].stats["cached_prompt_tokens"]
+        case["bytes_moved"] = bytes_moved
+        record[f"{name} reused vs cold"] = case
+    return record
+
+
+def exact_mode(pipeline, prompts: list[list[int]], default_plain: list[list[int]] | None = None) -> dict:
+    """Exact mode on ``pipeline``: its plain output, and every drafter's speculative output against it (equal bit for
+    bit, its promise), at a ragged batch and at batch 1; its plain output against the default mode's
+    (``default_plain``; they may part at a near-tie: margins). A target exact mode refuses: ``{"refused": why}``."""
+    from specdeploy.runtime.config import ConfigError
+
+    plain = config(exact=True)
+    try:
+        pipeline.check_config(plain)
+    except ConfigError as exc:
+        return {"refused": str(exc)}
+    outputs = pipeline.generate(prompts, plain)
+    tokens = [r.token_ids for r in outputs]
+    cases = {}
+    if default_plain is not None:
+        cases["plain exact vs plain default"] = compare(pipeline, prompts, default_plain, outputs, config())
+    cases |= speculative_cases(pipeline, prompts, tokens, "exact", exact=True)
+    return cases
+
+
+def failures(record: dict) -> list[str]:
+    """The cases of a decoding record that raised or whose tokens part where they must not: speculative output
+    against plain output on one provider, and in exact mode, must be equal; a reused K/V must be reused, and its turn
+    may part from the cold turn's at a near-tie only; a plain comparison across providers or modes may part (its
+    margin is reported)."""
+    found = []
+    for section in ("exactness", "prefix", "exact"):
+        for case, result in record.get(section, {}).items():
+            if not isinstance(result, dict):
+                continue
+            label = f"{section}: {case}"
+            if "error" in result or result.get("row_errors"):
+                found.append(label)
+            elif case.startswith("spec") and result.get("equal") != result.get("of"):
+                found.append(label)
+            elif "cached_prompt_tokens" in result and (result["cached_prompt_tokens"] == 0 or any(
+                    abs(d.get("margin", np.inf)) > NEAR_TIE for d in result["diverged"])):
+                found.append(label)
+    return found
