@@ -344,6 +344,12 @@ class Pipeline:
             check_exact(self.target.spec)
         self.drafter_for(config)
 
+    def check_mode(self, config: GenerationConfig) -> None:
+        """Deprecated since 0.5: ``check_config``, which checks exact mode with the rest of a config."""
+        warnings.warn("Pipeline.check_mode is deprecated: use check_config", DeprecationWarning, stacklevel=2)
+        if config.exact:
+            check_exact(self.target.spec)
+
     def policy_for(self, config: GenerationConfig) -> Policy:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
         belongs to the text: each request starts its own)."""

@@ -314,7 +314,7 @@ def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_se
 
 
 def test_a_target_only_artifact_decodes_by_default_with_the_index_or_plainly(checkpoints, tmp_path):
-    """The default speculation drafts by prompt lookup where the artifact has no draft model, instead of failing;
+    """The default speculation drafts by the suffix index alone where the artifact has no draft model, instead of failing;
     asking for the draft model there is refused, naming what to do."""
     single = Pipeline.load(tiny.export_cli(tmp_path / "single", checkpoints["target"]))
     prompt = "w5 w6 w7 w5 w6 w7 w5 w6"
@@ -338,3 +338,23 @@ def test_closing_a_pipeline_closes_its_engines(pair_dir):
         assert engine.session is None
         with pytest.raises(EngineClosedError, match="the engine is closed"):
             engine.infer(np.array([[5]]), np.zeros(1, np.int64), engine.allocate_cache(1, 4))
+
+
+def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pair_dir, chat_target_dir):
+    """One check of a config alone, as the serve CLI and the intake call it: exact mode on an explicit-form target, a
+    drafter that needs the draft model an artifact lacks, a stop id outside the vocabulary; the old check_mode stays
+    a deprecated name of its exact-mode part."""
+    pair, single = Pipeline.load(pair_dir), Pipeline.load(chat_target_dir)
+    pair.check_config(GenerationConfig())  # the default decodes anywhere
+    single.check_config(GenerationConfig())
+    with pytest.raises(ConfigError, match="exact: the target's graph is the explicit form"):
+        pair.check_config(GenerationConfig(exact=True))
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        single.check_config(GenerationConfig(drafter="model"))
+    with pytest.raises(ConfigError, match=r"stop_token_ids: got \[100000\]; expected ids inside the vocabulary"):
+        pair.check_config(GenerationConfig(stop_token_ids=[100000]))
+    with pytest.raises(ConfigError, match="config: got dict; expected a GenerationConfig"):
+        pair.check_config({"k": 3})
+    with pytest.warns(DeprecationWarning, match="check_mode is deprecated: use check_config"):
+        with pytest.raises(ConfigError, match="exact: the target's graph is the explicit form"):
+            pair.check_mode(GenerationConfig(exact=True))
