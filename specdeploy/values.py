@@ -28,4 +28,6 @@ def short(value, limit: int = LIMIT, quoted: bool = True) -> str:
 def is_integer(value) -> bool:
     """A Python or NumPy integer, not a bool (``True`` is an int to Python, never a count or a size to us) and not a
     float that happens to be whole."""
+    if type(value) is int:  # the common case first: an engine asks it of every row's width at every call
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
