@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .files import MAX_JSON_BYTES, MAX_TOKENIZER_BYTES, FileMissing, FileRefused, read_regular, sha256_file
+from .values import is_integer, short
 
 CONTRACT = "verify-v1"
 MANIFEST = "manifest.json"
@@ -253,7 +254,7 @@ class Manifest:
         files = _field(data, "files", dict, where)
         for name, digest in files.items():
             if len(name) > MAX_TEXT or not isinstance(digest, str) or len(digest) != 64:
-                raise ContractError(f"{where}: files.{_shown(name)}: expected a sha256 hex digest, got {_shown(digest)}")
+                raise ContractError(f"{where}: files.{short(name)}: expected a sha256 hex digest, got {short(digest)}")
             _check_relative(name, f"{where}: files")  # an absolute or climbing name is no file of the artifact
         engines = data.get("engines", {})
         if not isinstance(engines, dict) or not all(isinstance(v, dict) for v in engines.values()):
@@ -301,18 +302,12 @@ def _field(data: dict, name: str, kind: type, where: str, default=None):
         raise ContractError(f"{where}: missing field {name!r}")
     value = data[name]
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ContractError(f"{where}: field {name!r} must be {kind.__name__}, got {type(value).__name__} {_shown(value)}")
+        raise ContractError(f"{where}: field {name!r} must be {kind.__name__}, got {type(value).__name__} {short(value)}")
     if kind is str and len(value) > MAX_TEXT:
         raise ContractError(f"{where}: field {name!r} is {len(value):,} characters; expected at most {MAX_TEXT}")
     if kind is int and not 0 <= value <= (2**63 - 1 if name == "parameters" else MAX_SIZE):
         raise ContractError(f"{where}: field {name!r} is {value}; expected an integer in [0, {MAX_SIZE}]")
     return value
-
-
-def _shown(value, limit: int = 60) -> str:
-    """repr(value), cut short: a hostile manifest's values may be megabytes."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _spec_from_dict(data: object, where: str) -> ModelSpec:
@@ -331,8 +326,8 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
     _check_relative(values["file"], where)
     eos = data.get("eos_token_ids", [])
     if (not isinstance(eos, list) or len(eos) > 64
-            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_SIZE for t in eos)):
-        raise ContractError(f"{where}: eos_token_ids must be a list of at most 64 token ids, got {_shown(eos)}")
+            or not all(is_integer(t) and 0 <= t <= MAX_SIZE for t in eos)):
+        raise ContractError(f"{where}: eos_token_ids must be a list of at most 64 token ids, got {short(eos)}")
     if any(t >= values["vocab_size"] for t in eos):
         raise ContractError(f"{where}: eos_token_ids {eos} reach outside the vocabulary [0, {values['vocab_size']})")
     graph = _field(data, "graph", str, where, default="explicit")
@@ -340,8 +335,8 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
         raise ContractError(f"{where}: graph {graph!r} not in {GRAPH_FORMS}")
     kept = data.get("vocab_kept")
     if kept is not None:
-        if not isinstance(kept, int) or isinstance(kept, bool) or not 1 <= kept < values["vocab_size"]:
-            raise ContractError(f"{where}: vocab_kept must be an integer in [1, {values['vocab_size']}), got {_shown(kept)}")
+        if not is_integer(kept) or not 1 <= kept < values["vocab_size"]:
+            raise ContractError(f"{where}: vocab_kept must be an integer in [1, {values['vocab_size']}), got {short(kept)}")
         if values["role"] != "draft":
             raise ContractError(f"{where}: vocab_kept {kept} on the {values['role']} model; only a draft may leave tokens "
                                 "out (the target's distribution is the one decoding must follow)")
@@ -349,7 +344,7 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
     for name in ("trims_logits", "takes_seqlens_k", "argmax_ids"):  # absent from older manifests: false
         flags[name] = data.get(name, False)
         if not isinstance(flags[name], bool):
-            raise ContractError(f"{where}: {name} must be true or false, got {_shown(flags[name])}")
+            raise ContractError(f"{where}: {name} must be true or false, got {short(flags[name])}")
     if flags["takes_seqlens_k"] and graph != "fused":
         raise ContractError(f"{where}: takes_seqlens_k on a {graph} graph; only the fused form takes seqlens_k")
     imported = data.get("imported")
@@ -358,7 +353,7 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
     features = data.get("features", [])
     if (not isinstance(features, list) or len(features) > 64
             or not all(isinstance(f, str) and len(f) <= MAX_TEXT for f in features)):
-        raise ContractError(f"{where}: features must be a list of at most 64 strings, got {_shown(features)}")
+        raise ContractError(f"{where}: features must be a list of at most 64 strings, got {short(features)}")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
                      graph=graph, vocab_kept=kept, imported=imported, **flags,
                      family=_field(data, "family", str, where, default=""), features=tuple(features))
@@ -374,15 +369,15 @@ def _imported_from_dict(data: object, graph: str, flags: dict, where: str) -> Im
     names = [f.name for f in dataclasses.fields(ImportedIO) if f.name != "rewrites"]
     values = {name: _field(data, name, str, where, default="") for name in names}
     if values["source"] not in IMPORT_SOURCES:
-        raise ContractError(f"{where}: source {_shown(values['source'])} not in {IMPORT_SOURCES}")
+        raise ContractError(f"{where}: source {short(values['source'])} not in {IMPORT_SOURCES}")
     if values["cache"] not in CACHE_LAYOUTS:
-        raise ContractError(f"{where}: cache {_shown(values['cache'])} not in {CACHE_LAYOUTS}")
+        raise ContractError(f"{where}: cache {short(values['cache'])} not in {CACHE_LAYOUTS}")
     if LAYOUT_FORMS[values["cache"]] != graph:
         raise ContractError(f"{where}: a {values['cache']} cache runs as the {LAYOUT_FORMS[values['cache']]} graph "
                             f"form, got graph {graph!r}")
     for name in ("past_key", "past_value", "present_key", "present_value"):
         if values[name].count("%d") != 1 or values[name].count("%") != 1:
-            raise ContractError(f"{where}: {name} {_shown(values[name])} must hold the layer index as one %d")
+            raise ContractError(f"{where}: {name} {short(values[name])} must hold the layer index as one %d")
     for name in ("input_ids", "attention_mask", "logits"):
         if not values[name]:
             raise ContractError(f"{where}: missing field {name!r}")
@@ -393,14 +388,14 @@ def _imported_from_dict(data: object, graph: str, flags: dict, where: str) -> Im
     rewrites = data.get("rewrites", [])
     if not isinstance(rewrites, list) or len(rewrites) > 16 or not all(isinstance(r, str) and len(r) <= MAX_TEXT
                                                                        for r in rewrites):
-        raise ContractError(f"{where}: rewrites must be a list of at most 16 strings, got {_shown(rewrites)}")
+        raise ContractError(f"{where}: rewrites must be a list of at most 16 strings, got {short(rewrites)}")
     return ImportedIO(**values, rewrites=tuple(rewrites))
 
 
 def _check_relative(name: str, where: str) -> None:
     path = Path(name)
     if path.is_absolute() or ".." in path.parts or len(path.parts) != 1 or name in ("", ".", MANIFEST):
-        raise ContractError(f"{where}: file {_shown(name)} must be a plain file name inside the artifact dir, other "
+        raise ContractError(f"{where}: file {short(name)} must be a plain file name inside the artifact dir, other "
                             f"than {MANIFEST}")
 
 
@@ -433,7 +428,7 @@ def read_tokenizer(path: Path, name: str | None = None):
     except FileRefused as exc:
         raise ContractError(f"{name}: {exc.reason}") from exc
     except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
-        raise ContractError(f"{name}: not a readable tokenizer ({type(exc).__name__}: {_shown(str(exc), 200)})") from exc
+        raise ContractError(f"{name}: not a readable tokenizer ({type(exc).__name__}: {short(str(exc), 200)})") from exc
 
 
 def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[str]:

@@ -16,6 +16,7 @@ from importlib.resources import as_file, files
 from pathlib import Path
 
 from .files import FileMissing, FileRefused, read_stream
+from .values import is_integer, short
 
 MAX_PROMPT_FILE_BYTES = 64 * 2**20  # Spec-Bench's 480 questions are 0.5 MB; /dev/zero never ends
 SPEC_BENCH_FILE = "data/spec_bench_question.jsonl"  # package data of specdeploy (pyproject.toml)
@@ -110,7 +111,7 @@ def _messages(value, where: str) -> tuple[dict, ...]:
     for i, message in enumerate(value):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
                 or not isinstance(message.get("content"), str):
-            raise PromptFileError(f"{where}: messages[{i}]: got {str(message)[:60]!r}; expected "
+            raise PromptFileError(f"{where}: messages[{i}]: got {short(message)}; expected "
                                   "{'role': str, 'content': str}")
     if value[-1]["role"] != "user":
         raise PromptFileError(f"{where}: the last message's role is {value[-1]['role']!r}; expected 'user' (a prompt "
@@ -170,8 +171,8 @@ def workload(humaneval_count: int, specbench_count: int, humaneval_from: int = 0
     for name, value in (("humaneval_count", humaneval_count), ("specbench_count", specbench_count),
                         ("humaneval_from", humaneval_from), ("conversation_count", conversation_count),
                         ("structured_count", structured_count)):
-        if not isinstance(value, int) or value < 0:
-            raise PromptFileError(f"{name}: got {value!r}; expected an integer >= 0")
+        if not is_integer(value) or value < 0:
+            raise PromptFileError(f"{name}: got {short(value)}; expected an integer >= 0")
     if humaneval_count and humaneval_from + humaneval_count > HUMANEVAL_TASKS:
         raise PromptFileError(f"HumanEval: asked for tasks {humaneval_from}..{humaneval_from + humaneval_count - 1}; "
                               f"it has {HUMANEVAL_TASKS} (0..{HUMANEVAL_TASKS - 1})")

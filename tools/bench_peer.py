@@ -210,7 +210,7 @@ class SpecdeployWorker:
         self.load_s = {"artifact": time.perf_counter() - began}
         self.configs = configurations(k)
         # each configuration drafts from its own index of the answers it gave before, empty at the start: none may
-        # draft from another's answer to the same prompt (that would measure a lookup of the answer)
+        # draft from another's answer to the same prompt (that would measure a copy of the answer)
         self.indexes = {name: SuffixIndex(DEFAULT_TOKENS, DEFAULT_SEQUENCES) for name in self.configs}
         self.plain = {}
 

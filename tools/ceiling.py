@@ -49,7 +49,7 @@ def free_speedup(costs: CostTable) -> dict:
     verification sizes T (every position's logits) and pasts of T v(1) / v(T), the past most favourable to it (a bound
     must not be the table's dearest case); and the same for drafts of any length, v(T) continued by the line through
     the two largest sizes measured (its limit, v(1) over the line's slope, where the slope is positive)."""
-    full = costs.rows["target"]["full"]
+    full = costs.by_tokens["target"]["full"]
     sizes = sorted(full)
     best = {"tokens": 1, "past": costs.pasts[0], "speedup": 1.0}
     for i, past in enumerate(costs.pasts):

@@ -90,15 +90,15 @@ class Measured:
 
     @property
     def drafted(self) -> int:
-        return sum(r.k > 0 for r in self.records)
+        return sum(r.drafted > 0 for r in self.records)
 
     def accepted_per_drafted_cycle(self) -> float:
-        drafted = [r.accepted for r in self.records if r.k > 0]
+        drafted = [r.accepted for r in self.records if r.drafted > 0]
         return statistics.fmean(drafted) if drafted else 0.0
 
     def draft_seconds_per_token(self) -> float:
         """A drafted token's seconds, the draft's catch-up on the prompt included."""
-        drafted = sum(r.k for r in self.records)
+        drafted = sum(r.drafted for r in self.records)
         return sum(r.draft_s for r in self.records) / drafted if drafted else 0.0
 
 
@@ -134,7 +134,7 @@ def measure(pipeline: Pipeline, cases: Sequence[Case], configs: dict[str, Genera
             for name in names[round_ % len(names):] + names[: round_ % len(names)]:
                 began = time.perf_counter()
                 # each run as a first request (``specdeploy generate`` in a fresh process): drafting from the answer
-                # another run gave to the same prompt would measure a lookup of the answer, not speculation
+                # another run gave to the same prompt would measure a copy of the answer, not speculation
                 (result,) = pipeline.generate([inputs[case.title]], configs[name], suffix_index=None, scope=None)
                 seconds = time.perf_counter() - began
                 measured = results[case.title][name]

@@ -84,9 +84,9 @@ def compare(pipeline, prompts, reference: list[list[int]], results, config) -> d
     accepted = [r.stats["mean_accepted_length"] for r in results if r.stats.get("cycles")]
     if config.speculative and accepted:
         case["mean_accepted_length"] = round(statistics.fmean(accepted), 3)
-        case["cycles"] = {"model": sum(rec.k > 0 and not rec.lookup for rec in records),
-                          "text": sum(rec.k > 0 and rec.lookup for rec in records),
-                          "plain": sum(rec.k == 0 for rec in records)}
+        case["cycles"] = {"model": sum(rec.drafted > 0 and not rec.free for rec in records),
+                          "text": sum(rec.drafted > 0 and rec.free for rec in records),
+                          "plain": sum(rec.drafted == 0 for rec in records)}
     return case
 
 
@@ -127,7 +127,7 @@ def exact_mode(pipeline, prompts: list[list[int]], default_plain: list[list[int]
 
     plain = config(exact=True)
     try:
-        pipeline.check_mode(plain)
+        pipeline.check_config(plain)
     except ConfigError as exc:
         return {"refused": str(exc)}
     outputs = pipeline.generate(prompts, plain)

@@ -72,11 +72,11 @@ class CostTable:
     def __init__(self, table: dict):
         # "pasts": the pasts measured at; role -> {"full" | "trimmed": {tokens: [seconds at each past]}}
         self.pasts = table["pasts"]
-        self.rows = {role: {kind: {int(t): v for t, v in rows.items()} for kind, rows in kinds.items()}
+        self.by_tokens = {role: {kind: {int(t): v for t, v in measured.items()} for kind, measured in kinds.items()}
                      for role, kinds in table.items() if role != "pasts"}
 
     def seconds(self, role: str, tokens: int, past: int, kept: int) -> float:
-        full, trimmed = self.rows[role]["full"], self.rows[role]["trimmed"]
+        full, trimmed = self.by_tokens[role]["full"], self.by_tokens[role]["trimmed"]
         if kept == tokens and tokens in full or tokens == 1:
             return float(np.interp(past, self.pasts, full[tokens]))
         widest = max(t for t in full if t in trimmed)  # the head over one more position: full minus trimmed there
@@ -350,9 +350,9 @@ def _replayed(trace: Trace, result, config) -> dict:
     stats = result.stats
     return {"group": trace.group, "prompt": trace.prompt_id, "tokens": stats["tokens"],
             "seconds": stats["seconds"] + stats["prefill_s"], "prefill_s": stats["prefill_s"],
-            "cycles": len(result.records), "drafted": sum(r.k for r in result.records),
+            "cycles": len(result.records), "drafted": sum(r.drafted for r in result.records),
             "accepted": sum(r.accepted for r in result.records),
-            "k_by_cycle": [r.k for r in result.records], "accepted_by_cycle": [r.accepted for r in result.records]}
+            "drafted_by_cycle": [r.drafted for r in result.records], "accepted_by_cycle": [r.accepted for r in result.records]}
 
 
 def configurations(ks: list[int]) -> dict:

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..engines.ort import PROVIDERS
-from .common import speculation_options, threads_option
+from .common import given_suffix_file, speculation_options, suffix_file_option, threads_option
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -57,10 +57,9 @@ def read_prompts(path: Path) -> list[str]:
 @click.option("--remember-costs/--no-remember-costs", default=True, show_default=True,
               help="Start the policy from the engine costs the last run measured on this artifact, provider and "
                    "thread count, and keep this run's (in $SPECDEPLOY_CACHE): a fresh process would learn them cold.")
-@click.option("--suffix-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Draft from the texts of earlier runs kept in this file (the suffix index), and keep this run's "
-                   "there (written atomically; through a symlink, to the file it names). A corrupt, foreign or "
-                   "oversized file is refused in one line and left as it is: this run's texts are not saved.")
+@suffix_file_option("Draft from the texts of earlier runs kept in this file (the suffix index), and keep this run's "
+                    "there (written atomically; through a symlink, to the file it names). A corrupt, foreign or "
+                    "oversized file is refused in one line and left as it is: this run's texts are not saved.")
 @click.option("--chat", is_flag=True,
               help="Each prompt is a user message, rendered with the tokenizer's chat template.")
 @click.option("--system", default=None, help="With --chat: a system message before each prompt.")
@@ -70,7 +69,7 @@ def read_prompts(path: Path) -> list[str]:
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
              seed, k, policy, drafter, confidence_threshold, exact, stop, stop_token_ids, ignore_eos, batch_size,
-             provider, threads, remember_costs, suffix_cache, chat, system, as_json, compare):
+             provider, threads, remember_costs, suffix_file, old_suffix_file, chat, system, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -79,6 +78,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
     from ..runtime.chat import ChatTemplateError
     from ..runtime.config import ConfigError
 
+    suffix_file = given_suffix_file(suffix_file, old_suffix_file)
     prompts = list(prompts) + (read_prompts(prompt_file) if prompt_file else [])
     if not prompts:
         raise click.UsageError("give --prompt or --prompt-file")
@@ -90,7 +90,7 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                                   drafter=drafter, stop=tuple(stop), stop_token_ids=stop_token_ids,
                                   confidence_threshold=confidence_threshold, ignore_eos=ignore_eos, exact=exact)
         pipeline = Pipeline.load(directory, provider=provider, threads=threads, remember_costs=remember_costs,
-                                 suffix_cache=suffix_cache, log=lambda message: click.echo(f"warning: {message}", err=True))
+                                 suffix_file=suffix_file, log=lambda message: click.echo(f"warning: {message}", err=True))
         # what is generated from: the prompt texts, or their chat renderings as token ids
         opening = [] if system is None else [{"role": "system", "content": system}]
         inputs = [pipeline.chat_prompt([*opening, {"role": "user", "content": p}]) for p in prompts] if chat else prompts
@@ -121,16 +121,16 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                 {"prompt": i, **d} for i, (prompt, a, b) in enumerate(zip(inputs, plain, results))
                 if (d := pipeline.first_divergence(prompt, a.token_ids, b.token_ids, plain_config)) is not None]
             _comparison(results, plain, config, as_json, divergences)
-        _save_suffix_cache(pipeline)
+        _save_suffix_file(pipeline)
     except (ConfigError, CapacityError, ContractError, ProviderError, EngineInputError, ChatTemplateError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
-def _save_suffix_cache(pipeline) -> None:
+def _save_suffix_file(pipeline) -> None:
     try:
-        pipeline.save_suffix_cache()
+        pipeline.save_suffix_file()
     except OSError as exc:
-        click.echo(f"warning: --suffix-cache: not written ({exc})", err=True)
+        click.echo(f"warning: --suffix-file: not written ({exc})", err=True)
 
 
 def strict_json(value) -> str:

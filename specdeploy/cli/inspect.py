@@ -14,6 +14,7 @@ from rich.text import Text
 from ..doctor import described
 from ..files import FileRefused, open_regular
 from ..reports.graph import graph_summary
+from ..values import short
 from .common import human, read_manifest
 
 SHOWN_FILES = 50  # rows of the files table; --json lists them all
@@ -40,7 +41,7 @@ def inspect(directory, as_json):
             try:
                 graphs[role] = graph_summary(directory / spec.file)
             except Exception as exc:  # onnx's own errors for a truncated or foreign file; FileRefused if swapped
-                unreadable[spec.file] = f"not a readable ONNX graph ({type(exc).__name__}: {str(exc)[:120]})"
+                unreadable[spec.file] = f"not a readable ONNX graph ({type(exc).__name__}: {short(str(exc), 120, quoted=False)})"
     if as_json:
         data = json.loads(manifest.to_json())
         data["file_sizes"] = sizes

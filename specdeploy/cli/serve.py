@@ -18,7 +18,8 @@ import click
 from ..engines.ort import PROVIDERS
 from ..runtime.prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from ..runtime.suffix_store import BYTES_PER_TOKEN_IN_MEMORY, DEFAULT_SCOPES, DEFAULT_TOKENS, max_tokens_for
-from .common import speculation_options, threads_option
+from ..values import short
+from .common import given_suffix_file, speculation_options, suffix_file_option, threads_option
 from .settings import check_environment, networks_form, origins_form, root_path_form, text_setting
 
 TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a template
@@ -79,10 +80,9 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
               help="Whose earlier answers a request drafts from, and whose texts' K/V it reuses: those under its own "
                    "API key (the bearer token it sends), everyone's (global), or none but its own text. Neither "
                    "changes a text; their speed could tell one client what another's held (docs/serving.md).")
-@click.option("--suffix-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Keep the suffix indexes in this file: loaded at start, written atomically when the server stops "
-                   "(through a symlink, to the file it names). A corrupt, foreign or oversized file is refused in one "
-                   "line, left as it is and never written: the server starts empty and saves nothing.")
+@suffix_file_option("Keep the suffix indexes in this file: loaded at start, written atomically when the server stops "
+                    "(through a symlink, to the file it names). A corrupt, foreign or oversized file is refused in one "
+                    "line, left as it is and never written: the server starts empty and saves nothing.")
 @click.option("--suffix-tokens", type=click.IntRange(min=1, max=max_tokens_for(DEFAULT_SCOPES)), default=DEFAULT_TOKENS,
               show_default=True,
               help=f"Tokens each scope's suffix index keeps at most (the least recently used texts go first); an index "
@@ -99,7 +99,8 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
           prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, exact, max_body_bytes, api_key,
           chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins, forwarded_allow_ips, drain_seconds,
-          access_log, template_seconds, suffix_scope, suffix_cache, suffix_tokens, prefix_cache_bytes, ray_replicas):
+          access_log, template_seconds, suffix_scope, suffix_file, old_suffix_file, suffix_tokens, prefix_cache_bytes,
+          ray_replicas):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
     not), /v1/models, /health (readiness), /health/live and /metrics."""
     try:
@@ -115,6 +116,7 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     from ..serve.scheduler import Scheduler, context_slots
 
     check_environment("SPECDEPLOY_CACHE")
+    suffix_file = given_suffix_file(suffix_file, old_suffix_file)
     if bool(ssl_keyfile) != bool(ssl_certfile):
         raise click.ClickException("--ssl-keyfile and --ssl-certfile: got one of them; expected both, or neither")
     root_path = root_path or ""
@@ -123,11 +125,11 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
         config = GenerationConfig(k=k, policy=policy, drafter=drafter, confidence_threshold=confidence_threshold,
                                   exact=exact)
         store = SuffixStore(max_tokens=suffix_tokens)
-        pipeline = Pipeline.load(directory, provider=provider, threads=threads, suffix_cache=suffix_cache,
+        pipeline = Pipeline.load(directory, provider=provider, threads=threads, suffix_file=suffix_file,
                                  suffix_store=store, log=lambda message: click.echo(f"warning: {message}", err=True),
                                  prefix_cache_bytes=prefix_cache_bytes)
-        pipeline.drafter_for(config)  # a drafter that needs a draft model the artifact lacks: refused now
-        pipeline.check_mode(config)  # exact mode on a target that cannot give it: likewise
+        pipeline.check_config(config)  # a drafter that needs a draft model the artifact lacks, exact mode where the
+        # target cannot give it: refused now
         if chat_template is not None:
             pipeline.chat_template = _chat_template(pipeline.chat_template, chat_template)
         context = context_slots(pipeline, context, config.max_drafts)
@@ -171,17 +173,17 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
         server.run(sockets=[socket])
     finally:
         scheduler.stop()
-        _save_suffix_cache(pipeline)
+        _save_suffix_file(pipeline)
     if server.cut_short:  # a second signal: the requests still open were cut, not drained
         sys.exit(1)
 
 
-def _save_suffix_cache(pipeline) -> None:
-    """--suffix-cache: the indexes written on the way out; a failure to write is told, never a traceback."""
+def _save_suffix_file(pipeline) -> None:
+    """--suffix-file: the indexes written on the way out; a failure to write is told, never a traceback."""
     try:
-        path = pipeline.save_suffix_cache()
+        path = pipeline.save_suffix_file()
     except OSError as exc:
-        click.echo(f"warning: --suffix-cache: not written ({exc})", err=True)
+        click.echo(f"warning: --suffix-file: not written ({exc})", err=True)
         return
     if path is not None:
         click.echo(f"suffix indexes written to {path}", err=True)
@@ -195,9 +197,9 @@ def _origins(given: tuple[str, ...]) -> list[str]:
             try:
                 parsed = json.loads(value)
             except ValueError as exc:
-                raise click.ClickException(f"--allowed-origins: got {value[:60]!r}; expected a JSON list of origins") from exc
+                raise click.ClickException(f"--allowed-origins: got {short(value)}; expected a JSON list of origins") from exc
             if not isinstance(parsed, list) or not all(isinstance(o, str) for o in parsed):
-                raise click.ClickException(f"--allowed-origins: got {value[:60]!r}; expected a JSON list of strings")
+                raise click.ClickException(f"--allowed-origins: got {short(value)}; expected a JSON list of strings")
             origins += parsed
         else:
             origins += [o.strip() for o in value.split(",") if o.strip()]
@@ -225,7 +227,7 @@ def _chat_template(artifact, value: str):
     elif "{{" in value or "{%" in value:
         text = value
     else:
-        raise ConfigError(f"--chat-template: got {value[:80]!r}; expected a template file, or a Jinja template")
+        raise ConfigError(f"--chat-template: got {short(value, 80)}; expected a template file, or a Jinja template")
     try:
         Environment().parse(text)  # parsing runs none of the template: safe here, and its errors are the clearest
     except TemplateSyntaxError as exc:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 import click
 from click.core import ParameterSource
 
+from ..values import short
+
 ORIGIN = re.compile(r"\*|[a-z][a-z0-9+.\-]*://[^/\s]+")  # scheme://host[:port], no path; or '*'
 ROOT_PATH = re.compile(r"(/[^/\s]+)+")  # /a/b: a leading slash, none trailing
 
@@ -38,7 +40,7 @@ def _text_problem(value: str, secret: bool) -> str | None:
                 "expected the value alone")
     bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
     if bad is not None:
-        where = "" if secret else f" in {value[:40]!r}"
+        where = "" if secret else f" in {short(value, 40)}"
         return f"got a control character (U+{ord(bad):04X}){where}; expected printable text"
     return None
 
@@ -78,7 +80,7 @@ def check_environment(*names: str) -> None:
 def root_path_form(value: str) -> str | None:
     if ROOT_PATH.fullmatch(value):
         return None
-    return f"got {value[:80]!r}; expected a path prefix such as '/llm' (a leading slash, none trailing)"
+    return f"got {short(value, 80)}; expected a path prefix such as '/llm' (a leading slash, none trailing)"
 
 
 def origins_form(value: str) -> str | None:
@@ -87,7 +89,7 @@ def origins_form(value: str) -> str | None:
         return None
     for origin in value.split(","):
         if not ORIGIN.fullmatch(origin.strip()):
-            return f"got the origin {origin.strip()[:80]!r}; expected scheme://host[:port] without a path, or '*'"
+            return f"got the origin {short(origin.strip(), 80)}; expected scheme://host[:port] without a path, or '*'"
     return None
 
 
@@ -100,5 +102,5 @@ def networks_form(value: str) -> str | None:
         try:
             ipaddress.ip_network(item, strict=False)
         except ValueError:
-            return f"got {item[:80]!r}; expected IP addresses or networks (CIDR) separated by commas, or '*'"
+            return f"got {short(item, 80)}; expected IP addresses or networks (CIDR) separated by commas, or '*'"
     return None

@@ -15,6 +15,7 @@ from functools import cached_property
 import numpy as np
 
 from ..contract import PREFILL_CHUNK, ModelSpec
+from ..values import is_integer, short
 from .memory import NUMPY_DTYPES, address, copy_prefixes, describe, on_host, settle
 
 
@@ -270,10 +271,8 @@ class Engine(ABC):
     def _checked_widths(self, widths, batch: int, tokens: int) -> list[int]:
         # a sequence of integers only: a dict would give its keys, a bool would pass as width 1
         given = list(widths) if isinstance(widths, (list, tuple, np.ndarray)) and np.ndim(widths) == 1 else None
-        if given is None or len(given) != batch or any(
-                isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)) or not 1 <= w <= tokens
-                for w in given):
-            shown = (describe(widths) if isinstance(widths, np.ndarray) else f"{type(widths).__name__} {repr(widths)[:40]}"
+        if given is None or len(given) != batch or any(not is_integer(w) or not 1 <= w <= tokens for w in given):
+            shown = (describe(widths) if isinstance(widths, np.ndarray) else f"{type(widths).__name__} {short(widths, 40)}"
                      if given is None else repr(given) if len(given) <= 16 else f"{len(given)} values")
             raise EngineInputError(f"{self.spec.role}: widths | received {shown}; expected {batch} integers in "
                                    f"[1, {tokens}] (each row's tokens that matter)")

@@ -17,6 +17,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from ..values import short
+
 PLAIN = -1  # ONNX Runtime's gpu_graph_id for "run without capturing or replaying"
 GRAPH_LIMIT = 256  # captured graphs per engine: each keeps its own launch parameters (host memory) for the session's life
 
@@ -44,7 +46,7 @@ class GraphIds:
         """A capture failed while running: no further ids (the session's calls run plainly from now on), said once."""
         if not self.refused:
             warnings.warn(f"{self.where}: ONNX Runtime could not capture a CUDA graph ({type(exc).__name__}: "
-                          f"{str(exc).strip()[:300]}); running without CUDA graphs", stacklevel=4)
+                          f"{short(str(exc).strip(), 300, quoted=False)}); running without CUDA graphs", stacklevel=4)
         self.refused = True
 
 
@@ -67,6 +69,6 @@ def open_session(create: Callable[[bool], object], graphs: bool, where: str):
         return create(True), True
     except Exception as exc:
         session = create(False)
-        warnings.warn(f"{where}: ONNX Runtime refuses CUDA graphs for this graph ({str(exc).strip()[:300]}); "
+        warnings.warn(f"{where}: ONNX Runtime refuses CUDA graphs for this graph ({short(str(exc).strip(), 300, quoted=False)}); "
                       "running without them", stacklevel=3)
         return session, False

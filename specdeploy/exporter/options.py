@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..contract import DTYPES, GRAPH_FORMS, WEIGHT_FORMATS
+from ..values import is_integer
 from .errors import ExportError
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits block sizes
@@ -45,10 +46,10 @@ class ExportOptions:
         _one_of("graph", self.graph, GRAPH_FORMS)
         _one_of("block_size", self.block_size, BLOCK_SIZES)
         _one_of("accuracy_level", self.accuracy_level, ACCURACY_LEVELS)
-        if self.capacity is not None and (not _is_int(self.capacity) or self.capacity < 2):
+        if self.capacity is not None and (not is_integer(self.capacity) or self.capacity < 2):
             raise ExportError(f"capacity: got {self.capacity!r}; expected an integer >= 2, or None (the model's "
                               "max_position_embeddings, at most 2048)")
-        if self.draft_vocab is not None and (not _is_int(self.draft_vocab) or self.draft_vocab < 1):
+        if self.draft_vocab is not None and (not is_integer(self.draft_vocab) or self.draft_vocab < 1):
             raise ExportError(f"draft_vocab: got {self.draft_vocab!r}; expected a positive integer, or None (the whole "
                               "vocabulary)")
         for name, value, expected in (("isolate", self.isolate, (True, False, None)), ("force", self.force, (True, False))):
@@ -89,10 +90,6 @@ class Form:
     int4: tuple[int, int] | None = None
     vocab_kept: int | None = None  # a draft's head cut to the first tokens (``draft_vocab``)
     dtype: str = "float32"  # what a fused graph is written in (an explicit graph is traced in float32)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _one_of(name: str, value, choices: tuple, also: str = "") -> None:

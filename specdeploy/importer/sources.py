@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..contract import DTYPES, ImportedIO
 from ..files import MAX_JSON_BYTES, FileMissing, FileRefused, read_regular
+from ..values import is_integer, short
 
 ONNX_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32"}
 
@@ -63,15 +64,15 @@ def _json(path: Path) -> dict:
 
 def _number(data: dict, name: str, where: str) -> int:
     value = data.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ImportRefused(f"{where}: {name} must be a positive integer, got {value!r}")
+    if not is_integer(value) or value <= 0:
+        raise ImportRefused(f"{where}: {name} must be a positive integer, got {short(value)}")
     return value
 
 
 def _eos(value, where: str) -> tuple[int, ...]:
     ids = value if isinstance(value, list) else [] if value is None else [value]
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ImportRefused(f"{where}: eos_token_id must be a token id or a list of them, got {value!r}")
+    if not all(is_integer(i) and i >= 0 for i in ids):
+        raise ImportRefused(f"{where}: eos_token_id must be a token id or a list of them, got {short(value)}")
     return tuple(ids)
 
 

@@ -26,7 +26,7 @@ from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.registry import DRAFTERS, POLICIES
 from ..runtime.suffix import SuffixIndex
 from ..runtime.suffix_store import DEFAULT_SEQUENCES, DEFAULT_TOKENS
-from ..runtime.telemetry import CycleRecord, acceptance_by_position, mean_accepted_length, time_split
+from ..runtime.telemetry import CycleRecord, acceptance_by_position, mean_accepted_length, time_split, upgraded
 from ..workloads import Prompt
 from .analytic import predicted_speedup
 
@@ -176,7 +176,8 @@ class RecordsError(ValueError):
 
 
 def read_records(path: Path) -> list[dict]:
-    """The records ``bench`` wrote to ``path``, one JSON object a line; RecordsError names a bad line."""
+    """The records ``bench`` wrote to ``path``, one JSON object a line; RecordsError names a bad line. A cycle line
+    written before 0.5 is read under its fields' new names (``telemetry.upgraded``)."""
     records = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
@@ -187,7 +188,7 @@ def read_records(path: Path) -> list[dict]:
             raise RecordsError(f"{path}:{number}: not a bench record ({type(exc).__name__})") from exc
         if not isinstance(record, dict) or "type" not in record:
             raise RecordsError(f"{path}:{number}: not a bench record (expected a JSON object with a 'type')")
-        records.append(record)
+        records.append(upgraded(record) if record["type"] == "cycle" else record)
     return records
 
 
@@ -213,11 +214,10 @@ def _summarize_segment(lines: list[dict]) -> dict:
     runs, cycles = defaultdict(list), defaultdict(list)
     for line in lines:
         (runs if line["type"] == "run" else cycles)[line["config"]].append(line)
-    field_names = CycleRecord._fields
     out = {}
     for config, config_runs in runs.items():
         baseline, reference = config_runs[0]["baseline"], config_runs[0].get("reference", config_runs[0]["baseline"])
-        records = [CycleRecord(**{k: v for k, v in c.items() if k in field_names}) for c in cycles[config]]
+        records = [CycleRecord.from_dict(c) for c in cycles[config]]
         speedups = _speedups(config_runs, runs[baseline])
         split = time_split(records)
         total_time = sum(split.values()) or 1.0
@@ -280,11 +280,11 @@ def _per_repeat_rates(runs: list[dict]) -> dict[int, float]:
 
 def _prediction(entry: dict, cycles: list[dict], baseline_cycles: list[dict]) -> dict:
     """The analytic model's speedup from this configuration's measured rates and costs."""
-    drafted = [c for c in cycles if c["k"] > 0]
+    drafted = [c for c in cycles if c["drafted"] > 0]
     if not drafted or not baseline_cycles:
         return {"predicted_speedup": 1.0 if entry["k"] == 0 else float("nan"), "efficiency": float("nan")}
-    k = round(statistics.fmean(c["k"] for c in drafted))
-    draft_step = sum(c["draft_s"] for c in drafted) / sum(c["k"] for c in drafted)
+    k = round(statistics.fmean(c["drafted"] for c in drafted))
+    draft_step = sum(c["draft_s"] for c in drafted) / sum(c["drafted"] for c in drafted)
     verify = statistics.fmean(c["verify_s"] for c in drafted)
     plain_step = statistics.fmean(c["verify_s"] for c in baseline_cycles)
     rates = (entry["acceptance_by_position"] + [0.0] * k)[:k]

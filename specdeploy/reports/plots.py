@@ -69,7 +69,7 @@ def _accepted_length(ax, records: list[dict]) -> None:
     """A histogram of the tokens each drafted cycle committed, per configuration."""
     lengths = defaultdict(list)
     for r in records:
-        if r["k"] > 0:
+        if r["drafted"] > 0:
             lengths[r["config"]].append(r["accepted"] + 1)
     if lengths:
         top = max(max(v) for v in lengths.values())

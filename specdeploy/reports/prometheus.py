@@ -32,16 +32,20 @@ class SpecDecodingMetrics:
                                registry=registry)
         self.accepted = Counter("accepted_tokens", "Draft tokens accepted, by 1-based draft position",
                                 ["position"], namespace=namespace, registry=registry)
-        self.emitted = Counter("emitted_tokens", "Tokens committed to outputs", namespace=namespace, registry=registry)
+        self.committed = Counter("committed_tokens", "Tokens committed to outputs", namespace=namespace,
+                                 registry=registry)
+        # the same count under its name before 0.5, kept for dashboards that read it
+        self.emitted = Counter("emitted_tokens", "Deprecated: committed_tokens", namespace=namespace, registry=registry)
         self.phase = Histogram("cycle_phase_seconds", "Time per cycle and row in each phase", ["phase"],
                                namespace=namespace, registry=registry, buckets=BUCKETS)
 
     def observe(self, record: CycleRecord) -> None:
         self.cycles.inc()
-        self.drafted.inc(record.k)
+        self.drafted.inc(record.drafted)
         for position in range(1, record.accepted + 1):
             self.accepted.labels(position=str(min(position, self.max_positions))).inc()
-        self.emitted.inc(record.emitted)
+        self.committed.inc(record.committed)
+        self.emitted.inc(record.committed)
         for phase in PHASES:
             self.phase.labels(phase=phase).observe(getattr(record, f"{phase}_s"))
 

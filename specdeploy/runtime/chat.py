@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..contract import ContractError
 from ..files import MAX_JSON_BYTES, read_regular
+from ..values import short
 from .config import ConfigError, check_unicode
 
 MAX_MESSAGES = 1024
@@ -156,7 +157,7 @@ def _template(value, source: str) -> tuple[str | None, list[str]]:
         if not all(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
                    for t in value):
             raise ContractError(f"{source}: chat_template: expected a string or a list of {{'name': str, 'template': "
-                                f"str}}, got {str(value)[:80]!r}")
+                                f"str}}, got {short(value, 80)}")
         value = {t["name"]: t["template"] for t in value}
     if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         return value.get(DEFAULT_TEMPLATE), sorted(value)
@@ -182,7 +183,7 @@ def _checked(messages) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
                 or not isinstance(message.get("content"), str):
-            raise ConfigError(f"messages[{i}]: got {str(message)[:60]!r}; expected {{'role': str, 'content': str}}")
+            raise ConfigError(f"messages[{i}]: got {short(message)}; expected {{'role': str, 'content': str}}")
         for key, value in message.items():
             if isinstance(value, str):
                 check_unicode(value, f"messages[{i}].{key}")

@@ -26,9 +26,15 @@ import sys
 from datetime import datetime
 
 if __package__:
-    from .shorten import short
-else:  # run as a script, as ``chat`` starts it: its directory is first on sys.path
-    from shorten import short
+    from ..values import is_integer, short
+else:  # run as a script, as ``chat`` starts it: the package's values module by its file, the package not imported
+    import importlib.util
+    from pathlib import Path
+
+    _spec = importlib.util.spec_from_file_location("_values", Path(__file__).resolve().parents[1] / "values.py")
+    _values = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_values)
+    is_integer, short = _values.is_integer, _values.short
 
 MEMORY_BYTES = 2 * 2**30  # address space: far above what jinja2 and the interpreter need, far below a runaway's
 MAX_INT_BITS = 2**16  # integers a template computes: a tower of powers would take minutes and the memory
@@ -92,14 +98,14 @@ def environment(max_chars: list[int]):
 def _check_binop(operator: str, left, right, max_chars: int) -> None:
     """Refuse (OverflowError) a ``**`` or ``*`` whose result would pass the bounds: ``MAX_INT_BITS`` for integers,
     ``max_chars`` items for a repeated string or list."""
-    if operator == "**" and _integer(left) and _integer(right) and right > 0 and abs(left) > 1 \
+    if operator == "**" and is_integer(left) and is_integer(right) and right > 0 and abs(left) > 1 \
             and right * math.log2(abs(left)) > MAX_INT_BITS:
         raise OverflowError(f"{short(left, 40)} ** {short(right, 40)} has more than {MAX_INT_BITS} bits")
     if operator == "*":
-        if _integer(left) and _integer(right) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+        if is_integer(left) and is_integer(right) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
             raise OverflowError(f"a product of more than {MAX_INT_BITS} bits")
         sized, times = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
-        if isinstance(sized, (str, list, tuple)) and _integer(times) and len(sized) * times > max_chars:
+        if isinstance(sized, (str, list, tuple)) and is_integer(times) and len(sized) * times > max_chars:
             raise OverflowError(f"{type(sized).__name__} of {len(sized):,} repeated {times:,} times: over "
                                 f"{max_chars:,} items")
 
@@ -155,10 +161,6 @@ def main() -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
-
-
-def _integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..values import is_integer, short
 from .errors import ConfigError
-from .shorten import short
 
 INT64_MAX = 2**63 - 1
 # the draft-length policies and the drafters a config may name (``registry`` makes each; a test holds the two equal)
@@ -179,11 +179,6 @@ def _checked_stop_ids(ids) -> tuple[int, ...]:
     if not isinstance(ids, (list, tuple)) or any(not is_integer(t) or not 0 <= t <= INT64_MAX for t in ids):
         raise ConfigError(f"stop_token_ids: got {ids!r}; expected a list of non-negative integers")
     return tuple(int(t) for t in ids)
-
-
-def is_integer(value) -> bool:
-    """A Python or NumPy integer, not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def _is_number(value) -> bool:

@@ -10,7 +10,7 @@ lookup (``next_k(lookup=True)``). Before the draft model drafts, it may have a p
 re-measures now and then from one exploration budget: a share of the time decoded without that source, halved
 each time a "no" is confirmed.
 
-Each estimate is a pure function below; ``tools/replay.py`` judges the whole on recorded traces.
+Each step of the pricing is a pure function below; ``tools/replay.py`` judges the whole on recorded traces.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .policies import CycleOutcome, Policy
 PRIOR = 0.7  # acceptance a position is assumed to have before the text has shown its own ...
 PRIOR_WEIGHT = 4.0  # ... worth this many verified drafts: one rejected first draft must not end drafting for good
 DECAY = 0.97  # per cycle, what a text accepted weighs less: a text changes as it goes (a translation's opening words)
-BLEND = 0.1  # of each new measurement of a cost, what enters its estimate: costs drift slowly (load, cache growth)
+BLEND = 0.1  # of each new measurement of a cost, what enters its running value: costs drift slowly (load, cache growth)
 EXPLORE_SHARE = 0.05  # of the time decoded without a source, at most this spent re-measuring it; halved per "no"
 # a suffix index's estimate of a draft, in buckets (upper edges) that each learn how often the target keeps one
 ESTIMATE_EDGES = (0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95)
@@ -50,19 +50,19 @@ class Costs:
         table[key] = seconds if key not in table else (1 - BLEND) * table[key] + BLEND * seconds
 
     def verify_cost(self, batch: int, tokens: int) -> float | None:
-        """A target call of ``tokens`` a row at ``batch`` rows (``estimate``); None: nothing measured."""
-        return estimate(self.verify, batch, tokens)
+        """A target call of ``tokens`` a row at ``batch`` rows (``call_seconds``); None: nothing measured."""
+        return call_seconds(self.verify, batch, tokens)
 
     def draft_cost(self, batch: int, k: int) -> float | None:
         """The draft calls of a cycle of ``k`` drafts: a first call of two tokens, then k - 1 of one."""
         if k == 0:
             return 0.0
-        first, later = estimate(self.draft, batch, 2), estimate(self.draft, batch, 1)
+        first, later = call_seconds(self.draft, batch, 2), call_seconds(self.draft, batch, 1)
         return None if first is None else first + (k - 1) * later
 
     def catchup_cost(self, batch: int, tokens: int) -> float | None:
         """The draft catching up on ``tokens`` (all ``batch`` rows together), as one call of their share a row."""
-        return estimate(self.draft, batch, max(1, -(-tokens // batch)))
+        return call_seconds(self.draft, batch, max(1, -(-tokens // batch)))
 
     def to_dict(self) -> dict:
         return {name: [[b, t, v] for (b, t), v in sorted(table.items())]
@@ -87,7 +87,7 @@ class Costs:
         return cls(*tables)
 
 
-def estimate(table: dict[tuple[int, int], float], batch: int, tokens: int) -> float | None:
+def call_seconds(table: dict[tuple[int, int], float], batch: int, tokens: int) -> float | None:
     """A call of ``tokens`` a row at ``batch`` rows: measured, else a line through the sizes measured at that batch,
     else the nearest batch's line with calls of several tokens scaled by the rows (the fused form runs such a batch
     row by row: the dearest it can be), at this batch's level where it has one size measured. None: nothing measured."""
@@ -103,7 +103,7 @@ def estimate(table: dict[tuple[int, int], float], batch: int, tokens: int) -> fl
     nearest = min(shaped, key=lambda b: (abs(b - batch), b))
 
     def scaled(t: int) -> float:
-        return estimate(table, nearest, t) * (batch / nearest if t > 1 else 1.0)
+        return call_seconds(table, nearest, t) * (batch / nearest if t > 1 else 1.0)
 
     (t0, v0), = own.items() if own else ((1, scaled(1)),)
     return scaled(tokens) * v0 / scaled(t0)
@@ -247,9 +247,10 @@ class CostPolicy(Policy):
             return
         estimates = outcome.estimates or [None] * len(outcome.drafted)
         self._calibrate([(e, n) for e, n in zip(estimates, outcome.accepted) if e])
-        for source, by_lookup in zip(SOURCES, (False, True)):
-            rows = [(d, n) for d, n, lookup, e in zip(outcome.drafted, outcome.accepted, outcome.lookup, estimates)
-                    if d and lookup == by_lookup and not e]
+        # the model's rows drafted by calls; prompt lookup's are the free rows without estimates (an index's have them)
+        for source, free_rows in zip(SOURCES, (False, True)):
+            rows = [(d, n) for d, n, free, e in zip(outcome.drafted, outcome.accepted, outcome.free, estimates)
+                    if d and free == free_rows and not e]
             self._count(source, rows)  # plain cycles too: a refused source is forgotten as the text moves on
             if not rows:  # time this source did not draft: a share of it pays for re-measuring it
                 self.budget[source] += self.share[source] * outcome.verify_seconds

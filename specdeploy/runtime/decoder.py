@@ -6,15 +6,14 @@ the draft model, by prompt lookup or a suffix index), the drafter proposes d_1..
 state commits them; each cache's past_len moves to what it has seen of the new prefix (rollback moves a length).
 Rows accept different numbers of tokens in the same call; finished rows leave the batch.
 
-Glossary (one meaning each):
-- *request*: a prompt and its answer, one ``rows.Request`` record (result, settings, stop ids, generator, noise) at its
-  *request index* in ``requests``; ``rows`` lists their results (``RowResult``) by that index.
-- *row* b: a request's place in the batch now (``active[b]``: its request index); ``batch``: how many rows.
+The words mean one thing each (docs/runtime.md's glossary has them all); those of this module:
+- *request*: a prompt and its answer, one ``rows.Request`` record at its *request number* in ``requests``; ``results``
+  lists their results (``RowResult``) by that number.
+- *row* b: a request's place in the batch now (``active[b]``: its request number); ``batch``: how many rows.
 - *committed length* L_b (``lengths``): a row's committed tokens, prompt included; a cache's ``past_len``: the prefix
   of them it holds (the target's L_b - 1 between cycles); the draft's *lag* (``Drafter.behind``): what it lacks.
-- *k*: the most drafts a row may have (batch, row or policy); *drafted* (a record's ``k``): the drafts it proposed.
-- *emitted*: the n + 1 tokens acceptance gives a row; *committed*: those it keeps (cut at a stop), a record's
-  ``emitted`` their count.
+- *k*: the most drafts a row may have (batch, row or policy); *drafted*: the drafts it had in a cycle.
+- *emitted*: the n + 1 tokens acceptance gives a row; *committed*: those it keeps (cut at a stop).
 
 Bookkeeping runs on Python ints: each distinct NumPy routine costs microseconds (``tools/bench_overhead.py``).
 """
@@ -24,6 +23,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -43,7 +43,7 @@ from .telemetry import CycleRecord, FinalToken, FinishReason
 
 # () -> (rows about to join: a server's staged and queued requests, tokens the draft lacks of them, tokens to come)
 Joining = Callable[[], tuple[int, int, int]]
-# (logits [batch, K + 1, vocab] of a verification, (request index, tokens) each row committed), after the commit and
+# (logits [batch, K + 1, vocab] of a verification, (request number, tokens) each row committed), after the commit and
 # before the next call reuses the buffer: token j of row b was drawn from logits[b, j]
 Verified = Callable[[np.ndarray, list[tuple[int, list[int]]]], None]
 
@@ -95,10 +95,10 @@ class BatchState(Roster):
         """Row b keeps its first accepted[b] drafts and emits emitted[b][accepted[b]] after them.
 
         Tokens past EOS, ``max_new_tokens`` (``left[b]``) or a stop string are cut, and the row's
-        finish reason is set. Returns (request index, committed tokens) per row and the rows that finished.
+        finish reason is set. Returns (request number, committed tokens) per row and the rows that finished.
         """
         committed, finished = [], []
-        for b, (index, request, n) in enumerate(zip(self.active, self.live, accepted)):
+        for b, (number, request, n) in enumerate(zip(self.active, self.live, accepted)):
             at = self.lengths[b] + n  # the target has seen x[0:L] and n drafts; the next token follows them
             self.tokens[b, at] = emitted[b][n]
             self.lengths[b] = at + 1
@@ -106,7 +106,7 @@ class BatchState(Roster):
                 request.noise = {position: noise for position, noise in request.noise.items() if position > at}
             row, new = request.result, _truncate(request, emitted[b][: n + 1], left[b])
             row.token_ids += new
-            committed.append((index, new))
+            committed.append((number, new))
             if row.finish_reason:
                 finished.append(b)
         return committed, finished
@@ -141,7 +141,7 @@ def one_thread(method):
 class Generation:
     """One batch of requests in flight: ``step()`` runs one cycle (after ``prefill()``) and reports what each row
     committed; the rows' caches (``caches``) follow the batch state's rows. A front end gives its policy and listeners
-    at construction and uses ``step``, ``done``, ``rows``, ``in_flight``, ``outlook``, ``prefill_chunk``, ``join``,
+    at construction and uses ``step``, ``done``, ``results``, ``in_flight``, ``outlook``, ``prefill_chunk``, ``join``,
     ``merge``, ``cancel``, ``release`` and ``fail_all``; the next cycle asks whichever ``policy`` is set."""
 
     def __init__(self, target: Engine, drafter: Drafter, policy: Policy, config: GenerationConfig,
@@ -166,13 +166,13 @@ class Generation:
         self.joining = joining or (lambda: (0, 0, 0))
         self.on_verified = on_verified
 
-    rows = property(lambda self: self.state.rows)  # list[RowResult], by request index (None once released)
-    requests = property(lambda self: self.state.requests)  # list[Request], by request index (None once released)
+    results = property(lambda self: self.state.results)  # list[RowResult], by request number (None once released)
+    requests = property(lambda self: self.state.requests)  # list[Request], by request number (None once released)
     done = property(lambda self: not self.state.active)
     batch = property(lambda self: self.state.batch)  # rows in flight
     cache = property(lambda self: self.caches.cache)
     draft_cache = property(lambda self: self.caches.draft_cache)
-    # the active requests, in batch order: (request index, result so far)
+    # the active requests, in batch order: (request number, result so far)
     in_flight = property(lambda self: [(i, request.result) for i, request in zip(self.state.active, self.state.live)])
     tokens = property(lambda self: self.state.tokens)  # these three: views of the state, for tests and tools
     lengths = property(lambda self: np.array(self.state.lengths, np.int64))
@@ -182,9 +182,15 @@ class Generation:
         """(rows, tokens the draft lacks of them: its lag, ``Drafter.behind``; their new tokens still to come)."""
         return self.state.batch, self.drafter.behind(self.state, self.draft_cache), sum(self.state.budgets()[0])
 
-    def release(self, index: int) -> None:
-        """Forget finished request ``index`` once its result has been handed on (``BatchState.release``)."""
-        self.state.release(index)
+    def release(self, number: int) -> None:
+        """Forget finished request ``number`` once its result has been handed on (``BatchState.release``)."""
+        self.state.release(number)
+
+    @property
+    def rows(self) -> list[RowResult | None]:
+        """Deprecated since 0.5 (a row is a request's place in the batch, not its result): ``results``."""
+        warnings.warn("Generation.rows is deprecated: use Generation.results", DeprecationWarning, stacklevel=2)
+        return self.results
 
     def fail_all(self, exc: Exception) -> list[RowResult]:
         """Every active request ends with ``exc`` (a fault outside a cycle's own isolation); returns their results.
@@ -195,7 +201,7 @@ class Generation:
 
     @one_thread
     def step(self) -> list[tuple[int, list[int]]]:
-        """One cycle over the active rows (after the prefill, on the first call): (request index, committed tokens) per
+        """One cycle over the active rows (after the prefill, on the first call): (request number, committed tokens) per
         row. If an engine call fails, the cycle is rolled back (lengths only) and re-run row by row: a fault tied to one
         row fails that row alone (finish_reason "error", its message in ``error``), and the other rows go on."""
         if self.prefill_seconds is None:
@@ -231,7 +237,7 @@ class Generation:
         past_len = [length + n for length, n in zip(state.lengths, accepted)]  # what the target has now seen
         cache.commit(past_len)
         self.drafter.rollback(draft_cache, past_len)
-        self.draft_caught_up = proposal.first_call_tokens > 0 and not any(proposal.lookup)
+        self.draft_caught_up = proposal.first_call_tokens > 0 and not any(proposal.free)
         committed, finished = state.commit(accepted, emitted, left)
         if self.on_verified is not None:
             self.on_verified(verified.logits, committed)
@@ -248,7 +254,7 @@ class Generation:
         if most <= 0:
             return 0, 0
         batch, drafter, policy = len(left), self.drafter, self.policy
-        free = policy.index_k(batch) if drafter.indexes else policy.next_k(batch, lookup=True) if drafter.looks_up else 0
+        free = policy.index_k(batch) if drafter.indexes else policy.next_k(batch, lookup=True) if drafter.finds_free else 0
         k = min(policy.next_k(batch), most) if drafter.uses_model else 0
         behind = drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
         if behind and not self._catchup_pays(batch, behind, sum(left)):
@@ -337,11 +343,11 @@ class Generation:
         self.draft_caught_up = False  # of the rows that joined, it may have seen nothing
 
     @one_thread
-    def cancel(self, index: int) -> None:
-        """Request ``index`` leaves the batch now (finish reason "cancelled"); its cache rows are freed."""
-        if index in self.state.active:
-            self.state.requests[index].result.finish_reason = FinishReason.CANCELLED
-            self.leave([self.state.active.index(index)])
+    def cancel(self, number: int) -> None:
+        """Request ``number`` leaves the batch now (finish reason "cancelled"); its cache rows are freed."""
+        if number in self.state.active:
+            self.state.requests[number].result.finish_reason = FinishReason.CANCELLED
+            self.leave([self.state.active.index(number)])
 
     @one_thread
     def leave(self, finished: list[int]) -> None:
@@ -395,7 +401,7 @@ def _outcome(proposal: Proposal, accepted: list[int], verified: EngineOutput) ->
     """What the policy hears of a cycle: the proposal's rows and draft calls, the drafts each row kept (``accepted``),
     and the target's call over K + 1 tokens a row (``verified``)."""
     return CycleOutcome(batch=len(proposal.drafted), drafted=proposal.drafted, accepted=accepted,
-                        lookup=proposal.lookup, first_call_seconds=proposal.first_call_seconds,
+                        free=proposal.free, first_call_seconds=proposal.first_call_seconds,
                         first_call_tokens=proposal.first_call_tokens, later_call_seconds=proposal.later_call_seconds,
                         later_calls=proposal.later_calls, verify_seconds=verified.seconds,
                         verify_tokens=proposal.drafts.shape[1] + 1, estimates=proposal.estimates)
@@ -409,12 +415,12 @@ def _record(state: BatchState, cycle: int, proposal: Proposal, accepted: list[in
     draft_s, verify_s, accept_s = proposal.seconds / batch, verified.seconds / batch, accept_s / batch
     cache_s = (cache_s + verified.stage_seconds) / batch
     origins = proposal.origins or [None] * batch
-    for drafted, n, lookup, origin, request, (_, new) in zip(proposal.drafted, accepted, proposal.lookup, origins,
+    for drafted, n, free, origin, request, (_, new) in zip(proposal.drafted, accepted, proposal.free, origins,
                                                              state.live, committed):
         row = request.result
         row.decode_seconds = now - row.decode_started
         final = FinalToken.PLAIN if drafted == 0 else (FinalToken.BONUS if n == drafted else FinalToken.RECOVERED)
-        row.records.append(CycleRecord(request_id=row.request_id, cycle=cycle, k=drafted, accepted=n,
-                                       rejected_at=n + 1 if n < drafted else None, final=final, emitted=len(new),
+        row.records.append(CycleRecord(request_id=row.request_id, cycle=cycle, drafted=drafted, accepted=n,
+                                       rejected_at=n + 1 if n < drafted else None, final=final, committed=len(new),
                                        draft_s=draft_s, verify_s=verify_s, accept_s=accept_s, cache_s=cache_s,
-                                       batch_size=batch, lookup=lookup, drafted_from=origin))
+                                       batch_size=batch, free=free, drafted_from=origin))

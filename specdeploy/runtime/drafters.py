@@ -12,7 +12,7 @@ decoder asks the policy how many drafts each source makes and passes the counts,
 2. ``propose(state, cache, k, found, caps)``: the ``Proposal``: a row's found drafts where it has some, and up to
    ``k`` drafts by the draft model for the others (``caps[b]``: row b's own k and tokens left bound both).
 
-What a drafter can do is declared: ``uses_model`` (it has a draft model and its cache), ``looks_up`` (it finds drafts
+What a drafter can do is declared: ``uses_model`` (it has a draft model and its cache), ``finds_free`` (it finds drafts
 without a model call), ``indexes`` (from a suffix index, with estimates). The default, ``HybridDrafter``, is composed
 of a ``SuffixDrafter`` and a ``ModelDrafter``: index drafts where the policy keeps some, the draft model elsewhere.
 """
@@ -41,7 +41,7 @@ class Proposal:
     drafts: np.ndarray  # [batch, width] int64; a model drafter's: a view of its buffer, valid until its next proposal
     q: np.ndarray | None  # [batch, width, vocab] proposal distributions; None: deterministic (one-hot)
     drafted: list[int]  # [batch] drafts row b really has
-    lookup: list[bool] = field(default_factory=list)  # [batch] row b's drafts cost no model call (lookup or index)
+    free: list[bool] = field(default_factory=list)  # [batch] row b's drafts cost no model call (prompt lookup's or an index's)
     seconds: float = 0.0  # drafting: engine calls and their bookkeeping, finding free drafts included
     first_call_seconds: float = 0.0  # the first draft call, which feeds what the draft had not seen
     first_call_tokens: int = 0  # tokens a row that first call fed (the widest row's lag)
@@ -93,7 +93,7 @@ class Drafter:
     """Proposes drafts after each row's committed tokens. Without drafts (``NoDrafter``): plain decoding."""
 
     uses_model = False
-    looks_up = False
+    finds_free = False
     indexes = False
     engine: Engine | None = None  # the draft model, where ``uses_model``
 
@@ -129,7 +129,7 @@ class PromptLookup(Drafter):
     deterministic (q one-hot: sampling verification keeps a draft d with probability p(d)); no estimates, so the
     policy's ``next_k(lookup=True)`` alone sets their number."""
 
-    looks_up = True
+    finds_free = True
 
     def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
         began = time.perf_counter()
@@ -144,7 +144,7 @@ class SuffixDrafter(Drafter):
     drafts are deterministic (q one-hot), and a row's read its own text and its scope alone, never its batch mates'.
     Each row's drafts carry the index's estimate of each, from which the policy prices how many to verify."""
 
-    looks_up = indexes = True
+    finds_free = indexes = True
 
     def __init__(self):
         self._own: dict[int, tuple] = {}  # (a request's result, an index of its text), by id(result)
@@ -272,7 +272,7 @@ class HybridDrafter(Drafter):
     proposal depends on its batch mates'. Without a draft model (a target-only artifact), it drafts from the index
     alone."""
 
-    looks_up = indexes = True
+    finds_free = indexes = True
 
     def __init__(self, index: SuffixDrafter, model: ModelDrafter | None):
         self.index, self.model = index, model
@@ -306,7 +306,7 @@ class HybridDrafter(Drafter):
                 first = 0 if hit else made
                 q[b, np.arange(first, drafts.shape[1]), drafts[b, first:]] = 1.0
         # the model's proposal, its rows merged with the index's: its calls' timings stand for the cycle's
-        modelled.drafts, modelled.q, modelled.drafted, modelled.lookup = drafts, q, drafted, hits
+        modelled.drafts, modelled.q, modelled.drafted, modelled.free = drafts, q, drafted, hits
         modelled.estimates, modelled.origins = found.estimates, found.origins
         modelled.seconds += found.seconds + time.perf_counter() - began
         return modelled

@@ -14,23 +14,23 @@ import numpy as np
 
 from ..contract import PREFILL_CHUNK, Manifest
 from ..engines.base import feed
-from ..engines.even import EvenTokens
+from ..values import is_integer, short
 from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch, plan_capacity, slots_needed
 from .calibration import RememberedCosts, machine_key
 from .chat import ChatTemplate
-from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids, is_integer
+from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids
 from .cost_policy import CostPolicy, Costs
 from .decoder import Generation
 from .divergence import first_divergence
 from .drafters import Drafter
+from .exact import ExactMode, check_exact
 from .policies import CycleOutcome, Policy
 from .prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from .prefix_cache import PrefixCache
 from .registry import policy_of, speculation
 from .results import GenerationError, GenerationResult, StreamChunk
 from .rows import RowResult, RowSettings
-from .shorten import short
 from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
@@ -42,7 +42,18 @@ CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's
 
 
 class Pipeline:
-    """A loaded artifact: tokenizer, target engine and (optionally) draft engine."""
+    """A loaded artifact: tokenizer, target engine and (optionally) draft engine.
+
+    - ``Pipeline.load(dir)``, ``close()`` (or ``with``): open and release the engines.
+    - ``generate(prompts, config)``, ``stream(prompt, config)``, ``chat(messages, config)``: whole requests.
+    - ``start(prompts, config)``: a batch in flight (``Generation``) that a front end steps, joins and merges;
+      ``check_request`` admits one request before it is queued, ``check_config`` its settings alone; ``result``
+      turns a finished row into a ``GenerationResult``; ``policy_for``, ``drafter_for``, ``warm_up``.
+    - ``encode``, ``decode``, ``chat_prompt``: text and token ids; ``cache_bytes``: a batch's KV memory;
+      ``first_divergence``: where two greedy outputs part.
+    - The suffix indexes (``suffix_store``, ``suffix_index``, ``load_suffix_file``, ``save_suffix_file``), the
+      prefix cache (``prefix_cache``) and the engines' cost table (``costs``), shared by its requests.
+    """
 
     def __init__(self, manifest: Manifest, tokenizer, target, draft=None, directory: Path | None = None,
                  max_cache_bytes: int | None = None, chat_template: ChatTemplate | None = None,
@@ -61,14 +72,11 @@ class Pipeline:
         self._remembered = remembered_costs
         # what each call costs on this machine: the engines', so shared by every request's cost policy
         self.costs = (remembered_costs.recall() if remembered_costs else None) or Costs()
-        # exact mode's target: every call padded to an even number of tokens a row (``engines.even``); its calls cost
-        # otherwise (a plain step is a two-token call), so its requests' policies price by a table of their own
-        self.exact_target = EvenTokens(target)
-        self.exact_costs = Costs()
+        self._exact = ExactMode(target)  # exact mode's target and costs (``exact``)
         self._warmed: set[tuple[int, bool]] = set()  # the (k, exact) whose shapes ``warm_up`` has run
         # the texts of the requests this pipeline finished, which later requests draft from (``suffix_index``)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
-        self.suffix_cache: Path | None = None  # where ``save_suffix_cache`` writes (``load(suffix_cache=...)``)
+        self.suffix_file: Path | None = None  # where ``save_suffix_file`` writes (``load(suffix_file=...)``)
         if not is_integer(prefix_cache_bytes) or prefix_cache_bytes < 0:
             raise ConfigError(f"prefix_cache_bytes: got {short(prefix_cache_bytes)}; expected an integer >= 0 (0: none)")
         # the K/V of finished requests' texts, which later prompts of their scope that start alike reuse
@@ -79,8 +87,8 @@ class Pipeline:
     @classmethod
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
              verify_hashes: bool = True, max_cache_bytes: int | None = None, remember_costs: bool = False,
-             suffix_cache: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None,
-             prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES) -> Pipeline:
+             suffix_file: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None,
+             prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES, *, suffix_cache: str | Path | None = None) -> Pipeline:
         """Load an artifact dir written by ``specdeploy export``.
 
         Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
@@ -89,11 +97,12 @@ class Pipeline:
         ``remember_costs`` starts the first request's policy from what the last process measured on this
         artifact, provider and thread count, and keeps what this one measures (``calibration``): for
         short-lived processes such as ``specdeploy generate``; a long-lived one learns them in its first request.
-        ``suffix_cache``: a file of earlier requests' texts to draft from (``save_suffix_cache`` writes it); one that
+        ``suffix_file``: a file of earlier requests' texts to draft from (``save_suffix_file`` writes it); one that
         is corrupt, too large or for another tokenizer is refused in one line (``log``, default: a warning) and the
         pipeline starts with an empty index. ``suffix_store``: the indexes to use (bounds, scopes).
         ``prefix_cache_bytes``: memory for finished requests' K/V, which later prompts of the same suffix-index scope
-        that start alike reuse instead of prefilling (``PrefixCache``; 0: none).
+        that start alike reuse instead of prefilling (``PrefixCache``; 0: none). ``suffix_cache``: ``suffix_file``'s
+        name before 0.5 (deprecated).
         """
         threads = checked_threads(threads)  # before any work: too many abort the process inside ONNX Runtime
         directory = Path(directory)
@@ -102,7 +111,14 @@ class Pipeline:
         pipeline = cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered, suffix_store,
                        prefix_cache_bytes)
         if suffix_cache is not None:
-            pipeline.load_suffix_cache(suffix_cache, log)
+            if suffix_file is not None:
+                raise ConfigError("suffix_cache: got it with suffix_file; expected one (suffix_cache is the deprecated "
+                                  "name of suffix_file)")
+            warnings.warn("Pipeline.load(suffix_cache=...) is deprecated: use suffix_file=", DeprecationWarning,
+                          stacklevel=2)
+            suffix_file = suffix_cache
+        if suffix_file is not None:
+            pipeline.load_suffix_file(suffix_file, log)
         return pipeline
 
     @property
@@ -114,12 +130,12 @@ class Pipeline:
     def _forget_scope(self, scope: str) -> None:
         self.prefix_cache.forget(scope)
 
-    def load_suffix_cache(self, path: str | Path, log=None) -> int:
-        """Add the texts of the suffix index file at ``path`` (written by ``save_suffix_cache``) to this pipeline's
+    def load_suffix_file(self, path: str | Path, log=None) -> int:
+        """Add the texts of the suffix index file at ``path`` (written by ``save_suffix_file``) to this pipeline's
         indexes, and save there from now on (a missing file is created then); returns the sequences read. A refused
         file is told in one line to ``log`` (default: ``warnings.warn``), leaves the indexes as they were, and is never
         written: it is the user's (a larger index, another artifact's, a file named by mistake), so this pipeline's
-        index is saved nowhere unless ``save_suffix_cache`` is given a path."""
+        index is saved nowhere unless ``save_suffix_file`` is given a path."""
         spec = self.target.spec
         try:
             read = self.suffix_store.load(Path(path), spec.tokenizer_fingerprint, spec.vocab_size)
@@ -127,17 +143,27 @@ class Pipeline:
             (log or (lambda message: warnings.warn(message, stacklevel=3)))(
                 f"{exc}; starting with an empty index, which will not be saved ({path} is left as it is)")
             return 0
-        self.suffix_cache = Path(path)
+        self.suffix_file = Path(path)
         return read
 
-    def save_suffix_cache(self, path: str | Path | None = None) -> Path | None:
+    def save_suffix_file(self, path: str | Path | None = None) -> Path | None:
         """Write the suffix indexes to ``path`` (default: the file they were loaded from), atomically; None when
         there is nowhere to write."""
-        path = Path(path) if path is not None else self.suffix_cache
+        path = Path(path) if path is not None else self.suffix_file
         if path is not None:
             spec = self.target.spec
             self.suffix_store.save(path, spec.tokenizer_fingerprint, spec.vocab_size)
         return path
+
+    def load_suffix_cache(self, path: str | Path, log=None) -> int:
+        """Deprecated since 0.5 (the file is a suffix index's, no cache's): ``load_suffix_file``."""
+        warnings.warn("Pipeline.load_suffix_cache is deprecated: use load_suffix_file", DeprecationWarning, stacklevel=2)
+        return self.load_suffix_file(path, log)
+
+    def save_suffix_cache(self, path: str | Path | None = None) -> Path | None:
+        """Deprecated since 0.5 (the file is a suffix index's, no cache's): ``save_suffix_file``."""
+        warnings.warn("Pipeline.save_suffix_cache is deprecated: use save_suffix_file", DeprecationWarning, stacklevel=2)
+        return self.save_suffix_file(path)
 
     def close(self) -> None:
         """Close the engines (their sessions and bound buffers); later requests fail. Closing twice is harmless."""
@@ -170,7 +196,7 @@ class Pipeline:
         costs. ``start`` runs it once per k and mode (``exact``: exact mode's target and costs)."""
         with self._warm_lock:
             began = time.perf_counter()
-            target, costs = self.mode(exact)
+            target, costs = self._mode(exact)
             policy = CostPolicy(k, costs)  # what it measures, the cost policy learns as from a cycle
             shapes = [(target, t, None) for t in range(1, k + 2)]
             if k and self.draft is not None:
@@ -260,16 +286,17 @@ class Pipeline:
         _check_prompt_list(prompts, "expected a non-empty list of prompts")
         mine = row_configs is not None
         row_configs = _row_configs(config, row_configs, len(prompts))
-        self.check_stop_tokens(config)
+        self._check_stop_tokens(config)
         if any(row.exact != config.exact for row in row_configs):
             raise ConfigError(f"row_configs: exact={not config.exact} in a batch of exact={config.exact}; exact mode is "
                               "the batch's (its target calls), so every row's config must agree with config's")
-        self.check_mode(config)
-        target, costs = self.mode(config.exact)
+        if config.exact:
+            check_exact(self.target.spec)
+        target, costs = self._mode(config.exact)
         policy, drafter = speculation(config, self.draft, costs, policy)  # a drafter the artifact cannot have: refused
         ids = [self.check_request(prompt, row, capacity=capacity, k=config.max_drafts)
                for prompt, row in zip(prompts, row_configs)]
-        limit = self.capacity_limit
+        limit = self._capacity_limit
         longest = max(row_configs, key=lambda c: c.max_new_tokens)
         specs = _model_specs(self.target, self.draft if drafter.uses_model else None)
         # the batch's slots a row (each row fits them alone: ``check_request``) and its caches' memory
@@ -278,7 +305,7 @@ class Pipeline:
         request_ids = list(request_ids) if request_ids is not None else [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
         scopes = row_scopes(self.suffix_store, suffix_index, scope, len(prompts))
-        settings = [self.row_settings(row, 0 if mine else i, index, name)
+        settings = [self._row_settings(row, 0 if mine else i, index, name)
                     for i, (row, (index, name)) in enumerate(zip(row_configs, scopes))]
         if config.speculative and (config.k, config.exact) not in self._warmed:
             self.warm_up(config.k, exact=config.exact)
@@ -286,7 +313,7 @@ class Pipeline:
                           settings=settings, prefixes=self.prefix_cache, **listeners)
 
     @property
-    def capacity_limit(self) -> int:
+    def _capacity_limit(self) -> int:
         """Cache slots a row may have at most: the smallest capacity the artifact's models were exported with."""
         return min(spec.capacity for spec in self.manifest.models.values())
 
@@ -300,30 +327,39 @@ class Pipeline:
         ``why`` says where a given one comes from, ``cache.plan_capacity``'s words). Returns the prompt's token ids
         [tokens] int64; raises ConfigError or CapacityError naming what is refused. A front end calls it before it
         queues a request (the server's intake), so that a refusal comes before anything is allocated for it."""
-        _check_config(config)
-        limit = _checked_capacity(capacity, self.capacity_limit)
+        self.check_config(config)
+        limit = _checked_capacity(capacity, self._capacity_limit)
         ids = self.encode(prompt)
-        self.check_stop_tokens(config)
-        self.check_mode(config)
         plan_capacity([len(ids)], config.max_new_tokens, config.max_drafts if k is None else k, capacity or limit,
                       why=why or (EXPORTED if capacity is None else "capacity is {limit} slots a row (as asked)"))
         return ids
 
-    def policy_for(self, config: GenerationConfig) -> Policy:
-        """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
-        belongs to the text: each request starts its own)."""
-        return policy_of(config, self.mode(config.exact)[1])
+    def check_config(self, config: GenerationConfig) -> None:
+        """ConfigError for settings this artifact cannot decode with, before any work: not a GenerationConfig, stop
+        ids outside the vocabulary, exact mode on a target that cannot give it (``exact.check_exact``), a drafter
+        that needs the draft model it lacks."""
+        _check_config(config)
+        self._check_stop_tokens(config)
+        if config.exact:
+            check_exact(self.target.spec)
+        self.drafter_for(config)
 
     def check_mode(self, config: GenerationConfig) -> None:
-        """Refuse (ConfigError) exact mode where this artifact's target cannot give it (``check_exact``)."""
+        """Deprecated since 0.5: ``check_config``, which checks exact mode with the rest of a config."""
+        warnings.warn("Pipeline.check_mode is deprecated: use check_config", DeprecationWarning, stacklevel=2)
         if config.exact:
             check_exact(self.target.spec)
 
-    def mode(self, exact: bool) -> tuple:
-        """The target engine and the costs table of exact mode (``exact``) or of the default."""
-        return (self.exact_target, self.exact_costs) if exact else (self.target, self.costs)
+    def policy_for(self, config: GenerationConfig) -> Policy:
+        """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
+        belongs to the text: each request starts its own)."""
+        return policy_of(config, self._mode(config.exact)[1])
 
-    def row_settings(self, config: GenerationConfig, seed_stream: int = 0,
+    def _mode(self, exact: bool) -> tuple:
+        """The target engine and the costs table of exact mode (``exact``) or of the default."""
+        return (self._exact.target, self._exact.costs) if exact else (self.target, self.costs)
+
+    def _row_settings(self, config: GenerationConfig, seed_stream: int = 0,
                      index: SuffixIndex | None = None, scope: str | None = None) -> RowSettings:
         """How one request decodes in any batch: ``config``'s settings, its stop strings on this tokenizer,
         its seed's stream (prompt i of one ``generate`` call draws from stream i), its scope's suffix index and the
@@ -331,7 +367,7 @@ class Pipeline:
         return RowSettings(config, StopStrings(config.stop, self.decode).check if config.stop else None, seed_stream,
                            index, scope)
 
-    def check_stop_tokens(self, config: GenerationConfig) -> None:
+    def _check_stop_tokens(self, config: GenerationConfig) -> None:
         """ConfigError unless every one of ``config``'s stop token ids is inside the vocabulary."""
         vocab = self.target.spec.vocab_size
         outside = [t for t in config.stop_token_ids if t >= vocab]
@@ -347,7 +383,7 @@ class Pipeline:
         if isinstance(prompts, str):
             prompts = [prompts]
         if batch_size is not None and (not is_integer(batch_size) or batch_size < 1):
-            raise ConfigError(f"batch_size: got {batch_size!r}; expected an integer >= 1, or None for all prompts")
+            raise ConfigError(f"batch_size: got {short(batch_size)}; expected an integer >= 1, or None for all prompts")
         _check_prompt_list(prompts, "expected a prompt or a non-empty list of prompts")
         batch_size = int(batch_size or len(prompts))
         results = []
@@ -373,7 +409,7 @@ class Pipeline:
         config = config or GenerationConfig()
         run = self.start([prompt], config, suffix_index=suffix_index, scope=scope)
         text = TextStream(self.tokenizer, config.stop)
-        row = run.rows[0]
+        row = run.results[0]
         while not run.done:
             for _, new in run.step():
                 if row.finish_reason == FinishReason.ERROR:
@@ -392,7 +428,7 @@ class Pipeline:
                          config: GenerationConfig) -> dict | None:
         """Where greedy ``other`` leaves ``reference``: position and the target's margin there, as plain
         decoding of ``prompt`` under ``config`` computed it (``divergence.first_divergence``); None if nowhere."""
-        return first_divergence(self.mode(config.exact)[0], self.encode(prompt), reference, other, config)
+        return first_divergence(self._mode(config.exact)[0], self.encode(prompt), reference, other, config)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of ``token_ids`` (integers inside the vocabulary; ConfigError otherwise), special tokens skipped."""
@@ -412,7 +448,7 @@ class Pipeline:
     def drafter_for(self, config: GenerationConfig) -> Drafter:
         """The drafter ``config`` names, on this artifact's draft model (the hybrid drafter without one drafts by
         the index alone; the model drafter without one is refused)."""
-        return speculation(config, self.draft, self.mode(config.exact)[1])[1]
+        return speculation(config, self.draft, self._mode(config.exact)[1])[1]
 
 
 def _tokenize(tokenizer, text: str, capacity: int) -> list[int]:
@@ -428,15 +464,6 @@ def _tokenize(tokenizer, text: str, capacity: int) -> list[int]:
         raise ConfigError(f"prompt: {len(text):,} characters; expected at most {head:,} ({CHARS_PER_TOKEN_BOUND} "
                           f"a token of the artifact's capacity of {capacity}: no text that fits is longer)")
     return tokenizer.encode(text, add_special_tokens=False).ids
-
-
-def check_exact(spec) -> None:
-    """Refuse exact mode on a target whose graph cannot give it: the explicit form's attention sums the keys of a
-    call's own tokens apart from the cache's (``exporter.layers.cached_attention``), so a position's logits depend on
-    which of its keys came in the same call, and on the cache's capacity (docs/results/exactness/)."""
-    if spec.graph != "fused":
-        raise ConfigError(f"exact: the target's graph is the {spec.graph} form; exact mode needs the fused form (its attention "
-                          "reads every key from the cache in place, whichever call wrote it): re-export with --graph fused")
 
 
 def _row_configs(config: GenerationConfig, given, prompts: int) -> list[GenerationConfig]:

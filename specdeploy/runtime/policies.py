@@ -16,6 +16,7 @@ The simple policies live here; the cost policy, the default, in ``cost_policy``;
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ class CycleOutcome:
     batch: int
     drafted: Sequence[int] = ()  # drafts verified per row (0: the row decoded plainly)
     accepted: Sequence[int] = ()  # drafts kept per row
-    lookup: Sequence[bool] = ()  # per row: its drafts cost no model call (prompt lookup's or a suffix index's)
+    free: Sequence[bool] = ()  # per row: its drafts cost no model call (prompt lookup's or a suffix index's)
     first_call_seconds: float = 0.0  # the cycle's first draft call, which feeds what the draft has not seen yet
     first_call_tokens: int = 0  # tokens a row in that call (1-2 after a drafting cycle; more: a catch-up); 0: none
     later_call_seconds: float = 0.0  # the draft calls after the first, together
@@ -36,6 +37,12 @@ class CycleOutcome:
     verify_seconds: float = 0.0  # the target's call
     verify_tokens: int = 0  # tokens a row in it (K + 1); 0: no target call (a draft catch-up alone)
     estimates: Sequence[Sequence[float] | None] | None = None  # per row: a suffix index's estimate of each draft
+
+    @property
+    def lookup(self) -> Sequence[bool]:
+        """Deprecated since 0.5 (it named an index's drafts too): ``free``."""
+        warnings.warn("CycleOutcome.lookup is deprecated: use CycleOutcome.free", DeprecationWarning, stacklevel=2)
+        return self.free
 
 
 class Policy(ABC):

@@ -99,8 +99,8 @@ class Roster:
         self.config, self.capacity, self.eos = config, capacity, eos
         self.tokens = np.zeros((0, capacity), np.int64)  # [batch, capacity]
         self.lengths: list[int] = []  # [batch] committed length
-        self.active: list[int] = []  # [batch] request index of each row
-        self.requests: list[Request | None] = []  # by request index, finished ones included (None once released)
+        self.active: list[int] = []  # [batch] request number of each row
+        self.requests: list[Request | None] = []  # by request number, finished ones included (None once released)
         self._derive()
 
     def _derive(self) -> None:
@@ -114,7 +114,7 @@ class Roster:
         self.penalized = any(config.repetition_penalty != 1.0 for config in configs)
         self.keyed = any(request.noise is not None for request in live)  # some row's draws are keyed by position
 
-    rows = property(lambda self: [None if r is None else r.result for r in self.requests])  # results, by request index
+    results = property(lambda self: [None if r is None else r.result for r in self.requests])  # by request number
 
     def join(self, prompts: Sequence[np.ndarray], request_ids: Sequence[str],
              settings: Sequence[RowSettings] | None = None) -> None:
@@ -144,11 +144,11 @@ class Roster:
         self.tokens = np.concatenate([self.tokens, other.tokens])
         self._derive()
 
-    def release(self, index: int) -> None:
-        """Forget finished request ``index`` (its result has been handed on): a long-running batch that
+    def release(self, number: int) -> None:
+        """Forget finished request ``number`` (its result has been handed on): a long-running batch that
         requests keep joining does not grow with the ones that left."""
-        if index not in self.active:
-            self.requests[index] = None
+        if number not in self.active:
+            self.requests[number] = None
 
     def leave(self, rows: Sequence[int]) -> list[int]:
         """Drop batch rows ``rows``; returns the rows that stay, in order (caches keep the same ones)."""

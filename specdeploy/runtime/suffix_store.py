@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..files import FileMissing, FileRefused, read_regular
+from ..values import is_integer, short
 from .errors import ConfigError
-from .shorten import short
 from .suffix import SuffixIndex
 
 FORMAT = "specdeploy.suffix-index"
@@ -74,8 +74,8 @@ class SuffixStore:
     def __init__(self, max_tokens: int = DEFAULT_TOKENS, max_sequences: int = DEFAULT_SEQUENCES,
                  max_scopes: int = DEFAULT_SCOPES):
         for name, value in (("max_tokens", max_tokens), ("max_sequences", max_sequences), ("max_scopes", max_scopes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"suffix index {name}: got {value!r}; expected an integer >= 1")
+            if not is_integer(value) or value < 1:
+                raise ConfigError(f"suffix index {name}: got {short(value)}; expected an integer >= 1")
         most = max_tokens_for(max_scopes)
         if max_tokens > most:
             raise ConfigError(f"suffix index max_tokens: got {max_tokens:,}; expected at most {most:,} ({max_scopes} "
@@ -141,10 +141,10 @@ class SuffixStore:
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SuffixFileError(f"suffix index {path}: not JSON ({exc}); expected a file `--suffix-cache` wrote") from None
+            raise SuffixFileError(f"suffix index {path}: not JSON ({exc}); expected a file `--suffix-file` wrote") from None
         except RecursionError:  # the parser's depth is the interpreter's stack; a file we wrote is 4 levels deep
             raise SuffixFileError(f"suffix index {path}: nested too deeply to be a suffix index (it is 4 levels "
-                                  "deep); expected a file `--suffix-cache` wrote") from None
+                                  "deep); expected a file `--suffix-file` wrote") from None
         scopes = _checked(data, path, tokenizer, vocab_size)
         for name, sequences in list(scopes.items())[-self.max_scopes :]:
             index = self.scope(name)

@@ -6,6 +6,7 @@ field over records gives the wall time spent in that phase.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from enum import Enum
 from typing import NamedTuple
@@ -38,26 +39,64 @@ class FinishReason(_Named):
     CANCELLED = "cancelled"  # left the batch on request (a client that went away)
 
 
+# a record's fields before 0.5 (``k``: the drafts a row had, not the most it may have; ``emitted``: the tokens it
+# committed, not the n + 1 acceptance gave it; ``lookup``: free drafts, an index's too): old name -> new name
+RENAMED = {"k": "drafted", "emitted": "committed", "lookup": "free"}
+
+
+def _renamed(old: str) -> property:
+    """The deprecated attribute ``old`` of a record: its new field, with a DeprecationWarning."""
+    new = RENAMED[old]
+
+    def get(self):
+        warnings.warn(f"CycleRecord.{old} is deprecated: use CycleRecord.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(self, new)
+
+    return property(get, doc=f"Deprecated: ``{new}``.")
+
+
 class CycleRecord(NamedTuple):
     """One row's cycle; immutable once recorded. Made by the cycle alone (``decoder._record``), by keyword."""
 
     request_id: str
     cycle: int
-    k: int  # drafts proposed (and verified) for this row
-    accepted: int  # drafts accepted, 0 <= accepted <= k
+    drafted: int  # drafts proposed (and verified) for this row
+    accepted: int  # drafts accepted, 0 <= accepted <= drafted
     rejected_at: int | None  # 1-based position of the first rejected draft; None if none was
-    final: FinalToken  # the emitted extra token: bonus, recovered, or plain (k = 0)
-    emitted: int  # tokens committed for this row this cycle (after EOS / length truncation)
+    final: FinalToken  # the emitted extra token: bonus, recovered, or plain (no drafts)
+    committed: int  # tokens committed for this row this cycle (after EOS / length / stop truncation)
     draft_s: float
     verify_s: float
     accept_s: float
     cache_s: float
     batch_size: int
-    lookup: bool = False  # its drafts cost no model call (prompt lookup or a suffix index), not the draft model's
+    free: bool = False  # its drafts cost no model call (prompt lookup's or a suffix index's), not the draft model's
     drafted_from: str | None = None  # a suffix index's drafts: the request whose text they followed
+
+    k = _renamed("k")
+    emitted = _renamed("emitted")
+    lookup = _renamed("lookup")
 
     def to_dict(self) -> dict:
         return self._asdict()
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CycleRecord:
+        """The record ``to_dict`` gave (other keys, such as a bench line's tags, ignored); a record written before 0.5
+        is read under the new names (``upgraded``)."""
+        return cls(**{name: value for name, value in upgraded(data).items() if name in cls._fields})
+
+
+def upgraded(data: dict) -> dict:
+    """A record's dict with the fields renamed in 0.5 (``RENAMED``) under their new names, with a DeprecationWarning
+    where any was found (a records.jsonl written before); the dict itself where none was."""
+    old = [name for name in RENAMED if name in data and RENAMED[name] not in data]
+    if not old:
+        return data
+    warnings.warn(f"cycle record fields {', '.join(old)} are deprecated: read as "
+                  f"{', '.join(RENAMED[name] for name in old)} (a record written before 0.5)", DeprecationWarning,
+                  stacklevel=2)
+    return {RENAMED.get(name, name) if name in old else name: value for name, value in data.items()}
 
 
 def mean_accepted_length(records: Iterable[CycleRecord]) -> float:
@@ -68,11 +107,11 @@ def mean_accepted_length(records: Iterable[CycleRecord]) -> float:
 
 def acceptance_by_position(records: Iterable[CycleRecord], k_max: int | None = None) -> list[float]:
     """P(draft i accepted | draft i was verified), i = 1..k_max (from cycles that verified it)."""
-    records = [r for r in records if r.k > 0]
-    k_max = k_max or max((r.k for r in records), default=0)
+    records = [r for r in records if r.drafted > 0]
+    k_max = k_max or max((r.drafted for r in records), default=0)
     rates = []
     for i in range(1, k_max + 1):
-        reached = [r for r in records if r.k >= i and r.accepted >= i - 1]
+        reached = [r for r in records if r.drafted >= i and r.accepted >= i - 1]
         rates.append(float(np.mean([r.accepted >= i for r in reached])) if reached else float("nan"))
     return rates
 
@@ -80,7 +119,7 @@ def acceptance_by_position(records: Iterable[CycleRecord], k_max: int | None = N
 def acceptance_rate(records: Iterable[CycleRecord]) -> float:
     """Accepted drafts / proposed drafts."""
     records = list(records)
-    proposed = sum(r.k for r in records)
+    proposed = sum(r.drafted for r in records)
     return sum(r.accepted for r in records) / proposed if proposed else float("nan")
 
 
@@ -94,7 +133,7 @@ def summarize(records: Iterable[CycleRecord], seconds: float | None = None) -> d
     """Aggregates of a set of records; ``seconds`` is the wall time for tokens/s (else summed phases)."""
     records = list(records)
     split = time_split(records)
-    tokens = sum(r.emitted for r in records)
+    tokens = sum(r.committed for r in records)
     wall = seconds if seconds is not None else sum(split.values())
     return {
         "tokens": tokens,

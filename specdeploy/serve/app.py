@@ -28,7 +28,7 @@ from starlette.routing import Route
 from ..runtime.cache import CapacityError
 from ..runtime.chat import ChatTemplateError, TemplateTimeout
 from ..runtime.config import ConfigError
-from ..runtime.shorten import short
+from ..values import short
 from . import errors
 from .breaker import Breaker, TemplateBroken
 from .errors import ApiError
@@ -90,7 +90,7 @@ class Api:
 
     async def ready(self):
         status = self.lifecycle.status()
-        body = {"status": status, "rows": self.scheduler.rows, "queued": len(self.scheduler.queue),
+        body = {"status": status, "rows": self.scheduler.row_count, "queued": len(self.scheduler.queue),
                 "server": self.server_id}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 

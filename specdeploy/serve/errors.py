@@ -8,7 +8,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ..runtime.shorten import short
+from ..values import short
 
 # OpenAI's error types by status (the openai client picks its exception class by status, these are for people)
 KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",

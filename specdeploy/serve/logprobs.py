@@ -40,14 +40,14 @@ class Logprobs:
 
     def keep(self, generation, logits: np.ndarray, committed: list[tuple[int, list[int]]]) -> None:
         """The logprobs of each committed token of the watched rows of ``generation``, from its verification's logits
-        [batch, K + 1, vocab]; (request index, tokens) per row."""
+        [batch, K + 1, vocab]; (request number, tokens) per row."""
         if not self._top:
             return
         requests = generation.requests
-        for b, (index, new) in enumerate(committed):
-            top = self._top.get(requests[index].result.request_id) if new else None
+        for b, (number, new) in enumerate(committed):
+            top = self._top.get(requests[number].result.request_id) if new else None
             if top is not None:
-                self._kept[requests[index].result.request_id] = token_logprobs(logits[b, : len(new)], new, top)
+                self._kept[requests[number].result.request_id] = token_logprobs(logits[b, : len(new)], new, top)
 
 
 def token_logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:

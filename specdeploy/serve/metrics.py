@@ -51,7 +51,7 @@ class ServerMetrics:
                                  registry=registry, buckets=LATENCY_BUCKETS)
         self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens prefilled", namespace=ns, registry=registry)
         Gauge("running_rows", "Rows decoding or prefilling", namespace=ns, registry=registry).set_function(
-            lambda: scheduler.rows)
+            lambda: scheduler.row_count)
         Gauge("queued_requests", "Requests waiting for a row", namespace=ns, registry=registry).set_function(
             lambda: len(scheduler.queue))
         store = scheduler.pipeline.suffix_store  # earlier requests' texts, which later requests draft from
@@ -75,11 +75,11 @@ class ServerMetrics:
             return metric if extra else metric.labels(**labels)
 
         self.labels = labels
-        vllm(Gauge, "num_requests_running", "Requests in the running batch").set_function(lambda: scheduler.rows)
+        vllm(Gauge, "num_requests_running", "Requests in the running batch").set_function(lambda: scheduler.row_count)
         vllm(Gauge, "num_requests_waiting", "Requests waiting for a row").set_function(lambda: len(scheduler.queue))
         capacity = scheduler.max_batch * scheduler.capacity
         vllm(Gauge, "kv_cache_usage_perc", "KV-cache usage: tokens the rows hold over --max-num-seqs x --max-model-len "
-             "slots (1 means 100 percent)").set_function(lambda: scheduler.cached_tokens / capacity)
+             "slots (1 means 100 percent)").set_function(lambda: scheduler.held_tokens / capacity)
         self.vllm_prompt_tokens = vllm(Counter, "prompt_tokens", "Prompt tokens prefilled")
         self.vllm_generation_tokens = vllm(Counter, "generation_tokens", "Tokens generated")
         self.prefix_queries = vllm(Counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
@@ -138,9 +138,9 @@ class ServerMetrics:
         self.prompt_lengths.observe(prompt)
         self.generation_lengths.observe(generated)
         self.decoding.observe_all(row.records)
-        drafted = [r for r in row.records if r.k > 0]
+        drafted = [r for r in row.records if r.drafted > 0]
         self.drafts.inc(len(drafted))
-        self.draft_tokens.inc(sum(r.k for r in drafted))
+        self.draft_tokens.inc(sum(r.drafted for r in drafted))
         self.accepted_tokens.inc(sum(r.accepted for r in drafted))
         for position, count in Tally(i for r in drafted for i in range(r.accepted)).items():
             self.accepted_per_pos.labels(**self.labels, position=str(position)).inc(count)

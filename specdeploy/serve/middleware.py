@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from ..values import short
 from .errors import ApiError
 
 access_log = logging.getLogger("specdeploy.serve.access")
@@ -119,7 +120,7 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             if (header(scope, b"expect") or "").lower() != "100-continue":
                 await self._drain(receive, 0)
-            return await self._refuse(send, f"Content-Length: got {declared[:40]} bytes")
+            return await self._refuse(send, f"Content-Length: got {short(declared, 40, quoted=False)} bytes")
         body, more = bytearray(), True
         while more:
             message = await receive()

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..runtime.config import MAX_STOP_CHARS, MAX_STOP_STRINGS, GenerationConfig
-from ..runtime.shorten import short
+from ..values import short
 from .errors import ApiError
 
 OPENAI_NAMES = {"max_new_tokens": "max_tokens", "k": "num_speculative_tokens"}  # GenerationConfig -> request

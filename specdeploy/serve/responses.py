@@ -56,35 +56,35 @@ class Reply:
         self.events: asyncio.Queue = tickets[0].events
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id or uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.rows: dict[int, RowResult] = {}
+        self.finished: dict[int, RowResult] = {}  # each finished choice's result, by choice
         self.formatter = Formatter(pipeline.tokenizer)
         self._closed = closed
 
     def _close(self) -> None:
-        self._closed([t for t in self.tickets if t.choice not in self.rows])
+        self._closed([t for t in self.tickets if t.choice not in self.finished])
 
     async def whole(self) -> JSONResponse:
         entries: dict[int, list[TokenLogprob]] = {t.choice: [] for t in self.tickets}
         try:
-            while len(self.rows) < len(self.tickets):
+            while len(self.finished) < len(self.tickets):
                 got: Event = await self.events.get()
                 if got.kind == "tokens":
                     entries[got.choice] += got.logprobs or []
                 elif got.kind == "error":
                     raise refusal(got.payload)
                 else:
-                    self.rows[got.choice] = got.payload
+                    self.finished[got.choice] = got.payload
         finally:
             self._close()
         for ticket in self.tickets:
-            row = self.rows[ticket.choice]
+            row = self.finished[ticket.choice]
             if ticket.ended_by:
                 raise ApiError(503, ticket.ended_by, code="shutting_down")
             if row.finish_reason == FinishReason.CANCELLED:  # nobody is listening: for the access log
                 raise ApiError(499, "the client closed the request", code="client_closed")
             if row.finish_reason == FinishReason.ERROR:
                 raise ApiError(500, f"the request failed while decoding: {row.error}", kind="server_error")
-        results = {t.choice: self.pipeline.result(self.rows[t.choice], t.config) for t in self.tickets}
+        results = {t.choice: self.pipeline.result(self.finished[t.choice], t.config) for t in self.tickets}
         choices = []
         for choice, result in results.items():
             logprobs = self._logprobs(entries[choice])
@@ -96,7 +96,7 @@ class Reply:
                 choices.append({"index": choice, "text": result.text, "finish_reason": reason, "logprobs": logprobs})
         return JSONResponse({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                              "created": self.created, "model": self.model, "choices": choices,
-                             "usage": self._usage(), "speculative": speculative(self.tickets, self.rows)})
+                             "usage": self._usage(), "speculative": speculative(self.tickets, self.finished)})
 
     async def chunks(self) -> AsyncIterator[bytes]:
         texts = {t.choice: TextStream(self.pipeline.tokenizer, t.config.stop) for t in self.tickets}
@@ -106,7 +106,7 @@ class Reply:
             if self.chat:
                 for choice in texts:
                     yield event(self._chunk(choice, {"role": "assistant", "content": ""}, None))
-            while len(self.rows) < len(self.tickets):
+            while len(self.finished) < len(self.tickets):
                 try:
                     got: Event = await asyncio.wait_for(self.events.get(), PING_SECONDS)
                 except asyncio.TimeoutError:
@@ -121,7 +121,7 @@ class Reply:
                     yield event(refusal(got.payload).body())
                     break
                 ticket, row = self.tickets[got.choice], got.payload
-                self.rows[got.choice] = row
+                self.finished[got.choice] = row
                 if row.finish_reason == FinishReason.CANCELLED and not ticket.ended_by:
                     return  # the client went away: nobody to tell
                 if row.finish_reason == FinishReason.ERROR:
@@ -174,28 +174,28 @@ class Reply:
         """A prompt counts once whatever its n; each choice's tokens count. ``cached_tokens``: prompt tokens whose K/V
         an earlier request of the same scope gave (OpenAI's field; not prefilled)."""
         prompt = sum(len(t.prompt) for t in self.tickets if t.choice % self.body.n == 0)
-        cached = sum(row.cached_tokens for choice, row in self.rows.items() if choice % self.body.n == 0)
-        completion = sum(len(row.token_ids) for row in self.rows.values())
+        cached = sum(row.cached_tokens for choice, row in self.finished.items() if choice % self.body.n == 0)
+        completion = sum(len(row.token_ids) for row in self.finished.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def speculative(tickets: list[Ticket], rows: dict[int, RowResult]) -> dict:
+def speculative(tickets: list[Ticket], finished: dict[int, RowResult]) -> dict:
     """What speculation did for these choices, as vLLM's counters count it (llama.cpp's server reports draft_n
     / draft_n_accepted): ``drafts`` are the cycles that drafted (plain steps apart), ``mean_accepted_length``
     is 1 + accepted / drafts over them (None without drafts), ``accepted_by_position[i]`` the drafts whose
     token i + 1 was accepted."""
-    ran = [rows[t.choice] for t in tickets if t.choice in rows]
+    ran = [finished[t.choice] for t in tickets if t.choice in finished]
     records = [r for row in ran for r in row.records]
-    drafted = [r for r in records if r.k > 0]
-    k = max((r.k for r in drafted), default=0)
+    drafted = [r for r in records if r.drafted > 0]
+    k = max((r.drafted for r in drafted), default=0)
     decode_seconds = max((row.decode_seconds for row in ran), default=0.0)
     firsts = [t.token_times[0] - t.submitted for t in tickets if t.token_times]
-    return {"drafts": len(drafted), "drafted_tokens": sum(r.k for r in drafted),
+    return {"drafts": len(drafted), "drafted_tokens": sum(r.drafted for r in drafted),
             "accepted_tokens": sum(r.accepted for r in drafted),
             "accepted_by_position": [sum(r.accepted >= i for r in drafted) for i in range(1, k + 1)],
             "cycles": len(records), "mean_accepted_length": _finite(mean_accepted_length(drafted)) if drafted else None,
-            "decode_tokens_per_s": _finite(sum(r.emitted for r in records) / decode_seconds) if decode_seconds > 0 else None,
+            "decode_tokens_per_s": _finite(sum(r.committed for r in records) / decode_seconds) if decode_seconds > 0 else None,
             "prefill_s": _finite(max((row.prefill_seconds for row in ran), default=0.0)),
             "first_token_s": _finite(min(firsts)) if firsts else None}
 

@@ -23,6 +23,7 @@ from ..runtime.config import ConfigError, GenerationConfig
 from ..runtime.decoder import Generation
 from ..runtime.rows import RowResult
 from ..runtime.telemetry import FinishReason
+from ..values import is_integer, short
 from .intake import Intake
 from .logprobs import Logprobs
 from .tickets import Event, Overloaded, ShuttingDown, Ticket
@@ -56,8 +57,8 @@ class Scheduler:
         k = config.max_drafts
         for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 1), ("prefill_chunk", prefill_chunk, 1),
                                  ("capacity", capacity, slots_needed(1, 1, k))):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{name}: got {value!r}; expected an integer >= {low}")
+            if not is_integer(value) or value < low:
+                raise ConfigError(f"{name}: got {short(value)}; expected an integer >= {low}")
         self.cycle_seconds = 0.05  # a running estimate of a cycle
         self.intake = Intake(config, capacity, max_batch, max_queue, seed, lambda: self.cycle_seconds,
                              check=lambda prompt, row: pipeline.check_request(prompt, row, capacity=capacity, k=k,
@@ -73,7 +74,7 @@ class Scheduler:
         self.staging: Generation | None = None
         self.logprobs = Logprobs()  # of the requests in flight that asked for them
         self._thread = threading.Thread(target=self._serve, name="specdeploy-scheduler", daemon=True)
-        self.cached_tokens = 0  # tokens the rows' caches hold, after the last turn
+        self.held_tokens = 0  # tokens the rows' caches hold, after the last turn
         self.ready = threading.Event()  # set once the engines have warmed up
         self.warm_up_seconds: float | None = None
         self.warm_up_error = ""  # why warming up failed, if it did
@@ -87,7 +88,7 @@ class Scheduler:
             self._thread.join(timeout=30)
 
     @property
-    def rows(self) -> int:
+    def row_count(self) -> int:
         """Rows decoding or prefilling now."""
         return sum(g.batch for g in (self.running, self.staging) if g is not None)
 
@@ -102,7 +103,7 @@ class Scheduler:
                     for row in generation.fail_all(exc) if generation is not None else []:
                         self._finish(row)
                 self.running = self.staging = None
-            self.cached_tokens = sum(int(g.lengths.sum()) for g in (self.running, self.staging) if g is not None)
+            self.held_tokens = sum(int(g.lengths.sum()) for g in (self.running, self.staging) if g is not None)
         for ticket in self.intake.outstanding():
             ticket.put(Event("error", ticket.choice, ShuttingDown("the server is shutting down")))
 
@@ -122,18 +123,18 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         """Rows whose requests were cancelled leave their batch."""
         for generation in (self.running, self.staging):
-            for index, row in generation.in_flight if generation is not None else []:
+            for number, row in generation.in_flight if generation is not None else []:
                 ticket = self.tickets.get(row.request_id)
                 if ticket is not None and ticket.cancelled:
-                    generation.cancel(index)
+                    generation.cancel(number)
                     self._finish(row)
-                    generation.release(index)
+                    generation.release(number)
 
     def _admit(self) -> list[Ticket]:
         """Cancelled requests end (running ones first: their rows are room); queued ones that fit the batch are taken
         as one staging batch (none while one is prefilling: they wait for the next)."""
         self._drop_cancelled()
-        cancelled, admitted = self.intake.take(0 if self.staging is not None else self.max_batch - self.rows)
+        cancelled, admitted = self.intake.take(0 if self.staging is not None else self.max_batch - self.row_count)
         for ticket in cancelled:  # never admitted: each ends with an empty row
             self._end(ticket, RowResult(ticket.request_id, ticket.prompt, finish_reason=FinishReason.CANCELLED))
         now = time.perf_counter()
@@ -148,7 +149,7 @@ class Scheduler:
         # the draft prefills the staged rows only if its catch-up pays in the batch they make (the runtime judges)
         if self.staging is not None and self.staging.prefill_chunk(self.prefill_chunk, draft=None):
             staged, self.staging = self.staging, None
-            for row in staged.rows:  # rows whose prefill failed have left already
+            for row in staged.results:  # rows whose prefill failed have left already
                 if row.finish_reason:
                     self._finish(row)
             if self.running is None:
@@ -161,15 +162,15 @@ class Scheduler:
             now = time.perf_counter()
             self.cycle_seconds = 0.9 * self.cycle_seconds + 0.1 * (now - began)  # the intake's retry hint
             requests = self.running.requests
-            for index, new in committed:
-                row = requests[index].result
+            for number, new in committed:
+                row = requests[number].result
                 if new:
                     ticket = self.tickets[row.request_id]
                     ticket.token_times.append(now)
                     ticket.put(Event("tokens", ticket.choice, new, self.logprobs.take(row.request_id)))
                 if row.finish_reason:
                     self._finish(row)
-                    self.running.release(index)
+                    self.running.release(number)
             # an emptied batch stays: its cache memory is reused, not re-allocated per wave (docs/results/load_test)
 
     def _start(self, admitted: list[Ticket]) -> Generation | None:
@@ -202,7 +203,7 @@ class Scheduler:
         tokens the draft lacks of them, and their tokens to come."""
         other = self.staging if generation is self.running else self.running
         rows, lacking, to_come = other.outlook() if other is not None and not other.done else (0, 0, 0)
-        queued = self.intake.queued(self.max_batch - self.rows)
+        queued = self.intake.queued(self.max_batch - self.row_count)
         rows += len(queued)
         lacking += sum(max(0, len(t.prompt) - 2) for t in queued)  # as ``Drafter.behind`` counts a fresh row
         to_come += sum(t.config.max_new_tokens for t in queued)

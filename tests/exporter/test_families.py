@@ -166,7 +166,7 @@ def test_speculative_greedy_equals_plain_and_seeded_sampling_repeats(exported_ar
     speculative = pipeline.generate(RAGGED, GenerationConfig(drafter="suffix", policy="fixed", k=4, max_new_tokens=24,
                                                              ignore_eos=True), scope=None)
     assert [r.token_ids for r in speculative] == expected, f"{name} ({form})"
-    assert any(record.k for result in speculative for record in result.records)  # drafts were verified
+    assert any(record.drafted for result in speculative for record in result.records)  # drafts were verified
     sampled = [GenerationConfig(drafter=drafter, policy="fixed", k=4, temperature=0.9, seed=11, max_new_tokens=16,
                                 ignore_eos=True) for drafter in ("none", "suffix", "none")]
     texts = [[r.token_ids for r in pipeline.generate(RAGGED, config, scope=None)] for config in sampled]

@@ -77,20 +77,41 @@ def test_report_writes_valid_pngs_and_pages(bench_dir):
 
 def test_prometheus_exposition_matches_records(bench_dir):
     cycles = [r for r in read_records(bench_dir / "records.jsonl") if r["type"] == "cycle"]
-    fields = CycleRecord._fields
     registry = CollectorRegistry()
     metrics = SpecDecodingMetrics(registry)
-    metrics.observe_all(CycleRecord(**{k: v for k, v in c.items() if k in fields}) for c in cycles)
+    metrics.observe_all(CycleRecord.from_dict(c) for c in cycles)
     families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
     value = {f: sum(s.value for s in families[f].samples if s.name.endswith("_total")) for f in
-             ("specdeploy_cycles", "specdeploy_drafted_tokens", "specdeploy_accepted_tokens", "specdeploy_emitted_tokens")}
+             ("specdeploy_cycles", "specdeploy_drafted_tokens", "specdeploy_accepted_tokens", "specdeploy_emitted_tokens",
+              "specdeploy_committed_tokens")}
     assert value["specdeploy_cycles"] == len(cycles)
-    assert value["specdeploy_drafted_tokens"] == sum(c["k"] for c in cycles)
+    assert value["specdeploy_drafted_tokens"] == sum(c["drafted"] for c in cycles)
     assert value["specdeploy_accepted_tokens"] == sum(c["accepted"] for c in cycles)
-    assert value["specdeploy_emitted_tokens"] == sum(c["emitted"] for c in cycles)
+    assert value["specdeploy_emitted_tokens"] == sum(c["committed"] for c in cycles)
+    assert value["specdeploy_committed_tokens"] == value["specdeploy_emitted_tokens"]  # the old name: the same count
     verify_sum = [s.value for s in families["specdeploy_cycle_phase_seconds"].samples
                   if s.name.endswith("_sum") and s.labels["phase"] == "verify"]
     assert verify_sum[0] == pytest.approx(sum(c["verify_s"] for c in cycles))
+
+
+def test_a_records_file_written_before_0_5_reads_under_the_new_field_names(bench_dir, tmp_path):
+    """A records.jsonl whose cycle lines say k / emitted / lookup (before 0.5) summarizes as the same lines under
+    drafted / committed / free do, with a DeprecationWarning, and `specdeploy report` still draws it."""
+    new = (bench_dir / "records.jsonl").read_text().splitlines()
+    renamed = {"drafted": "k", "committed": "emitted", "free": "lookup"}
+    old = [json.dumps({renamed.get(key, key): value for key, value in json.loads(line).items()}) if '"cycle"' in line
+           else line for line in new]
+    assert any('"k":' in line and '"emitted":' in line and '"lookup":' in line for line in old)
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    (old_dir / "records.jsonl").write_text("\n".join(old) + "\n")
+    with pytest.warns(DeprecationWarning, match="k, emitted, lookup are deprecated"):
+        lines = read_records(old_dir / "records.jsonl")
+    assert lines == read_records(bench_dir / "records.jsonl")
+    (old_dir / "summary.json").write_text(json.dumps(summarize(lines)))
+    assert json.loads((old_dir / "summary.json").read_text()) == json.loads((bench_dir / "summary.json").read_text())
+    result = run("report", old_dir)
+    assert result.exit_code == 0, result.output
 
 
 @pytest.mark.parametrize("args,message", [

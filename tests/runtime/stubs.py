@@ -6,7 +6,7 @@ from specdeploy.runtime.policies import Policy
 
 
 class Judge(Policy):
-    """Drafts 3 tokens by the draft model (none by lookup), and answers every catch-up question with ``pays``;
+    """Drafts 3 tokens by the draft model (no free drafts), and answers every catch-up question with ``pays``;
     ``fed`` lists, for each draft prefill (an outcome without a target call), the tokens its widest row fed."""
 
     def __init__(self, pays: bool):

@@ -49,16 +49,16 @@ def test_greedy_output_is_the_targets_and_outside_tokens_are_never_drafted(trimm
                                                        ignore_eos=True))
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
     assert any(t >= KEPT for r in plain for t in r.token_ids)  # the target does emit tokens the draft leaves out
-    drafted = [r for result in spec for r in result.records if r.k > 0]
+    drafted = [r for result in spec for r in result.records if r.drafted > 0]
     if policy == "fixed":  # the cost policy may find drafting does not pay on these dispatch-bound tiny models
-        assert sum(r.accepted for r in drafted) > 0 and any(r.accepted < r.k for r in drafted)
+        assert sum(r.accepted for r in drafted) > 0 and any(r.accepted < r.drafted for r in drafted)
     # a token outside the kept ones can only come from the target: as a correction or bonus, never accepted
     for result in spec:
         position = 0
         for record in result.records:
             accepted = result.token_ids[position : position + record.accepted]
             assert all(t < KEPT for t in accepted), (accepted, record)
-            position += record.emitted
+            position += record.committed
 
 
 def test_sampled_output_follows_the_targets_distribution(trimmed):

@@ -23,10 +23,10 @@ def _state(tokens, lengths, config=None):
     return state
 
 
-def _propose(drafter, state, cache, k, lookup_k, caps):
-    """``drafter``'s proposal of up to ``k`` model drafts and ``lookup_k`` free ones a row, every free draft it finds
+def _propose(drafter, state, cache, k, free_k, caps):
+    """``drafter``'s proposal of up to ``k`` model drafts and ``free_k`` free ones a row, every free draft it finds
     kept (as a policy that prices none away: the decoder asks the policy between ``find`` and ``propose``)."""
-    return drafter.propose(state, cache, k, drafter.find(state, lookup_k, caps), caps)
+    return drafter.propose(state, cache, k, drafter.find(state, free_k, caps), caps)
 
 
 def _hybrid(engine):
@@ -90,7 +90,7 @@ def test_propose_pads_rows_without_a_match_and_writes_drafts():
     state = _state(tokens, [6, 3])
     proposal = _propose(PromptLookup(), state, None, 0, 3, [3, 3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1], [6, 6, 6]])
-    assert proposal.drafted == [3, 0] and proposal.lookup == [True, False]
+    assert proposal.drafted == [3, 0] and proposal.free == [True, False]
     state.verify_inputs(proposal.drafts)  # the state places them for the target
     np.testing.assert_array_equal(tokens[0, 6:9], [3, 9, 1])
     assert proposal.q is None and proposal.later_calls == 0
@@ -148,8 +148,8 @@ def test_proposals_leave_the_batch_state_as_it_was(pair_dir, temperature):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_hybrid_rows_take_lookup_or_the_model_each_on_their_own(pair_dir, temperature):
-    """A row that repeats itself gets the lookup's continuation, draws nothing from its generator and
+def test_hybrid_rows_take_the_index_or_the_model_each_on_their_own(pair_dir, temperature):
+    """A row that repeats itself gets the index's continuation, draws nothing from its generator and
     leaves the draft model's cache at its committed tokens; the other row gets the model's drafts, as
     the model alone would have drafted them with that row's generator."""
     engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
@@ -162,26 +162,26 @@ def test_hybrid_rows_take_lookup_or_the_model_each_on_their_own(pair_dir, temper
         state = _state(tokens.copy(), [7, 3], config)
         _generators(state, [np.random.default_rng(i) for i in range(2)])
         drafter, cache = kind(engine), engine.allocate_cache(2, 32)
-        proposal = _propose(drafter, state, cache, 4, 3, [4, 4])  # lookups of at most 3
+        proposal = _propose(drafter, state, cache, 4, 3, [4, 4])  # index drafts: at most 3
         results[kind] = proposal, cache.past_len.tolist(), [g.random() for g in state.rngs()]
     (hybrid, hybrid_past, hybrid_next), (model, model_past, model_next) = results[_hybrid], results[ModelDrafter]
-    np.testing.assert_array_equal(hybrid.drafts[0, :3], [3, 9, 4])  # the lookup's 3, as the policy allowed
+    np.testing.assert_array_equal(hybrid.drafts[0, :3], [3, 9, 4])  # the index's 3, as the policy allowed
     np.testing.assert_array_equal(hybrid.drafts[1], model.drafts[1])
-    assert hybrid.later_calls == model.later_calls == 3 and hybrid.lookup == [True, False]
-    assert hybrid_past == [7, model_past[1]]  # the lookup row's model drafts were never its tokens
+    assert hybrid.later_calls == model.later_calls == 3 and hybrid.free == [True, False]
+    assert hybrid_past == [7, model_past[1]]  # the index row's model drafts were never its tokens
     assert hybrid_next[1] == model_next[1]  # the model row drew as the model alone draws
     if temperature:
-        assert hybrid_next[0] == np.random.default_rng(0).random()  # the lookup row drew nothing
+        assert hybrid_next[0] == np.random.default_rng(0).random()  # the index row drew nothing
         np.testing.assert_array_equal(hybrid.q[0].argmax(-1)[:3], [3, 9, 4])
         np.testing.assert_array_equal(hybrid.q[0].max(-1), 1.0)
         np.testing.assert_allclose(hybrid.q[1], model.q[1])
-        assert hybrid.drafted == [3, 4]  # the filler after the lookup's 3 is not the row's
+        assert hybrid.drafted == [3, 4]  # the filler after the index's 3 is not the row's
     else:
         assert hybrid.q is None
 
 
 def test_hybrid_without_a_model_row_calls_no_model(pair_dir):
-    """Every row repeating itself: a lookup proposal, no draft call, the draft left behind for later."""
+    """Every row repeating itself: an index proposal, no draft call, the draft left behind for later."""
     engine = load_engine(pair_dir, Manifest.read(pair_dir), "draft")
     tokens = np.zeros((1, 32), np.int64)
     tokens[0, :6] = [1, 2, 3, 9, 1, 2]
@@ -189,16 +189,16 @@ def test_hybrid_without_a_model_row_calls_no_model(pair_dir):
     drafter, cache = _hybrid(engine), engine.allocate_cache(1, 32)
     proposal = _propose(drafter, state, cache, 3, 3, [3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1]])
-    assert proposal.first_call_seconds == 0 and proposal.lookup == [True] and cache.past_len.tolist() == [0]
+    assert proposal.first_call_seconds == 0 and proposal.free == [True] and cache.past_len.tolist() == [0]
     assert drafter.behind(state, cache) == 4
 
 
-def test_hybrid_without_a_draft_model_drafts_by_lookup_alone():
-    """On a target-only artifact the hybrid drafter is prompt lookup: it asks for no draft cache."""
+def test_hybrid_without_a_draft_model_drafts_by_the_index_alone():
+    """On a target-only artifact the hybrid drafter is the suffix index alone: it asks for no draft cache."""
     tokens = np.zeros((2, 32), np.int64)
     tokens[0, :6], tokens[1, :3] = [1, 2, 3, 9, 1, 2], [4, 5, 6]
     drafter = _hybrid(None)
-    assert not drafter.uses_model and drafter.looks_up
+    assert not drafter.uses_model and drafter.finds_free
     proposal = _propose(drafter, _state(tokens, [6, 3]), None, 4, 3, [3, 3])
     np.testing.assert_array_equal(proposal.drafts, [[3, 9, 1], [6, 6, 6]])
     assert proposal.drafted == [3, 0] and proposal.later_calls == 0

@@ -42,9 +42,9 @@ def test_requests_joining_a_running_batch_decode_as_alone(pipeline, alone, draft
         _assert_target_saw_all_but_the_last_token(run)  # where the next verification starts (``cycle_rows``)
     expected = alone if drafter == "model" else {p: pipeline.generate(p, config, suffix_index=None)[0].token_ids
                                                  for p in PROMPTS}
-    assert [row.token_ids for row in run.rows] == [expected[p] for p in PROMPTS]
-    assert [row.request_id for row in run.rows][2:] == ["late-a", "late-b"]
-    assert all(row.finish_reason == "length" and row.prefill_seconds > 0 for row in run.rows)
+    assert [row.token_ids for row in run.results] == [expected[p] for p in PROMPTS]
+    assert [row.request_id for row in run.results][2:] == ["late-a", "late-b"]
+    assert all(row.finish_reason == "length" and row.prefill_seconds > 0 for row in run.results)
 
 
 def _assert_target_saw_all_but_the_last_token(run):
@@ -56,14 +56,14 @@ def test_a_cancelled_request_leaves_and_frees_its_rows(pipeline, alone):
     for _ in range(2):
         run.step()
     run.cancel(1)
-    assert run.rows[1].finish_reason == FinishReason.CANCELLED and list(run.active) == [0, 2, 3]
+    assert run.results[1].finish_reason == FinishReason.CANCELLED and list(run.active) == [0, 2, 3]
     assert run.cache.shape[1] == 3 and run.draft_cache.shape[1] == 3
     run.cancel(1)  # leaving twice changes nothing
     while not run.done:
         run.step()
         _assert_target_saw_all_but_the_last_token(run)
-    assert [run.rows[i].token_ids for i in (0, 2, 3)] == [alone[PROMPTS[i]] for i in (0, 2, 3)]
-    assert len(run.rows[1].token_ids) < len(alone[PROMPTS[1]])
+    assert [run.results[i].token_ids for i in (0, 2, 3)] == [alone[PROMPTS[i]] for i in (0, 2, 3)]
+    assert len(run.results[1].token_ids) < len(alone[PROMPTS[1]])
 
 
 def test_a_request_that_cannot_fit_is_refused_and_the_batch_goes_on(pipeline, alone):
@@ -73,7 +73,7 @@ def test_a_request_that_cannot_fit_is_refused_and_the_batch_goes_on(pipeline, al
         run.join([pipeline.encode("w5 " * 40)], ["too-long"])
     while not run.done:
         run.step()
-    assert len(run.rows) == 1 and run.rows[0].token_ids == alone[PROMPTS[0]]
+    assert len(run.results) == 1 and run.results[0].token_ids == alone[PROMPTS[0]]
 
 
 @pytest.mark.parametrize("drafter", ["model", "prompt-lookup", "suffix", "hybrid", "none"])
@@ -98,7 +98,7 @@ def test_requests_prefilled_a_chunk_at_a_time_between_cycles_then_merged_decode_
     assert len(run.active) == 4 and run.cache.shape[1] == 4
     while not run.done:
         run.step()
-    assert [row.token_ids for row in run.rows] == [expected[p] for p in PROMPTS]
+    assert [row.token_ids for row in run.results] == [expected[p] for p in PROMPTS]
 
 
 def test_merging_batches_of_different_capacity_is_refused(pipeline):
@@ -128,10 +128,10 @@ def test_rows_prefilled_without_the_draft_decode_plainly_or_catch_up_as_the_poli
     behind = sum(max(0, n - 2 - past) for n, past in zip(lengths, run.draft_cache.past_len.tolist()))
     while not run.done:
         run.step()
-    assert [row.token_ids for row in run.rows] == [alone[p] for p in PROMPTS]
+    assert [row.token_ids for row in run.results] == [alone[p] for p in PROMPTS]
     assert judge.asked[0] == (4, behind, to_come) and behind >= sum(len(pipeline.encode(p)) - 2 for p in PROMPTS[2:])
-    first = [r.k for row in run.rows for r in row.records if r.cycle == merged_at]
-    drafted = {r.k for row in run.rows for r in row.records if r.cycle >= merged_at}
+    first = [r.drafted for row in run.results for r in row.records if r.cycle == merged_at]
+    drafted = {r.drafted for row in run.results for r in row.records if r.cycle >= merged_at}
     if pays:  # caught up at once, then drafting as usual: asked no more
         assert first == [3] * 4 and len(judge.asked) == 1
     else:
@@ -173,7 +173,7 @@ def test_a_catch_up_inside_a_cycle_tells_the_policy_its_time_and_tokens(pipeline
     run.policy = judge
     while not run.done:
         run.step()
-    assert [row.token_ids for row in run.rows] == [alone[p] for p in PROMPTS[:2]]
+    assert [row.token_ids for row in run.results] == [alone[p] for p in PROMPTS[:2]]
     longest = max(len(pipeline.encode(p)) for p in PROMPTS[:2])
     (seconds, tokens), = judge.caught_up  # later cycles feed 1-2 tokens a row: not a catch-up
     assert seconds > 0 and tokens == longest + 5  # as wide as the row furthest behind: its prompt + 5
@@ -204,7 +204,7 @@ def test_a_draft_said_caught_up_lacks_no_token_a_catch_up_would_feed(pipeline, d
     assert any(said)  # the claim was made, and checked
 
 
-class TargetsOwnLookup(SuffixDrafter):
+class TargetsOwnText(SuffixDrafter):
     """Free drafts that are, for request 0 alone, the next tokens of the target's own greedy text: all kept (no
     estimates to price), so the draft, which sees none of them, falls behind by all but one."""
 
@@ -218,11 +218,11 @@ class TargetsOwnLookup(SuffixDrafter):
                       for b, cap in enumerate(caps)])
 
 
-def test_a_cycle_with_lookup_rows_does_not_say_the_draft_caught_up(pipeline):
+def test_a_cycle_with_free_rows_does_not_say_the_draft_caught_up(pipeline):
     config = GenerationConfig(k=3, policy="fixed", drafter="hybrid", max_new_tokens=12, ignore_eos=True)
     text = pipeline.generate(PROMPTS[0], config)[0].token_ids
     run = pipeline.start(PROMPTS[:2], config)
-    run.drafter = HybridDrafter(TargetsOwnLookup(text, len(pipeline.encode(PROMPTS[0]))), ModelDrafter(pipeline.draft))
+    run.drafter = HybridDrafter(TargetsOwnText(text, len(pipeline.encode(PROMPTS[0]))), ModelDrafter(pipeline.draft))
     lagged = 0
     while not run.done:
         run.step()
@@ -230,4 +230,14 @@ def test_a_cycle_with_lookup_rows_does_not_say_the_draft_caught_up(pipeline):
             lag = run.drafter.behind(run.state, run.draft_cache)
             assert not (run.draft_caught_up and lag)
             lagged += lag > 0
-    assert lagged and [row.token_ids for row in run.rows][0] == text  # lookup rows left the draft behind, losslessly
+    assert lagged and [row.token_ids for row in run.results][0] == text  # free rows left the draft behind, losslessly
+
+
+def test_a_generations_rows_are_a_deprecated_name_of_its_results(pipeline):
+    """``Generation.rows`` (before 0.5) still gives the results by request number, with a DeprecationWarning."""
+    run = pipeline.start(PROMPTS[:2], CONFIG, suffix_index=None)
+    with pytest.warns(DeprecationWarning, match="Generation.rows is deprecated: use Generation.results"):
+        rows = run.rows
+    assert rows == run.results and [row.request_id for row in rows] == [r.request_id for r in run.results]
+    run.cancel(1)
+    assert run.results[1].finish_reason == FinishReason.CANCELLED and list(run.active) == [0]

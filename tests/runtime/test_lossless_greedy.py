@@ -73,23 +73,23 @@ def test_hybrid_drafter_is_lossless(pipelines, baseline, k, policy, draft):
     assert [r.token_ids for r in pipelines[draft].generate(PROMPTS, config)] == baseline
 
 
-def test_hybrid_drafter_mixes_lookup_and_model_rows_losslessly(pipelines, baseline):
-    """The batch's cycles include some where rows that repeat themselves draft by lookup while the others
-    draft with the model, and some with lookup alone: the output is still the target's."""
+def test_hybrid_drafter_mixes_index_and_model_rows_losslessly(pipelines, baseline):
+    """The batch's cycles include some where rows that repeat themselves draft by the index while the others
+    draft with the model, and some with the index alone: the output is still the target's."""
     run = pipelines["close"].start(PROMPTS, GenerationConfig(k=4, policy="fixed", drafter="hybrid", max_new_tokens=NEW,
                                                                ignore_eos=True), suffix_index=None)  # own text alone
     kinds, propose = [], run.drafter.propose
 
     def spy(state, cache, k, found, caps):
         hits = [len(drafts) > 0 for drafts in found.drafts]
-        kinds.append("mixed" if 0 < sum(hits) < len(hits) else "lookup" if all(hits) else "model")
+        kinds.append("mixed" if 0 < sum(hits) < len(hits) else "index" if all(hits) else "model")
         return propose(state, cache, k, found, caps)
 
     run.drafter.propose = spy
     while not run.done:
         run.step()
     assert {"mixed", "model"} <= set(kinds)
-    assert [row.token_ids for row in run.rows] == baseline
+    assert [row.token_ids for row in run.results] == baseline
 
 
 def test_ragged_acceptance_happens(pipelines):
@@ -99,7 +99,7 @@ def test_ragged_acceptance_happens(pipelines):
     ragged = False
     while not run.done:
         run.step()
-        last = [run.rows[i].records[-1].accepted for i in range(len(PROMPTS)) if run.rows[i].records]
+        last = [run.results[i].records[-1].accepted for i in range(len(PROMPTS)) if run.results[i].records]
         ragged |= len(set(last)) > 1
     assert ragged
 
@@ -108,8 +108,8 @@ def test_ragged_acceptance_happens(pipelines):
 def test_draft_equal_to_target_accepts_every_token(pipelines, k):
     config = GenerationConfig(k=k, policy="fixed", drafter="model", max_new_tokens=NEW, ignore_eos=True)
     for result in pipelines["self"].generate(PROMPTS, config):
-        verified = [r for r in result.records if r.k > 0]
-        assert verified and all(r.accepted == r.k and r.final == "bonus" for r in verified)
+        verified = [r for r in result.records if r.drafted > 0]
+        assert verified and all(r.accepted == r.drafted and r.final == "bonus" for r in verified)
         assert result.stats["acceptance_rate"] == 1.0
 
 

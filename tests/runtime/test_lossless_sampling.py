@@ -139,7 +139,7 @@ def _end_to_end_counts(pipeline, config, prompt):
     """Joint counts of the first two tokens over ROWS independently seeded rows of one batch."""
     results = pipeline.generate([prompt] * ROWS, config)
     if config.drafter != "none":  # the test is vacuous unless drafts were really verified
-        assert any(rec.k >= 2 for r in results for rec in r.records)
+        assert any(rec.drafted >= 2 for r in results for rec in r.records)
     return [tuple(r.token_ids[:2]) for r in results]
 
 
@@ -223,7 +223,7 @@ def test_a_seeded_request_gives_the_same_text_whatever_the_speculation(pair_pipe
         temperature=1.2, max_new_tokens=10, ignore_eos=True)])
     while not run.done:
         run.step()
-    assert run.rows[1].token_ids == plain
+    assert run.results[1].token_ids == plain
 
 
 def test_pipeline_negative_control_wrong_rule_is_caught(pair_pipeline, rule, monkeypatch):

@@ -30,7 +30,7 @@ def alone(pipeline):
 def _finish(run):
     while not run.done:
         run.step()
-    return [row.token_ids for row in run.rows]
+    return [row.token_ids for row in run.results]
 
 
 def test_a_second_thread_stepping_one_generation_is_refused_and_the_first_goes_on(pipeline, alone):

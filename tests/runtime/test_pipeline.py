@@ -172,7 +172,7 @@ class _Recording(Policy):
         return 3
 
     def observe(self, outcome) -> None:
-        self.told.append((list(outcome.drafted), list(outcome.accepted), list(outcome.lookup)))
+        self.told.append((list(outcome.drafted), list(outcome.accepted), list(outcome.free)))
 
 
 def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
@@ -182,16 +182,16 @@ def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
     while not run.done:
         run.step()
     by_cycle = {}  # cycle -> records of the rows it served, in batch order
-    for row in run.rows:
+    for row in run.results:
         for record in row.records:
             by_cycle.setdefault(record.cycle, []).append(record)
-    expected = [([r.k for r in records], [r.accepted for r in records], [r.lookup for r in records])
+    expected = [([r.drafted for r in records], [r.accepted for r in records], [r.free for r in records])
                 for _, records in sorted(by_cycle.items())]
     assert len(expected) > 2 and policy.told == expected
 
 
 def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
-    """Every field of a cycle record against what the cycle did (records are built positionally on the hot path)."""
+    """Every field of a cycle record against what the cycle did (records are built by keyword, in one place)."""
     hybrid = GenerationConfig(k=3, max_new_tokens=14, ignore_eos=True, policy="fixed", drafter="hybrid")
     run = Generation(pipeline.target, pipeline.drafter_for(hybrid), FixedK(3), hybrid,
                      [pipeline.encode("w5 w6 w7 w5 w6"), pipeline.encode("w9")], ["first", "second"])
@@ -199,17 +199,17 @@ def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
     while not run.done:
         sizes.append(run.state.batch)
         run.step()
-    for row in run.rows:
-        assert sum(r.emitted for r in row.records) == len(row.token_ids) == 14
+    for row in run.results:
+        assert sum(r.committed for r in row.records) == len(row.token_ids) == 14
         for r in row.records:
             assert r.request_id == row.request_id and r.batch_size == sizes[r.cycle]
-            assert 0 <= r.accepted <= r.k <= 3 and 1 <= r.emitted <= r.accepted + 1
-            assert r.rejected_at == (r.accepted + 1 if r.accepted < r.k else None)
-            assert r.final == ("plain" if r.k == 0 else "bonus" if r.accepted == r.k else "recovered")
+            assert 0 <= r.accepted <= r.drafted <= 3 and 1 <= r.committed <= r.accepted + 1
+            assert r.rejected_at == (r.accepted + 1 if r.accepted < r.drafted else None)
+            assert r.final == ("plain" if r.drafted == 0 else "bonus" if r.accepted == r.drafted else "recovered")
             assert all(isinstance(s, float) and s >= 0 for s in (r.draft_s, r.verify_s, r.accept_s, r.cache_s))
-            assert r.verify_s > 0 and isinstance(r.lookup, bool)
+            assert r.verify_s > 0 and isinstance(r.free, bool)
         assert [r.cycle for r in row.records] == sorted({r.cycle for r in row.records})
-    assert any(r.lookup for row in run.rows for r in row.records)  # the repeated bigram is looked up
+    assert any(r.free for row in run.results for r in row.records)  # the repeated bigram is found in the index
 
 
 @pytest.mark.parametrize("call,match", [
@@ -313,8 +313,8 @@ def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_se
     assert ("target", 1, 20, None) not in calls  # k = 3 is warm: a request does not warm it again
 
 
-def test_a_target_only_artifact_decodes_by_default_with_lookup_or_plainly(checkpoints, tmp_path):
-    """The default speculation drafts by prompt lookup where the artifact has no draft model, instead of failing;
+def test_a_target_only_artifact_decodes_by_default_with_the_index_or_plainly(checkpoints, tmp_path):
+    """The default speculation drafts by the suffix index alone where the artifact has no draft model, instead of failing;
     asking for the draft model there is refused, naming what to do."""
     single = Pipeline.load(tiny.export_cli(tmp_path / "single", checkpoints["target"]))
     prompt = "w5 w6 w7 w5 w6 w7 w5 w6"
@@ -322,7 +322,7 @@ def test_a_target_only_artifact_decodes_by_default_with_lookup_or_plainly(checkp
     default = single.generate([prompt], GenerationConfig(max_new_tokens=16, ignore_eos=True))[0]
     assert default.token_ids == plain.token_ids and single.draft is None
     fixed = single.generate([prompt], GenerationConfig(policy="fixed", max_new_tokens=16, ignore_eos=True))[0]
-    assert fixed.token_ids == plain.token_ids and any(r.lookup and r.k for r in fixed.records)
+    assert fixed.token_ids == plain.token_ids and any(r.free and r.drafted for r in fixed.records)
     with pytest.raises(ConfigError, match="needs a draft model"):
         single.generate([prompt], GenerationConfig(drafter="model"))
 
@@ -338,3 +338,23 @@ def test_closing_a_pipeline_closes_its_engines(pair_dir):
         assert engine.session is None
         with pytest.raises(EngineClosedError, match="the engine is closed"):
             engine.infer(np.array([[5]]), np.zeros(1, np.int64), engine.allocate_cache(1, 4))
+
+
+def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pair_dir, chat_target_dir):
+    """One check of a config alone, as the serve CLI and the intake call it: exact mode on an explicit-form target, a
+    drafter that needs the draft model an artifact lacks, a stop id outside the vocabulary; the old check_mode stays
+    a deprecated name of its exact-mode part."""
+    pair, single = Pipeline.load(pair_dir), Pipeline.load(chat_target_dir)
+    pair.check_config(GenerationConfig())  # the default decodes anywhere
+    single.check_config(GenerationConfig())
+    with pytest.raises(ConfigError, match="exact: the target's graph is the explicit form"):
+        pair.check_config(GenerationConfig(exact=True))
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        single.check_config(GenerationConfig(drafter="model"))
+    with pytest.raises(ConfigError, match=r"stop_token_ids: got \[100000\]; expected ids inside the vocabulary"):
+        pair.check_config(GenerationConfig(stop_token_ids=[100000]))
+    with pytest.raises(ConfigError, match="config: got dict; expected a GenerationConfig"):
+        pair.check_config({"k": 3})
+    with pytest.warns(DeprecationWarning, match="check_mode is deprecated: use check_config"):
+        with pytest.raises(ConfigError, match="exact: the target's graph is the explicit form"):
+            pair.check_mode(GenerationConfig(exact=True))

@@ -13,8 +13,8 @@ from specdeploy.runtime.cost_policy import (
     Costs,
     acceptance,
     best_k,
+    call_seconds,
     cycle_prices,
-    estimate,
     expected_rates,
     expected_tokens,
 )
@@ -82,14 +82,14 @@ def test_expected_tokens_and_rates_match_a_hand_computation():
 
 def test_call_costs_between_and_beyond_what_was_measured():
     table = {(1, 1): 0.010, (1, 3): 0.014}
-    assert estimate(table, 1, 2) == pytest.approx(0.012)  # a line through the measured sizes
-    assert estimate(table, 1, 9) == pytest.approx(0.026)
+    assert call_seconds(table, 1, 2) == pytest.approx(0.012)  # a line through the measured sizes
+    assert call_seconds(table, 1, 9) == pytest.approx(0.026)
     # another batch size: batch 1's line, calls of several tokens scaled by the rows (the dearest a batch can be)
-    assert estimate(table, 2, 1) == pytest.approx(0.010) and estimate(table, 2, 3) == pytest.approx(0.028)
+    assert call_seconds(table, 2, 1) == pytest.approx(0.010) and call_seconds(table, 2, 3) == pytest.approx(0.028)
     table[2, 1] = 0.015  # one size measured at 2 rows: the nearest line, at that level
-    assert estimate(table, 2, 3) == pytest.approx(0.028 * 1.5)
-    assert estimate({(1, 4): 0.02}, 3, 1) == 0.02  # one point only: flat
-    assert estimate({}, 1, 1) is None
+    assert call_seconds(table, 2, 3) == pytest.approx(0.028 * 1.5)
+    assert call_seconds({(1, 4): 0.02}, 3, 1) == 0.02  # one point only: flat
+    assert call_seconds({}, 1, 1) is None
     costs = _costs(first_ms=3, later_ms=2, catchup_ms=0.5)
     assert costs.draft_cost(1, 4) == pytest.approx(0.003 + 3 * 0.002) and costs.draft_cost(4, 0) == 0.0
     assert costs.catchup_cost(1, 100) == pytest.approx(0.05) and costs.catchup_cost(2, 200) == pytest.approx(0.1)

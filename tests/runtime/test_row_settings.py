@@ -38,14 +38,14 @@ def test_rows_with_their_own_settings_decode_as_alone(pipeline):
     run = pipeline.start(prompts, BATCH, configs)
     while not run.done:
         run.step()
-    results = [pipeline.result(row, config) for row, config in zip(run.rows, configs)]
+    results = [pipeline.result(row, config) for row, config in zip(run.results, configs)]
     for prompt, config, result in zip(prompts, configs, results):
         alone = _alone(pipeline, prompt, config)
         assert (result.token_ids, result.text, result.finish_reason) == (alone.token_ids, alone.text, alone.finish_reason)
     assert [len(r.token_ids) for r in results[:4]] == [24, 20, 12, 24]
     assert results[4].finish_reason == "stop" and len(results[4].token_ids) < 24
-    assert max(rec.k for rec in run.rows[3].records) == 1 == max(rec.accepted for rec in run.rows[3].records)
-    assert max(rec.accepted for rec in run.rows[0].records) > 1 and max(rec.k for rec in run.rows[0].records) == 4
+    assert max(rec.drafted for rec in run.results[3].records) == 1 == max(rec.accepted for rec in run.results[3].records)
+    assert max(rec.accepted for rec in run.results[0].records) > 1 and max(rec.drafted for rec in run.results[0].records) == 4
 
 
 @pytest.mark.parametrize("role", ["target", "draft"])
@@ -85,7 +85,7 @@ def _run(pipeline, prompts, configs, drafted=None):
     run.drafter.propose = recorded
     while not run.done:
         run.step()
-    return run.rows
+    return run.results
 
 
 def test_a_row_capped_below_the_batchs_k_still_samples_the_target_distribution():
@@ -118,10 +118,10 @@ def test_mixed_rows_sample_the_target_distribution_end_to_end(pipeline):
     run = pipeline.start([prompt] * rows, GenerationConfig(k=3, **FIXED, max_new_tokens=24, ignore_eos=True), configs)
     while not run.done:
         run.step()
-    spec = [row for b, row in enumerate(run.rows) if b % 4]
+    spec = [row for b, row in enumerate(run.results) if b % 4]
     assert any(rec.accepted >= 1 for row in spec for rec in row.records)
     greedy = _alone(pipeline, prompt, GREEDY).token_ids
-    assert all(row.token_ids == greedy for b, row in enumerate(run.rows) if b % 4 == 0)
+    assert all(row.token_ids == greedy for b, row in enumerate(run.results) if b % 4 == 0)
     for position in (0, 1):
         a = [r.token_ids[position] for r in plain]
         b = [r.token_ids[position] for r in spec]

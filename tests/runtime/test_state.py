@@ -22,7 +22,7 @@ def test_join_and_leave_keep_rows_in_order():
     assert state.active == [0, 1, 2] and state.lengths == [3, 2, 4]
     np.testing.assert_array_equal(state.tokens[2, :4], [10, 11, 12, 13])
     assert state.leave([1]) == [0, 2]
-    assert state.active == [0, 2] and state.lengths == [3, 4] and [r.request_id for r in state.rows] == ["r0", "r1", "late"]
+    assert state.active == [0, 2] and state.lengths == [3, 4] and [r.request_id for r in state.results] == ["r0", "r1", "late"]
     np.testing.assert_array_equal(state.tokens[:, :4], [[5, 6, 7, 0], [10, 11, 12, 13]])
 
 
@@ -41,12 +41,12 @@ def test_commit_keeps_accepted_drafts_then_the_emitted_token_and_stops_rows():
     state.verify_inputs(np.array([[20, 21], [30, 31]]))
     committed, finished = state.commit([2, 0], [[20, 21, 22], [40, -1, -1]], left=[3, 3])
     assert committed == [(0, [20, 21, 22]), (1, [40])] and finished == [0]
-    assert state.rows[0].finish_reason == FinishReason.LENGTH == "length" and not state.rows[1].finish_reason
+    assert state.results[0].finish_reason == FinishReason.LENGTH == "length" and not state.results[1].finish_reason
     assert state.lengths == [6, 3]
     np.testing.assert_array_equal(state.tokens[0, :6], [5, 6, 7, 20, 21, 22])
     np.testing.assert_array_equal(state.tokens[1, :3], [8, 9, 40])
     state.commit([0, 1], [[2, -1], [41, 2]], left=[0, 2])  # row 1 reaches EOS (2): cut after it
-    assert state.rows[1].token_ids == [40, 41, 2] and state.rows[1].finish_reason == "eos"
+    assert state.results[1].token_ids == [40, 41, 2] and state.results[1].finish_reason == "eos"
 
 
 def test_a_row_alone_writes_through_to_the_batch():
@@ -55,7 +55,7 @@ def test_a_row_alone_writes_through_to_the_batch():
     single.verify_inputs(np.array([[30]]))
     single.commit([1], [[30, 31]], left=[10])
     state.lengths[1] = single.lengths[0]
-    assert state.lengths == [3, 4] and state.rows[1].token_ids == [30, 31]
+    assert state.lengths == [3, 4] and state.results[1].token_ids == [30, 31]
     np.testing.assert_array_equal(state.tokens[1, :4], [8, 9, 30, 31])
 
 

@@ -31,7 +31,7 @@ def test_a_later_request_drafts_from_an_earlier_answer_and_says_whose(pipeline):
     assert earlier in _sources(second) and earlier not in _sources(first)
     assert sum(r.accepted for r in second.records) > sum(r.accepted for r in first.records)
     assert len(second.records) < len(first.records)  # fewer target calls: the earlier answer was followed
-    assert all(r.lookup for r in second.records if r.drafted_from == earlier)
+    assert all(r.free for r in second.records if r.drafted_from == earlier)
 
 
 def test_a_request_without_a_shared_index_drafts_from_its_own_text_alone(pipeline):
@@ -52,7 +52,7 @@ def test_scopes_never_draft_from_each_others_answers(pipeline):
     run = pipeline.start([PROMPT, PROMPT], CONFIG, suffix_index=[alice, bob])  # one batch, a scope per row
     while not run.done:
         run.step()
-    mine, theirs = run.rows
+    mine, theirs = run.results
     assert first.records[0].request_id in _sources_of(mine)
     assert not _sources_of(theirs) & {first.records[0].request_id, mine.request_id}
 
@@ -79,10 +79,10 @@ def test_a_failed_or_mistyped_index_is_refused_naming_the_argument(pipeline):
 
 def test_a_persisted_index_round_trips_into_a_new_pipeline(pair_dir, tmp_path):
     path = tmp_path / "suffix.json"
-    writer = Pipeline.load(pair_dir, suffix_cache=path)
+    writer = Pipeline.load(pair_dir, suffix_file=path)
     first = writer.generate(PROMPT, CONFIG)[0]
-    assert writer.save_suffix_cache() == path and path.is_file()
-    reader = Pipeline.load(pair_dir, suffix_cache=path)
+    assert writer.save_suffix_file() == path and path.is_file()
+    reader = Pipeline.load(pair_dir, suffix_file=path)
     again = reader.generate(PROMPT, CONFIG)[0]
     assert again.token_ids == first.token_ids and any(s.startswith("saved-") for s in _sources(again))
 
@@ -91,7 +91,7 @@ def test_a_corrupt_persisted_index_is_refused_in_one_line_and_the_pipeline_start
     path = tmp_path / "suffix.json"
     path.write_text("{ half a file")
     said = []
-    pipeline = Pipeline.load(pair_dir, suffix_cache=path, log=said.append)
+    pipeline = Pipeline.load(pair_dir, suffix_file=path, log=said.append)
     assert len(said) == 1 and str(path) in said[0] and "not JSON" in said[0] and "\n" not in said[0]
     assert len(pipeline.suffix_index) == 0 and pipeline.generate(PROMPT, CONFIG)[0].token_ids
 
@@ -104,3 +104,18 @@ def test_a_text_drafted_from_is_the_last_to_be_evicted(pipeline):
     again = pipeline.generate(PROMPT, CONFIG, suffix_index=index)[0]  # drafts from the first: it is used again
     assert first in _sources(again) and len(index) == 2
     assert first in index and again.records[0].request_id in index  # the unused second text went
+
+
+def test_the_suffix_file_names_before_0_5_still_work_with_a_deprecation(pair_dir, tmp_path):
+    path = tmp_path / "suffix.json"
+    with pytest.warns(DeprecationWarning, match=r"Pipeline.load\(suffix_cache=...\) is deprecated: use suffix_file="):
+        writer = Pipeline.load(pair_dir, suffix_cache=path)
+    assert writer.suffix_file == path
+    writer.generate(PROMPT, CONFIG)
+    with pytest.warns(DeprecationWarning, match="save_suffix_cache is deprecated: use save_suffix_file"):
+        assert writer.save_suffix_cache() == path and path.is_file()
+    reader = Pipeline.load(pair_dir)
+    with pytest.warns(DeprecationWarning, match="load_suffix_cache is deprecated: use load_suffix_file"):
+        assert reader.load_suffix_cache(path) == 1 and reader.suffix_file == path
+    with pytest.raises(ConfigError, match="suffix_cache: got it with suffix_file; expected one"):
+        Pipeline.load(pair_dir, suffix_file=path, suffix_cache=path)

@@ -225,7 +225,7 @@ def test_the_operators_flags(pair_dir, tmp_path):
 
 def test_the_suffix_indexes_are_written_on_the_way_out_and_read_at_the_next_start(pair_dir, tmp_path):
     cache = tmp_path / "suffix.json"
-    args = [str(pair_dir), "--suffix-cache", str(cache), "--suffix-scope", "global", *SPECULATION]
+    args = [str(pair_dir), "--suffix-file", str(cache), "--suffix-scope", "global", *SPECULATION]
     with running(args) as server:
         assert any("suffix index per server" in line for line in server.lines)
         _stream(server.port, "w5 w6 w7", 6, [], [])

@@ -96,7 +96,7 @@ def test_a_request_among_seven_running_decodes_as_alone(client, pipeline, server
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 30
-    while server[1].rows < 7 and time.monotonic() < deadline:  # the seven are decoding
+    while server[1].row_count < 7 and time.monotonic() < deadline:  # the seven are decoding
         time.sleep(0.001)
     late = client.completions.create(model="tiny", prompt="w5 w6 w7", **GREEDY)
     sampled = client.completions.create(model="tiny", prompt="w40 w41", temperature=1.0, seed=3, max_tokens=20,
@@ -120,9 +120,9 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row(client, server):
     assert response.readline().startswith(b"data: ")  # it is decoding
     response.close()  # gone, 90 tokens early
     deadline = time.monotonic() + 10
-    while scheduler.rows and time.monotonic() < deadline:
+    while scheduler.row_count and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert scheduler.rows == 0 and not scheduler.tickets
+    assert scheduler.row_count == 0 and not scheduler.tickets
     assert metrics(url)['specdeploy_requests_total{finish_reason="cancelled"}'] == 1  # it left; it did not finish
     for _ in range(3):  # and the server goes on
         assert client.completions.create(model="tiny", prompt="w8 w9", **GREEDY).choices[0].finish_reason == "length"
@@ -290,7 +290,7 @@ def test_an_emptied_batch_lends_its_cache_memory_to_the_next_rows(pipeline):
         serve("w20 w21 w22")
     finally:
         loop.close()
-    assert scheduler.running is running and running.cache.held is held and len(running.state.rows) == 1
+    assert scheduler.running is running and running.cache.held is held and len(running.state.results) == 1
     texts = {pipeline.decode(row.prompt_ids): pipeline.decode(row.token_ids) for row in finished}
     assert texts == {p: _alone(pipeline, p, max_new_tokens=12, ignore_eos=True).text
                      for p in ("w5 w6 w7", "w10 w11 w12", "w20 w21 w22")}

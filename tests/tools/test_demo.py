@@ -28,7 +28,7 @@ def test_every_configuration_runs_each_round_and_is_the_targets_own_output(pair_
         for name, measured in results[case.title].items():
             assert measured.token_ids == plain and measured.identical and measured.divergence is None, name
             assert measured.tokens == 2 * len(plain) and measured.seconds > 0  # both rounds pooled
-            assert sum(r.emitted for r in measured.records) == measured.tokens
+            assert sum(r.committed for r in measured.records) == measured.tokens
         assert results[case.title][demo.PLAIN].drafted == 0
         assert results[case.title][demo.MODEL].drafted > 0  # the fixed policy drafts every cycle it can
 

@@ -64,7 +64,7 @@ def test_a_replay_keeps_the_drafts_a_real_run_keeps_and_emits_its_text(recorded,
         real = pipeline.generate([text], config, suffix_index=index)[0]
         assert row["tokens"] == len(real.token_ids)
         assert row["accepted_by_cycle"] == [r.accepted for r in real.records], text
-        assert row["k_by_cycle"] == [r.k for r in real.records], text
+        assert row["drafted_by_cycle"] == [r.drafted for r in real.records], text
     assert sum(row["accepted"] for row in replayed) > 0  # the close draft is right often: the check has drafts to keep
 
 

@@ -11,7 +11,7 @@ def test_a_default_cycle_runs_the_policy_the_drafters_the_target_acceptance_and_
     """The CLI's, the server's and GenerationConfig's default: the cost policy over the hybrid drafter. A cycle after a
     drafting one reads the policy, the drafters, the target, acceptance and the commit."""
     run = Pipeline.load(pair_dir).start(["w5 w6 w7 w8"], GenerationConfig(max_new_tokens=80, ignore_eos=True))
-    assert isinstance(run.policy, CostPolicy) and run.drafter.uses_model and run.drafter.looks_up
+    assert isinstance(run.policy, CostPolicy) and run.drafter.uses_model and run.drafter.finds_free
     run.prefill()
     for _ in range(3):  # the draft's cache checked once, at its first call; the costs warm
         run.step()
