@@ -431,12 +431,13 @@ def _tokenize(tokenizer, text: str, capacity: int) -> list[int]:
 
 
 def check_exact(spec) -> None:
-    """Refuse exact mode on a target whose graph cannot give it: the explicit form's attention sums the keys of a
-    call's own tokens apart from the cache's (``exporter.layers.cached_attention``), so a position's logits depend on
-    which of its keys came in the same call, and on the cache's capacity (docs/results/exactness/)."""
-    if spec.graph != "fused":
-        raise ConfigError(f"exact: the target's graph is the {spec.graph} form; exact mode needs the fused form (its attention "
-                          "reads every key from the cache in place, whichever call wrote it): re-export with --graph fused")
+    """Refuse exact mode on a target whose graph cannot give it: an explicit graph without ``slot_attention`` (exported
+    before it, or imported) scores the keys of a call's own tokens apart from the cache's, so a position's logits
+    depend on which of its keys came in the same call (docs/results/exactness/)."""
+    if spec.graph != "fused" and not spec.slot_attention:
+        origin = "an imported" if spec.imported is not None else "an older exporter's"
+        raise ConfigError(f"exact: the target's graph is {origin} explicit form, whose attention scores a call's own keys "
+                          "apart from the cache's; exact mode needs slot attention or the fused form: re-export it")
 
 
 def _row_configs(config: GenerationConfig, given, prompts: int) -> list[GenerationConfig]:
