@@ -74,8 +74,11 @@ def main() -> None:
         options.error(f"--past {args.past} + {max(args.tokens)} tokens exceeds the capacity {capacity}")
     result = paired(engines, args.tokens, args.past, capacity, args.rounds)
     if args.out is not None:
-        args.out.write_text(json.dumps({"a": str(args.a), "b": str(args.b), "past": args.past, "capacity": capacity,
-                                        "rounds": args.rounds, "tokens": result}, indent=2))
+        from tools.provenance import provenance
+
+        args.out.write_text(json.dumps({**provenance("tools.bench_step_ab"), "a": str(args.a), "b": str(args.b),
+                                        "past": args.past, "capacity": capacity, "rounds": args.rounds,
+                                        "tokens": result}, indent=2))
 
 
 if __name__ == "__main__":
