@@ -191,8 +191,13 @@ def op_report(engine, directory: Path, sequence: list[int], start: int, sizes: l
     mate = np.roll(tokens, 7, axis=1)  # another row's tokens beside it
 
     def cache(rows: np.ndarray):
+        # each row prefilled alone: in one call of several rows, an odd prefill pairs a row's last token with the next
+        # row's first in int4 MatMulNBits (its kernels take rows in pairs), and the batch mate's cache would differ
+        # before the compared call (exact mode's even chunks keep each row's tokens in pairs of its own)
         made = engine.allocate_cache(len(rows), capacity)
-        prefill(engine, made, rows, [start] * len(rows))
+        for b in range(len(rows)):
+            prefill(engine, made.rows(b, b + 1), rows[b : b + 1], [start])
+        made.commit([start] * len(rows))
         return made
 
     def window(at: int, width: int, rows: np.ndarray = tokens) -> np.ndarray:
@@ -201,7 +206,7 @@ def op_report(engine, directory: Path, sequence: list[int], start: int, sizes: l
     one, both = cache(tokens), cache(np.concatenate([mate, tokens]))
     pair = np.concatenate([mate, tokens])
     wider = engine.allocate_cache(1, capacity + 1)
-    prefill(engine, wider, tokens, [start])
+    prefill(engine, wider, tokens, [start])  # for the axes' sizes alone
     probe.learn_axes({(1, 1): probe.run(Call(window(start, 1), [start]), one),
                       (1, 2): probe.run(Call(window(start, 2), [start]), one),
                       (1, 3): probe.run(Call(window(start, 3), [start]), one),
