@@ -124,6 +124,11 @@ class ModelSpec:
     # The graph also outputs ``ids`` (int64 [batch, kept]): each position's argmax token, so that greedy acceptance
     # reads a few integers instead of [batch, kept, vocab] logits (fused graphs; absent from older manifests: false)
     argmax_ids: bool = False
+    # The explicit graph's attention writes the new tokens' K/V at their own slots of a copy of the cache and runs one
+    # MatMul and softmax over every slot (``exporter.layers.cached_attention``), so a position's logits do not depend
+    # on which call wrote its keys: exact mode can run on it. Absent from older manifests (their attention scored a
+    # call's own keys apart from the cache's): false, and exact mode refuses them
+    slot_attention: bool = False
     # A graph we did not write (``specdeploy import``): its own tensor names and cache layout; None for our exports.
     # Its graph form says how calls run: "fused" for a shared buffer written in place, "explicit" for new K/V returned
     imported: ImportedIO | None = None
@@ -341,12 +346,14 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
             raise ContractError(f"{where}: vocab_kept {kept} on the {values['role']} model; only a draft may leave tokens "
                                 "out (the target's distribution is the one decoding must follow)")
     flags = {}
-    for name in ("trims_logits", "takes_seqlens_k", "argmax_ids"):  # absent from older manifests: false
+    for name in ("trims_logits", "takes_seqlens_k", "argmax_ids", "slot_attention"):  # absent from older manifests: false
         flags[name] = data.get(name, False)
         if not isinstance(flags[name], bool):
             raise ContractError(f"{where}: {name} must be true or false, got {short(flags[name])}")
     if flags["takes_seqlens_k"] and graph != "fused":
         raise ContractError(f"{where}: takes_seqlens_k on a {graph} graph; only the fused form takes seqlens_k")
+    if flags["slot_attention"] and graph != "explicit":
+        raise ContractError(f"{where}: slot_attention on a {graph} graph; only the explicit form declares it")
     imported = data.get("imported")
     if imported is not None:
         imported = _imported_from_dict(imported, graph, flags, f"{where}: imported")

@@ -65,7 +65,8 @@ def summary(rows: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifact", type=Path, required=True, help="the artifact (a fused-form target)")
+    parser.add_argument("--artifact", type=Path, required=True,
+                        help="the artifact (a fused-form target, or an explicit one with slot attention)")
     parser.add_argument("--humaneval", type=int, default=10, help="HumanEval prompts, the first N, in order")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt at most")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")

@@ -114,6 +114,21 @@ def kernels(spec, artifact: Path, log=print) -> list[dict]:
     return rows
 
 
+def export_facts(spec, directory: Path) -> dict:
+    """How the target was exported: its manifest's graph form, weights, dtype, capacity and flags, and the int4
+    quantizer's settings as its MatMulNBits nodes carry them (the manifest does not record them)."""
+    import onnx
+
+    graph = onnx.load(str(directory / spec.file), load_external_data=False).graph
+    int4 = set()
+    for node in (node for node in graph.node if node.op_type == "MatMulNBits"):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        int4.add((attributes.get("block_size"), attributes.get("accuracy_level", 0)))
+    return {"graph": spec.graph, "weights": spec.weights, "dtype": spec.dtype, "capacity": spec.capacity,
+            "slot_attention": spec.slot_attention, "architecture": spec.architecture, "layers": spec.num_layers,
+            "matmulnbits_block_size_accuracy_level": sorted(int4)}
+
+
 def main() -> None:
     options = parser(__doc__)
     options.add_argument("--artifact", type=artifact, required=True, help="the artifact whose target to measure")
@@ -141,15 +156,22 @@ def main() -> None:
     with refusing(options):  # an artifact or a workload that cannot be had: one line, not a traceback
         pipeline = Pipeline.load(args.artifact, threads=args.threads)
         prompts = workload(args.humaneval, args.specbench)
+    import onnxruntime
+
+    from tools.provenance import provenance
+
+    # where the figures came from: date, command, machine, commit, ONNX Runtime, and how the target was exported
+    facts = {"artifact": str(args.artifact), **provenance("tools.bench_exactness"),
+             "onnxruntime": onnxruntime.__version__, "target": export_facts(pipeline.target.spec, args.artifact)}
     if args.kernels:
         rows = kernels(pipeline.target.spec, args.artifact)
         if args.out:
-            args.out.write_text(json.dumps({"artifact": str(args.artifact), "kernels": rows}, indent=1))
+            args.out.write_text(json.dumps(facts | {"kernels": rows}, indent=1))
         return
     if args.ops:
         rows = ops(pipeline, args.artifact, prompts[0][1], args.tokens, sizes, args.every_row)
         if args.out:
-            args.out.write_text(json.dumps({"artifact": str(args.artifact), "ops": rows}, indent=1))
+            args.out.write_text(json.dumps(facts | {"ops": rows}, indent=1))
         return
     rows = measure(pipeline, prompts, args.tokens, sizes)
     summary = {size: {"max_logit_change": max(r["max_logit_change"] for r in part),
@@ -163,7 +185,7 @@ def main() -> None:
               f"up to {s['margin_move_max']:.3f} (median of medians {s['margin_move_median']:.4f}); top token changed "
               f"at {s['top_token_changed']} of {s['positions']} positions")
     if args.out:
-        args.out.write_text(json.dumps({"artifact": str(args.artifact), "rows": rows, "summary": summary}, indent=1))
+        args.out.write_text(json.dumps(facts | {"rows": rows, "summary": summary}, indent=1))
 
 
 if __name__ == "__main__":

@@ -64,8 +64,9 @@ class OpProbe:
         self.session = ort.InferenceSession(str(workdir / "exposed.onnx"), options, providers=["CPUExecutionProvider"])
         order = {name: i for i, name in enumerate(self.producers)}  # a declared output where its node computes it
         self.names = sorted((o.name for o in self.session.get_outputs()), key=lambda name: order.get(name, -1))
-        self.token_axes: dict[str, list[int]] = {}
+        self.token_axes: dict[str, list[tuple[int, int]]] = {}  # name -> (axis, its size a token), first: the rows'
         self.batch_axis: dict[str, int | None] = {}
+        self.slot_axes: dict[str, list[int]] = {}  # name -> the axes over the cache's slots (an explicit form's keys)
 
     def run(self, call: Call, cache) -> dict[str, np.ndarray]:
         """Every exposed output of ``call`` over ``cache`` (a KVCache of the call's batch; not written)."""
@@ -78,11 +79,14 @@ class OpProbe:
         feeds |= dict(zip(spec.cache_inputs, cache.buffers))
         return dict(zip(self.names, self.session.run(self.names, feeds)))
 
-    def learn_axes(self, runs: dict[tuple[int, int], dict[str, np.ndarray]]) -> None:
+    def learn_axes(self, runs: dict, wider: dict[str, np.ndarray] | None = None) -> None:
         """Which axes of each output follow the call's tokens and batch, from runs of shapes (1, 2) and (1, 3), and
-        (1, 1) and (2, 1) (a fused graph takes several tokens after a past only at batch 1)."""
+        (1, 1) and (2, 1) (a fused graph takes several tokens after a past only at batch 1), and which the cache's
+        slots: ``wider`` is the (1, 1) run over a cache one slot larger (None: no output is read by slot)."""
         for name in self.names:
-            self.token_axes[name] = _grown(runs[1, 2][name], runs[1, 3][name])
+            self.slot_axes[name] = [] if wider is None else _grown(runs[1, 1][name], wider[name])
+            two, three = runs[1, 2][name], runs[1, 3][name]
+            self.token_axes[name] = [(axis, np.shape(three)[axis] - np.shape(two)[axis]) for axis in _grown(two, three)]
             batch = _grown(runs[1, 1][name], runs[2, 1][name])
             self.batch_axis[name] = batch[0] if batch else None
 
@@ -96,11 +100,19 @@ class OpProbe:
         if batch is not None:
             index[batch] = call.row
         if tokens:
-            index[tokens[0]] = call.at
+            axis, per_token = tokens[0]
+            # per_token > 1: the explicit form's query heads folded into rows, group-major (row = g * tokens + t,
+            # ``exporter.layers.cached_attention``): the position's row of each group
+            index[axis] = call.at if per_token == 1 else slice(call.at, None, array.shape[axis] // per_token)
         elif name in self.spec.cache_outputs and self.spec.writes_cache:  # the whole cache: the slot it wrote
             index[2] = call.past[call.row] + call.at
         elif batch is None:
             return array  # no position in it: a weight-derived value, compared whole
+        if name not in self.spec.cache_outputs:
+            # an explicit form's scores and keys over every slot: those the position sees (up to its own); the slots
+            # past it hold what earlier calls left there, masked before the softmax
+            for axis in self.slot_axes.get(name, []):
+                index[axis] = slice(0, call.past[call.row] + call.at + 1)
         return array[tuple(index)]
 
 
@@ -179,8 +191,13 @@ def op_report(engine, directory: Path, sequence: list[int], start: int, sizes: l
     mate = np.roll(tokens, 7, axis=1)  # another row's tokens beside it
 
     def cache(rows: np.ndarray):
+        # each row prefilled alone: in one call of several rows, an odd prefill pairs a row's last token with the next
+        # row's first in int4 MatMulNBits (its kernels take rows in pairs), and the batch mate's cache would differ
+        # before the compared call (exact mode's even chunks keep each row's tokens in pairs of its own)
         made = engine.allocate_cache(len(rows), capacity)
-        prefill(engine, made, rows, [start] * len(rows))
+        for b in range(len(rows)):
+            prefill(engine, made.rows(b, b + 1), rows[b : b + 1], [start])
+        made.commit([start] * len(rows))
         return made
 
     def window(at: int, width: int, rows: np.ndarray = tokens) -> np.ndarray:
@@ -188,10 +205,13 @@ def op_report(engine, directory: Path, sequence: list[int], start: int, sizes: l
 
     one, both = cache(tokens), cache(np.concatenate([mate, tokens]))
     pair = np.concatenate([mate, tokens])
+    wider = engine.allocate_cache(1, capacity + 1)
+    prefill(engine, wider, tokens, [start])  # for the axes' sizes alone
     probe.learn_axes({(1, 1): probe.run(Call(window(start, 1), [start]), one),
                       (1, 2): probe.run(Call(window(start, 2), [start]), one),
                       (1, 3): probe.run(Call(window(start, 3), [start]), one),
-                      (2, 1): probe.run(Call(window(start, 1, pair), [start] * 2), both)})
+                      (2, 1): probe.run(Call(window(start, 1, pair), [start] * 2), both)},
+                     probe.run(Call(window(start, 1), [start]), wider))
 
     def ran(call: Call, over) -> tuple[Call, dict]:
         return call, probe.run(call, over)

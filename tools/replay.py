@@ -227,13 +227,15 @@ class _Remembered:
     def __init__(self):
         self.record: dict | None = None
 
-    def recall(self):
+    def recall(self, table: str = "costs"):
         from specdeploy.runtime.cost_policy import Costs
 
-        return None if self.record is None else Costs.from_dict(json.loads(json.dumps(self.record)))  # as on disk
+        if self.record is None or table not in self.record:
+            return None
+        return Costs.from_dict(json.loads(json.dumps(self.record[table])))  # as on disk
 
-    def remember(self, costs) -> None:
-        self.record = costs.to_dict()
+    def remember(self, costs, exact_costs) -> None:
+        self.record = {"costs": costs.to_dict(), "exact_costs": exact_costs.to_dict()}
 
 
 def record(pipeline, prompts, max_new_tokens: int, log=print) -> list[Trace]:

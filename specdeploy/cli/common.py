@@ -35,7 +35,8 @@ def speculation_options(k_help: str):
         click.option("--exact", is_flag=True,
                      help="Exact mode: every target call carries an even number of tokens a row (a plain step padded "
                           "with one dummy), so every position runs the same kernels and greedy speculative output equals "
-                          "greedy plain output bit for bit; plain steps cost more. Needs a fused-form target."),
+                          "greedy plain output bit for bit; plain steps cost more. An explicit-form target exported "
+                          "before slot attention (its manifest lacks slot_attention) is refused: re-export it."),
     ]
 
     def apply(command):

@@ -150,6 +150,7 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         "trims_logits": fused,
         "takes_seqlens_k": fused,
         "argmax_ids": fused,
+        "slot_attention": not fused,  # layers.cached_attention
     }
     progress(f"{role}: building the verify graph ({arch.name}, {dims.num_layers} layers)")
     _write_graph(role, arch, checkpoint, dims, capacity, form, staging / f"{role}.onnx", progress)

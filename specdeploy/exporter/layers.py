@@ -58,34 +58,34 @@ def cached_attention(
     a verification of K + 1 tokens, a rollback and a ragged row are as exact as with full attention.
     ``cap``: scores soft-capped (``softcap``) before the mask.
 
-    The cache is never concatenated or repeated for grouped-query heads (that would copy it every
-    call): query heads are folded into the kv-head axis, and the scores over the cache and over the
-    new tokens are computed apart and joined only for the softmax. Slots >= past_len are replaced,
-    not added to, so finite garbage there can never reach the output.
+    The new tokens' K/V are written into a copy of the cache at their own slots (past_len[b] + j) and one MatMul,
+    one softmax and one MatMul run over every slot: a key sits in the same column, and its score and value join
+    the same sums in the same order, whichever call wrote it. So a position's arithmetic does not depend on the call
+    that computes it (a plain step or a verification's row j), only on the kernels its rows run, which in calls of
+    an even number of tokens are the same for every row (exact mode, ``engines/even.py``; docs/results/exactness/).
+    Scoring the cache and the new tokens apart and joining them for the softmax, as before, put a key in another
+    column, and another partial sum, by the call: a position moved by a few ulp between calls. The copy costs one
+    read and one write of each cache per layer. Query heads are folded into the kv-head axis (row = g * tokens + t),
+    so the keys are read once per kv head, never repeated for grouped-query heads. Slots past a query's own
+    position are replaced, not added to, so finite garbage there can never reach the output.
     """
     batch, heads, tokens, head_dim = q.shape
     kv_heads, capacity = cache_k.shape[1], cache_k.shape[2]
     group = heads // kv_heads
+    query_pos = positions(past_len, tokens)  # [batch, tokens]: each new token's slot, and the last it sees
+    slot_of_new = query_pos[:, None, :, None].expand(batch, kv_heads, tokens, head_dim)
+    keys = cache_k.scatter(2, slot_of_new, k_new)  # [batch, kv_heads, capacity, head_dim]
+    values = cache_v.scatter(2, slot_of_new, v_new)
     qg = q.reshape(batch, kv_heads, group * tokens, head_dim)  # row = g * tokens + t
-    s_cache = qg @ cache_k.transpose(-1, -2)  # [batch, kv_heads, group * tokens, capacity]
-    s_new = qg @ k_new.transpose(-1, -2)  # [batch, kv_heads, group * tokens, tokens]
+    scores = qg @ keys.transpose(-1, -2)  # [batch, kv_heads, group * tokens, capacity]
     if cap is not None:
-        s_cache, s_new = softcap(s_cache, cap), softcap(s_new, cap)
-    floor = torch.finfo(s_cache.dtype).min
+        scores = softcap(scores, cap)
     slots = torch.arange(capacity)
-    valid = slots[None, :] < past_len[:, None]  # [batch, capacity]
-    steps = torch.arange(tokens)
-    causal = steps[:, None] >= steps[None, :]  # [tokens, tokens]
-    if window is None:
-        s_cache = torch.where(valid[:, None, None, :], s_cache, floor)
-    else:
-        query_pos = past_len[:, None] + steps[None, :]  # [batch, tokens]
-        seen = valid[:, None, :] & (slots[None, None, :] > query_pos[:, :, None] - window)  # [batch, tokens, capacity]
-        s_cache = torch.where(seen.repeat(1, group, 1)[:, None], s_cache, floor)
-        causal = causal & (steps[:, None] - steps[None, :] < window)
-    s_new = torch.where(causal.repeat(group, 1), s_new, floor)
-    weights = torch.softmax(torch.cat([s_cache, s_new], dim=-1), dim=-1)
-    out = weights[..., :capacity] @ cache_v + weights[..., capacity:] @ v_new  # [batch, kv, g*t, d]
+    seen = slots[None, None, :] <= query_pos[:, :, None]  # [batch, tokens, capacity]
+    if window is not None:
+        seen = seen & (slots[None, None, :] > query_pos[:, :, None] - window)
+    scores = torch.where(seen.repeat(1, group, 1)[:, None], scores, torch.finfo(scores.dtype).min)
+    out = torch.softmax(scores, dim=-1) @ values  # [batch, kv_heads, group * tokens, head_dim]
     out = out.reshape(batch, heads, tokens, head_dim).transpose(1, 2)
     return out.reshape(batch, tokens, heads * head_dim)
 

@@ -4,8 +4,10 @@ A ``specdeploy generate`` run is a fresh process: it warms its shapes up and mea
 (``Pipeline.warm_up``), but its cycles at other batch sizes, its catch-ups and its drift are what an
 earlier run already learned. The engines' costs belong to the models, the execution provider, the
 thread count and this machine, so they are kept per (artifact manifest, provider, threads, ONNX Runtime
-version, machine) in the user's cache (``$SPECDEPLOY_CACHE``, default ``~/.cache/specdeploy``). A
-record that is missing, unreadable or malformed only means starting from the warm-up's measurements.
+version, machine) in the user's cache (``$SPECDEPLOY_CACHE``, default ``~/.cache/specdeploy``), one record
+holding both modes' tables: the default's and exact mode's (``GenerationConfig.exact``: every target call padded to
+an even number of tokens, so its calls cost otherwise). A record, or a table in it, that is missing, unreadable or
+malformed only means starting from the warm-up's measurements.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..digests import cache_dir, read_record, write_record
 from .cost_policy import Costs
 
 FOLDER = "costs"
+TABLES = ("costs", "exact_costs")  # the default mode's table, exact mode's (records before exact mode: the first)
 
 
 def machine_key(directory: Path, provider: str, threads: int | None) -> str:
@@ -40,15 +43,19 @@ class RememberedCosts:
         self.path = cache_dir() / FOLDER / f"{key}.json"
         self._lock = threading.Lock()
 
-    def recall(self) -> Costs | None:
-        """The table an earlier process kept; None where there is none or it is unusable (a cold start)."""
+    def recall(self, table: str = "costs") -> Costs | None:
+        """The ``table`` (one of ``TABLES``) an earlier process kept; None where there is none or it is unusable (a
+        cold start)."""
+        if table not in TABLES:
+            raise ValueError(f"table: got {table!r}; expected one of {', '.join(TABLES)}")
         record = read_record(self.path)
         try:
-            return Costs.from_dict(record["costs"]) if "costs" in record else None
+            return Costs.from_dict(record[table]) if table in record else None
         except ValueError:
             return None
 
-    def remember(self, costs: Costs) -> None:
-        """Keep ``costs`` for the next process (a read-only home: the next run starts cold)."""
+    def remember(self, costs: Costs, exact_costs: Costs) -> None:
+        """Keep both modes' tables for the next process (a read-only home: the next run starts cold). A process
+        that ran one mode alone passes the other's table as it recalled it, so that table is kept as it was."""
         with self._lock:
-            write_record(self.path, {"costs": costs.to_dict()})
+            write_record(self.path, {"costs": costs.to_dict(), "exact_costs": exact_costs.to_dict()})

@@ -3,7 +3,8 @@ the check of whether a target can give it.
 
 Exact mode pads every target call to an even number of tokens a row (``engines.even.EvenTokens``), so that greedy
 speculative output is exact-mode plain output bit for bit. Its calls cost otherwise (a plain step is a two-token call),
-so its requests' policies price by a cost table of their own.
+so its requests' policies price by a cost table of their own, remembered across processes beside the default's
+(``calibration``).
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from .cost_policy import Costs
 class ExactMode:
     """Exact mode's target (``target`` with every call padded: ``EvenTokens``) and its cost table."""
 
-    def __init__(self, target: Engine):
-        self.target, self.costs = EvenTokens(target), Costs()
+    def __init__(self, target: Engine, costs: Costs | None = None):
+        self.target, self.costs = EvenTokens(target), costs or Costs()
 
 
 def check_exact(spec) -> None:
-    """Refuse exact mode on a target whose graph cannot give it: the explicit form's attention sums the keys of a
-    call's own tokens apart from the cache's (``exporter.layers.cached_attention``), so a position's logits depend on
-    which of its keys came in the same call, and on the cache's capacity (docs/results/exactness/)."""
-    if spec.graph != "fused":
-        raise ConfigError(f"exact: the target's graph is the {spec.graph} form; exact mode needs the fused form (its attention "
-                          "reads every key from the cache in place, whichever call wrote it): re-export with --graph fused")
+    """Refuse exact mode on a target whose graph cannot give it: an explicit graph without ``slot_attention`` (exported
+    before it, or imported) scores the keys of a call's own tokens apart from the cache's, so a position's logits
+    depend on which of its keys came in the same call (docs/results/exactness/)."""
+    if spec.graph != "fused" and not spec.slot_attention:
+        origin = "an imported" if spec.imported is not None else "an older exporter's"
+        raise ConfigError(f"exact: the target's graph is {origin} explicit form, whose attention scores a call's own keys "
+                          "apart from the cache's; exact mode needs slot attention or the fused form: re-export it")

@@ -72,7 +72,8 @@ class Pipeline:
         self._remembered = remembered_costs
         # what each call costs on this machine: the engines', so shared by every request's cost policy
         self.costs = (remembered_costs.recall() if remembered_costs else None) or Costs()
-        self._exact = ExactMode(target)  # exact mode's target and costs (``exact``)
+        # exact mode's target and costs (``exact``), its table recalled as the default's is
+        self._exact = ExactMode(target, remembered_costs.recall("exact_costs") if remembered_costs else None)
         self._warmed: set[tuple[int, bool]] = set()  # the (k, exact) whose shapes ``warm_up`` has run
         # the texts of the requests this pipeline finished, which later requests draft from (``suffix_index``)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
@@ -95,8 +96,9 @@ class Pipeline:
         unless ``verify_hashes=False`` is passed explicitly. ``max_cache_bytes`` caps the KV-cache
         memory one batch may allocate (target and draft together); a batch over it is refused.
         ``remember_costs`` starts the first request's policy from what the last process measured on this
-        artifact, provider and thread count, and keeps what this one measures (``calibration``): for
-        short-lived processes such as ``specdeploy generate``; a long-lived one learns them in its first request.
+        artifact, provider and thread count, and keeps what this one measures (``calibration``; the default mode's
+        table and exact mode's): for short-lived processes such as ``specdeploy generate``; a long-lived one learns
+        them in its first request.
         ``suffix_file``: a file of earlier requests' texts to draft from (``save_suffix_file`` writes it); one that
         is corrupt, too large or for another tokenizer is refused in one line (``log``, default: a warning) and the
         pipeline starts with an empty index. ``suffix_store``: the indexes to use (bounds, scopes).
@@ -393,7 +395,7 @@ class Pipeline:
                 run.step()
             results += [self.result(request.result, request.settings.config) for request in run.requests]
         if self._remembered is not None:  # what this pipeline's calls cost, for the next process
-            self._remembered.remember(self.costs)
+            self._remembered.remember(self.costs, self._exact.costs)
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
@@ -417,7 +419,7 @@ class Pipeline:
                 if run.done:
                     result = self.result(row, config)
                     if self._remembered is not None:
-                        self._remembered.remember(self.costs)
+                        self._remembered.remember(self.costs, self._exact.costs)
                     yield StreamChunk(text.finish(result.text), new, result)
                     return
                 yield StreamChunk(text.push(new), new)

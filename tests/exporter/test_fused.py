@@ -152,6 +152,26 @@ def test_a_manifest_from_before_trimmed_logits_still_loads_and_a_bad_flag_is_ref
                 Manifest.read(copy)
 
 
+def test_explicit_exports_declare_slot_attention_and_a_fused_one_claiming_it_is_refused(fused_and_explicit, tmp_path):
+    """The explicit graph's attention runs over every slot with the new K/V at theirs (exact mode rests on it): its
+    manifest says so; a fused graph's saying so, or a flag that is not a bool, is refused."""
+    import json
+    import shutil
+
+    from specdeploy.contract import ContractError
+
+    assert Manifest.read(fused_and_explicit["explicit"]).target.slot_attention is True
+    assert Manifest.read(fused_and_explicit["fused"]).target.slot_attention is False
+    for form, value, message in (("fused", True, "slot_attention on a fused graph; only the explicit form declares it"),
+                                 ("explicit", "yes", "slot_attention must be true or false")):
+        copy = shutil.copytree(fused_and_explicit[form], tmp_path / f"{form}-{value}")
+        data = json.loads((copy / "manifest.json").read_text())
+        data["models"]["target"]["slot_attention"] = value
+        (copy / "manifest.json").write_text(json.dumps(data))
+        with pytest.raises(ContractError, match=message):
+            Manifest.read(copy)
+
+
 def test_inspect_shows_the_logits_input_where_the_graph_has_it(fused_and_explicit):
     from click.testing import CliRunner
 

@@ -71,3 +71,31 @@ def test_generate_cli_remembers_costs_unless_told_not_to(pair_dir, tmp_path, mon
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert {batch for batch, _, _ in _record(tmp_path)["costs"]["draft"]} == {1}
+
+
+def test_exact_modes_costs_are_remembered_beside_the_defaults_and_kept_by_a_process_that_ran_the_other(
+        pair_dir, tmp_path, monkeypatch):
+    """Exact mode prices by its own table (its calls are padded to even token counts): a new process starts from what
+    the last measured in that mode, and a process that ran only the default keeps it as it was."""
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
+    first = Pipeline.load(pair_dir, remember_costs=True)
+    first.generate(["w5 w6"], GenerationConfig(max_new_tokens=24, ignore_eos=True, k=4, exact=True))
+    exact = first._exact.costs.to_dict()
+    assert exact["verify"] and first.costs == Costs()  # exact mode measured its own table alone
+    assert _record(tmp_path) == {"costs": Costs().to_dict(), "exact_costs": exact}
+
+    second = Pipeline.load(pair_dir, remember_costs=True)  # a new process
+    assert second._exact.costs.to_dict() == exact and second.costs == Costs()
+    second.generate(["w5 w6"], CONFIG)  # the default mode alone
+    assert _record(tmp_path)["exact_costs"] == exact and _record(tmp_path)["costs"] == second.costs.to_dict() != {}
+    assert Pipeline.load(pair_dir, remember_costs=True).costs == second.costs
+
+
+def test_a_record_from_before_exact_mode_starts_exact_mode_cold(pair_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
+    kept = Costs.from_dict({"verify": [[1, 1, 0.01]]})
+    record = RememberedCosts(machine_key(pair_dir, "cpu", None)).path
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"costs": kept.to_dict()}))
+    pipeline = Pipeline.load(pair_dir, remember_costs=True)
+    assert pipeline.costs == kept and pipeline._exact.costs == Costs()

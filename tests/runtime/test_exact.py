@@ -3,9 +3,13 @@ drafter, k and batch, with the prefix cache on; not only the tokens, the logits 
 
 The tiny int4 and int8 targets are compressed as the real ones are: in the default mode their logits at a position
 move by a few ulp between a one-token call and a verification (docs/results/exactness/), which is what exact mode
-removes. The explicit form cannot give it and is refused."""
+removes. Both graph forms give it; an explicit graph from before slot attention (``ModelSpec.slot_attention``)
+cannot, and is refused."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -59,21 +63,30 @@ def decode(artifact, config: GenerationConfig, batch_size: int) -> list[tuple[li
     return out
 
 
-@pytest.mark.parametrize("weights", ["int4", "int8"])
-def test_exact_speculation_is_exact_plain_decoding_bit_for_bit(compressed, weights):
-    artifact = compressed(weights)
+def settings() -> list[tuple[str, int, int]]:
+    """(drafter, k, batch size): every drafter at every k, each pair at one batch size, turning through 1-4 so that
+    each drafter meets three batch sizes and each k all four (the fused form runs the whole product)."""
+    pairs = [(drafter, k) for drafter in ("model", "suffix", "prompt-lookup", "hybrid") for k in (1, 4, 8)]
+    return [(drafter, k, 1 + i % 4) for i, (drafter, k) in enumerate(pairs)]
+
+
+@pytest.mark.parametrize("weights, graph", [("int4", "fused"), ("int8", "fused"), ("int4", "explicit"),
+                                            ("int8", "explicit")])
+def test_exact_speculation_is_exact_plain_decoding_bit_for_bit(compressed, weights, graph):
+    artifact = compressed(weights, graph)
     plain = decode(artifact, GenerationConfig(drafter="none", max_new_tokens=TOKENS, ignore_eos=True, exact=True), 1)
-    for batch_size in (1, 2, 3, 4):
-        for drafter in ("model", "suffix", "prompt-lookup", "hybrid"):
-            for k in (1, 4, 8):
-                config = GenerationConfig(drafter=drafter, k=k, policy="fixed", max_new_tokens=TOKENS, ignore_eos=True,
-                                          exact=True)
-                for i, ((tokens, logits), (plain_tokens, plain_logits)) in enumerate(
-                        zip(decode(artifact, config, batch_size), plain)):
-                    where = f"{weights}, batch {batch_size}, {drafter}, k={k}, prompt {i}"
-                    assert tokens == plain_tokens, where
-                    assert np.array_equal(logits, plain_logits), f"{where}: logits differ by up to " \
-                                                                 f"{np.abs(logits - plain_logits).max():.2e}"
+    runs = settings() if graph == "explicit" else [
+        (drafter, k, batch_size) for batch_size in (1, 2, 3, 4) for drafter in ("model", "suffix", "prompt-lookup",
+                                                                                "hybrid") for k in (1, 4, 8)]
+    for drafter, k, batch_size in runs:
+        config = GenerationConfig(drafter=drafter, k=k, policy="fixed", max_new_tokens=TOKENS, ignore_eos=True,
+                                  exact=True)
+        for i, ((tokens, logits), (plain_tokens, plain_logits)) in enumerate(
+                zip(decode(artifact, config, batch_size), plain)):
+            where = f"{weights} {graph}, batch {batch_size}, {drafter}, k={k}, prompt {i}"
+            assert tokens == plain_tokens, where
+            assert np.array_equal(logits, plain_logits), f"{where}: logits differ by up to " \
+                                                         f"{np.abs(logits - plain_logits).max():.2e}"
 
 
 def test_exact_plain_decoding_does_not_depend_on_the_batch(compressed):
@@ -115,9 +128,15 @@ def test_the_result_says_which_mode_it_ran(compressed):
         assert pipeline.generate([PROMPTS[0]], config)[0].stats["exact"] is exact
 
 
-def test_exact_mode_refuses_an_explicit_form_target(compressed):
-    pipeline = Pipeline.load(compressed("int8", "explicit"))
-    with pytest.raises(ConfigError, match="exact: the target's graph is the explicit form; .* --graph fused"):
+def test_exact_mode_refuses_an_explicit_graph_from_before_slot_attention(compressed, tmp_path):
+    """An older exporter's explicit graph scored a call's own keys apart from the cache's; its manifest lacks
+    ``slot_attention`` (here: the flag taken out of a new one's)."""
+    older = shutil.copytree(compressed("int8", "explicit"), tmp_path / "older")
+    manifest = json.loads((older / "manifest.json").read_text())
+    del manifest["models"]["target"]["slot_attention"]
+    (older / "manifest.json").write_text(json.dumps(manifest))
+    pipeline = Pipeline.load(older)
+    with pytest.raises(ConfigError, match="exact: the target's graph is an older exporter's explicit form, .* re-export"):
         pipeline.generate([PROMPTS[0]], GenerationConfig(max_new_tokens=4, exact=True))
     assert pipeline.generate([PROMPTS[0]], GenerationConfig(max_new_tokens=4))[0].token_ids  # the default still runs
 

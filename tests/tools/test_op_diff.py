@@ -60,3 +60,36 @@ def test_a_kernels_rows_are_told_apart_by_the_calls_that_computed_them():
     for key in ("differ_from_one_row_call", "differ_from_row_0_of_two"):
         assert all(2 <= m <= 9 and 0 <= j < m for m, j in found[key])
     assert op_diff.matmul_nbits_rows(64, 96, 32, 4) == found
+
+
+def test_the_explicit_forms_folded_rows_and_slots_are_read_at_the_position_and_every_op_agrees(pair_dir, tmp_path):
+    """The explicit form folds query heads into rows (row = g * tokens + t) and scores every cache slot: an output's
+    slice at a position is that position's row of each head group, over the slots up to its own. With slot attention,
+    a padded step, a verification's rows and a batch mate compute a position alike at every op (tiny fp32 target)."""
+    pipeline = Pipeline.load(pair_dir)
+    engine, ids = pipeline.target, np.array([[5, 17, 33, 9, 40, 41, 12, 88, 7, 3]], np.int64)
+    probe = op_diff.OpProbe(pair_dir, engine.spec, tmp_path)
+    cache, wider, both = engine.allocate_cache(1, 32), engine.allocate_cache(1, 33), engine.allocate_cache(2, 32)
+    for made in (cache, wider, both):
+        prefill(engine, made, np.repeat(ids, made.buffers[0].shape[0], axis=0), [4] * made.buffers[0].shape[0])
+    probe.learn_axes({(1, 1): probe.run(op_diff.Call(ids[:, 4:5], [4]), cache),
+                      (1, 2): probe.run(op_diff.Call(ids[:, 4:6], [4]), cache),
+                      (1, 3): probe.run(op_diff.Call(ids[:, 4:7], [4]), cache),
+                      (2, 1): probe.run(op_diff.Call(np.repeat(ids[:, 4:5], 2, axis=0), [4, 4]), both)},
+                     probe.run(op_diff.Call(ids[:, 4:5], [4]), wider))
+    group = engine.spec.num_heads // engine.spec.kv_heads
+    call = op_diff.Call(ids[:, 4:9], [4], at=3)
+    ran = probe.run(call, cache)
+    scores = [name for name in probe.names if probe.token_axes[name][:1] == [(2, group)] and probe.slot_axes[name] == [3]
+              and ran[name].dtype == np.float32]
+    assert scores, "no float [batch, kv_heads, group * tokens, capacity] output found"
+    for name in scores:
+        assert np.array_equal(probe.position(name, ran[name], call), ran[name][0, :, 3::5, :8])  # slots 0 .. 4 + 3
+    sequence = ids[0].tolist() + pipeline.generate([ids[0].tolist()], GenerationConfig(
+        drafter="none", max_new_tokens=8, ignore_eos=True), suffix_index=None)[0].token_ids
+    (tmp_path / "report").mkdir()
+    rows = op_diff.op_report(engine, pair_dir, sequence, ids.shape[1] - 1, [2, 5], tmp_path / "report",
+                             log=lambda line: None)
+    assert any(row["case"].startswith("batch mate") for row in rows)
+    for row in rows:
+        assert row["outputs_differing"] == 0 and row["logits_max_abs"] == 0.0, row
