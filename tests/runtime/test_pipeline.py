@@ -340,15 +340,23 @@ def test_closing_a_pipeline_closes_its_engines(pair_dir):
             engine.infer(np.array([[5]]), np.zeros(1, np.int64), engine.allocate_cache(1, 4))
 
 
-def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pair_dir, chat_target_dir):
-    """One check of a config alone, as the serve CLI and the intake call it: exact mode on an explicit-form target, a
-    drafter that needs the draft model an artifact lacks, a stop id outside the vocabulary; the old check_mode stays
-    a deprecated name of its exact-mode part."""
-    pair, single = Pipeline.load(pair_dir), Pipeline.load(chat_target_dir)
+def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pair_dir, chat_target_dir, tmp_path):
+    """One check of a config alone, as the serve CLI and the intake call it: exact mode on an explicit-form target
+    without slot attention (an older export's), a drafter that needs the draft model an artifact lacks, a stop id
+    outside the vocabulary; the old check_mode stays a deprecated name of its exact-mode part."""
+    import json
+    import shutil
+
+    older_dir = shutil.copytree(pair_dir, tmp_path / "older")
+    manifest = json.loads((older_dir / "manifest.json").read_text())
+    del manifest["models"]["target"]["slot_attention"]
+    (older_dir / "manifest.json").write_text(json.dumps(manifest))
+    pair, single, older = Pipeline.load(pair_dir), Pipeline.load(chat_target_dir), Pipeline.load(older_dir)
     pair.check_config(GenerationConfig())  # the default decodes anywhere
     single.check_config(GenerationConfig())
-    with pytest.raises(ConfigError, match="exact: the target's graph is the explicit form"):
-        pair.check_config(GenerationConfig(exact=True))
+    pair.check_config(GenerationConfig(exact=True))  # an explicit export with slot attention gives exact mode
+    with pytest.raises(ConfigError, match="exact: the target's graph is an older exporter's explicit form"):
+        older.check_config(GenerationConfig(exact=True))
     with pytest.raises(ConfigError, match="needs a draft model"):
         single.check_config(GenerationConfig(drafter="model"))
     with pytest.raises(ConfigError, match=r"stop_token_ids: got \[100000\]; expected ids inside the vocabulary"):
@@ -356,5 +364,5 @@ def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pa
     with pytest.raises(ConfigError, match="config: got dict; expected a GenerationConfig"):
         pair.check_config({"k": 3})
     with pytest.warns(DeprecationWarning, match="check_mode is deprecated: use check_config"):
-        with pytest.raises(ConfigError, match="exact: the target's graph is the explicit form"):
-            pair.check_mode(GenerationConfig(exact=True))
+        with pytest.raises(ConfigError, match="exact: the target's graph is an older exporter's explicit form"):
+            older.check_mode(GenerationConfig(exact=True))
