@@ -39,7 +39,8 @@ optimum-venv: $(OPTIMUM_STAMP)
 
 # two workers, one test file each at a time (module fixtures are built once): most of the suite's time is
 # single-threaded export tracing, so the second core halves it; each tiny export is traced once per run and shared
-# by both workers (tests/tiny.py, EXPORT_CACHE). The tools run from the repository root as modules (python -m tools.X)
+# by both workers (tests/tiny.py, EXPORT_CACHE), and so is each explicit-form torch trace that several exports of one
+# checkpoint make (tests/traces.py). The tools run from the repository root as modules (python -m tools.X)
 test: $(STAMP) $(GENAI_STAMP) $(OPTIMUM_STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadfile
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests import foreign as foreign_models
-from tests import tiny
+from tests import tiny, traces
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -22,6 +22,15 @@ def export_cache(tmp_path_factory):
     tiny.EXPORT_CACHE.mkdir(exist_ok=True)
     yield tiny.EXPORT_CACHE
     tiny.EXPORT_CACHE = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def trace_cache(export_cache):
+    """Each explicit-form trace made once per run, shared by every xdist worker (tests/traces.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        traces.install(patch, export_cache / "traces")
+        yield traces.ROOT
+    traces.ROOT = None
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -54,12 +54,19 @@ def _checkpoints(root: Path) -> dict[str, Path]:
             for name, model in (("llama", target), ("llama-draft", draft), ("qwen3", qwen3))}
 
 
-def _run_peer(tool: str, python: Path, job: dict, root: Path) -> dict:
-    job_path, out_path = root / f"{tool}-job.json", root / f"{tool}-out.json"
+def _start_peer(tool: str, python: Path, job: dict, root: Path) -> subprocess.Popen:
+    """The tool's peers.py run on ``job``, its output to files (a pipe left unread would stall it)."""
+    job_path = root / f"{tool}-job.json"
     job_path.write_text(json.dumps(job))
-    done = subprocess.run([str(python), str(PEERS), tool, str(job_path), str(out_path)], capture_output=True, text=True)
-    assert done.returncode == 0, f"{tool} peer failed:\n{done.stderr[-3000:]}"
-    return json.loads(out_path.read_text())["generated"]
+    with open(root / f"{tool}.log", "w") as log:
+        return subprocess.Popen([str(python), str(PEERS), tool, str(job_path), str(root / f"{tool}-out.json")],
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def _finish_peer(tool: str, process: subprocess.Popen, root: Path) -> dict:
+    process.wait()
+    assert process.returncode == 0, f"{tool} peer failed:\n{(root / f'{tool}.log').read_text()[-3000:]}"
+    return json.loads((root / f"{tool}-out.json").read_text())["generated"]
 
 
 def build(root: Path) -> dict:
@@ -70,14 +77,25 @@ def build(root: Path) -> dict:
     checkpoints = _checkpoints(root)
     if not OPTIMUM_PYTHON.is_file():
         pytest.fail(f"{OPTIMUM_PYTHON}: no optimum venv; `make optimum-venv` makes it (or set SPECDEPLOY_OPTIMUM_PYTHON)")
-    references = {}
+    # both tools at once: the worker that builds this holds the others that need it (a file lock), so the build's
+    # wall time is theirs too; each tool's process is one core's work
+    started = {}
     for tool, python in (("genai", Path(sys.executable)), ("optimum", OPTIMUM_PYTHON)):
         folders = {name: spec for name, spec in FOLDERS.items() if spec[1] == tool}
         job = {"builds": [[str(checkpoints[ckpt]), str(root / name), precision] for name, (ckpt, _, precision)
                           in folders.items()],
                "generate": [[str(root / name), PROMPTS, NEW_TOKENS] for name in folders if not name.endswith("draft")]}
-        generated = _run_peer(tool, python, job, root)
-        references |= {Path(folder).name: outputs for folder, outputs in generated.items()}
+        started[tool] = _start_peer(tool, python, job, root)
+    references = {}
+    try:
+        for tool, process in started.items():
+            generated = _finish_peer(tool, process, root)
+            references |= {Path(folder).name: outputs for folder, outputs in generated.items()}
+    finally:
+        for process in started.values():  # the other tool's, where one failed
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     for name, (target, draft) in ARTIFACTS.items():
         import_cli(root / "artifacts" / name, root / target, None if draft is None else root / draft)
     return references

@@ -64,6 +64,16 @@ PROMPT = [5, 97, 98, 99, 257, 40, 41]
 NEW = 16
 
 
+@pytest.fixture(autouse=True)
+def traced_in_this_process(monkeypatch):
+    """These tiny GGUFs are traced in the test's own process: a child per export (the default for a GGUF file, which
+    test_gguf.py's CLI exports keep, and test_external_data.py checks) costs ~6 s of CPU to start, more than the fused
+    export itself; what this file checks is each family's graph, which is the same wherever it is traced."""
+    from specdeploy.exporter import artifact
+
+    monkeypatch.setattr(artifact, "_is_large", lambda source: False)
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tmp_path_factory):
     """One GGUF per family, transformers' model of it, the greedy tokens that model gives after ``PROMPT`` and its
