@@ -53,7 +53,7 @@ def test_unsupported_architecture_lists_supported(tmp_path):
     src = tiny.save_checkpoint(tiny.build_model(config), tmp_path / "opt")
     result = run("export", "--target", src, "--out", tmp_path / "out")
     assert result.exit_code != 0
-    assert ("model_type 'opt' is not supported; supported: gemma2, gemma3_text, gpt2, granite, llama, mistral, olmo2, "
+    assert ("model_type 'opt' is not supported; supported: gemma2, gemma3, gemma3_text, gpt2, granite, llama, mistral, olmo2, "
             "phi3, qwen2, qwen3, smollm3") in result.output
 
 
