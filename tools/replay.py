@@ -409,6 +409,9 @@ def main() -> None:
         data = args.traces  # read and checked as the arguments were parsed
         if getattr(args, "costs", None):
             data["costs"] = args.costs
+        if not data["costs"]:
+            options.error("--traces: the traces file holds no cost table (recorded with --rounds 0); expected --costs "
+                          "naming one")
         _replay_configurations(args, data)
 
 
@@ -427,7 +430,8 @@ def traces_file(text: str) -> dict:
         for role in ("target", "draft"):
             spec = data["models"][role]
             ModelSpec(**{**spec, "eos_token_ids": tuple(spec["eos_token_ids"])})
-        cost_table(data["costs"])
+        if data["costs"]:  # record --rounds 0 measures none: such traces are run at another's (run --costs)
+            cost_table(data["costs"])
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise argparse.ArgumentTypeError(f"{text}: not the shape record writes ({type(exc).__name__}: {exc}); "
                                          f"expected {TRACES}") from None

@@ -164,3 +164,18 @@ def test_the_tool_records_and_replays_every_configuration(fused_dirs, tmp_path):
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode != 0 and "at most 12" in done.stderr
 
+    # record --rounds 0 measures no costs: such traces (the sessions' shipped ones) run at another file's table,
+    # and without one they are refused in one line (they were refused even with --costs: "not a cost table")
+    uncosted = tmp_path / "uncosted.json"
+    uncosted.write_text(json.dumps({**data, "costs": {}}))
+    done = subprocess.run([sys.executable, *TOOL, "run", "--traces", str(uncosted), "--costs", str(traces),
+                           "--lengths", "6", "--ks", "1", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    def decisions(rows):  # the seconds carry the runtime's own time, which differs between two runs
+        return [{k: v for k, v in row.items() if k not in ("seconds", "prefill_s")} for row in rows]
+
+    assert decisions(json.loads(out.read_text())["runs"]["k=1"]) == decisions(report["runs"]["k=1"][: len(PROMPTS)])
+    done = subprocess.run([sys.executable, *TOOL, "run", "--traces", str(uncosted), "--lengths", "6"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 2 and "holds no cost table" in done.stderr and "Traceback" not in done.stderr
