@@ -23,13 +23,15 @@ class GgufFamily:
     from llama.cpp's interleaved rotary order, for files converted as a Llama is)."""
 
     model_type: str
-    extra: Callable[[dict, int, int], dict]
+    extra: Callable[[dict, int, int], dict]  # (metadata, layers, head_dim) -> fields, which win over the common ones
     processor: str | None = None
 
 
 def _granite(meta: dict, layers: int, head_dim: int) -> dict:
+    head_dim = meta["embedding_length"] // meta["attention.head_count"]  # llama.cpp's Granite ignores key_length
     # the converter writes each multiplier under a *_scale name, and only when it is set (non-zero)
-    return {"embedding_multiplier": meta.get("embedding_scale", 1.0), "residual_multiplier": meta.get("residual_scale", 1.0),
+    return {"head_dim": head_dim,
+            "embedding_multiplier": meta.get("embedding_scale", 1.0), "residual_multiplier": meta.get("residual_scale", 1.0),
             "logits_scaling": meta.get("logit_scale", 1.0),
             "attention_multiplier": meta.get("attention.scale", head_dim ** -0.5)}
 
@@ -98,9 +100,7 @@ def read_config(reader):
         raise ExportError(f"{arch}: a rope_freqs tensor (Llama 3-style RoPE scaling) is not read back; expected a file "
                           "without it")
     hidden, heads, layers = need("embedding_length"), need("attention.head_count"), need("block_count")
-    head_dim = meta.get("attention.key_length", hidden // heads)
-    if arch == "granite":  # llama.cpp's Granite ignores head_dim: always hidden / heads
-        head_dim = hidden // heads
+    head_dim = meta.get("attention.key_length", hidden // heads)  # a family's ``extra`` may say otherwise (Granite)
     rope = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 10000.0))}
     scaling = meta.get("rope.scaling.type", "none")
     if scaling not in ROPE_SCALING:

@@ -284,16 +284,13 @@ class Pipeline:
         ``policy_for(config)``), ``request_ids`` (default: req-N) and ``listeners`` (``joining``, ``on_verified``) go to
         the ``Generation``.
         """
-        _check_config(config)
+        self.check_config(config)
         _check_prompt_list(prompts, "expected a non-empty list of prompts")
         mine = row_configs is not None
         row_configs = _row_configs(config, row_configs, len(prompts))
-        self._check_stop_tokens(config)
         if any(row.exact != config.exact for row in row_configs):
             raise ConfigError(f"row_configs: exact={not config.exact} in a batch of exact={config.exact}; exact mode is "
                               "the batch's (its target calls), so every row's config must agree with config's")
-        if config.exact:
-            check_exact(self.target.spec)
         target, costs = self._mode(config.exact)
         policy, drafter = speculation(config, self.draft, costs, policy)  # a drafter the artifact cannot have: refused
         ids = [self.check_request(prompt, row, capacity=capacity, k=config.max_drafts)
