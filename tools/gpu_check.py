@@ -12,7 +12,8 @@ exporter; and the Qwen2 target as onnxruntime-genai's builder writes it, fp16 fo
 CuPy for CUDA): per artifact it reports (tools/gpu_decoding.py)
 - exactness through the public API: greedy plain decoding on the CPU against ``--provider`` token for token, then
   greedy speculative decoding against plain decoding on ``--provider`` for every drafter (the draft model at a fixed
-  K on a ragged batch of 3 and at batch 1, the suffix index, the default speculation at the costs it measured there);
+  K on a ragged batch of 3 and at batch 1, the suffix index, the default's hybrid drafter at a fixed K, and the
+  default speculation at the costs it measured there);
 - a second turn reusing the first's K/V (the prefix cache) against the same turn cold, and exact mode, whose
   speculative output must be its plain output bit for bit (the explicit form's refusal recorded);
 - where the engine keeps its cache, on which execution provider each node of the target ran (ONNX Runtime's

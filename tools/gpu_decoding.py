@@ -1,9 +1,9 @@
 """The decoding checks of tools/gpu_check.py, through the public API on one provider: greedy speculative decoding
-against plain decoding for each drafter (the draft model at a fixed K, the suffix index, the default: the hybrid
-drafter under the cost policy, which prices by the costs this pipeline measured on the provider) on a ragged batch
-and at batch 1; a conversation's second turn reusing the first's K/V (the prefix cache, kept where the engine
-computes) against the same turn cold; exact mode (``GenerationConfig.exact``), whose speculative output must be its
-plain output bit for bit.
+against plain decoding for each drafter (the draft model at a fixed K, the suffix index, the default's hybrid drafter
+at a fixed K and the default itself: that drafter under the cost policy, which prices by the costs this pipeline
+measured on the provider) on a ragged batch and at batch 1; a conversation's second turn reusing the first's K/V (the
+prefix cache, kept where the engine computes) against the same turn cold; exact mode (``GenerationConfig.exact``),
+whose speculative output must be its plain output bit for bit.
 
 Where two greedy outputs part, the target's margin there is reported (``Pipeline.first_divergence``): the CPU and
 a GPU, or a reused and a recomputed K/V, may part at a near-tie (|margin| <= NEAR_TIE); a larger margin is a bug.
@@ -20,11 +20,14 @@ from tools.gpu_timing import guard
 
 NEW_TOKENS = 24
 NEAR_TIE = 0.1  # logit units: an fp16 target's logits (|x| ~ 10) carry errors of ~1e-2 between kernels
-# case -> (k, batch_size: None = all prompts, drafter, policy); "default" is GenerationConfig's own speculation. The
-# suffix index is the pipeline's, which holds the earlier runs' answers to the same prompts: a random model's text does
-# not repeat itself, so its own text alone would draft nothing
+# case -> (k, batch_size: None = all prompts, drafter, policy); "default" is GenerationConfig's own speculation, whose
+# cost policy drafts or not by the times it measured (a busy host's one slow call can price drafting out of a short
+# run), so "hybrid-k4" drafts from the default's drafter whatever the costs. The suffix index is the pipeline's, which
+# holds the earlier runs' answers to the same prompts: a random model's text does not repeat itself, so its own text
+# alone would draft nothing
 SPECULATIVE = {"k4": (4, None, "model", "fixed"), "k2": (2, None, "model", "fixed"), "k4-batch1": (4, 1, "model", "fixed"),
-               "suffix-k4": (4, None, "suffix", "fixed"), "default": (8, None, "hybrid", "cost")}
+               "suffix-k4": (4, None, "suffix", "fixed"), "hybrid-k4": (4, None, "hybrid", "fixed"),
+               "default": (8, None, "hybrid", "cost")}
 
 
 def config(k: int = 0, drafter: str = "none", policy: str = "fixed", **settings):

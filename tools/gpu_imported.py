@@ -1,9 +1,10 @@
 """The imported-graph check of tools/gpu_check.py: the tiny target as onnxruntime-genai's model builder writes it for
 CUDA in fp16 (built where the check is built, so the machine under test needs no onnxruntime-genai; the CPU EP runs it
 too), run through ``specdeploy import`` and the genai adapter (engines/genai.py) on the provider under test: greedy
-speculative decoding (the suffix index, the default speculation) against plain decoding on a ragged batch, a second
-turn reusing the first's K/V, exact mode, and ``Engine.infer``'s latency; and its plain output against the builder's
-fp32 CPU build of the same weights on the CPU (they may part at a near-tie: margins).
+speculative decoding (the suffix index, the hybrid drafter at a fixed K, the default speculation) against plain
+decoding on a ragged batch, a second turn reusing the first's K/V, exact mode, and ``Engine.infer``'s latency; and its
+plain output against the builder's fp32 CPU build of the same weights on the CPU (they may part at a near-tie:
+margins).
 """
 
 from __future__ import annotations

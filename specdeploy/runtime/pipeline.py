@@ -189,9 +189,11 @@ class Pipeline:
     def warm_up(self, k: int, prompt_tokens: int = 0, exact: bool = False) -> float:
         """Bring the shapes a request of at most ``k`` drafts calls at batch 1 into ``costs``: T = 1 .. k + 1 in the
         target, and in the draft its one- and two-token calls and a catch-up of ``CATCHUP_TOKENS`` (none with
-        ``k`` = 0). A shape the table lacks is called twice and the second call measured; one it has (recalled from
-        an earlier process) is left to the requests. With ``prompt_tokens``, each model first prefills that many
-        tokens (a server's chunk), so that its first request's prefill is warm too. Returns the seconds taken.
+        ``k`` = 0). A shape the table lacks is called twice and the quicker call measured: the first is cold, either may
+        be stalled on a busy host, and the table takes its first measurement of a shape whole (one stalled call there
+        can price drafting out of a short request); one it has (recalled from an earlier process) is left to the
+        requests. With ``prompt_tokens``, each model first prefills that many tokens (a server's chunk), so that its
+        first request's prefill is warm too. Returns the seconds taken.
 
         ONNX Runtime grows its buffers at the first call that needs them (on the real pair a cold 100-token prefill
         took 1.02 s in the target, 0.56 s the second time): the cost policy prices its first cycle with warm calls'
@@ -214,9 +216,8 @@ class Pipeline:
                     known = costs.verify if last is None else costs.draft
                     if (1, tokens) in known or tokens > room:
                         continue
-                    for _ in range(2):
-                        seconds = engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache,
-                                               last).seconds
+                    seconds = min(engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache,
+                                               last).seconds for _ in range(2))
                     policy.observe(CycleOutcome(1, verify_seconds=seconds, verify_tokens=tokens) if last is None else
                                    CycleOutcome(1, first_call_seconds=seconds, first_call_tokens=tokens) if tokens > 1 else
                                    CycleOutcome(1, later_call_seconds=seconds, later_calls=1))

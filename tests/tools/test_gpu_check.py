@@ -53,18 +53,22 @@ def test_greedy_speculative_decoding_is_exact_and_accepts_drafts(report):
         cases = record["exactness"]
         assert set(cases) == {"plain cpu vs cpu (2nd pipeline)", "spec k4 cpu (2nd pipeline) vs plain",
                               "spec k2 cpu (2nd pipeline) vs plain", "spec k4-batch1 cpu (2nd pipeline) vs plain",
-                              "spec suffix-k4 cpu (2nd pipeline) vs plain", "spec default cpu (2nd pipeline) vs plain",
-                              "spec k4 cpu vs plain"}, name
+                              "spec suffix-k4 cpu (2nd pipeline) vs plain", "spec hybrid-k4 cpu (2nd pipeline) vs plain",
+                              "spec default cpu (2nd pipeline) vs plain", "spec k4 cpu vs plain"}, name
         for case, result in cases.items():
             assert (result["equal"], result["of"], result["diverged"]) == (3, 3, []), (name, case, result)
             assert [len(t) for t in result["tokens"]] == [24, 24, 24]
         for k in (2, 4):  # the perturbed draft is accepted in part: drafts kept, yet not all of them
             accepted = cases[f"spec k{k} cpu (2nd pipeline) vs plain"]["mean_accepted_length"]
             assert 1.2 < accepted < k + 1, (name, k, accepted)
-        # the suffix index drafts from text alone; the default speculation (hybrid, cost policy) drafted too
+        # the suffix index drafts from text alone; the default's drafter (hybrid) at a fixed K drafted too. Whether the
+        # default itself drafts is its cost policy's call at the times it measured (on a busy 2-core host one slow
+        # call can price drafting out of a 24-token run), so of it only its cycles are asserted, each counted once
         assert cases["spec suffix-k4 cpu (2nd pipeline) vs plain"]["cycles"]["text"] > 0
         assert cases["spec suffix-k4 cpu (2nd pipeline) vs plain"]["cycles"]["model"] == 0
-        assert sum(cases["spec default cpu (2nd pipeline) vs plain"]["cycles"][s] for s in ("text", "model")) > 0
+        assert sum(cases["spec hybrid-k4 cpu (2nd pipeline) vs plain"]["cycles"][s] for s in ("text", "model")) > 0
+        default = cases["spec default cpu (2nd pipeline) vs plain"]["cycles"]
+        assert sum(default.values()) >= 3 * -(-24 // 9), default  # 3 rows of 24 tokens, at most K + 1 = 9 a cycle
         # the costs the default priced by were measured on the provider: every verified shape up to K + 1 at batch 1
         verify = {(b, t) for b, t, _ in record["costs"]["verify"]}
         assert {(1, t) for t in range(1, 10)} <= verify and all(v > 0 for *_, v in record["costs"]["verify"])
@@ -88,7 +92,7 @@ def test_exact_mode_drafted_is_exact_mode_plain_for_every_drafter(report):
     for name, record in report[0]["artifacts"].items():
         cases = record["exact"]
         assert set(cases) == {"plain exact vs plain default"} | {f"spec {c} exact vs plain" for c in (
-            "k4", "k2", "k4-batch1", "suffix-k4", "default")}, name
+            "k4", "k2", "k4-batch1", "suffix-k4", "hybrid-k4", "default")}, name
         for case, result in cases.items():
             assert (result["equal"], result["of"]) == (3, 3), (name, case, result)
 
@@ -116,9 +120,9 @@ def test_the_imported_genai_fp16_build_decodes_exactly_reuses_kv_and_is_timed(re
     assert imported["manifest"]["cache"] == "shared" and imported["manifest"]["dtype"] == "float16"
     assert any(r.startswith("logits cast from float16") for r in imported["manifest"]["rewrites"])
     assert "stage" not in imported
-    # no draft model: the suffix index and the default; and the fp32 build's plain output on the CPU
-    assert set(imported["exactness"]) == {"spec suffix-k4 cpu vs plain", "spec default cpu vs plain",
-                                          "plain cpu fp32 vs cpu fp16"}
+    # no draft model: the suffix index, the hybrid drafter (the index alone) and the default; and the fp32 build's plain output on the CPU
+    assert set(imported["exactness"]) == {"spec suffix-k4 cpu vs plain", "spec hybrid-k4 cpu vs plain",
+                                          "spec default cpu vs plain", "plain cpu fp32 vs cpu fp16"}
     against_fp32 = imported["exactness"].pop("plain cpu fp32 vs cpu fp16")
     assert against_fp32["equal"] >= 1 and all(abs(d["margin"]) <= NEAR_TIE for d in against_fp32["diverged"])
     for section in ("exactness", "exact"):
