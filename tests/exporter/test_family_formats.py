@@ -5,8 +5,8 @@ Each family is the parity case's tiny model (tests/exporter/cases.py: windows sh
 multipliers far from 1, a rope-less layer), exported once in float32 in the explicit form (``exported_architecture``,
 shared with test_families). The explicit form's trace does not depend on the weight format (``ExportOptions.form`` gives every
 format the same float32 trace, asserted below): each format's export here reuses the float32 export's trace and runs
-the rest of the export (the int8 / int4 / fp16 rewrite, the manifest, the hashes) for real, so that seven families in
-three formats cost seven traces, not twenty-eight.
+the rest of the export (the int8 / int4 / fp16 rewrite, the manifest, the hashes) for real, so that twelve families
+in three formats cost twelve traces, not forty-eight (the multimodal Gemma 3's language model among them).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from specdeploy.exporter import artifact
 from specdeploy.exporter.options import ExportOptions
 from tests import tiny
 
-FAMILIES = ("qwen3", "gemma2", "gemma3_text", "phi3", "granite", "olmo2", "smollm3")
+FAMILIES = ("llama", "mistral-window", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3", "granite",
+            "olmo2", "smollm3")
 # format -> (export options, the manifest's (dtype, weights), the op its weights become, the largest logit error
 # allowed against transformers, relative to the largest logit). fp16 rounds weights and activations (measured up to
 # 0.011); int8 rounds weights per column and activations per row (measured up to 0.17 on these untrained models, whose
@@ -102,15 +103,20 @@ def _rounded_to_int4(model, block_size: int):
     (symmetric, ``block_size`` inputs per block, 4 bits): what an int4 export computes, but for its activations."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
 
+    from transformers.pytorch_utils import Conv1D
+
     quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True))
     rounded = copy.deepcopy(model)
     for module in rounded.modules():
-        if isinstance(module, torch.nn.Linear):
-            weight = module.weight.detach().numpy()  # [out, in]: the MatMul's [in, out] transposed
-            packed, scales, _ = quantizer.qbits_block_quant(np.ascontiguousarray(weight.T))  # [out, blocks, block / 2]
+        if isinstance(module, (torch.nn.Linear, Conv1D)):  # GPT-2's Conv1D holds the MatMul's [in, out] itself
+            weight = module.weight.detach().numpy()
+            weight = weight if isinstance(module, Conv1D) else weight.T  # Linear's [out, in] transposed
+            packed, scales, _ = quantizer.qbits_block_quant(np.ascontiguousarray(weight))  # [out, blocks, block / 2]
             levels = np.stack([packed & 15, packed >> 4], -1).reshape(*scales.shape, -1).astype(np.float32) - 8
-            values = (levels * scales[..., None]).reshape(weight.shape[0], -1)[:, : weight.shape[1]]
-            module.weight = torch.nn.Parameter(torch.from_numpy(values))  # a tied head is untied: embeddings stay full
+            values = (levels * scales[..., None]).reshape(weight.shape[1], -1)[:, : weight.shape[0]]  # [out, in]
+            values = values.T if isinstance(module, Conv1D) else values
+            module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(values)))  # a tied head is
+            # untied: embeddings stay full
     return rounded
 
 
