@@ -102,21 +102,20 @@ def _rounded_to_int4(model, block_size: int):
     """A copy of ``model`` whose linear layers' weights are rounded as ONNX Runtime's MatMulNBits quantizer rounds them
     (symmetric, ``block_size`` inputs per block, 4 bits): what an int4 export computes, but for its activations."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
-
     from transformers.pytorch_utils import Conv1D
 
     quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True))
     rounded = copy.deepcopy(model)
     for module in rounded.modules():
-        if isinstance(module, (torch.nn.Linear, Conv1D)):  # GPT-2's Conv1D holds the MatMul's [in, out] itself
-            weight = module.weight.detach().numpy()
-            weight = weight if isinstance(module, Conv1D) else weight.T  # Linear's [out, in] transposed
-            packed, scales, _ = quantizer.qbits_block_quant(np.ascontiguousarray(weight))  # [out, blocks, block / 2]
-            levels = np.stack([packed & 15, packed >> 4], -1).reshape(*scales.shape, -1).astype(np.float32) - 8
-            values = (levels * scales[..., None]).reshape(weight.shape[1], -1)[:, : weight.shape[0]]  # [out, in]
-            values = values.T if isinstance(module, Conv1D) else values
-            module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(values)))  # a tied head is
-            # untied: embeddings stay full
+        if not isinstance(module, (torch.nn.Linear, Conv1D)):
+            continue
+        conv = isinstance(module, Conv1D)  # GPT-2's Conv1D holds the MatMul's [in, out] itself; Linear its transpose
+        matmul = module.weight.detach().numpy() if conv else module.weight.detach().numpy().T
+        packed, scales, _ = quantizer.qbits_block_quant(np.ascontiguousarray(matmul))  # [out, blocks, block / 2]
+        levels = np.stack([packed & 15, packed >> 4], -1).reshape(*scales.shape, -1).astype(np.float32) - 8
+        values = (levels * scales[..., None]).reshape(matmul.shape[1], -1)[:, : matmul.shape[0]]  # [out, in]
+        # a tied head is untied: embeddings stay full
+        module.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(values.T if conv else values)))
     return rounded
 
 
