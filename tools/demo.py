@@ -28,11 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from specdeploy import GenerationConfig, Pipeline, __version__
+from specdeploy.cli.common import CliConsole
 from specdeploy.runtime.telemetry import CycleRecord
 from tools import arguments
 from tools.fetch_models import DEFAULT_CACHE, fetch
@@ -189,7 +189,7 @@ def reasons(measured: dict[str, Measured], configs: dict[str, GenerationConfig])
     return lines + [line]
 
 
-def show(case: Case, measured: dict[str, Measured], configs: dict[str, GenerationConfig], console: Console) -> None:
+def show(case: Case, measured: dict[str, Measured], configs: dict[str, GenerationConfig], console: CliConsole) -> None:
     """The completion, one row per configuration, the verdict and its reasons."""
     plain = measured[PLAIN]
     console.rule(case.title)
@@ -263,8 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     artifact = args.artifact or prepare(args.cache)
     pipeline = Pipeline.load(artifact, threads=args.threads)
     configs = configurations(cli_default(), args.max_new_tokens, args.exact)
-    # piped into a file or a log, rich would wrap the table at 80 columns
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 112)
+    console = CliConsole(highlight=False)
     mode = "exact mode (--exact: every target call an even number of tokens)" if args.exact else "default mode"
     console.print(f"greedy, {mode}, {args.max_new_tokens} new tokens, {args.threads} threads; each configuration "
                   f"{args.rounds} times, in turn; tok/s end to end (prefill included)")

@@ -6,14 +6,13 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from ..engines.ort import PROVIDERS
 from ..files import FileRefused, open_regular
 from ..reports.plots import PLOTS
-from .common import threads_option
+from .common import CliConsole, threads_option
 
 # what bench and report write into --out: only a directory of these is replaced by --force
 BENCH_FILES = ("records.jsonl", "summary.json", "report.html", "report.md", *PLOTS)
@@ -98,7 +97,7 @@ def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_
             path.unlink()
         out.mkdir(parents=True, exist_ok=True)
         total = repeat * -(-len(prompts) // batch_size) * len(grid)
-        with Progress(console=Console(stderr=True), transient=True) as progress:
+        with Progress(console=CliConsole(stderr=True), transient=True) as progress:
             task = progress.add_task(f"bench: {len(grid)} configurations x {len(prompts)} prompts x {repeat}", total=total)
             summary = run_bench(pipelines, grid, prompts, out, repeat, batch_size, lambda: progress.advance(task))
     except (ContractError, CapacityError, ProviderError, ValueError) as exc:
@@ -106,7 +105,7 @@ def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_
     segments = sorted(s for s in summary if s != "all") if len(summary) > 2 else []  # one segment: the whole run
     for segment in [*segments, "all"]:
         _print_summary(summary[segment], segment)
-    Console(stderr=True).print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}; `specdeploy report {out}` plots them")
+    CliConsole(stderr=True).print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}; `specdeploy report {out}` plots them")
 
 
 def _bench_output(out: Path, force: bool) -> list[Path]:
@@ -166,7 +165,7 @@ def _print_summary(summary: dict, segment: str) -> None:
     table = Table(*header, title=f"bench, {segment} (speedup against the baseline measured in the same run)")
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    CliConsole().print(table)
 
 
 @click.command()

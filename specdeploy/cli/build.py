@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
+
+from .common import CliConsole
 
 
 @click.command()
@@ -24,7 +25,7 @@ def build(directory, trt, precision, max_batch, max_draft, capacity, opt_capacit
     from ..contract import ContractError
     from ..engines.trt_build import BuildError, build_engines
 
-    console = Console(stderr=True)
+    console = CliConsole(stderr=True)
     try:
         manifest = build_engines(directory, max_batch, max_draft, capacity, opt_capacity, precision or "auto",
                                  log=console.log)

@@ -1,15 +1,59 @@
-"""What the commands share: the error console, reading a manifest, sizes for people."""
+"""What the commands share: the console (wrapping only at a terminal), reading a manifest, sizes for people."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
+from rich.rule import Rule
 
 from ..contract import ContractError, Manifest
 
-console = Console(stderr=True)
+# wide enough that no line a command prints is wrapped, narrow enough that rich's layout arithmetic stays cheap; a
+# table takes the width its cells need, not this
+PIPED_WIDTH = 10_000
+PIPED_RULE_WIDTH = 112
+
+
+class CliConsole(Console):
+    """rich's console, wrapping only for a person at a terminal. Into a pipe or a file (``specdeploy doctor ART |
+    grep``, a CI log, a test's runner) a line is never wrapped and a table is as wide as its cells, whatever COLUMNS
+    says: a path or a figure cut in two cannot be searched for."""
+
+    @property
+    def soft_wrap(self) -> bool:
+        return self._soft_wrap_asked or not self.is_terminal
+
+    @soft_wrap.setter
+    def soft_wrap(self, value: bool) -> None:
+        self._soft_wrap_asked = value
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)
+        return size if self.is_terminal else ConsoleDimensions(PIPED_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+    def log(self, *objects, **options) -> None:
+        # rich's log line spans the console's width (time, text, then the caller's file at the right edge)
+        if self.is_terminal:
+            super().log(*objects, **options)
+        else:
+            self.print(*objects)
+
+    def rule(self, title="", **options) -> None:
+        # a rule spans the console's width: into a pipe, that of a wide terminal
+        if self.is_terminal:
+            super().rule(title, **options)
+        else:
+            self.print(Rule(title, **options), width=PIPED_RULE_WIDTH)
+
+
+console = CliConsole(stderr=True)
 
 
 def speculation_options(k_help: str):

@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
+
+from .common import CliConsole
 
 SHOWN = 20  # problems printed in full; the rest are counted
 
@@ -24,7 +25,7 @@ def doctor(directory, target, draft):
     if (directory is None) == (target is None):
         raise click.UsageError("give either DIRECTORY or --target (with optional --draft), not both")
     problems = diagnose(directory) if directory is not None else diagnose_pair(target, draft)
-    out = Console()
+    out = CliConsole()
     if not problems:
         out.print(f"[green]ok[/] {directory or target}: no problem found")
         for line in describe(directory, target, draft):

@@ -9,12 +9,11 @@ import math
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from ..engines.ort import PROVIDERS
-from .common import given_suffix_file, speculation_options, suffix_file_option, threads_option
+from .common import CliConsole, given_suffix_file, speculation_options, suffix_file_option, threads_option
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -161,7 +160,7 @@ def _show(pipeline, headings, inputs, config, batch_size):
     from ..runtime.pipeline import GenerationError, GenerationResult
     from ..runtime.telemetry import FinishReason, summarize
 
-    out = Console(highlight=False)
+    out = CliConsole(highlight=False)
     if batch_size == 1:
         results = []
         for heading, source in zip(headings, inputs):
@@ -217,11 +216,11 @@ def _comparison(spec, plain, config, as_json: bool, divergences: list[dict]) -> 
     table.add_row("identical outputs", same + ("" if config.greedy else " (sampling: not expected)"))
     for d in divergences:
         table.add_row(f"prompt {d['prompt']} differs", f"from token {d['position']}: target margin {d['margin']:.2f}")
-    Console(stderr=True).print(table)
+    CliConsole(stderr=True).print(table)
     if divergences and config.exact:
-        Console(stderr=True).print("In exact mode the outputs must be identical: please report this with the command.")
+        CliConsole(stderr=True).print("In exact mode the outputs must be identical: please report this with the command.")
     elif divergences:
-        Console(stderr=True).print("A small margin is a near-tie the compressed target's arithmetic tipped (verifying "
+        CliConsole(stderr=True).print("A small margin is a near-tie the compressed target's arithmetic tipped (verifying "
                                    "K + 1 tokens at once is not bit-identical to decoding one; --exact makes it so): see "
                                    "README, Exactness.")
 
@@ -234,4 +233,4 @@ def _stats_table(results) -> None:
         by_pos = " ".join(f"{a:.2f}" for a in s["acceptance_by_position"])
         table.add_row(str(i), str(s["tokens"]), f"{s['tokens_per_s']:.1f}", f"{s['mean_accepted_length']:.2f}",
                       f"{s['acceptance_rate']:.2f}", by_pos or "-", r.finish_reason)
-    Console(stderr=True).print(table)
+    CliConsole(stderr=True).print(table)

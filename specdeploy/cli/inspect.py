@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -15,7 +14,7 @@ from ..doctor import described
 from ..files import FileRefused, open_regular
 from ..reports.graph import graph_summary
 from ..values import short
-from .common import human, read_manifest
+from .common import CliConsole, human, read_manifest
 
 SHOWN_FILES = 50  # rows of the files table; --json lists them all
 SHOWN_UNREADABLE = 20  # files that cannot be read, named on stderr; the rest are counted
@@ -52,7 +51,7 @@ def inspect(directory, as_json):
             data["models"][role]["outputs"] = spec.outputs
         click.echo(json.dumps(data, indent=2))
         return
-    out = Console()
+    out = CliConsole()
     out.print(f"[bold]{directory}[/]  contract {manifest.contract}, exporter {manifest.exporter_version}, opset {manifest.opset}")
     models = Table("role", "architecture", "params", "layers", "heads / kv", "head dim", "vocab", "dtype", "weights",
                    "capacity", "graph", title="models")
@@ -134,7 +133,7 @@ def _readable_size(path: Path) -> int:
         return os.fstat(handle.fileno()).st_size
 
 
-def _say_unreadable(out: Console, unreadable: dict[str, str]) -> None:
+def _say_unreadable(out: CliConsole, unreadable: dict[str, str]) -> None:
     """One line per file that cannot be read (the first SHOWN_UNREADABLE, then a count), after the tables."""
     named = sorted(unreadable.items())
     for name, why in named[:SHOWN_UNREADABLE]:

@@ -120,7 +120,8 @@ def test_the_imported_genai_fp16_build_decodes_exactly_reuses_kv_and_is_timed(re
     assert imported["manifest"]["cache"] == "shared" and imported["manifest"]["dtype"] == "float16"
     assert any(r.startswith("logits cast from float16") for r in imported["manifest"]["rewrites"])
     assert "stage" not in imported
-    # no draft model: the suffix index, the hybrid drafter (the index alone) and the default; and the fp32 build's plain output on the CPU
+    # no draft model: the suffix index, the hybrid drafter (the index alone) and the default; and the fp32 build's
+    # plain output on the CPU
     assert set(imported["exactness"]) == {"spec suffix-k4 cpu vs plain", "spec hybrid-k4 cpu vs plain",
                                           "spec default cpu vs plain", "plain cpu fp32 vs cpu fp16"}
     against_fp32 = imported["exactness"].pop("plain cpu fp32 vs cpu fp16")
