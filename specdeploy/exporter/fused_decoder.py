@@ -5,8 +5,8 @@ attention multiplier), ``softcap`` (Gemma 2), ``local_window_size`` (sliding win
 ``k_norm_weight`` (per-head q/k norms, applied before its rotary: Qwen3, Gemma 3), its rotary with each layer's own
 cos/sin caches (two RoPE bases; long-RoPE's factors chosen per position in the cache rows; partial rotary, Phi-4-mini's,
 as caches rotary_dim / 2 wide: the op rotates twice its caches' width of each head and passes the rest through) or
-none (rope-less layers); norms after attention and MLP as SimplifiedLayerNormalization, a norm over the whole q or k projection
-(OLMo 2) on the packed projection's slices, multipliers and soft-capped logits as plain Mul / Tanh. What the ops
+none (rope-less layers); norms after attention and MLP as SimplifiedLayerNormalization, a norm over the whole q or k
+projection (OLMo 2) on the packed projection's slices, multipliers and soft-capped logits as plain Mul / Tanh. What the ops
 cannot express is refused in one line naming the family, the feature and ``--graph explicit``.
 """
 
