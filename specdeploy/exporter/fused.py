@@ -189,8 +189,10 @@ def skip_outputs(graph: FusedGraph) -> list[str]:
 
 
 def rotary_tables(graph: FusedGraph, rope, capacity: int) -> tuple[str, str]:
-    """cos/sin caches [capacity, head_dim / 2] of a ``rope.Rope`` for GroupQueryAttention's rotary (its attention factor
-    folded in; long-RoPE's long factors in the rows from its trained length on, as the explicit form chooses them)."""
+    """cos/sin caches [capacity, rotary_dim / 2] of a ``rope.Rope`` for GroupQueryAttention's rotary (its attention factor
+    folded in; long-RoPE's long factors in the rows from its trained length on, as the explicit form chooses them). The
+    op rotates the first 2 x width dims of each head and passes the rest through, which is partial rotary (Phi-4-mini's
+    96 of 128), as onnxruntime-genai's builder writes it; the width must be a multiple of 8."""
     pos = np.arange(capacity, dtype=np.float64)[:, None]
     angles = pos * _numpy(rope.inv_freq).astype(np.float64)[None, :]
     if rope.long_inv_freq is not None:

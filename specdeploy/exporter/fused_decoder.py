@@ -3,9 +3,10 @@
 Each family feature maps onto what the ops take: GroupQueryAttention's ``scale`` (query_pre_attn_scalar, Granite's
 attention multiplier), ``softcap`` (Gemma 2), ``local_window_size`` (sliding windows), ``q_norm_weight`` /
 ``k_norm_weight`` (per-head q/k norms, applied before its rotary: Qwen3, Gemma 3), its rotary with each layer's own
-cos/sin caches (two RoPE bases; long-RoPE's factors chosen per position in the cache rows) or none (rope-less
-layers); norms after attention and MLP as SimplifiedLayerNormalization, a norm over the whole q or k projection
-(OLMo 2) on the packed projection's slices, multipliers and soft-capped logits as plain Mul / Tanh. What the ops
+cos/sin caches (two RoPE bases; long-RoPE's factors chosen per position in the cache rows; partial rotary, Phi-4-mini's,
+as caches rotary_dim / 2 wide: the op rotates twice its caches' width of each head and passes the rest through) or
+none (rope-less layers); norms after attention and MLP as SimplifiedLayerNormalization, a norm over the whole q or k
+projection (OLMo 2) on the packed projection's slices, multipliers and soft-capped logits as plain Mul / Tanh. What the ops
 cannot express is refused in one line naming the family, the feature and ``--graph explicit``.
 """
 
@@ -23,10 +24,11 @@ def write_fused(model, graph: FusedGraph, capacity: int) -> str:
     if model.head_dim % 16:
         raise ExportError(f"the fused graph form needs head_dim to be a multiple of 16 (ONNX Runtime's "
                           f"GroupQueryAttention rotary), got {model.head_dim}; export with --graph explicit")
-    for rope in s.ropes.values():
-        if rope.rotary_dim != model.head_dim:
-            raise ExportError(f"{family.name}: partial rotary ({rope.rotary_dim} of head_dim {model.head_dim}) is not "
-                              "expressible by ONNX Runtime's GroupQueryAttention; export with --graph explicit")
+    for rope in s.ropes.values():  # partial rotary: GroupQueryAttention rotates 2 x its caches' width of each head
+        if rope.rotary_dim % 16:
+            raise ExportError(f"{family.name}: the fused graph form needs the rotary dimension to be a multiple of 16 "
+                              f"(ONNX Runtime's GroupQueryAttention takes cos/sin caches a multiple of 8 wide), got "
+                              f"partial rotary {rope.rotary_dim} of head_dim {model.head_dim}; export with --graph explicit")
     lengths = graph.lengths()
     rotary = {key: rotary_tables(graph, rope, capacity) for key, rope in s.ropes.items()}
     eps = {"epsilon": s.eps, "axis": -1}

@@ -12,9 +12,10 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
 from tests import tiny
-from tests.exporter.cases import PARITY_CASES, REFUSED
+from tests.exporter.cases import PARITY_CASES, REFUSED, longrope
 
-NEW_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "phi3", "granite", "olmo2", "smollm3", "mistral-window", "llama-rope-yarn")
+NEW_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "phi3", "phi3-partial", "granite", "olmo2", "smollm3", "mistral-window",
+                "llama-rope-yarn")
 PROMPT = list(range(5, 13))  # 8 tokens: with 32 more, past every window and within long-RoPE's 64 positions
 NEW = 32
 
@@ -54,6 +55,9 @@ SETTINGS_THAT_BITE = {
                                                                               "rope_theta": 1e6}}}),
     "YaRN": ("llama-rope-yarn", {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}),
     "long-RoPE": ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # every dim of each head rotated (its long-RoPE given a factor per frequency)
+    "partial rotary": ("phi3-partial", {"rope_parameters": {**longrope(64), "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+                                                            "original_max_position_embeddings": 64}}),
 }
 
 
@@ -74,14 +78,22 @@ def test_each_family_setting_moves_the_logits(feature):
     assert (a - b).abs().max() > 100 * 1e-4 * max(1.0, a.abs().max().item()), feature
 
 
-def test_long_rope_chooses_its_factors_by_position(tmp_path):
+# (sizes, rotated dims of each head): Phi-3's whole head; Phi-4-mini's three quarters, over two heads sharing a K/V head
+ROTARY = {"full": ({"hidden_size": 64}, 16),
+          "partial": ({"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "partial_rotary_factor": 0.75}, 48)}
+
+
+@pytest.mark.parametrize("rotary", sorted(ROTARY))
+def test_long_rope_chooses_its_factors_by_position(tmp_path, rotary):
     """A text crossing original_max_position_embeddings (16 here): each token's RoPE uses the short factors below that
     position and the long ones from it on, as transformers computes when it generates token by token after a prompt
     within the trained length; transformers' single forward over the whole text uses the long factors for every token,
-    which is not what the graph computes (rope.py says why: a token's K/V must depend on its position alone)."""
-    config = tiny.llama_config("phi3", hidden_size=64, original_max_position_embeddings=16, sliding_window=None,
-                               pad_token_id=0, rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
-                                                             "long_factor": [1.0 + i for i in range(8)]})
+    which is not what the graph computes (rope.py says why: a token's K/V must depend on its position alone). With
+    partial rotary too (the fused form's caches are as wide as the rotated share of a head)."""
+    sizes, rotated = ROTARY[rotary]
+    config = tiny.llama_config("phi3", **sizes, original_max_position_embeddings=16, sliding_window=None,
+                               pad_token_id=0, rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * (rotated // 2),
+                                                             "long_factor": [1.0 + i for i in range(rotated // 2)]})
     model = tiny.build_model(config, seed=3)
     ids = np.random.default_rng(0).integers(0, tiny.VOCAB, 24)
     with torch.no_grad():
@@ -166,7 +178,8 @@ def test_speculative_greedy_equals_plain_and_seeded_sampling_repeats(exported_ar
     speculative = pipeline.generate(RAGGED, GenerationConfig(drafter="suffix", policy="fixed", k=4, max_new_tokens=24,
                                                              ignore_eos=True), scope=None)
     assert [r.token_ids for r in speculative] == expected, f"{name} ({form})"
-    assert any(record.drafted for result in speculative for record in result.records)  # drafts were verified
+    records = [record for result in speculative for record in result.records]
+    assert any(record.drafted for record in records) and any(record.rejected_at for record in records)  # and some rejected
     sampled = [GenerationConfig(drafter=drafter, policy="fixed", k=4, temperature=0.9, seed=11, max_new_tokens=16,
                                 ignore_eos=True) for drafter in ("none", "suffix", "none")]
     texts = [[r.token_ids for r in pipeline.generate(RAGGED, config, scope=None)] for config in sampled]

@@ -188,12 +188,17 @@ def test_inspect_shows_the_logits_input_where_the_graph_has_it(fused_and_explici
 @pytest.fixture(scope="module")
 def fp16_graphs(checkpoint, tmp_path_factory):
     """The fused float16 forms a GPU runs: full weights with a draft scoring half the vocabulary (its head ends in a Pad),
-    and int4 weights."""
+    int4 weights, and Phi-4-mini's partial rotary under long-RoPE (its cos/sin caches a rotated share of a head wide)."""
+    from tests.exporter.cases import PARITY_CASES
+
     out = tmp_path_factory.mktemp("fp16")
     full = tiny.export_cli(out / "full", checkpoint, checkpoint, "--graph", "fused", "--dtype", "float16",
                            "--draft-vocab", str(tiny.VOCAB // 2))
     int4 = tiny.export_cli(out / "int4", checkpoint, None, "--graph", "fused", "--dtype", "float16", "--weights", "int4")
-    return {"target": full / "target.onnx", "trimmed draft": full / "draft.onnx", "int4 target": int4 / "target.onnx"}
+    partial = tiny.save_checkpoint(tiny.build_model(PARITY_CASES["phi3-partial"](), seed=3), out / "partial-ckpt")
+    partial = tiny.export_cli(out / "partial", partial, None, "--graph", "fused", "--dtype", "float16")
+    return {"target": full / "target.onnx", "trimmed draft": full / "draft.onnx", "int4 target": int4 / "target.onnx",
+            "partial rotary target": partial / "target.onnx"}
 
 
 def test_every_node_of_the_fused_fp16_graph_runs_on_the_cuda_ep_with_no_copy_inside(fp16_graphs):
@@ -216,6 +221,9 @@ def test_every_node_of_the_fused_fp16_graph_runs_on_the_cuda_ep_with_no_copy_ins
         inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
         assert inputs["seqlens_k"] == onnx.TensorProto.INT32 and "past_len" not in inputs
         assert inputs["cache_key.0"] == onnx.TensorProto.FLOAT16
+        if "partial" in name:  # the op rotates twice its caches' width of each head: 48 of 64
+            widths = {t.name: t.dims[1] for t in model.graph.initializer if len(t.dims) == 2}
+            assert {widths[n.input[7]] for n in model.graph.node if n.op_type == "GroupQueryAttention"} == {24}
 
 
 def test_the_placement_check_finds_the_length_arithmetic_of_older_fused_graphs(fp16_graphs):
