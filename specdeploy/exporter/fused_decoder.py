@@ -27,6 +27,10 @@ def write_fused(model, graph: FusedGraph, capacity: int) -> str:
         if rope.rotary_dim != model.head_dim:
             raise ExportError(f"{family.name}: partial rotary ({rope.rotary_dim} of head_dim {model.head_dim}) is not "
                               "expressible by ONNX Runtime's GroupQueryAttention; export with --graph explicit")
+    recurrent = sorted({kind for kind in s.mixers if kind != "attention"})
+    if recurrent:
+        raise ExportError(f"{family.name}: recurrent layers ({', '.join(recurrent)}) are not written in the fused form "
+                          "yet; export with --graph explicit")
     lengths = graph.lengths()
     rotary = {key: rotary_tables(graph, rope, capacity) for key, rope in s.ropes.items()}
     eps = {"epsilon": s.eps, "axis": -1}
