@@ -78,5 +78,4 @@ PARITY_CASES = {
 }
 
 # cases one graph form refuses, with why (tests/exporter/test_families.py checks the refusal)
-REFUSED = {("phi3-partial", "fused"): "partial rotary", ("lfm2", "fused"): "recurrent layers",
-           ("granitemoehybrid", "fused"): "recurrent layers"}
+REFUSED = {("phi3-partial", "fused"): "partial rotary"}

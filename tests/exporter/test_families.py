@@ -14,7 +14,8 @@ from specdeploy.engines import load_engine
 from tests import tiny
 from tests.exporter.cases import PARITY_CASES, REFUSED
 
-NEW_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "phi3", "granite", "olmo2", "smollm3", "mistral-window", "llama-rope-yarn")
+NEW_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "phi3", "granite", "olmo2", "smollm3", "mistral-window", "llama-rope-yarn",
+                "lfm2", "granitemoehybrid")
 PROMPT = list(range(5, 13))  # 8 tokens: with 32 more, past every window and within long-RoPE's 64 positions
 NEW = 32
 

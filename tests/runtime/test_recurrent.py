@@ -21,7 +21,7 @@ NEW = 24
 FAMILIES = ("lfm2", "granitemoehybrid")  # a positional state (conv inputs), rings (Mamba-2's conv inputs and scan)
 
 
-@pytest.fixture(scope="module", params=[(name, form) for name in FAMILIES for form in ("explicit",)],
+@pytest.fixture(scope="module", params=[(name, form) for name in FAMILIES for form in ("explicit", "fused")],
                 ids=lambda param: "-".join(param))
 def pipeline(request, tmp_path_factory):
     """A hybrid target and a perturbed copy of it as its draft (partial, ragged acceptance), exported once."""
