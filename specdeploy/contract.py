@@ -576,6 +576,7 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
         kind = "new" if spec.graph == "explicit" else "present"
         expected |= {name: (spec.dtype, written) for name in state_names((state,), kind)}
     expected["num_logits"] = ("int64", [1])
+    states = set(spec.state_inputs + spec.state_outputs)
     problems = []
     for name, (dtype, dims) in expected.items():
         if name not in declared:
@@ -584,8 +585,9 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
         fixed_differ = any(isinstance(g, int) and e is not None and g != e for g, e in zip(got_dims, dims))
         if got_type != dtype or len(got_dims) != len(dims) or fixed_differ:
             want = ["?" if e is None else e for e in dims]
+            sizes = "its state's slots and shape" if name in states else "kv_heads, head_dim, vocab_size"
             problems.append(f"{name}: the graph declares {got_type} {list(got_dims)}; the manifest says {dtype} {want} "
-                            f"(dtype, kv_heads, head_dim, vocab_size of the {spec.role} model)")
+                            f"(dtype, {sizes} of the {spec.role} model)")
     return problems
 
 

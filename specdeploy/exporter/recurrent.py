@@ -71,11 +71,11 @@ class ShortConv(nn.Module):
         super().__init__()
         at = prefix + "conv."
         hidden, self.kernel = config.hidden_size, short_conv_kernel(config)
-        self.in_proj, self.in_bias = transposed(take(weights, f"{at}in_proj.weight")), _bias(weights, f"{at}in_proj.bias")
-        self.out_proj, self.out_bias = transposed(take(weights, f"{at}out_proj.weight")), _bias(weights, f"{at}out_proj.bias")
-        conv = take(weights, f"{at}conv.weight")
+        conv, in_proj = take(weights, f"{at}conv.weight"), take(weights, f"{at}in_proj.weight")
         _check_shape(conv, (hidden, 1, self.kernel), f"{at}conv.weight", "hidden_size, 1, conv_L_cache")
-        _check_shape(self.in_proj, (hidden, 3 * hidden), f"{at}in_proj.weight (transposed)", "hidden_size, 3 hidden_size")
+        _check_shape(in_proj, (3 * hidden, hidden), f"{at}in_proj.weight", "3 x hidden_size, hidden_size")
+        self.in_proj, self.in_bias = transposed(in_proj), _bias(weights, f"{at}in_proj.bias")
+        self.out_proj, self.out_bias = transposed(take(weights, f"{at}out_proj.weight")), _bias(weights, f"{at}out_proj.bias")
         self.conv = nn.Parameter(conv[:, 0].to(torch.float32).contiguous(), requires_grad=False)  # [hidden, kernel]
         self.conv_bias = _bias(weights, f"{at}conv.bias")
 
@@ -106,14 +106,13 @@ class Mamba2(nn.Module):
         self.heads, self.head_dim, self.groups, self.d_state = sizes["heads"], sizes["head_dim"], sizes["groups"], sizes["d_state"]
         self.inner, self.conv_dim, self.kernel, self.eps = sizes["inner"], sizes["conv_dim"], sizes["kernel"], eps
         self.limits = tuple(float(v) for v in (config.time_step_limit or (0.0, float("inf"))))
-        self.in_proj, self.in_bias = transposed(take(weights, f"{at}in_proj.weight")), _bias(weights, f"{at}in_proj.bias")
-        self.out_proj, self.out_bias = transposed(take(weights, f"{at}out_proj.weight")), _bias(weights, f"{at}out_proj.bias")
-        projected = self.inner + self.conv_dim + self.heads
-        _check_shape(self.in_proj, (config.hidden_size, projected), f"{at}in_proj.weight (transposed)",
-                     "hidden_size, 2 mamba_expand hidden_size + 2 mamba_n_groups mamba_d_state + mamba_n_heads")
-        conv = take(weights, f"{at}conv1d.weight")
+        conv, in_proj = take(weights, f"{at}conv1d.weight"), take(weights, f"{at}in_proj.weight")
         _check_shape(conv, (self.conv_dim, 1, self.kernel), f"{at}conv1d.weight",
-                     "mamba_expand hidden_size + 2 mamba_n_groups mamba_d_state, 1, mamba_d_conv")
+                     "mamba_expand x hidden_size + 2 x mamba_n_groups x mamba_d_state, 1, mamba_d_conv")
+        _check_shape(in_proj, (self.inner + self.conv_dim + self.heads, config.hidden_size), f"{at}in_proj.weight",
+                     "2 x mamba_expand x hidden_size + 2 x mamba_n_groups x mamba_d_state + mamba_n_heads, hidden_size")
+        self.in_proj, self.in_bias = transposed(in_proj), _bias(weights, f"{at}in_proj.bias")
+        self.out_proj, self.out_bias = transposed(take(weights, f"{at}out_proj.weight")), _bias(weights, f"{at}out_proj.bias")
         self.conv = nn.Parameter(conv[:, 0].to(torch.float32).contiguous(), requires_grad=False)
         self.conv_bias = _bias(weights, f"{at}conv1d.bias")
         for name in ("dt_bias", "A_log", "D"):
