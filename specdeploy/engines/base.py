@@ -377,9 +377,11 @@ class Engine(ABC):
         if not isinstance(cache, KVCache):
             raise EngineInputError(f"{role}: cache | received {describe(cache)}; expected a KVCache (Engine.allocate_cache)")
         spec = self.spec
-        if len(cache) != 2 * len(spec.kv_layers) or len(cache.state_buffers) != len(spec.state_inputs):
-            raise EngineInputError(f"{role}: received {len(cache)} K/V and {len(cache.state_buffers)} state tensors; "
-                                   f"expected {2 * len(spec.kv_layers)} and {len(spec.state_inputs)}")
+        if len(cache) != 2 * len(spec.kv_layers):
+            raise EngineInputError(f"{role}: received {len(cache)} cache tensors; expected {2 * len(spec.kv_layers)}")
+        if len(cache.state_buffers) != len(spec.state_inputs):
+            raise EngineInputError(f"{role}: received {len(cache.state_buffers)} recurrent state tensors; expected "
+                                   f"{len(spec.state_inputs)} ({', '.join(spec.state_inputs[:4]) or 'none'})")
         capacity = cache.stacked.shape[3] if cache.stacked.ndim == 5 else -1
         expected = spec.cache_shape(batch, capacity)
         for name, buf in zip(spec.cache_inputs, cache.buffers):

@@ -342,8 +342,8 @@ class Pipeline:
         self._check_stop_tokens(config)
         if config.exact:
             check_exact(self.target.spec)
-        self.drafter_for(config)
-        for spec in _model_specs(self.target, self.draft).values():
+        drafter = self.drafter_for(config)
+        for spec in _model_specs(self.target, self.draft if drafter.uses_model else None).values():
             most = spec.max_drafts
             if config.max_drafts and most is not None and config.k > most:
                 ring = min((s for s in spec.states if s.slots), key=lambda s: s.max_drafts)
