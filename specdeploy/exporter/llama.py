@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..contract import kv_layers
 from .dims import Dims
 from .family import Family, Settings, features
 from .fused import FusedGraph
@@ -119,8 +120,6 @@ class DecoderVerify(nn.Module):
 def _cache_by_layer(cache: tuple, num_layers: int, states) -> tuple[dict, dict]:
     """The forward's cache inputs (``contract.input_names``' order) by layer: {layer: (K, V)} for attention layers and
     {layer: [its states' buffers, in declared order]} for recurrent ones."""
-    from ..contract import kv_layers
-
     attention = kv_layers(num_layers, states)
     kv = {layer: (cache[2 * j], cache[2 * j + 1]) for j, layer in enumerate(attention)}
     at, recurrent = 2 * len(attention), {}

@@ -147,3 +147,31 @@ def test_more_drafts_than_a_ring_holds_are_refused_in_one_line(pipeline):
                                           rf"of \d+ positions, so a cycle verifies at most {most} drafts; use k <= {most}$"):
         pipeline.generate([PROMPTS[1]], GenerationConfig(k=most + 1, max_new_tokens=4))
     assert pipeline.generate([PROMPTS[1]], GenerationConfig(k=most, policy="fixed", max_new_tokens=4))
+
+
+def test_recurrent_states_move_with_their_rows():
+    """Rows leaving and joining move each row's states with its K/V: the first min(length, slots) slots (a full ring's
+    every slot), on the memory the rows that left freed; a row's view writes into the batch's buffers."""
+    from specdeploy.engines.base import KVCache
+
+    rng = np.random.default_rng(0)
+    kv = rng.standard_normal((2, 3, 1, 16, 2)).astype(np.float32)
+    ring, positional = rng.standard_normal((1, 3, 5, 4)).astype(np.float32), rng.standard_normal((2, 3, 16, 3)).astype(np.float32)
+    cache = KVCache(kv, states=[ring, positional])
+    cache.commit([9, 2, 4])  # row 0 has wrapped its ring of 5; rows 1 and 2 have not
+    rows = {b: (ring[:, b].copy(), positional[:, b].copy()) for b in range(3)}
+    kept = cache.select([0, 2])
+    assert np.shares_memory(kept.states[0], ring) and kept.past_len.tolist() == [9, 4]
+    np.testing.assert_array_equal(kept.states[0][:, 0], rows[0][0])  # every slot of a full ring
+    np.testing.assert_array_equal(kept.states[0][:, 1, :4], rows[2][0][:, :4])
+    np.testing.assert_array_equal(kept.states[1][:, 1, :4], rows[2][1][:, :4])
+    joining = KVCache(np.zeros((2, 1, 1, 16, 2), np.float32), states=[np.full((1, 1, 5, 4), 7.0, np.float32),
+                                                                      np.full((2, 1, 16, 3), 8.0, np.float32)])
+    joining.commit([3])
+    joined = kept.extend(joining)
+    assert np.shares_memory(joined.states[1], positional) and joined.past_len.tolist() == [9, 4, 3]
+    assert (joined.states[0][:, 2, :3] == 7).all() and (joined.states[1][:, 2, :3] == 8).all()
+    np.testing.assert_array_equal(joined.states[0][:, 0], rows[0][0])
+    view = joined.rows(1, 2)
+    view.state_buffers[0][0, 4] = -1.0  # ring 0, layer 0 of row 1, slot 4
+    assert (joined.states[0][0, 1, 4] == -1).all() and len(joined.state_buffers) == 3
