@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import ModelSpec, io_problems
-from .base import Engine, KVCache
+from .base import Engine, KVCache, NewCache, allocated
 from .graphs import PLAIN, GraphIds, open_session, run_options
 from .memory import address, transfers
 
@@ -139,17 +139,17 @@ class OrtEngine(Engine):
             raise ProviderError(f"{self.spec.file}: graph disagrees with the manifest: " + "; ".join(problems[:3]))
 
     def allocate_cache(self, batch: int, capacity: int) -> KVCache:
-        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim], where the
-        session computes: host memory on the CPU, the GPU's on CUDA."""
-        shape = self.spec.cache_shape(batch, capacity)
-        return KVCache(self.memory.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype))
+        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim] (and each
+        recurrent state's, ``ModelSpec.states``), where the session computes: host memory on the CPU, the GPU's on CUDA."""
+        return allocated(self.spec, batch, capacity, self.cache_dtype, self.memory.zeros)
 
     def infer_impl(self, input_ids, past_len, cache: KVCache, kept):
         batch, tokens = input_ids.shape
         shape = self._buffers((batch, tokens, kept))
         binding, options = shape.binding(cache)
         shape.run(binding, options, input_ids, past_len)
-        return shape.logits, shape.new_kv, shape.ids
+        new = shape.new_kv if not shape.new_states else NewCache(shape.new_kv, tuple(shape.new_states))
+        return shape.logits, new, shape.ids
 
     def close(self) -> None:
         """Release the session and every buffer bound to it (every thread's); later calls raise EngineClosedError."""
@@ -300,12 +300,11 @@ class CudaMemory:
 # --- bindings: IOBindings of an ONNX Runtime engine: every input and output bound once, by address, where the session computes.
 
 def cache_key(cache: KVCache) -> tuple:
-    """Where a cache's tensors are, as a hashable key: its one array's address, shape and strides (tensor i is
-    element i; kept on the handle, whose array never changes)."""
+    """Where a cache's tensors are, as a hashable key: its arrays' addresses, shapes and strides (tensor i is element i
+    of its array: the K/V's, or a recurrent state's; kept on the handle, whose arrays never change)."""
     key = getattr(cache, "binding_key", None)
     if key is None:
-        stacked = cache.stacked
-        cache.binding_key = key = (address(stacked), stacked.shape, stacked.strides)
+        cache.binding_key = key = tuple((address(a), a.shape, a.strides) for a in (cache.stacked, *cache.states))
     return key
 
 
@@ -345,8 +344,12 @@ class ShapeBuffers:
         self.kept = np.array([kept], np.int64)  # read on the host by the graph (Slice's starts): bound there
         self.logits = memory.empty((batch, kept, spec.vocab_size), np.float32)
         self.ids = memory.empty((batch, kept), np.int64) if spec.argmax_ids else None
-        self.new_kv = None if spec.writes_cache else memory.empty((2 * spec.num_layers, *spec.cache_shape(batch, tokens)),
-                                                                  cache_dtype)
+        self.new_kv = None if spec.writes_cache else memory.empty(
+            (2 * len(spec.kv_layers), *spec.cache_shape(batch, tokens)), cache_dtype)
+        # the explicit form's recurrent states of the call's last positions, [layers, batch, written, *shape] a state
+        self.new_states = [] if spec.writes_cache else [
+            memory.empty((len(state.layers), batch, state.written(tokens), *state.shape), cache_dtype)
+            for state in spec.states]
         self.bindings: dict[tuple, tuple] = {}  # cache key -> (IOBinding, RunOptions or None, allocation)
         self.graph_ids: dict[tuple, int] = {}  # cache key -> graph id, kept while these buffers live
 
@@ -357,11 +360,10 @@ class ShapeBuffers:
         found = self.bindings.get(key)
         if found is not None:
             return found[:2]
-        buffers = cache.buffers
-        owner = allocation(buffers[0])
+        owner = allocation(cache.stacked)
         for other in [k for k, (_, _, o) in self.bindings.items() if o != owner]:
             del self.bindings[other]
-        binding = self._bind(buffers)
+        binding = self._bind(cache)
         options = None
         if self.graphs is not None:
             if key not in self.graph_ids:
@@ -370,8 +372,8 @@ class ShapeBuffers:
         self.bindings[key] = (binding, options, owner)
         return binding, options
 
-    def _bind(self, buffers: list):
-        spec, device = self.spec, self.memory.name
+    def _bind(self, cache: KVCache):
+        spec, device, buffers = self.spec, self.memory.name, cache.buffers
         binding = self.session.io_binding()
         bind(binding, "input_ids", device, self.input_ids)
         bind(binding, spec.lengths_input, device, self.lengths)
@@ -382,6 +384,11 @@ class ShapeBuffers:
         bind(binding, spec.outputs[0], device, self.logits, output=True)
         written = buffers if spec.writes_cache else self.new_kv  # present_* is the cache itself: K/V written in place
         for name, buf in zip(spec.cache_outputs, written):
+            bind(binding, name, device, buf, output=True)
+        for name, buf in zip(spec.state_inputs, cache.state_buffers):
+            bind(binding, name, device, buf)
+        new_states = cache.state_buffers if spec.writes_cache else [layer for group in self.new_states for layer in group]
+        for name, buf in zip(spec.state_outputs, new_states):  # the fused form's present_* is the buffer: in place
             bind(binding, name, device, buf, output=True)
         if self.ids is not None:
             bind(binding, "ids", device, self.ids, output=True)

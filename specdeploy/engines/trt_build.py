@@ -48,6 +48,10 @@ class Profile:
         }
         for name in spec.cache_inputs:
             out[name] = tuple((b, spec.kv_heads, c, spec.head_dim) for b, c in zip(self.batch, self.capacity))
+        for state in spec.states:  # a hybrid's recurrent states: [batch, slots (the capacity where positional), *shape]
+            for layer in state.layers:
+                out[f"cache_{state.name}.{layer}"] = tuple((b, state.slots or c, *state.shape)
+                                                           for b, c in zip(self.batch, self.capacity))
         return out
 
     def admits(self, spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> str | None:

@@ -78,7 +78,7 @@ def check_foreign_graph(path: Path, folder: Path | None = None) -> None:
 def check_graph_facts(path: Path, spec: ModelSpec) -> None:
     """Refuse a manifest entry that disagrees with what its graph states of itself: the role it was exported as
     (target and draft files swapped in the manifest, which carries no hash of itself), the heads its attention nodes
-    declare (``num_heads``, ``kv_heads``, one node a layer; in the explicit form, the head counts its projections are
+    declare (``num_heads``, ``kv_heads``, one node an attention layer; in the explicit form, the head counts its projections are
     reshaped into) and the positions its position tables cover (the capacity may not exceed them: a request would
     fail inside ONNX Runtime at the first position beyond)."""
     facts = _graph_facts(path)
@@ -91,8 +91,9 @@ def check_graph_facts(path: Path, spec: ModelSpec) -> None:
         if heads != [(spec.num_heads, spec.kv_heads)]:
             problems.append(f"its attention nodes declare (num_heads, kv_heads) {heads}; the manifest says "
                             f"({spec.num_heads}, {spec.kv_heads})")
-        if len(attention) != spec.num_layers:
-            problems.append(f"it has {len(attention)} attention nodes (one a layer); the manifest says {spec.num_layers} layers")
+        if len(attention) != len(spec.kv_layers):  # a hybrid's recurrent layers have none
+            problems.append(f"it has {len(attention)} attention nodes (one an attention layer); the manifest says "
+                            f"{len(spec.kv_layers)} attention layers")
     heads = {h for h, d in facts.get("views", ()) if d == spec.head_dim}
     if not attention and heads and heads != {spec.num_heads, spec.kv_heads}:  # the explicit form: its head reshapes
         problems.append(f"it reshapes its projections into heads of {sorted(heads)}; the manifest says num_heads "

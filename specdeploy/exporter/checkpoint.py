@@ -69,15 +69,18 @@ def load_tokenizer_and_config(path: str | Path, tokenizer: bool = True):
 
 
 def _read_config(directory: Path):
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     if not (directory / "config.json").is_file():
         raise ExportError(f"{directory}: missing config.json; expected a Hugging Face model directory")
     try:
         return AutoConfig.from_pretrained(directory, trust_remote_code=False)
-    except (ValueError, OSError, ArithmeticError, TypeError, KeyError, AttributeError) as exc:
-        # transformers validates the config as it builds it: sizes of 0 end in a ZeroDivisionError there
-        raise ExportError(f"{directory / 'config.json'}: cannot be read ({type(exc).__name__}: {exc})") from exc
+    except (ValueError, OSError, ArithmeticError, TypeError, KeyError, AttributeError, StrictDataclassError) as exc:
+        # transformers validates the config as it builds it: sizes of 0 end in a ZeroDivisionError there; its strict
+        # validators' messages span lines (the validator, then the field's complaint): said on one
+        said = " ".join(str(exc).split())
+        raise ExportError(f"{directory / 'config.json'}: cannot be read ({type(exc).__name__}: {said})") from exc
     except RecursionError as exc:
         raise ExportError(f"{directory / 'config.json'}: nested too deeply to be a model config") from exc
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..contract import StateSpec
 from .dims import Dims
 from .errors import ExportError
+from .recurrent import RECURRENT
 from .rope import Rope, ropes
 
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -44,8 +46,10 @@ class Family:
     Granite's embedding, attention, residual and logits multipliers. ``rope_layers``: the config's
     ``no_rope_layers`` says which layers rotate (SmolLM3: 0 = no RoPE). ``fused_projections``: the checkpoint holds
     ``qkv_proj`` and ``gate_up_proj`` (Phi-3), taken as the one MatMul each that the graph computes anyway.
-    The activation, biases, head_dim, tied embeddings, sliding windows (``layer_types`` or one ``sliding_window``)
-    and RoPE scaling are read from every config alike."""
+    ``mixers``: the mixer slot, (layer type, mixer kind) pairs saying which layers of ``layer_types`` run attention
+    ("attention") and which a recurrent mixer (``recurrent.RECURRENT``: LFM2's "short_conv", Granite 4's "mamba2");
+    empty: attention on every layer. The activation, biases, head_dim, tied embeddings, sliding windows
+    (``layer_types`` or one ``sliding_window``) and RoPE scaling are read from every config alike."""
 
     name: str
     model_types: tuple[str, ...]
@@ -59,6 +63,29 @@ class Family:
     multipliers: bool = False
     rope_layers: bool = False
     fused_projections: bool = False
+    mixers: tuple[tuple[str, str], ...] = ()
+
+    def mixer_kinds(self, config, layers: int) -> tuple[str, ...]:
+        """Each layer's mixer ("attention", or a recurrent kind), from the config's ``layer_types`` (the mixer slot)."""
+        if not self.mixers:
+            return ("attention",) * layers
+        kinds, types = dict(self.mixers), getattr(config, "layer_types", None)
+        if not isinstance(types, (list, tuple)) or len(types) != layers:
+            got = f"{len(types)} entries" if isinstance(types, (list, tuple)) else repr(types)
+            raise ExportError(f"{config.model_type}: layer_types: got {got}; expected one per layer ({layers})")
+        for i, kind in enumerate(types):
+            if kind not in kinds:
+                raise ExportError(f"{config.model_type}: layer_types[{i}]: got {kind!r}; expected one of "
+                                  f"{', '.join(kinds)}")
+        return tuple(kinds[kind] for kind in types)
+
+    def states(self, config, layers: int) -> tuple[StateSpec, ...]:
+        """The recurrent states the mixer slot keeps (``contract.StateSpec``), each kind over the layers that run it."""
+        kinds = self.mixer_kinds(config, layers)
+        found = ()
+        for kind in dict.fromkeys(k for k in kinds if k != "attention"):
+            found += RECURRENT[kind].states(config, tuple(i for i, k in enumerate(kinds) if k == kind))
+        return found
 
     def settings(self, config, dims: Dims) -> Settings:
         """What ``config`` makes of this family: every number the block builder reads."""
@@ -96,6 +123,7 @@ class Family:
             windows=_windows(config, dims.num_layers),
             rope_keys=rope_keys,
             ropes=table,
+            mixers=self.mixer_kinds(config, dims.num_layers),
         )
 
 
@@ -105,8 +133,8 @@ NO_ROPE = "no_rope"  # a layer's rope key where it does not rotate (SmolLM3)
 @dataclass(frozen=True)
 class Settings:
     """One config's numbers: ``rope_keys[i]`` names layer i's entry of ``ropes`` (NO_ROPE: none), ``windows[i]`` its
-    sliding window (None: full attention); scores are scaled by ``attention_scale``, the residual branches by
-    ``residual_scale``, the logits by ``logits_scale``."""
+    sliding window (None: full attention), ``mixers[i]`` its mixer ("attention" or a recurrent kind); scores are scaled
+    by ``attention_scale``, the residual branches by ``residual_scale``, the logits by ``logits_scale``."""
 
     eps: float
     activation: str
@@ -119,6 +147,7 @@ class Settings:
     windows: tuple[int | None, ...]
     rope_keys: tuple[str | None, ...]
     ropes: dict[str | None, Rope]
+    mixers: tuple[str, ...] = ()
 
     def rope(self, layer: int) -> Rope | None:
         key = self.rope_keys[layer]
@@ -162,6 +191,8 @@ def features(family: Family, settings: Settings, dims: Dims, tied: bool) -> tupl
             found.append(f"RoPE attention factor {rope.scaling:.4g}{where}")
     if len(settings.ropes) > 1:
         found.append("RoPE per layer type")
+    for kind in dict.fromkeys(k for k in settings.mixers if k != "attention"):
+        found.append(f"{kind} mixer on {settings.mixers.count(kind)} of {len(settings.mixers)} layers")
     if tied:
         found.append("tied embeddings")
     return tuple(found)

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..contract import IR_VERSION, input_names, output_names
+from ..contract import IR_VERSION, kv_layers
 from .dims import Dims
 from .onnx_graph import EXTERNAL_DATA_BYTES, OPSET
 
@@ -54,12 +54,19 @@ class FusedGraph:
         layers, kv_heads, head_dim = dims.num_layers, dims.kv_heads, dims.head_dim
         elem = helper.np_dtype_to_tensor_dtype(self.dtype)
         cache = ["batch", kv_heads, "capacity", head_dim]
+        self.attention_layers = kv_layers(layers, dims.states)
+        kv = [f"{kind}.{i}" for i in self.attention_layers for kind in ("key", "value")]
+        # a recurrent state's buffer, written in place as the K/V are: [batch, slots (capacity where positional), *shape]
+        states = [(f"{state.name}.{i}", ["batch", state.slots or "capacity", *state.shape]) for state in dims.states
+                  for i in state.layers]
         self.inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
                        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"])]  # ModelSpec.takes_seqlens_k
-        self.inputs += [helper.make_tensor_value_info(name, elem, cache) for name in input_names(layers)[2:]]
+        self.inputs += [helper.make_tensor_value_info(f"cache_{name}", elem, cache) for name in kv]
+        self.inputs += [helper.make_tensor_value_info(f"cache_{name}", elem, shape) for name, shape in states]
         self.inputs += [helper.make_tensor_value_info("num_logits", TensorProto.INT64, [1])]  # ModelSpec.trims_logits
         self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "kept", dims.vocab_size])]
-        self.outputs += [helper.make_tensor_value_info(name, elem, cache) for name in output_names(layers, "fused")[1:]]
+        self.outputs += [helper.make_tensor_value_info(f"present_{name}", elem, cache) for name in kv]
+        self.outputs += [helper.make_tensor_value_info(f"present_{name}", elem, shape) for name, shape in states]
         self.outputs += [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "kept"])]  # ModelSpec.argmax_ids
 
     def name(self, stem: str, taken: dict[str, int] | None = None) -> str:
@@ -100,6 +107,15 @@ class FusedGraph:
             self.bytes += array.nbytes
         self.initializers.append(tensor)
         return name
+
+    def scalar(self, name: str, value, dtype=np.int64) -> str:
+        """An initializer holding one number as a 0-d tensor (``constant`` writes a 0-d array as [1]): what Range's
+        inputs and a Gather that drops its axis need. Floats take the model's dtype."""
+        array = np.array(value, self.dtype if np.dtype(dtype).kind == "f" else dtype)
+        tensor = TensorProto(name=self.name(name), data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=[])
+        tensor.raw_data = array.tobytes()
+        self.initializers.append(tensor)
+        return tensor.name
 
     def matmul(self, x: str, weight, name: str) -> str:
         """x @ weight ([in, out]); with int4 weights a MatMulNBits over the block-quantized weight."""
@@ -148,9 +164,19 @@ class FusedGraph:
         Cast of a shape run on the host and feed the op's host input, so no value crosses to the device. The op's
         rotary positions and attention span come from seqlens_k alone; a total above the longest row's only makes
         a call of T > 1 tokens a "subsequent prompt", which is how the engines run them anyway (row by row)."""
-        shape = self.node("Shape", ["cache_key.0"])[0]
+        shape = self.node("Shape", [f"cache_key.{self.attention_layers[0]}"])[0]
         capacity = self.node("Gather", [shape, self.constant("capacity_axis", np.array(2, np.int64))], axis=0)[0]
         return "seqlens_k", self.node("Cast", [capacity], to=TensorProto.INT32)[0]
+
+    def past_len(self) -> tuple[str, str]:
+        """Each row's past_len (int64 [batch]: seqlens_k - tokens + 1) and the call's tokens (an int64 scalar), for the
+        recurrent layers, which read their states at the positions before a call (made once, on first use)."""
+        if not hasattr(self, "_past_len"):
+            tokens = self.node("Gather", [self.node("Shape", ["input_ids"])[0], self.scalar("one", 1)], axis=0)[0]
+            last = self.node("Cast", ["seqlens_k"], to=TensorProto.INT64)[0]
+            back = self.node("Sub", [tokens, self.scalar("one", 1)])[0]
+            self._past_len = self.node("Sub", [last, back])[0], tokens
+        return self._past_len
 
     def attention(self, qkv: str, layer: int, lengths: tuple[str, str], rotary: tuple[str, str] | None,
                   **attributes) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .fused import MS, FusedGraph, rotary_tables, skip_outputs
+from .recurrent_fused import write_mixer
 from .registry import ExportError
 
 
@@ -29,7 +30,7 @@ def write_fused(model, graph: FusedGraph, capacity: int) -> str:
             raise ExportError(f"{family.name}: the fused graph form needs the rotary dimension to be a multiple of 16 "
                               f"(ONNX Runtime's GroupQueryAttention takes cos/sin caches a multiple of 8 wide), got "
                               f"partial rotary {rope.rotary_dim} of head_dim {model.head_dim}; export with --graph explicit")
-    lengths = graph.lengths()
+    lengths = graph.lengths() if "attention" in s.mixers else None
     rotary = {key: rotary_tables(graph, rope, capacity) for key, rope in s.ropes.items()}
     eps = {"epsilon": s.eps, "axis": -1}
     residual = graph.node("Gather", [graph.constant("embed", model.embed), "input_ids"])[0]
@@ -37,17 +38,10 @@ def write_fused(model, graph: FusedGraph, capacity: int) -> str:
     added = None  # the last branch's output, not yet added to the residual stream
     for i, layer in model.layers_to_write():
         h, residual = _norm(graph, residual, added, layer.before_attention, f"layers.{i}.before_attention", eps)
-        qkv = _biased(graph, graph.matmul(h, layer.qkv, f"layers.{i}.qkv"), layer.qkv_bias, f"layers.{i}.qkv_bias")
-        if family.qk_norm:
-            qkv = _qk_norms(model, graph, qkv, layer, i, eps)
-        rope = s.rope(i)
-        attributes = {} if s.attention_scale == model.head_dim ** -0.5 else {"scale": s.attention_scale}
-        if s.attention_softcap:
-            attributes["softcap"] = s.attention_softcap
-        if s.windows[i]:
-            attributes["local_window_size"] = s.windows[i]
-        attn = graph.attention(qkv, i, lengths, None if rope is None else rotary[s.rope_keys[i]], **attributes)
-        out = _biased(graph, graph.matmul(attn, layer.o, f"layers.{i}.o"), layer.o_bias, f"layers.{i}.o_bias")
+        if s.mixers[i] == "attention":  # the mixer slot: attention, or a recurrent layer (recurrent_fused.py)
+            out = _attention(model, graph, h, layer, i, lengths, rotary, eps)
+        else:
+            out = write_mixer(graph, layer.mixer, i, h)
         added = _branch(graph, out, layer.after_attention, f"layers.{i}.after_attention", s.residual_scale, eps)
         h, residual = _norm(graph, residual, added, layer.before_mlp, f"layers.{i}.before_mlp", eps)
         up = _biased(graph, graph.matmul(h, layer.gate_up, f"layers.{i}.gate_up"), layer.gate_up_bias,
@@ -60,10 +54,29 @@ def write_fused(model, graph: FusedGraph, capacity: int) -> str:
         out = _biased(graph, graph.matmul(graph.node("Mul", [act, up])[0], layer.down, f"layers.{i}.down"),
                       layer.down_bias, f"layers.{i}.down_bias")
         added = _branch(graph, out, layer.after_mlp, f"layers.{i}.after_mlp", s.residual_scale, eps)
-        del layer.qkv, layer.o, layer.gate_up, layer.down  # on disk now: the next layer's copies replace them
+        del layer.gate_up, layer.down, layer.mixer  # on disk now: the next layer's copies replace them
+        if s.mixers[i] == "attention":
+            del layer.qkv, layer.o
         graph.layer_written(i)
     h, _ = _norm(graph, residual, added, model.norm, "norm", eps)
     return graph.lm_head(h, model.lm_head, lambda logits: _logits(graph, logits, s))
+
+
+def _attention(model, graph: FusedGraph, h: str, layer, i: int, lengths, rotary: dict, eps: dict) -> str:
+    """Layer ``i``'s attention on ``h``: the q/k/v projection (q/k normed where the family has it), GroupQueryAttention
+    over the cache in place, the output projection."""
+    s, family = model.settings, model.family
+    qkv = _biased(graph, graph.matmul(h, layer.qkv, f"layers.{i}.qkv"), layer.qkv_bias, f"layers.{i}.qkv_bias")
+    if family.qk_norm:
+        qkv = _qk_norms(model, graph, qkv, layer, i, eps)
+    rope = s.rope(i)
+    attributes = {} if s.attention_scale == model.head_dim ** -0.5 else {"scale": s.attention_scale}
+    if s.attention_softcap:
+        attributes["softcap"] = s.attention_softcap
+    if s.windows[i]:
+        attributes["local_window_size"] = s.windows[i]
+    attn = graph.attention(qkv, i, lengths, None if rope is None else rotary[s.rope_keys[i]], **attributes)
+    return _biased(graph, graph.matmul(attn, layer.o, f"layers.{i}.o"), layer.o_bias, f"layers.{i}.o_bias")
 
 
 def _norm(graph: FusedGraph, residual: str, added: str | None, weight, name: str, eps: dict) -> tuple[str, str]:

@@ -337,12 +337,19 @@ class Pipeline:
     def check_config(self, config: GenerationConfig) -> None:
         """ConfigError for settings this artifact cannot decode with, before any work: not a GenerationConfig, stop
         ids outside the vocabulary, exact mode on a target that cannot give it (``exact.check_exact``), a drafter
-        that needs the draft model it lacks."""
+        that needs the draft model it lacks, more drafts than a model's ring of recurrent states can roll back."""
         _check_config(config)
         self._check_stop_tokens(config)
         if config.exact:
             check_exact(self.target.spec)
-        self.drafter_for(config)
+        drafter = self.drafter_for(config)
+        for spec in _model_specs(self.target, self.draft if drafter.uses_model else None).values():
+            most = spec.max_drafts
+            if config.max_drafts and most is not None and config.k > most:
+                ring = min((s for s in spec.states if s.slots), key=lambda s: s.max_drafts)
+                raise ConfigError(f"k: got {config.k}; the {spec.role} model keeps its recurrent state {ring.name!r} in a "
+                                  f"ring of {ring.slots} positions, so a cycle verifies at most {most} drafts; use k <= "
+                                  f"{most}")
 
     def check_mode(self, config: GenerationConfig) -> None:
         """Deprecated since 0.5: ``check_config``, which checks exact mode with the rest of a config."""

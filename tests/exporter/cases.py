@@ -81,6 +81,15 @@ PARITY_CASES = {
     "smollm3": lambda: tiny.llama_config("smollm3", **APART, no_rope_layers=[1, 0], use_sliding_window=True,
                                          sliding_window=WINDOW, pad_token_id=None),
     "gpt2": lambda: tiny.gpt2_config(),
+    # hybrids (recurrent layers beside attention): a short convolution before an attention layer with per-head q/k norms
+    "lfm2": lambda: tiny.llama_config("lfm2", **APART, layer_types=["conv", "full_attention"], conv_L_cache=3,
+                                      norm_eps=1e-5, tie_word_embeddings=True),
+    # Mamba-2 (2 groups of 2 heads) before attention without RoPE, as Granite 4.0-H has it; Granite's multipliers
+    "granitemoehybrid": lambda: tiny.llama_config(
+        "granitemoehybrid", **APART, layer_types=["mamba", "attention"], num_local_experts=0, mamba_n_heads=4,
+        mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, shared_intermediate_size=48,
+        position_embedding_type=None, embedding_multiplier=6.0, attention_multiplier=0.05, residual_multiplier=0.3,
+        logits_scaling=4.0),
 }
 
 # cases one graph form refuses, with why (tests/exporter/test_families.py checks the refusal)

@@ -27,7 +27,7 @@ from specdeploy.exporter.options import ExportOptions
 from tests import tiny
 
 FAMILIES = ("llama", "mistral-window", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3", "phi3-partial",
-            "granite", "olmo2", "smollm3")
+            "granite", "olmo2", "smollm3", "lfm2", "granitemoehybrid")
 # format -> (export options, the manifest's (dtype, weights), the op its weights become, the largest logit error
 # allowed against transformers, relative to the largest logit). fp16 rounds weights and activations (measured up to
 # 0.011); int8 rounds weights per column and activations per row (measured up to 0.17 on these untrained models, whose
