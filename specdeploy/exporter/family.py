@@ -10,11 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..declared import ACTIVATIONS
 from .dims import Dims
 from .errors import ExportError
 from .rope import Rope, ropes
-
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 @dataclass(frozen=True)

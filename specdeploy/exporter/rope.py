@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..declared import SUPPORTED_ROPE
 from .errors import ExportError
-
-SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
