@@ -22,6 +22,7 @@ A leaf (standard library and ``values``): the importer runs without torch or tra
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -85,19 +86,11 @@ class Field:
         return [] if self.test(value, get) else [Finding(self.name, value, _filled(self.expected, get))]
 
 
-class _Values(dict):
-    """``str.format_map``'s view of a source: ``{name}`` is the field's value as a message repeats it."""
-
-    def __init__(self, get: Getter):
-        super().__init__()
-        self.get_field = get
-
-    def __missing__(self, name: str) -> str:
-        return short(self.get_field(name), 40)
+REFERENCE = re.compile(r"\{([\w.]+)\}")  # ``{field}`` in a rule's words: that field's value in the source
 
 
 def _filled(expected: str, get: Getter) -> str:
-    return expected.format_map(_Values(get)) if "{" in expected else expected
+    return REFERENCE.sub(lambda match: short(get(match.group(1)), 40), expected)
 
 
 def _int_of(get: Getter, name: str) -> int | None:
@@ -213,6 +206,22 @@ def token_ids(name: str, vocab: str) -> Field:
     return Field(name, f"a token id or a list of at most 64, each in [0, {vocab} = {{{vocab}}})", test)
 
 
+class WindowSwitch(Field):
+    """Whether sliding windows are used (Qwen, SmolLM3): true or false, and true where ``types`` has a sliding layer
+    (transformers then drops the window, and refuses the sliding layer when it runs)."""
+
+    def __init__(self, name: str, types: str = "layer_types"):
+        super().__init__(name, "true or false", lambda v, get: isinstance(v, bool))
+        object.__setattr__(self, "types", types)
+
+    def findings(self, get: Getter, complete: bool) -> list[Finding]:
+        found = super().findings(get, complete)
+        kinds = get(self.types)
+        if not found and get(self.name) is False and isinstance(kinds, list) and "sliding_attention" in kinds:
+            return [Finding(self.name, False, f"true: {self.types} has sliding_attention layers")]
+        return found
+
+
 class Activation(Field):
     """The MLP's activation: the first of ``names`` the source declares (Gemma's hidden_activation wins over hidden_act,
     as transformers reads it), one of ``options``."""
@@ -287,8 +296,8 @@ class Rope:
         found = []
         for key, kind, required in (("rope_theta", "number", False), ("partial_rotary_factor", "share", False),
                                     *self.FACTORS[rope_type]):
-            value = params.get(key, MISSING)
-            if value is MISSING or value is None:
+            value = params.get(key, MISSING)  # null is a value here: transformers computes with it, and fails
+            if value is MISSING:
                 top = get(key) if key in ("original_max_position_embeddings",) else MISSING
                 if required and top in (MISSING, None):
                     found.append(Finding(f"{where}.{key}", value, f"{self._kind(kind)} (rope_type {rope_type!r} needs it)"))
@@ -306,9 +315,9 @@ class Rope:
 
     def _factors(self, get: Getter, params: dict, key: str, value, where: str) -> Finding | None:
         """Long-RoPE's per-frequency factors: positive numbers, one per rotated pair of the head's dims."""
-        head_dim = _int_of(get, self.head_dim)
+        head_dim, source = _int_of(get, self.head_dim), self.head_dim
         if head_dim is None and _int_of(get, self.hidden) and _int_of(get, self.heads):
-            head_dim = _int_of(get, self.hidden) // _int_of(get, self.heads)
+            head_dim, source = _int_of(get, self.hidden) // _int_of(get, self.heads), f"{self.hidden} / {self.heads}"
         share = params.get("partial_rotary_factor", get("partial_rotary_factor"))
         share = share if is_number(share) and 0 < share <= 1 else 1.0
         pairs = len(range(0, int(head_dim * share), 2)) if head_dim else None
@@ -316,8 +325,9 @@ class Rope:
             pairs is None or len(value) == pairs)
         if fine:
             return None
+        rotated = f"{head_dim} dims a head ({source})" + (f", a share of {share:g} rotated" if share != 1 else "")
         return Finding(f"{where}.{key}", value, "a list of finite numbers > 0" + (
-            f", one per rotated pair of dims ({pairs})" if pairs is not None else ""))
+            f", one per rotated pair of dims ({pairs}: {rotated})" if pairs is not None else ""))
 
     @classmethod
     def _kind(cls, kind: str) -> str:
@@ -358,7 +368,7 @@ DECODER: tuple[Rule, ...] = SIZES + (
     Window("sliding_window"),
     PerLayer("layer_types", LAYER_TYPES),
     whole("max_window_layers"),
-    choice("use_sliding_window", (True, False)),
+    WindowSwitch("use_sliding_window"),
     choice("tie_word_embeddings", (True, False)),
     Rope(),
 )

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from ..artifact_checks import check_tokenizer_config
+from ..contract import ContractError
 from ..declared import MISSING
 from ..files import MAX_JSON_BYTES, FileRefused, read_regular
 from ..values import short
@@ -77,7 +79,7 @@ def _read_config(directory: Path, weights: LazyWeights | None = None):
     ``weights`` (the folder's, read from the files' headers where not given) before anything is sized by it."""
     from transformers import AutoConfig
 
-    from .checks import check_config, check_declared, check_weights
+    from .checks import check_config, check_declared, check_weights, unread_dropped
 
     path = directory / "config.json"
     if not path.is_file():
@@ -93,6 +95,7 @@ def _read_config(directory: Path, weights: LazyWeights | None = None):
         raise ExportError(f"{path}: nested too deeply to be a model config") from exc
     except Exception as exc:  # transformers refuses it (its strict fields, its own checks): so do we, in one line
         raise ExportError(f"{path}: cannot be read ({type(exc).__name__}: {_one_line(exc)})") from exc
+    unread_dropped(config, arch)
     check_config(config, arch, str(path), declared)
     check_weights(arch, config, weights.shapes, str(path), declared)
     return config
@@ -219,7 +222,12 @@ def tokenizer_config(template, bos, eos, add_bos, where) -> dict:
         raise ExportError(f"{where}: chat_template must be a string, got {type(template).__name__}")
     if add_bos is not None and not isinstance(add_bos, bool):  # "false" would be taken as true
         raise ExportError(f"{where}: add_bos_token: got {add_bos!r} ({type(add_bos).__name__}); expected true or false")
-    return {"chat_template": template, **tokens, "add_bos_token": bool(add_bos)}
+    config = {"chat_template": template, **tokens, "add_bos_token": bool(add_bos)}
+    try:
+        check_tokenizer_config(config, str(where))  # the template compiles, as the artifact's loader will ask
+    except ContractError as exc:
+        raise ExportError(str(exc)) from None
+    return config
 
 
 def _eos_ids(directory: Path | None, config) -> tuple[int, ...]:
@@ -308,7 +316,7 @@ def _read_gguf(path: Path, tokenizer: bool = True):
     from transformers import AutoConfig, AutoTokenizer
 
     from . import gguf_config
-    from .checks import check_config, check_declared
+    from .checks import check_config, check_declared, unread_dropped
     from .gguf_weights import fast_gguf_parsing, reader_class
 
     try:
@@ -329,6 +337,7 @@ def _read_gguf(path: Path, tokenizer: bool = True):
         raise
     except Exception as exc:
         raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {_one_line(exc)})") from exc
+    unread_dropped(model_config, arch)
     check_config(model_config, arch, str(path), declared, names)
     if not tokenizer:
         return model_config, None, None, None, reader

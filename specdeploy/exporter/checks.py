@@ -77,6 +77,25 @@ def check_config(config, arch, where: str, declared: Mapping | None = None,
         raise ExportError(refusal(where, found[0], names, f"{part}." if part else "", defaults=default))
 
 
+# What the block builder reads of any family's config, where transformers' model reads each only if its config class
+# declares it: Llama's reads no sliding_window or layer_types (Mistral's does), Gemma's reads hidden_activation
+READ_WHERE_DECLARED = ("sliding_window", "layer_types", "hidden_activation")
+
+
+def unread_dropped(config, arch) -> None:
+    """Set to None, in ``config`` (transformers' config, or its text config for a multimodal checkpoint's language
+    model), each of READ_WHERE_DECLARED its class does not declare: transformers' model never reads such a value (a
+    ``sliding_window`` in a Llama config), so neither does the export, which would otherwise compute another model."""
+    _, part = rules_of(arch)
+    source = getattr(config, part) if part else config
+    declared = {f.name for f in dataclasses.fields(source)} if dataclasses.is_dataclass(source) else None
+    if declared is None:
+        return
+    for name in READ_WHERE_DECLARED:
+        if name not in declared and getattr(source, name, None) is not None:
+            setattr(source, name, None)
+
+
 def check_weights(arch, config, shapes: Mapping[str, tuple[int, ...]], where: str, declared: Mapping | None = None) -> None:
     """Refuse a config whose sizes disagree with the tensors held (``shapes``: name -> shape, as stored), as transformers
     refuses to load them: every tensor of transformers' model of the config that the file holds by its name must have
@@ -129,15 +148,16 @@ def _as_named(arch, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[in
 
 
 def _sizes(rules, config, declared: Mapping | None, shape: tuple, held: tuple) -> tuple[str, bool]:
-    """The config's size fields that make ``shape`` differ from ``held`` (whether there are several): those whose values
-    are the differing sizes, else every size field (a product of several: heads times head_dim)."""
+    """The config's size fields, those whose values are the sizes that differ first (a product of several, heads times
+    head_dim, matches none: every one is said), and whether there are several."""
     from ..declared import Field
 
-    fields = [r.name for r in rules if isinstance(r, Field) and r.expected.startswith("an integer >= 1")]
+    fields = [r.name for r in rules if isinstance(r, Field) and r.expected.startswith("an integer >= 1")
+              and r.name not in (*LAYER_FIELDS, "max_position_embeddings")]  # sizes no tensor's shape holds
     values = {name: getattr(config, name, None) for name in fields}
     values = {name: value for name, value in values.items() if isinstance(value, int) and not isinstance(value, bool)}
-    differing = {e for e, h in zip(shape, held)} - set(held) if len(shape) == len(held) else set(shape)
-    named = [name for name, value in values.items() if value in differing] or list(values)
+    differing = {e for e, h in zip(shape, held) if e != h} if len(shape) == len(held) else set(shape)
+    named = sorted(values, key=lambda name: values[name] not in differing)
     own = getter(declared or {})
 
     def said(name: str) -> str:
