@@ -35,6 +35,7 @@ class Source:
     io: ImportedIO
     facts: dict  # ModelSpec fields: architecture, num_layers, num_heads, kv_heads, head_dim, vocab_size, capacity, eos
     kept: list[str] = field(default_factory=list)  # files of the folder the artifact keeps as they are
+    declared_as: dict[str, str] = field(default_factory=dict)  # a fact -> the config's file and field it comes from
 
 
 def read_source(folder: Path) -> Source:
@@ -139,8 +140,10 @@ def read_genai(folder: Path) -> Source:
              "head_dim": decoder["head_size"], "vocab_size": model["vocab_size"], "capacity": model["context_length"],
              "eos_token_ids": _eos(model.get("eos_token_id"))}
     graph = decoder.get("filename", "model.onnx")
+    declared_as = {fact: f"{where.name}: model.decoder.{name}" for fact, name in (
+        ("num_layers", "num_hidden_layers"), ("kv_heads", "num_key_value_heads"), ("head_dim", "head_size"))}
     return Source(folder, _graph_path(folder, graph, where), io, facts,
-                  _existing(folder, ("genai_config.json", "tokenizer_config.json", "chat_template.jinja")))
+                  _existing(folder, ("genai_config.json", "tokenizer_config.json", "chat_template.jinja")), declared_as)
 
 
 def read_optimum(folder: Path) -> Source:
@@ -164,9 +167,11 @@ def read_optimum(folder: Path) -> Source:
              "capacity": config["max_position_embeddings"],
              "eos_token_ids": _eos(eos)}
     io = ImportedIO(source="optimum", cache="concatenated", position_ids="position_ids")
+    declared_as = {"num_layers": "config.json: num_hidden_layers", "kv_heads": "config.json: num_key_value_heads",
+                   "head_dim": "config.json: " + ("head_dim" if config.get("head_dim") else "hidden_size / num_attention_heads")}
     return Source(folder, _graph_path(folder, "model.onnx", where), io, facts,
                   _existing(folder, ("config.json", "generation_config.json", "tokenizer_config.json",
-                                     "special_tokens_map.json", "chat_template.jinja")))
+                                     "special_tokens_map.json", "chat_template.jinja")), declared_as)
 
 
 def _graph_path(folder: Path, name, where: Path) -> Path:
@@ -208,16 +213,18 @@ def graph_io(source: Source, model) -> dict:
         if len(found) != layers or max(found, default=-1) != layers - 1:
             other = {"past_key": "present_key", "present_key": "past_key", "past_value": "present_value",
                      "present_value": "past_value"}[kind]
+            said = source.declared_as.get("num_layers", "the folder's config")
             raise ImportRefused(f"{where.name}: {getattr(io, kind)} exists for layers {sorted(found)[:8]} and "
                                 f"{getattr(io, other)} for {sorted(layer_of[other])[:8]}; expected each of the "
-                                f"{layers} layers once, past and present paired")
+                                f"{layers} layers ({said}) once, past and present paired")
     facts = source.facts
     for name in (io.past_key % 0, io.past_value % 0):  # the sizes the config declares, where the graph fixes them
         dims = [d.dim_value if d.HasField("dim_value") else None for d in declared[name].type.tensor_type.shape.dim]
         for axis, size in ((1, "kv_heads"), (3, "head_dim")):
             if len(dims) == 4 and dims[axis] is not None and dims[axis] != facts[size]:
+                said = source.declared_as.get(size, f"the folder's config: {size}")
                 raise ImportRefused(f"{where.name}: {name} has {dims[axis]} {'heads' if axis == 1 else 'dims a head'}; "
-                                    f"the folder's config declares {size} {facts[size]}")
+                                    f"{said} declares {facts[size]}")
     elem = declared[io.past_key % 0].type.tensor_type.elem_type
     dtype = ONNX_TYPES.get(elem, str(elem))
     if dtype not in DTYPES:
