@@ -108,13 +108,11 @@ def whole(name: str) -> Field:
     return Field(name, "an integer >= 0", lambda v, get: is_integer(v) and v >= 0)
 
 
-def number(name: str, required: bool = False, at_most: float | None = None) -> Field:
-    """A finite number > 0 (at most ``at_most``): an epsilon, a base, a factor, a multiplier, a soft-cap (null: none,
-    where not ``required``)."""
-    expected = "a finite number > 0" + (f" and <= {at_most:g}" if at_most is not None else "")
-    if not required:
-        expected += ", or null"
-    return Field(name, expected, lambda v, get: is_number(v) and v > 0 and (at_most is None or v <= at_most), required)
+def number(name: str, required: bool = False) -> Field:
+    """A finite number > 0: an epsilon, a base, a factor, a multiplier, a soft-cap (null: none, where not
+    ``required``)."""
+    expected = "a finite number > 0" + ("" if required else ", or null")
+    return Field(name, expected, lambda v, get: is_number(v) and v > 0, required)
 
 
 def choice(name: str, options: tuple, required: bool = False) -> Field:

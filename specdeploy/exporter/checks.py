@@ -22,7 +22,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from ..declared import FEATURES, GPT2, MISSING, Rule, decoder_rules, findings, getter, refusal
+from ..declared import FEATURES, GPT2, MISSING, SIZES, Rule, decoder_rules, findings, getter, refusal
 from .errors import ExportError
 
 OWN_TABLES = {"gpt2": GPT2}  # architectures that are not described families: their own tables
@@ -32,13 +32,17 @@ LAYER = re.compile(r"\.(\d+)\.")  # a tensor name's first index: its layer's (mo
 
 def rules_of(arch) -> tuple[tuple[Rule, ...], str]:
     """(the rules of ``arch``'s config, the attribute of the config they read: "" for the config itself, "text_config"
-    for a multimodal checkpoint's language model). A described family's are DECODER with its features' rules."""
+    for a multimodal checkpoint's language model). A described family's are DECODER with its features' rules; an
+    architecture that is not a described family brings its own table (``OWN_TABLES``, or its ``declared``
+    attribute), else the sizes every decoder declares (SIZES)."""
     if arch.name in OWN_TABLES:
         return OWN_TABLES[arch.name], ""
+    if getattr(arch, "declared", None) is not None:
+        return tuple(arch.declared), ""
     text = getattr(arch, "text", None)  # LanguageModelOf: the text family over config.text_config
     family = getattr(text or arch, "family", None)
     if family is None:
-        return decoder_rules(()), ""
+        return SIZES, ""
     features = [f.name for f in dataclasses.fields(family) if f.name in FEATURES and getattr(family, f.name)]
     return decoder_rules(features), "text_config" if text is not None else ""
 
