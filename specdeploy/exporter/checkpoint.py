@@ -18,6 +18,7 @@ from ..contract import ContractError
 from ..declared import MISSING
 from ..files import MAX_JSON_BYTES, FileRefused, read_regular
 from ..values import short
+from .checks import one_line
 from .errors import ExportError
 from .lazy_weights import LazyWeights, SafetensorsWeights
 
@@ -94,7 +95,7 @@ def _read_config(directory: Path, weights: LazyWeights | None = None):
     except RecursionError as exc:
         raise ExportError(f"{path}: nested too deeply to be a model config") from exc
     except Exception as exc:  # transformers refuses it (its strict fields, its own checks): so do we, in one line
-        raise ExportError(f"{path}: cannot be read ({type(exc).__name__}: {_one_line(exc)})") from exc
+        raise ExportError(f"{path}: cannot be read ({type(exc).__name__}: {one_line(exc)})") from exc
     unread_dropped(config, arch)
     check_config(config, arch, str(path), declared)
     check_weights(arch, config, weights.shapes, str(path), declared)
@@ -110,7 +111,7 @@ def _json_object(path: Path, what: str = "a model config") -> dict:
     except RecursionError as exc:
         raise ExportError(f"{path}: nested too deeply to be {what}") from exc
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ExportError(f"{path}: cannot be read ({type(exc).__name__}: {_one_line(exc)}); fix or remove it") from exc
+        raise ExportError(f"{path}: cannot be read ({type(exc).__name__}: {one_line(exc)}); fix or remove it") from exc
     if not isinstance(data, dict):
         raise ExportError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -127,12 +128,6 @@ def _architecture(model_type, where: Path):
         return lookup(model_type)
     except ExportError as exc:
         raise ExportError(f"{where}: {exc}") from None
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    """A library's message in one line (transformers' strict fields span several)."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _download(repo_id: str) -> Path:
@@ -301,7 +296,7 @@ def _load_gguf(path: Path) -> Checkpoint:
     except ExportError:
         raise
     except Exception as exc:  # gguf-py's and transformers' errors on a file they cannot map
-        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {_one_line(exc)})") from exc
+        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {one_line(exc)})") from exc
     eos = _eos_ids(None, model_config) or tuple(t for t in [eos] if isinstance(t, int))
     return Checkpoint(str(path), model_config, weights, tokenizer, eos, config)
 
@@ -323,7 +318,7 @@ def _read_gguf(path: Path, tokenizer: bool = True):
         reader = reader_class()(str(path))
         model_type, declared, names = gguf_config.declared(reader)
     except Exception as exc:  # a truncated file, absurd array lengths: gguf-py's IndexError, struct.error, ...
-        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {_one_line(exc)})") from exc
+        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {one_line(exc)})") from exc
     arch = _architecture(model_type, path)
     check_declared(declared, arch, str(path), names, tensors=len(reader.tensors))
     gguf_config.check_blocks(reader, path)
@@ -336,7 +331,7 @@ def _read_gguf(path: Path, tokenizer: bool = True):
     except ExportError:
         raise
     except Exception as exc:
-        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {_one_line(exc)})") from exc
+        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {one_line(exc)})") from exc
     unread_dropped(model_config, arch)
     check_config(model_config, arch, str(path), declared, names)
     if not tokenizer:
@@ -353,7 +348,7 @@ def _read_gguf(path: Path, tokenizer: bool = True):
     except ExportError:
         raise
     except Exception as exc:
-        raise ExportError(f"{path}: its tokenizer cannot be built ({type(exc).__name__}: {_one_line(exc)})") from exc
+        raise ExportError(f"{path}: its tokenizer cannot be built ({type(exc).__name__}: {one_line(exc)})") from exc
     config = tokenizer_config(getattr(built, "chat_template", None), built.bos_token, built.eos_token,
                               getattr(built, "add_bos_token", False), path)
     return model_config, built.backend_tokenizer, config, getattr(built, "eos_token_id", None), reader

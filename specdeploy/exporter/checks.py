@@ -115,7 +115,7 @@ def check_weights(arch, config, shapes: Mapping[str, tuple[int, ...]], where: st
             skeleton = AutoModelForCausalLM.from_config(model_config)
     except Exception as exc:  # transformers refuses to build a model of this config
         raise ExportError(f"{where}: transformers cannot build a model of this config ({type(exc).__name__}: "
-                          f"{_one_line(exc)})") from exc
+                          f"{one_line(exc)})") from exc
     expected = {name: tuple(tensor.shape) for name, tensor in skeleton.state_dict().items()}
     layered = {LAYER.sub(".#.", name, count=1) for name in expected if LAYER.search(name)}
     declared_layers = {_layer(name) for name in expected if LAYER.search(name)}
@@ -189,6 +189,7 @@ def _layers(indices: set[int]) -> str:
     return f"layers {', '.join(map(str, ordered[:8]))}{', ...' if len(ordered) > 8 else ''}"
 
 
-def _one_line(exc: BaseException, limit: int = 300) -> str:
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """A library's message in one line, cut short (transformers' strict fields span several lines)."""
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
