@@ -273,16 +273,16 @@ def test_a_damaged_gguf_is_one_line_naming_it(tmp_path, damage, message):
     assert not (tmp_path / "art").exists()
 
 
-def test_an_export_its_loader_would_refuse_leaves_nothing(checkpoints, tmp_path):
+def test_an_export_its_loader_would_refuse_leaves_nothing(bases, tmp_path):
     """A tokenizer with ids beyond the config's vocabulary: exported, then refused by every load. The export now runs
     its loader's checks before it declares success, and leaves nothing behind."""
     from specdeploy.exporter import export_artifact
 
     source = tmp_path / "ckpt"
-    shutil.copytree(checkpoints["target"], source)
+    shutil.copytree(bases("llama"), source)
     tiny.make_tokenizer(words=200).save(str(source / "tokenizer.json"))
     with pytest.raises(ExportError) as refused:
-        export_artifact(source, tmp_path / "art", capacity=32)
+        export_artifact(source, tmp_path / "art", capacity=32, graph="fused")
     assert str(refused.value) == (f"the artifact would not load, so nothing was written: {tmp_path / 'art'}: "
                                   "tokenizer.json: token ids up to 199 (200 tokens), outside the models' vocabulary "
                                   "[0, 128)")

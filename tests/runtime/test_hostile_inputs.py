@@ -167,19 +167,19 @@ def test_a_tokenizer_mapping_a_word_beyond_the_vocabulary_is_refused(pair_dir, t
     assert calls == []
 
 
-def test_a_bos_token_the_tokenizer_lacks_is_refused_at_export_and_at_load(tmp_path, checkpoints, chat_target_dir):
+def test_a_bos_token_the_tokenizer_lacks_is_refused_at_export_and_at_load(tmp_path, chat_target_dir):
     """The export wrote such an artifact, which every load then refused; it now refuses to (its loader's checks run
     before it declares success). An artifact changed after export is refused at load and by doctor."""
     from specdeploy.contract import sha256_file
     from specdeploy.doctor import diagnose
     from specdeploy.exporter import ExportError, export_artifact
+    from tests import tiny
 
-    source = tmp_path / "ckpt"
-    shutil.copytree(checkpoints["target"], source)
+    source = tiny.save_checkpoint(tiny.build_model(tiny.llama_config(head_dim=16)), tmp_path / "ckpt")  # fused: quick
     (source / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "add_bos_token": True}))
     with pytest.raises(ExportError, match=r"would not load, so nothing was written: .*bos_token '<bos>' is not a token "
                                           r"of tokenizer.json"):
-        export_artifact(source, tmp_path / "art", capacity=32)
+        export_artifact(source, tmp_path / "art", capacity=32, graph="fused")
     assert not (tmp_path / "art").exists() and not list(tmp_path.glob(".art.*"))
     art = tmp_path / "changed"
     shutil.copytree(chat_target_dir, art)
