@@ -209,8 +209,9 @@ def _origins(given: tuple[str, ...]) -> list[str]:
 def _chat_template(artifact, value: str):
     """--chat-template: a file's template, or the template given inline; the artifact's BOS/EOS settings kept.
     A template that does not compile is refused here, not at the first request."""
-    from jinja2 import Environment, TemplateSyntaxError
+    from jinja2 import TemplateSyntaxError
 
+    from ..chat_syntax import parse
     from ..runtime.chat import ChatTemplate, ChatTemplateError
     from ..runtime.config import ConfigError
 
@@ -229,7 +230,7 @@ def _chat_template(artifact, value: str):
     else:
         raise ConfigError(f"--chat-template: got {short(value, 80)}; expected a template file, or a Jinja template")
     try:
-        Environment().parse(text)  # parsing runs none of the template: safe here, and its errors are the clearest
+        parse(text)  # parsing runs none of the template: safe here, and its errors are the clearest
     except TemplateSyntaxError as exc:
         raise ConfigError(f"--chat-template: {exc} (line {exc.lineno})") from exc
     except (RecursionError, MemoryError) as exc:  # Jinja's parser recurses once per nested block

@@ -12,7 +12,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..contract import GRAPH_ROLE_KEY, Manifest, ModelSpec, io_problems, tokenizer_fingerprint
+from ..artifact_checks import check_artifact
+from ..contract import GRAPH_ROLE_KEY, ContractError, Manifest, ModelSpec, io_problems, tokenizer_fingerprint
 from ..output import OutputError, file_hashes, output_dir, staged
 from ..version import __version__
 from . import onnx_graph
@@ -58,8 +59,19 @@ def export_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
     with staged(out) as staging:
         specs = {role: _export_model(role, source, staging, options, progress) for role, source in sources.items()}
         manifest = _write_manifest(staging, specs, options.capacity, progress)
+        _check_written(staging, out)
     progress(f"wrote {out}")
     return manifest
+
+
+def _check_written(staging: Path, out: Path) -> None:
+    """Refuse to put in place an artifact its own loader would refuse (``check_artifact``): the staging dir is removed
+    and nothing is written to ``out``."""
+    try:
+        check_artifact(staging)
+    except ContractError as exc:
+        message = str(exc).replace(str(staging), str(out))
+        raise ExportError(f"the artifact would not load, so nothing was written: {message}") from None
 
 
 def _export_model(role: str, source, staging: Path, options: ExportOptions, progress: Progress) -> ModelSpec:

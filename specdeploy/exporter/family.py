@@ -11,12 +11,11 @@ import math
 from dataclasses import dataclass
 
 from ..contract import StateSpec
+from ..declared import ACTIVATIONS
 from .dims import Dims
 from .errors import ExportError
 from .recurrent import RECURRENT
 from .rope import Rope, ropes
-
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ What cannot be read back is refused in one line rather than exported as a differ
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ class GgufFamily:
     model_type: str
     extra: Callable[[dict, int, int], dict]  # (metadata, layers, head_dim) -> fields, which win over the common ones
     processor: str | None = None
+    keys: tuple[tuple[str, str], ...] = ()  # (metadata key, config field) ``extra`` reads beyond KEYS, for the checks
 
 
 def _granite(meta: dict, layers: int, head_dim: int) -> dict:
@@ -51,7 +53,9 @@ def _smollm3(meta: dict, layers: int, head_dim: int) -> dict:
 
 
 GGUF_FAMILIES = {
-    "granite": GgufFamily("granite", _granite, processor="llama"),
+    "granite": GgufFamily("granite", _granite, processor="llama",
+                          keys=(("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
+                                ("logit_scale", "logits_scaling"), ("attention.scale", "attention_multiplier"))),
     "olmo2": GgufFamily("olmo2", _olmo2),
     "smollm3": GgufFamily("smollm3", _smollm3, processor="llama"),
 }
@@ -62,22 +66,61 @@ def architecture_of(reader) -> str:
     return reader.fields["general.architecture"].contents()
 
 
-def peek_architecture(path) -> str | None:
-    """A GGUF file's ``general.architecture`` when it is the file's first metadata entry (gguf-py's writer and
-    llama.cpp's converter put it there), read without parsing the rest (seconds for a large vocabulary); None
-    otherwise. The header is ``check_gguf_header``'s to vet first."""
-    with open(path, "rb") as handle:
-        header = handle.read(24 + 8 + 64)
-    length = int.from_bytes(header[24:32], "little")
-    if header[32 : 32 + length] != b"general.architecture":
-        return None
-    start = 32 + length
-    kind, size = int.from_bytes(header[start : start + 4], "little"), int.from_bytes(header[start + 4 : start + 12], "little")
-    if kind != 8 or size > 64:  # 8: a string
-        return None
-    with open(path, "rb") as handle:
-        handle.seek(start + 12)
-        return handle.read(size).decode("utf-8", "replace")
+# llama.cpp's key (under the architecture's name) -> the transformers config field ``read_config`` makes of it
+KEYS = {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+        "feed_forward_length": "intermediate_size", "block_count": "num_hidden_layers",
+        "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+        "attention.key_length": "head_dim", "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+        "rope.freq_base": "rope_theta", "vocab_size": "vocab_size"}
+MODEL_TYPES = {"gemma3": "gemma3_text"}  # a GGUF architecture transformers reads as another model_type (text only)
+BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def declared(reader) -> tuple[str, dict, dict[str, str]]:
+    """What a GGUF file's metadata declares of its model, before any config is built from it: (its transformers
+    model_type, the values under the config fields they become, each field's key in the file). The keys are the ones
+    its reader reads: ours (``KEYS`` and a family's own), or transformers' ``GGUF_CONFIG_MAPPING`` for the
+    architectures transformers reads."""
+    arch = architecture_of(reader)
+    own = GGUF_FAMILIES.get(arch)
+    if own is not None:
+        keys, model_type = {**KEYS, **dict(own.keys)}, own.model_type
+    else:
+        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+        keys = {key: field for key, field in GGUF_CONFIG_MAPPING.get(arch, {}).items() if isinstance(field, str)}
+        model_type = MODEL_TYPES.get(arch, arch)
+    values, names = {}, {}
+    for key, field in keys.items():
+        if f"{arch}.{key}" in reader.fields:
+            values[field], names[field] = reader.fields[f"{arch}.{key}"].contents(), f"{arch}.{key}"
+    scaling = reader.fields.get(f"{arch}.rope.scaling.type")
+    if own is not None and scaling is not None and scaling.contents() in ("linear", "yarn"):  # read back: its numbers
+        rope = {"rope_type": scaling.contents()}
+        for key, field in (("factor", "factor"), ("original_context_length", "original_max_position_embeddings")):
+            if f"{arch}.rope.scaling.{key}" in reader.fields:
+                rope[field] = reader.fields[f"{arch}.rope.scaling.{key}"].contents()
+                names[f"rope_scaling.{field}"] = names[f"rope_parameters.{field}"] = f"{arch}.rope.scaling.{key}"
+        values["rope_scaling"] = rope
+    if "rope_theta" in names:  # where the built config keeps it
+        names["rope_parameters.rope_theta"] = names["rope_theta"]
+    names["eos_token_id"] = "tokenizer.ggml.eos_token_id"
+    return model_type, values, names
+
+
+def check_blocks(reader, path) -> None:
+    """Refuse a file whose block count disagrees with the blocks its tensors hold (``blk.N.``): llama.cpp refuses such a
+    file; read by its metadata alone, it would export a model of fewer layers, or look for tensors it does not hold."""
+    arch = architecture_of(reader)
+    field = reader.fields.get(f"{arch}.block_count")
+    count = field.contents() if field is not None else None
+    held = {int(match.group(1)) for tensor in reader.tensors if (match := BLOCK.match(tensor.name))}
+    if isinstance(count, int) and (len(held) != count or (held and max(held) != count - 1)):  # held: 0 .. count - 1
+        shown = sorted(held)
+        blocks = (f"{len(shown)} blocks (blk.0 to blk.{shown[-1]})" if shown == list(range(len(shown))) else
+                  f"blocks {shown[:8]}{' ...' if len(shown) > 8 else ''}") if shown else "no blocks"
+        raise ExportError(f"{path}: {arch}.block_count (num_hidden_layers): got {count:,}; the file's tensors hold "
+                          f"{blocks}: expected one per block held")
 
 
 def read_config(reader):

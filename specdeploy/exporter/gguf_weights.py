@@ -13,6 +13,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import cache
+from math import prod
 
 import numpy as np
 import torch
@@ -63,14 +64,15 @@ class GgufWeights(LazyWeights):
 
     kind = "GGUF"
 
-    def __init__(self, path, config):
+    def __init__(self, path, config, reader=None):
+        """``reader``: the file's metadata already parsed (``reader_class()``'s), else parsed here."""
         import gguf
         from transformers import AutoModelForCausalLM
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
         super().__init__()
         self._dequantize = gguf.dequantize
-        self.reader = reader_class()(str(path))
+        self.reader = reader if reader is not None else reader_class()(str(path))
         architecture = bytes(self.reader.fields["general.architecture"].parts[-1]).decode()
         # the processors read the config's Hugging Face keys (Llama's q/k un-permutation: the head counts); the
         # config's own dict has them, without parsing the file's metadata again (~10 s for a 150k vocabulary). An
@@ -95,6 +97,11 @@ class GgufWeights(LazyWeights):
         self._tensors = {names[t.name]: t for t in self.reader.tensors if t.name in names}
         self._shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in self._tensors.items()}
         self.path = path
+        for name, shape in self._shapes.items():  # sizes the metadata declares against the values the file holds
+            if prod(shape) != prod(self._expected[name]):
+                tensor = self._tensors[name]
+                raise ExportError(f"{path}: tensor {tensor.name} ({name}) has shape {shape}; the file's metadata (heads, "
+                                  f"sizes) makes it {self._expected[name]}")
 
     def _read(self, name: str) -> torch.Tensor:
         tensor = self._tensors[name]

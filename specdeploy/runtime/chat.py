@@ -28,8 +28,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..artifact_checks import DEFAULT_TEMPLATE, read_tokenizer_config, template_of, token_of
 from ..contract import ContractError
-from ..files import MAX_JSON_BYTES, read_regular
 from ..values import short
 from .config import ConfigError, check_unicode
 
@@ -38,7 +38,6 @@ TIME_LIMIT = 2.0  # CPU seconds a render may take: real templates take a millise
 WALL_FACTOR, WALL_GRACE = 10.0, 5.0  # the wall-clock backstop: WALL_FACTOR x the CPU limit + WALL_GRACE seconds
 MAX_RENDERED_CHARS = 16 * 2**20  # output characters; far beyond any prompt an artifact's capacity takes
 WORKERS = 4  # child processes rendering at once; more requests wait for one
-DEFAULT_TEMPLATE = "default"  # the template used among named ones, as transformers chooses it without tools
 
 
 class ChatTemplateError(RuntimeError):
@@ -69,9 +68,9 @@ class ChatTemplate:
         if not isinstance(config, dict):
             raise ContractError(f"{source}: expected a JSON object, got {type(config).__name__}")
         self.source, self.time_limit, self.max_chars = source, time_limit, max_chars
-        self.template, self.named = _template(config.get("chat_template"), source)
-        self.bos_token = _token(config.get("bos_token"), "bos_token", source)
-        self.eos_token = _token(config.get("eos_token"), "eos_token", source)
+        self.template, self.named = template_of(config.get("chat_template"), source)
+        self.bos_token = token_of(config.get("bos_token"), "bos_token", source)
+        self.eos_token = token_of(config.get("eos_token"), "eos_token", source)
         add_bos = config.get("add_bos_token", False)
         if not isinstance(add_bos, bool):
             raise ContractError(f"{source}: add_bos_token: got {add_bos!r} ({type(add_bos).__name__}); expected true or false")
@@ -79,8 +78,9 @@ class ChatTemplate:
 
     @classmethod
     def read(cls, path: Path) -> ChatTemplate:
-        """The chat template of a tokenizer_config.json (a regular file of at most MAX_JSON_BYTES)."""
-        return cls(json.loads(read_regular(Path(path), MAX_JSON_BYTES).decode("utf-8")), source=f"{path}")
+        """The chat template of a tokenizer_config.json (a regular file of at most MAX_JSON_BYTES, its fields checked and
+        its templates compiled: ``artifact_checks.read_tokenizer_config``)."""
+        return cls(read_tokenizer_config(Path(path)), source=f"{path}")
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                time_limit: float | None = None, max_chars: int | None = None) -> str:
@@ -147,31 +147,6 @@ def _check_size(messages: list[dict], tools, chars: int) -> None:
     if size > chars:
         raise ConfigError(f"messages: {size:,} characters{' with the tools' if tools else ''}, more than the {chars:,} "
                           "that a prompt of this model's context can hold; shorten them")
-
-
-def _template(value, source: str) -> tuple[str | None, list[str]]:
-    """(the template to use, the names of all when there are several)."""
-    if value is None or isinstance(value, str):
-        return value, []
-    if isinstance(value, list):  # transformers saves several as [{"name": ..., "template": ...}, ...]
-        if not all(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
-                   for t in value):
-            raise ContractError(f"{source}: chat_template: expected a string or a list of {{'name': str, 'template': "
-                                f"str}}, got {short(value, 80)}")
-        value = {t["name"]: t["template"] for t in value}
-    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        return value.get(DEFAULT_TEMPLATE), sorted(value)
-    raise ContractError(f"{source}: chat_template: expected a string or a list of named templates, got "
-                        f"{type(value).__name__}")
-
-
-def _token(value, name: str, source: str) -> str | None:
-    if isinstance(value, dict):  # a serialised AddedToken: {"content": ..., "__type": "AddedToken", ...}
-        value = value.get("content")
-    if value is not None and not isinstance(value, str):
-        raise ContractError(f"{source}: {name}: expected a string or an AddedToken's {{'content': str}}, got "
-                            f"{type(value).__name__}")
-    return value
 
 
 def _checked(messages) -> list[dict]:

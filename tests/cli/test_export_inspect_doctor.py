@@ -347,7 +347,8 @@ def test_unusable_configs_and_values_get_one_line(pair_dir, ckpt, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("w5 w6\n")
     for args, message in [
-        (["export", "--target", zero_heads, "--out", tmp_path / "o", "--capacity", "64"], "config.json: cannot be read"),
+        (["export", "--target", zero_heads, "--out", tmp_path / "o", "--capacity", "64"],
+         "config.json: num_attention_heads: got 0; expected an integer >= 1"),
         (["bench", pair_dir, "--prompts", prompts, "--temperature", "-1", "--out", tmp_path / "b"], "temperature: got -1.0"),
     ]:
         result = run(*args)

@@ -167,17 +167,29 @@ def test_a_tokenizer_mapping_a_word_beyond_the_vocabulary_is_refused(pair_dir, t
     assert calls == []
 
 
-def test_a_bos_token_the_tokenizer_lacks_is_refused_at_load(tmp_path, checkpoints):
+def test_a_bos_token_the_tokenizer_lacks_is_refused_at_export_and_at_load(tmp_path, chat_target_dir):
+    """The export wrote such an artifact, which every load then refused; it now refuses to (its loader's checks run
+    before it declares success). An artifact changed after export is refused at load and by doctor."""
+    from specdeploy.contract import sha256_file
+    from specdeploy.doctor import diagnose
+    from specdeploy.exporter import ExportError, export_artifact
     from tests import tiny
 
-    source = tmp_path / "ckpt"
-    shutil.copytree(checkpoints["target"], source)
+    source = tiny.save_checkpoint(tiny.build_model(tiny.llama_config(head_dim=16)), tmp_path / "ckpt")  # fused: quick
     (source / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "add_bos_token": True}))
-    art = tiny.export_cli(tmp_path / "art", source)
+    with pytest.raises(ExportError, match=r"would not load, so nothing was written: .*bos_token '<bos>' is not a token "
+                                          r"of tokenizer.json"):
+        export_artifact(source, tmp_path / "art", capacity=32, graph="fused")
+    assert not (tmp_path / "art").exists() and not list(tmp_path.glob(".art.*"))
+    art = tmp_path / "changed"
+    shutil.copytree(chat_target_dir, art)
+    config = json.loads((art / "tokenizer_config.json").read_text()) | {"bos_token": "<bos>"}
+    (art / "tokenizer_config.json").write_text(json.dumps(config))
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["tokenizer_config.json"] = sha256_file(art / "tokenizer_config.json")
+    (art / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ContractError, match=r"bos_token '<bos>' is not a token of tokenizer.json"):
         Pipeline.load(art)
-    from specdeploy.doctor import diagnose
-
     assert any("bos_token '<bos>' is not a token" in problem for problem, _ in diagnose(art))
 
 
@@ -191,3 +203,23 @@ def test_threads_option_is_bounded_on_the_command_line(pair_dir):
     result = CliRunner().invoke(main, ["generate", str(pair_dir), "--prompt", "w5", "--temperature", "5e-324"])
     assert result.exit_code == 1 and "temperature: got 5e-324" in result.output
     assert isinstance(result.exception, SystemExit)
+
+
+def test_an_artifact_whose_chat_template_does_not_compile_is_refused_at_load(chat_target_dir, tmp_path):
+    """The loader compiles the template (it used to fail each chat request instead), as an export now does before it
+    declares success: a tokenizer_config.json changed after export is one line from load and from doctor."""
+    from specdeploy.contract import sha256_file
+    from specdeploy.doctor import diagnose
+
+    art = tmp_path / "art"
+    shutil.copytree(chat_target_dir, art)
+    config = json.loads((art / "tokenizer_config.json").read_text()) | {"chat_template": "{% if messages %}"}
+    (art / "tokenizer_config.json").write_text(json.dumps(config))
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["tokenizer_config.json"] = sha256_file(art / "tokenizer_config.json")
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    expected = f"{art / 'tokenizer_config.json'}: chat_template: does not compile (Unexpected end of template"
+    with pytest.raises(ContractError) as refused:
+        Pipeline.load(art)
+    assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)
+    assert any(problem.startswith(expected) for problem, _ in diagnose(art))
