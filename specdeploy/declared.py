@@ -12,7 +12,8 @@ fill them) and, for a Hugging Face config, once more as transformers built it (`
 defaults included, so a required field that is missing or null breaks its rule).
 
 The tables: ``DECODER`` for every described decoder family (exporter/family.py), which a family's description
-extends through ``FEATURES`` (a ``Family`` field that is set adds the rules of the config fields that feature reads);
+extends through ``FEATURES`` (a ``Family`` field that is set adds the rules of the config fields that feature reads)
+and ``MIXERS`` (each recurrent mixer kind of its mixer slot adds the rules of the fields that mixer reads);
 ``GPT2``; ``GENAI`` and ``OPTIMUM`` for imported folders. A family that reads a new field adds its rule here, and the
 property test (tests/exporter/test_declared_settings.py) feeds random values to it with the rest.
 
@@ -101,6 +102,11 @@ def _int_of(get: Getter, name: str) -> int | None:
 def count(name: str, required: bool = True) -> Field:
     """A positive integer: a size, a count of layers or heads."""
     return Field(name, "an integer >= 1", lambda v, get: is_integer(v) and v >= 1, required)
+
+
+def at_least(name: str, least: int, why: str = "") -> Field:
+    """An integer >= ``least`` (a convolution's kernel: one of 1 keeps no state), required."""
+    return Field(name, f"an integer >= {least}{why}", lambda v, get: is_integer(v) and v >= least, required=True)
 
 
 def whole(name: str) -> Field:
@@ -220,12 +226,14 @@ class WindowSwitch(Field):
         return found
 
 
-class Activation(Field):
-    """The MLP's activation: the first of ``names`` the source declares (Gemma's hidden_activation wins over hidden_act,
-    as transformers reads it), one of ``options``."""
+class FirstOf(Field):
+    """A setting some families name otherwise: the first of ``names`` the source declares is the one read (Gemma's
+    hidden_activation wins over hidden_act, as transformers reads it; LFM2 calls its epsilon norm_eps), and it must
+    pass ``test``. ``required``: one of them must be there once defaults are in."""
 
-    def __init__(self, names: tuple[str, ...], options: tuple[str, ...]):
-        super().__init__(names[0], f"one of {', '.join(options)}", lambda v, get: isinstance(v, str) and v in options)
+    def __init__(self, names: tuple[str, ...], expected: str, test: Callable[[object, Getter], bool],
+                 required: bool = False):
+        super().__init__(names[0], expected, test, required)
         object.__setattr__(self, "names", names)
 
     @property
@@ -237,7 +245,14 @@ class Activation(Field):
             value = get(name)
             if value is not MISSING and value is not None:
                 return [] if self.test(value, get) else [Finding(name, value, self.expected)]
-        return []
+            if value is None and self.required:
+                return [Finding(name, value, self.expected)]
+        return [Finding(self.name, MISSING, self.expected)] if self.required and complete else []
+
+
+def activation(names: tuple[str, ...], options: tuple[str, ...]) -> FirstOf:
+    """The MLP's activation, one of ``options``."""
+    return FirstOf(names, f"one of {', '.join(options)}", lambda v, get: isinstance(v, str) and v in options)
 
 
 class Rope:
@@ -361,10 +376,9 @@ SIZES: tuple[Rule, ...] = (
 )
 DECODER: tuple[Rule, ...] = SIZES + (
     count("intermediate_size"),
-    number("rms_norm_eps", required=True),
-    Activation(("hidden_activation", "hidden_act"), ACTIVATIONS),
+    FirstOf(("rms_norm_eps", "norm_eps"), "a finite number > 0", lambda v, get: is_number(v) and v > 0, required=True),
+    activation(("hidden_activation", "hidden_act"), ACTIVATIONS),
     Window("sliding_window"),
-    PerLayer("layer_types", LAYER_TYPES),
     whole("max_window_layers"),
     WindowSwitch("use_sliding_window"),
     choice("tie_word_embeddings", (True, False)),
@@ -399,11 +413,33 @@ OPTIMUM: tuple[Rule, ...] = (text("model_type", required=False),) + SIZES[:-2] +
     count("max_position_embeddings"), token_ids("eos_token_id", vocab="vocab_size"))
 
 
-def decoder_rules(features: Iterable[str]) -> tuple[Rule, ...]:
-    """DECODER with the rules of each of ``features`` (the names of a family's Family fields that are set)."""
-    rules = list(DECODER)
+def _mamba_head(value, get) -> bool:
+    heads, expand, hidden = (_int_of(get, name) for name in ("mamba_n_heads", "mamba_expand", "hidden_size"))
+    return is_integer(value) and value >= 1 and (None in (heads, expand, hidden) or heads * value == expand * hidden)
+
+
+# A recurrent mixer kind (exporter/recurrent.py, a family's ``mixers``) -> the rules of the config fields it reads
+MIXERS: dict[str, tuple[Rule, ...]] = {
+    "short_conv": (at_least("conv_L_cache", 2, " (the short convolution's kernel: one of 1 keeps no state)"),),
+    "mamba2": (
+        count("mamba_n_heads"), divisor("mamba_n_groups", of="mamba_n_heads"), count("mamba_d_state"),
+        at_least("mamba_d_conv", 2, " (the convolution's kernel)"), count("mamba_expand"),
+        Field("mamba_d_head", "an integer >= 1 with mamba_n_heads x mamba_d_head = mamba_expand x hidden_size "
+                              "({mamba_expand} x {hidden_size})", _mamba_head, required=True),
+    ),
+}
+
+
+def decoder_rules(features: Iterable[str], layer_types: tuple[str, ...] = LAYER_TYPES,
+                  mixers: Iterable[str] = ()) -> tuple[Rule, ...]:
+    """DECODER with the rules of each of ``features`` (the names of a family's Family fields that are set), its
+    ``layer_types`` (each entry one of the family's: attention's two, or its mixer slot's layer types) and the fields
+    each recurrent mixer kind of ``mixers`` reads."""
+    rules = [*DECODER, PerLayer("layer_types", tuple(layer_types))]
     for feature in features:
         rules += FEATURES.get(feature, ())
+    for kind in mixers:
+        rules += MIXERS.get(kind, ())
     return tuple(rules)
 
 

@@ -22,11 +22,12 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from ..declared import FEATURES, GPT2, MISSING, SIZES, Rule, decoder_rules, findings, getter, refusal
+from ..declared import FEATURES, GPT2, LAYER_TYPES, MISSING, SIZES, Rule, decoder_rules, findings, getter, refusal
 from .errors import ExportError
 
 OWN_TABLES = {"gpt2": GPT2}  # architectures that are not described families: their own tables
 LAYER_FIELDS = ("num_hidden_layers", "n_layer")  # what a table calls its layer count
+SIZE_RULE = re.compile(r"an integer >= [1-9]")  # a size's rule (a count, a kernel), not an index's (>= 0)
 LAYER = re.compile(r"\.(\d+)\.")  # a tensor name's first index: its layer's (model.layers.3.mlp... -> 3)
 
 
@@ -44,7 +45,9 @@ def rules_of(arch) -> tuple[tuple[Rule, ...], str]:
     if family is None:
         return SIZES, ""
     features = [f.name for f in dataclasses.fields(family) if f.name in FEATURES and getattr(family, f.name)]
-    return decoder_rules(features), "text_config" if text is not None else ""
+    kinds = dict(family.mixers)  # a hybrid's layer types are its mixer slot's; attention's two otherwise
+    rules = decoder_rules(features, tuple(kinds) or LAYER_TYPES, dict.fromkeys(kinds.values()))
+    return rules, "text_config" if text is not None else ""
 
 
 def check_declared(declared: Mapping, arch, where: str, names: Mapping[str, str] | None = None,
@@ -156,7 +159,7 @@ def _sizes(rules, config, declared: Mapping | None, shape: tuple, held: tuple) -
     head_dim, matches none: every one is said), and whether there are several."""
     from ..declared import Field
 
-    fields = [r.name for r in rules if isinstance(r, Field) and r.expected.startswith("an integer >= 1")
+    fields = [r.name for r in rules if isinstance(r, Field) and SIZE_RULE.match(r.expected)
               and r.name not in (*LAYER_FIELDS, "max_position_embeddings")]  # sizes no tensor's shape holds
     values = {name: getattr(config, name, None) for name in fields}
     values = {name: value for name, value in values.items() if isinstance(value, int) and not isinstance(value, bool)}

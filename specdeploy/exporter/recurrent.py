@@ -188,34 +188,18 @@ def segment_sum(decay: torch.Tensor) -> torch.Tensor:
 
 
 def short_conv_kernel(config) -> int:
-    """LFM2's convolution kernel (``conv_L_cache``), refused below 2 (a kernel of 1 keeps no state; 0 is no kernel)."""
-    kernel = getattr(config, "conv_L_cache", None)
-    if not isinstance(kernel, int) or kernel < 2:
-        raise ExportError(f"{config.model_type}: conv_L_cache: got {kernel!r}; expected an integer >= 2 (the short "
-                          "convolution's kernel)")
-    return kernel
+    """LFM2's convolution kernel (``conv_L_cache``; its range checked with the config: declared.MIXERS)."""
+    return config.conv_L_cache
 
 
 def mamba_sizes(config) -> dict[str, int]:
-    """Mamba-2's sizes from a GraniteMoeHybrid config, each checked against the others (the field named where they
-    disagree): inner = mamba_expand * hidden_size = mamba_n_heads * mamba_d_head, conv_dim = inner + 2 * mamba_n_groups
-    * mamba_d_state."""
-    fields = {name: getattr(config, name, None) for name in ("mamba_n_heads", "mamba_d_head", "mamba_n_groups",
-                                                             "mamba_d_state", "mamba_d_conv", "mamba_expand")}
-    for name, value in fields.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < (2 if name == "mamba_d_conv" else 1):
-            raise ExportError(f"{config.model_type}: {name}: got {value!r}; expected an integer >= "
-                              f"{2 if name == 'mamba_d_conv' else 1}")
-    inner = fields["mamba_expand"] * config.hidden_size
-    if fields["mamba_n_heads"] * fields["mamba_d_head"] != inner:
-        raise ExportError(f"{config.model_type}: mamba_d_head: got {fields['mamba_d_head']}; expected mamba_expand x "
-                          f"hidden_size / mamba_n_heads = {inner / fields['mamba_n_heads']:g}")
-    if fields["mamba_n_heads"] % fields["mamba_n_groups"]:
-        raise ExportError(f"{config.model_type}: mamba_n_groups: got {fields['mamba_n_groups']}; expected a divisor of "
-                          f"mamba_n_heads ({fields['mamba_n_heads']})")
-    return {"heads": fields["mamba_n_heads"], "head_dim": fields["mamba_d_head"], "groups": fields["mamba_n_groups"],
-            "d_state": fields["mamba_d_state"], "kernel": fields["mamba_d_conv"], "inner": inner,
-            "conv_dim": inner + 2 * fields["mamba_n_groups"] * fields["mamba_d_state"]}
+    """Mamba-2's sizes from a GraniteMoeHybrid config (each checked, and against the others, with the config:
+    declared.MIXERS): inner = mamba_expand * hidden_size = mamba_n_heads * mamba_d_head, conv_dim = inner + 2 *
+    mamba_n_groups * mamba_d_state."""
+    inner = config.mamba_expand * config.hidden_size
+    return {"heads": config.mamba_n_heads, "head_dim": config.mamba_d_head, "groups": config.mamba_n_groups,
+            "d_state": config.mamba_d_state, "kernel": config.mamba_d_conv, "inner": inner,
+            "conv_dim": inner + 2 * config.mamba_n_groups * config.mamba_d_state}
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
