@@ -102,14 +102,16 @@ class OrtEngine(Engine):
         self.graphs = GraphIds(str(path)) if captures else None
         self._check_graph()
         self._local = threading.local()
+        if provider.prepares_shapes:
+            self._prepare()
 
     def _create(self, path: Path, options, provider: Provider, threads: int | None, graphs: bool):
         """An InferenceSession on ``provider`` (the CPU EP behind a device EP), capturing CUDA graphs if ``graphs``.
-        OpenVINO's compiled blobs are kept under $SPECDEPLOY_CACHE."""
+        OpenVINO's compiled blobs for a GPU or an NPU are kept under $SPECDEPLOY_CACHE (``Provider.caches_compiled``)."""
         import onnxruntime as ort
 
         wanted = provider.ep
-        compiled = cache_dir() / COMPILED_FOLDER if provider.name == "openvino" else None
+        compiled = cache_dir() / COMPILED_FOLDER if provider.caches_compiled else None
         device_options = (self.memory.provider_options() | provider.ep_options(threads, compiled)
                           | ({"enable_cuda_graph": "1"} if graphs else {}))
         chain = [(wanted, device_options)] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
@@ -151,11 +153,29 @@ class OrtEngine(Engine):
         if problems:
             raise ProviderError(f"{self.spec.file}: graph disagrees with the manifest: " + "; ".join(problems[:3]))
 
+    @property
+    def rows_alike(self) -> bool:
+        """OpenVINO's CPU kernels at FP32 compute a position alike in calls of any size (its int4 matrix products, its
+        attention; measured bit for bit on the demo's 1.5B target, T = 1 .. 10, docs/results/openvino/; held by
+        tests/engines/test_openvino.py); ONNX Runtime's CPU kernels do not (docs/results/exactness/)."""
+        return self.provider.computes_rows_alike
+
     def allocate_cache(self, batch: int, capacity: int) -> KVCache:
         """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim], where the
-        session computes: host memory on the CPU, the GPU's on CUDA."""
+        session computes: host memory on the CPU, the GPU's on CUDA. On a provider that prepares each new input shape
+        (OpenVINO), the exported capacity whatever ``capacity`` asks: a request's own would be a new shape for every
+        call it makes (its graph reads only the filled slots, so the extra ones cost memory, not time)."""
+        if self.provider.prepares_shapes:
+            capacity = max(capacity, self.spec.capacity)
         shape = self.spec.cache_shape(batch, capacity)
         return KVCache(self.memory.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype))
+
+    def _prepare(self) -> None:
+        """One call of one token, so that the preparation a provider makes at its first call (OpenVINO's: seconds for a
+        1.5B model, docs/results/openvino/) is paid while loading, not inside the first request's timing."""
+        cache = self.allocate_cache(1, self.spec.capacity)
+        self.infer(np.zeros((1, 1), np.int64), np.zeros(1, np.int64), cache)
+        self._local = threading.local()  # the one-token call's buffers were bound to that cache
 
     def infer_impl(self, input_ids, past_len, cache: KVCache, kept):
         batch, tokens = input_ids.shape

@@ -28,7 +28,10 @@ GPU_INSTALL = ("CUDA and TensorRT need onnxruntime-gpu in place of onnxruntime (
 OPENVINO_INSTALL = ("OpenVINO needs onnxruntime-openvino in place of onnxruntime (the two overwrite each other's "
                     "files): pip uninstall -y onnxruntime && pip install 'onnxruntime-openvino==1.24.1'")
 REEXPORT_FOR_OPENVINO = "specdeploy export --provider openvino"
-COMPILED_FOLDER = "openvino"  # under $SPECDEPLOY_CACHE: OpenVINO's compiled blobs, so a second process compiles nothing
+# under $SPECDEPLOY_CACHE: OpenVINO's compiled blobs for a GPU or an NPU, whose compiles are what a second process
+# would wait for. Not for its CPU: there a blob holds the weights again (1.7 GB for the demo's 1.5B target) and loading
+# it took longer than compiling from the graph, which maps the weights (docs/results/openvino/)
+COMPILED_FOLDER = "openvino"
 
 
 class ProviderError(RuntimeError):
@@ -83,6 +86,24 @@ class Provider:
         """Whether the session reads its inputs from host memory: the CPU's and OpenVINO's (whatever its device, the
         EP takes host buffers and moves them itself) do; CUDA's and TensorRT's read device memory."""
         return self.name in ("cpu", "openvino")
+
+    @property
+    def prepares_shapes(self) -> bool:
+        """Whether the provider prepares each new input shape before running it (OpenVINO: its first call seconds,
+        a new shape tens of milliseconds): the engine then keeps its shapes few and pays the first call at load."""
+        return self.name == "openvino"
+
+    @property
+    def computes_rows_alike(self) -> bool:
+        """Whether the provider's kernels compute a position alike in calls of any size (``Engine.rows_alike``):
+        OpenVINO on its CPU at FP32, as measured; not at BF16 (a one-token call moved the 1.5B's logits by 0.25 from
+        a verification's), nor on devices not measured."""
+        return self.name == "openvino" and (self.device or "CPU") == "CPU" and self.precision in (None, "FP32")
+
+    @property
+    def caches_compiled(self) -> bool:
+        """Whether compiled blobs are kept for the next process (``COMPILED_FOLDER``): OpenVINO on a GPU or an NPU."""
+        return self.name == "openvino" and self.device in ("GPU", "NPU")
 
     @property
     def key(self) -> str:

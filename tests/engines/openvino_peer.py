@@ -4,8 +4,9 @@ build/openvino-venv), never imported by the tests' process, whose onnxruntime ha
 
     python tests/engines/openvino_peer.py JOB.json OUT.json
 
-JOB: {"explicit": artifact dir, "fused": artifact dir, "prompts": [[ids], ...], "tokens": N, "sampled_rows": N,
-"cache": a SPECDEPLOY_CACHE dir}. OUT: what each check saw (``main`` lists them); the tests assert on it.
+JOB: {"openvino": artifact dir (exported with --provider openvino), "explicit": one without, "fused": one in the fused
+form, "prompts": [[ids], ...], "tokens": N, "sampled_rows": N, "cache": a SPECDEPLOY_CACHE dir}. OUT: what each check
+saw (``main`` lists them); the tests assert on it.
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ def decode(pipeline, prompts, config, batch_size: int) -> list[dict]:
     return out
 
 
-def greedy(directory: str, prompts, tokens: int) -> dict:
-    """Plain greedy decoding and the default mode's speculation (each drafter, k, batch size), on OpenVINO."""
+def greedy(directory: str, prompts, tokens: int, provider: str = "openvino", exact: bool = False) -> dict:
+    """Plain greedy decoding and the default mode's speculation (each drafter, k, batch size) on ``provider``; with
+    ``exact``, exact mode's too."""
     from specdeploy import GenerationConfig, Pipeline
 
-    pipeline = Pipeline.load(directory, provider="openvino", threads=2)
+    pipeline = Pipeline.load(directory, provider=provider, threads=2)
     base = GenerationConfig(max_new_tokens=tokens, ignore_eos=True)
     runs = {"plain": decode(pipeline, prompts, dataclasses.replace(base, drafter="none"), 1)}
     for drafter, k, batch_size in (("model", 4, 1), ("model", 8, 3), ("hybrid", 4, 2), ("suffix", 1, 2),
@@ -48,7 +50,12 @@ def greedy(directory: str, prompts, tokens: int) -> dict:
         config = dataclasses.replace(base, drafter=drafter, k=k, policy="fixed")
         runs[f"{drafter} k={k} batch {batch_size}"] = decode(pipeline, prompts, config, batch_size)
     runs["default policy"] = decode(pipeline, prompts, base, 1)
-    return {"runs": runs, "provider": pipeline.target.provider.key, "costs": _costs(pipeline)}
+    if exact:
+        runs["exact plain"] = decode(pipeline, prompts, dataclasses.replace(base, drafter="none", exact=True), 1)
+        runs["exact model k=4 batch 2"] = decode(pipeline, prompts, dataclasses.replace(
+            base, drafter="model", k=4, policy="fixed", exact=True), 2)
+    return {"runs": runs, "provider": pipeline.target.provider.key, "costs": _costs(pipeline),
+            "rows_alike": pipeline.target.rows_alike}
 
 
 def _costs(pipeline) -> dict:
@@ -101,6 +108,15 @@ def refusals(explicit: str, fused: str) -> dict:
     return said
 
 
+def placement_of(directory: str) -> dict:
+    """Where ONNX Runtime places the nodes of an artifact's graphs on OpenVINO."""
+    from specdeploy.contract import Manifest
+    from specdeploy.engines.ort import placement
+
+    manifest = Manifest.read(directory)
+    return {role: placement(Path(directory) / spec.file, "openvino") for role, spec in manifest.models.items()}
+
+
 def remembered(directory: str) -> dict:
     """Where a process remembers the cost table it measured on OpenVINO, against the CPU provider's record."""
     from specdeploy import GenerationConfig, Pipeline
@@ -121,10 +137,13 @@ def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
     os.environ["SPECDEPLOY_CACHE"] = job["cache"]
     out = {
-        "greedy": greedy(job["explicit"], job["prompts"], job["tokens"]),
-        "sampled": sampled(job["explicit"], job["prompts"][0], job["sampled_rows"]),
+        "greedy": greedy(job["openvino"], job["prompts"], job["tokens"], exact=True),
+        # the same artifact on ONNX Runtime's CPU provider: a control, whose int4 kernels compute rows apart
+        "greedy_cpu": greedy(job["openvino"], job["prompts"][:3], job["tokens"], provider="cpu"),
+        "sampled": sampled(job["openvino"], job["prompts"][0], job["sampled_rows"]),
         "refusals": refusals(job["explicit"], job["fused"]),
-        "remembered": remembered(job["explicit"]),
+        "placement": placement_of(job["openvino"]),
+        "remembered": remembered(job["openvino"]),
     }
     Path(sys.argv[2]).write_text(json.dumps(out))
 
