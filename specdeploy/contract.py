@@ -178,6 +178,10 @@ class ModelSpec:
     # on which call wrote its keys: exact mode can run on it. Absent from older manifests (their attention scored a
     # call's own keys apart from the cache's): false, and exact mode refuses them
     slot_attention: bool = False
+    # The explicit graph's attention reads only each cache's first slots: the longest row's past_len + tokens, rounded
+    # up to a multiple of this many (at most the capacity), instead of every slot (``exporter.filled``; 0: every slot,
+    # as older manifests, which lack the field). What ``specdeploy export --provider openvino`` writes
+    filled_slots: int = 0
     # A graph we did not write (``specdeploy import``): its own tensor names and cache layout; None for our exports.
     # Its graph form says how calls run: "fused" for a shared buffer written in place, "explicit" for new K/V returned
     imported: ImportedIO | None = None
@@ -436,6 +440,10 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
         raise ContractError(f"{where}: takes_seqlens_k on a {graph} graph; only the fused form takes seqlens_k")
     if flags["slot_attention"] and graph != "explicit":
         raise ContractError(f"{where}: slot_attention on a {graph} graph; only the explicit form declares it")
+    filled = data.get("filled_slots", 0)
+    if not is_integer(filled) or filled < 0 or (filled and graph != "explicit"):
+        raise ContractError(f"{where}: filled_slots must be an integer >= 0, and 0 on a {graph} graph (only the explicit "
+                            f"form's attention reads its filled slots alone); got {short(filled)}")
     imported = data.get("imported")
     if imported is not None:
         imported = _imported_from_dict(imported, graph, flags, f"{where}: imported")
@@ -447,7 +455,7 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
     if states and imported is not None:
         raise ContractError(f"{where}: states on an imported graph; only our own exports declare recurrent state")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
-                     graph=graph, vocab_kept=kept, imported=imported, **flags,
+                     graph=graph, vocab_kept=kept, imported=imported, **flags, filled_slots=filled,
                      family=_field(data, "family", str, where, default=""), features=tuple(features), states=states)
 
 

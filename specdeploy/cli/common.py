@@ -115,6 +115,46 @@ def given_suffix_file(given: Path | None, old: Path | None) -> Path | None:
     return old
 
 
+def provider_options(default: str | None = "cpu"):
+    """--provider, --device and --precision, given to the command as one ``provider`` (a ``Provider``; None where
+    ``default`` is None and no --provider is given): OpenVINO's device and precision are refused with another
+    provider, in one line."""
+    from ..engines.providers import OPENVINO_DEVICES, OPENVINO_PRECISIONS, PROVIDERS
+
+    options = [
+        click.option("--provider", "provider_name", type=click.Choice(list(PROVIDERS)), default=default,
+                     show_default=default is not None,
+                     help="ONNX Runtime execution provider. openvino needs onnxruntime-openvino in place of "
+                          "onnxruntime, and a graph it runs whole (specdeploy export --provider openvino)."),
+        click.option("--device", type=click.Choice(OPENVINO_DEVICES), default=None,
+                     help="--provider openvino: the device OpenVINO computes on [default: CPU]."),
+        click.option("--precision", type=click.Choice(OPENVINO_PRECISIONS), default=None,
+                     help="--provider openvino: its inference precision [default: FP32, what the graph says; BF16 and "
+                          "FP16 trade accuracy for speed where the device has the units]."),
+    ]
+
+    def apply(command):
+        import functools
+
+        @functools.wraps(command)
+        def run(*args, provider_name, device, precision, **kwargs):
+            from ..engines.providers import Provider, ProviderError
+
+            if provider_name is None and (device or precision):
+                raise click.UsageError("--device and --precision go with --provider openvino")
+            try:
+                provider = None if provider_name is None else Provider(provider_name, device, precision)
+            except ProviderError as exc:
+                raise click.UsageError(str(exc)) from exc
+            return command(*args, provider=provider, **kwargs)
+
+        for option in reversed(options):
+            run = option(run)
+        return run
+
+    return apply
+
+
 def _threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
     """--threads checked as ``Pipeline.load`` checks it (the runtime is loaded only by commands that run models)."""
     from ..runtime.config import ConfigError, checked_threads

@@ -12,8 +12,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ..engines.ort import PROVIDERS
-from .common import CliConsole, given_suffix_file, speculation_options, suffix_file_option, threads_option
+from .common import CliConsole, given_suffix_file, provider_options, speculation_options, suffix_file_option, threads_option
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -50,8 +49,7 @@ def read_prompts(path: Path) -> list[str]:
               help="Token id that ends a request like EOS does (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (up to --max-new-tokens).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
-@click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
-              help="ONNX Runtime execution provider.")
+@provider_options()
 @threads_option
 @click.option("--remember-costs/--no-remember-costs", default=True, show_default=True,
               help="Start the policy from the engine costs the last run measured on this artifact, provider and "

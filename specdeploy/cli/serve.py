@@ -15,11 +15,10 @@ from pathlib import Path
 
 import click
 
-from ..engines.ort import PROVIDERS
 from ..runtime.prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from ..runtime.suffix_store import BYTES_PER_TOKEN_IN_MEMORY, DEFAULT_SCOPES, DEFAULT_TOKENS, max_tokens_for
 from ..values import short
-from .common import given_suffix_file, speculation_options, suffix_file_option, threads_option
+from .common import given_suffix_file, provider_options, speculation_options, suffix_file_option, threads_option
 from .settings import check_environment, networks_form, origins_form, root_path_form, text_setting
 
 TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a template
@@ -33,8 +32,7 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
               help="Port to listen on; 0 picks a free one (printed once bound).")
 @click.option("--served-model-name", "--model-name", "model_name", default=None, callback=text_setting(),
               help="The model id clients send (default: the artifact directory's name).")
-@click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
-              help="ONNX Runtime execution provider.")
+@provider_options()
 @threads_option
 @click.option("--max-num-seqs", "--max-batch", "max_batch", type=click.IntRange(min=1), default=8, show_default=True,
               help="Requests decoded together at most; more wait in the queue.")

@@ -281,6 +281,13 @@ class Engine(ABC):
     def cache_dtype(self) -> np.dtype:
         return np.dtype(NUMPY_DTYPES[self.spec.dtype])
 
+    @property
+    def rows_alike(self) -> bool:
+        """Whether a position's logits and the K/V it writes are the same bits whichever call computes it (a one-token
+        call, a verification's row j, a prefill chunk, at any batch): then greedy speculative output is plain output
+        bit for bit with nothing padded (``runtime.exact``). False unless a backend's kernels were measured so."""
+        return False
+
     @cached_property
     def call_form(self) -> ExplicitCalls | FusedCalls | ClosedCalls:
         """How this engine's calls run and write the cache, chosen once from its graph's form."""

@@ -1,4 +1,4 @@
-"""ONNX Runtime engine: CPU by default; CUDA or TensorRT execution providers when present.
+"""ONNX Runtime engine: CPU by default; CUDA, TensorRT or OpenVINO execution providers when present (``providers``).
 
 The engine's caches, inputs and outputs live where the session computes (``HostMemory``: NumPy; ``CudaMemory``: CuPy,
 whose stream ONNX Runtime computes on) and are bound once by address (``ShapeBuffers``); on CUDA each call shape can run as
@@ -15,20 +15,23 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import ModelSpec, io_problems
+from ..digests import cache_dir
 from .base import Engine, KVCache, NewCache, allocated
 from .graphs import PLAIN, GraphIds, open_session, run_options
 from .memory import address, transfers
+from .providers import (
+    COMPILED_FOLDER,
+    PROVIDERS,
+    Provider,
+    ProviderError,
+    assignment,
+    check_available,
+    check_graph,
+    check_whole,
+    record_placement,
+)
 
-PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
-
-
-class ProviderError(RuntimeError):
-    """A requested execution provider is missing or silently fell back to another."""
-
+__all__ = ["PROVIDERS", "OrtEngine", "Provider", "ProviderError", "check_provider", "placement"]
 
 _global_pool: int | None = None
 _pool_lock = threading.Lock()  # sessions may be created on several threads at once (``open_artifact``)
@@ -75,30 +78,42 @@ class OrtEngine(Engine):
     computes: NumPy arrays on the CPU, CuPy arrays on a GPU (``device``). No K/V byte crosses between host and device
     in a call: the inputs' few integers go in, and the logits or argmax ids come out only when read."""
 
-    def __init__(self, path: Path, spec: ModelSpec, provider: str = "cpu", threads: int | None = None,
+    def __init__(self, path: Path, spec: ModelSpec, provider: str | Provider = "cpu", threads: int | None = None,
                  optimization: str = "all", profile: Path | None = None, cuda_graphs: bool | None = None):
-        """``profile``: a file prefix; ONNX Runtime's profiler then records every node's time, written (as
-        JSON) by ``self.session.end_profiling()`` (``tools/profile_ops.py``). ``cuda_graphs``: capture each call shape
-        as a CUDA graph (provider "cuda" only; default: on where every node can run on the GPU, a fused graph that
-        takes seqlens_k, and no profile is asked for)."""
-        wanted = _wanted_provider(path, spec, provider, cuda_graphs)
+        """``provider``: a word of PROVIDERS or a ``Provider`` with its options. ``profile``: a file prefix; ONNX
+        Runtime's profiler then records every node's time, written (as JSON) by ``self.session.end_profiling()``
+        (``tools/profile_ops.py``). ``cuda_graphs``: capture each call shape as a CUDA graph (provider "cuda" only;
+        default: on where every node can run on the GPU, a fused graph that takes seqlens_k, and no profile is asked
+        for)."""
+        provider = Provider.of(provider)
+        _check_wanted(path, spec, provider, cuda_graphs)
         if cuda_graphs is None:
-            cuda_graphs = provider == "cuda" and spec.takes_seqlens_k and profile is None
-        options = _session_options(optimization, profile, threads)
+            cuda_graphs = provider.name == "cuda" and spec.takes_seqlens_k and profile is None
+        options = _session_options(optimization, profile, threads, provider)
+        self.provider = provider
         # TensorRT's EP takes no user stream (ONNX Runtime's Python API passes one to the CUDA EP alone)
-        self.memory = HostMemory() if wanted == "CPUExecutionProvider" else CudaMemory(shared_stream=provider == "cuda")
-        self.session, captures = open_session(lambda graphs: self._create(path, options, wanted, graphs), cuda_graphs, str(path))
-        captures = self._check_providers(wanted, captures)
+        self.memory = HostMemory() if provider.on_host else CudaMemory(shared_stream=provider.name == "cuda")
+        self.session, captures = open_session(lambda graphs: self._create(path, options, provider, threads, graphs),
+                                              cuda_graphs, str(path))
+        captures = self._check_providers(provider.ep, captures)
+        if provider.name == "openvino":
+            check_whole(self.session, path, spec, provider)
         self.spec = spec
         self.graphs = GraphIds(str(path)) if captures else None
         self._check_graph()
         self._local = threading.local()
+        if provider.prepares_shapes:
+            self._prepare()
 
-    def _create(self, path: Path, options, wanted: str, graphs: bool):
-        """An InferenceSession on ``wanted`` (the CPU EP behind a device EP), capturing CUDA graphs if ``graphs``."""
+    def _create(self, path: Path, options, provider: Provider, threads: int | None, graphs: bool):
+        """An InferenceSession on ``provider`` (the CPU EP behind a device EP), capturing CUDA graphs if ``graphs``.
+        OpenVINO's compiled blobs for a GPU or an NPU are kept under $SPECDEPLOY_CACHE (``Provider.caches_compiled``)."""
         import onnxruntime as ort
 
-        device_options = self.memory.provider_options() | ({"enable_cuda_graph": "1"} if graphs else {})
+        wanted = provider.ep
+        compiled = cache_dir() / COMPILED_FOLDER if provider.caches_compiled else None
+        device_options = (self.memory.provider_options() | provider.ep_options(threads, compiled)
+                          | ({"enable_cuda_graph": "1"} if graphs else {}))
         chain = [(wanted, device_options)] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
         try:
             return ort.InferenceSession(str(path), options, providers=chain)
@@ -106,7 +121,7 @@ class OrtEngine(Engine):
             if "user_compute_stream" not in str(exc):
                 raise
             self.memory.shared_stream = False  # a build that takes no user stream: inputs uploaded and waited for
-            return self._create(path, options, wanted, graphs)
+            return self._create(path, options, provider, threads, graphs)
 
     def _check_providers(self, wanted: str, captures: bool) -> bool:
         """Refuse a session that fell back to another EP; return whether it captures CUDA graphs after all (ONNX Runtime
@@ -138,10 +153,29 @@ class OrtEngine(Engine):
         if problems:
             raise ProviderError(f"{self.spec.file}: graph disagrees with the manifest: " + "; ".join(problems[:3]))
 
+    @property
+    def rows_alike(self) -> bool:
+        """OpenVINO's CPU kernels at FP32 compute a position alike in calls of any size (its int4 matrix products, its
+        attention; measured bit for bit on the demo's 1.5B target, T = 1 .. 10, docs/results/openvino/; held by
+        tests/engines/test_openvino.py); ONNX Runtime's CPU kernels do not (docs/results/exactness/)."""
+        return self.provider.computes_rows_alike
+
     def allocate_cache(self, batch: int, capacity: int) -> KVCache:
         """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim] (and each
-        recurrent state's, ``ModelSpec.states``), where the session computes: host memory on the CPU, the GPU's on CUDA."""
+        recurrent state's, ``ModelSpec.states``), where the session computes: host memory on the CPU, the GPU's on CUDA.
+        On a provider that prepares each new input shape (OpenVINO), the exported capacity whatever ``capacity`` asks: a
+        request's own would be a new shape for every call it makes (its graph reads only the filled slots, so the extra
+        ones cost memory, not time)."""
+        if self.provider.prepares_shapes:
+            capacity = max(capacity, self.spec.capacity)
         return allocated(self.spec, batch, capacity, self.cache_dtype, self.memory.zeros)
+
+    def _prepare(self) -> None:
+        """One call of one token, so that the preparation a provider makes at its first call (OpenVINO's: seconds for a
+        1.5B model, docs/results/openvino/) is paid while loading, not inside the first request's timing."""
+        cache = self.allocate_cache(1, self.spec.capacity)
+        self.infer(np.zeros((1, 1), np.int64), np.zeros(1, np.int64), cache)
+        self._local = threading.local()  # the one-token call's buffers were bound to that cache
 
     def infer_impl(self, input_ids, past_len, cache: KVCache, kept):
         batch, tokens = input_ids.shape
@@ -184,27 +218,18 @@ class OrtEngine(Engine):
         return ShapeBuffers(self.session, self.spec, self.memory, shape, self.cache_dtype, self.graphs, captured)
 
 
-def _wanted_provider(path: Path, spec: ModelSpec, provider: str, cuda_graphs: bool | None) -> str:
-    """The ONNX Runtime EP of ``provider``; ProviderError where it is unknown, cannot run this graph (or CUDA graphs),
-    or is missing from this onnxruntime build."""
-    import onnxruntime as ort
-
-    if provider not in PROVIDERS:
-        raise ProviderError(f"provider {provider!r} is unknown; expected one of {', '.join(PROVIDERS)}")
-    check_provider(path, spec, provider)  # what the artifact must change is said first, wherever it is run
-    wanted, available = PROVIDERS[provider], ort.get_available_providers()
-    if wanted not in available:
-        raise ProviderError(
-            f"provider {provider!r} ({wanted}) is not available in this onnxruntime build; available: {available}. "
-            "CUDA and TensorRT need onnxruntime-gpu in place of onnxruntime (the two overwrite each other's "
-            "files): pip uninstall -y onnxruntime && pip install onnxruntime-gpu 'specdeploy[gpu]'")
-    if cuda_graphs and provider != "cuda":
-        raise ProviderError(f"{path}: cuda_graphs needs provider 'cuda', got {provider!r}")
-    return wanted
+def _check_wanted(path: Path, spec: ModelSpec, provider: Provider, cuda_graphs: bool | None) -> None:
+    """ProviderError where ``provider`` cannot run this graph (or CUDA graphs), or is missing from this onnxruntime
+    build."""
+    check_graph(path, spec, provider)  # what the artifact must change is said first, wherever it is run
+    check_available(provider)
+    if cuda_graphs and provider.name != "cuda":
+        raise ProviderError(f"{path}: cuda_graphs needs provider 'cuda', got {provider.name!r}")
 
 
-def _session_options(optimization: str, profile: Path | None, threads: int | None):
-    """ONNX Runtime SessionOptions: the optimization level, the profiler where asked for, and the thread pool."""
+def _session_options(optimization: str, profile: Path | None, threads: int | None, provider: Provider):
+    """ONNX Runtime SessionOptions: the optimization level, the profiler where asked for, and the thread pool; on
+    OpenVINO, where each node is placed is recorded (``check_whole``)."""
     import onnxruntime as ort
 
     levels = ort.GraphOptimizationLevel
@@ -215,21 +240,31 @@ def _session_options(optimization: str, profile: Path | None, threads: int | Non
     if profile is not None:
         options.enable_profiling = True
         options.profile_file_prefix = str(profile)
+    if provider.name == "openvino":
+        record_placement(options)
     if threads is not None:
         shared_thread_pool(threads)
     fit_thread_pool(options)
     return options
 
 
-def check_provider(path: Path, spec: ModelSpec, provider: str) -> None:
-    """Refuse, before any session is made, a graph that cannot run on ``provider``: a fused float32 graph on CUDA,
-    where ONNX Runtime's GroupQueryAttention kernel takes float16 or bfloat16 only (it would run on the CPU EP,
-    with every layer's activations copied across)."""
-    if provider == "cuda" and spec.graph == "fused" and spec.dtype == "float32":
-        raise ProviderError(
-            f"{path}: the {spec.role} model is a fused graph in float32; on CUDA, ONNX Runtime's GroupQueryAttention "
-            "takes float16 or bfloat16 only (got float32, expected float16): re-export it with --dtype float16 "
-            "--graph fused, or run it on the CPU")
+def placement(path: Path, provider: str | Provider, threads: int | None = None) -> dict[str, dict[str, int]]:
+    """Where ONNX Runtime would place the nodes of the graph at ``path`` on ``provider`` (the CPU EP taking what it
+    does not): EP -> {operator type: nodes}. Makes a session, so it costs what loading the graph costs."""
+    import onnxruntime as ort
+
+    provider = Provider.of(provider)
+    check_available(provider)
+    options = _session_options("all", None, threads, provider)
+    record_placement(options)
+    chain = [(provider.ep, provider.ep_options(threads, None))] + (
+        ["CPUExecutionProvider"] if provider.ep != "CPUExecutionProvider" else [])
+    return assignment(ort.InferenceSession(str(path), options, providers=chain))
+
+
+def check_provider(path: Path, spec: ModelSpec, provider: str | Provider) -> None:
+    """Refuse, before any session is made, a graph that cannot run whole on ``provider`` (``providers.check_graph``)."""
+    check_graph(path, spec, Provider.of(provider))
 
 
 def _differences(got: list[str], expected: list[str]) -> str:

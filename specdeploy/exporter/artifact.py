@@ -19,6 +19,7 @@ from ..version import __version__
 from . import onnx_graph
 from .checkpoint import Checkpoint, gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
 from .dims import Dims
+from .filled import read_filled_slots
 from .fused import FusedGraph
 from .int8 import Int8Error, to_int8_per_row
 from .options import ExportOptions, Form
@@ -87,6 +88,10 @@ def _export_model(role: str, source, staging: Path, options: ExportOptions, prog
     written = "full" if form.int4 else fmt  # a fused int4 graph is quantized as it is written
     _compress(role, path, options.dtype, written, (options.block_size, options.accuracy_level), progress,
               converted=form.dtype != options.dtype)
+    if form.filled_slots:
+        progress(f"{role}: reading only the filled slots (rounded up to {form.filled_slots}), the head over the kept "
+                 "positions only")
+        facts = facts | {"filled_slots": form.filled_slots, "trims_logits": _read_filled_slots(path, form.filled_slots)}
     _stamp_role(path, role)
     return ModelSpec(role=role, file=path.name, dtype=options.dtype, weights=fmt, graph=options.graph, **facts)
 
@@ -276,6 +281,21 @@ def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int
             model = onnx_graph.to_float16(model)
         progress(f"{role}: writing {role}.onnx")
         onnx_graph.save(model, path)
+
+
+def _read_filled_slots(path: Path, bucket: int) -> bool:
+    """Rewrite the explicit graph at ``path`` so that its attention reads only the filled slots (``filled``) and its
+    head runs over the last ``num_logits`` positions only; returns whether the head could be trimmed. Only the graph's
+    own proto is rewritten: weights in an external-data file stay where they are."""
+    import onnx
+
+    from ..importer.rewrites import head_trimmed
+
+    model = onnx.load(str(path), load_external_data=False)
+    read_filled_slots(model, bucket)
+    trimmed = bool(head_trimmed(model, "logits"))
+    onnx.save_model(model, str(path))
+    return trimmed
 
 
 def _stamp_role(path: Path, role: str) -> None:

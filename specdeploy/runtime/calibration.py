@@ -19,19 +19,20 @@ import threading
 from pathlib import Path
 
 from ..digests import cache_dir, read_record, write_record
+from ..engines.providers import Provider
 from .cost_policy import Costs
 
 FOLDER = "costs"
 TABLES = ("costs", "exact_costs")  # the default mode's table, exact mode's (records before exact mode: the first)
 
 
-def machine_key(directory: Path, provider: str, threads: int | None) -> str:
+def machine_key(directory: Path, provider: str | Provider, threads: int | None) -> str:
     """Who the remembered costs belong to: this artifact (its manifest names every file's digest) on this
-    provider, thread count, ONNX Runtime and machine."""
+    provider (with its options: OpenVINO's device and precision), thread count, ONNX Runtime and machine."""
     import onnxruntime
 
     manifest = hashlib.sha256((Path(directory) / "manifest.json").read_bytes()).hexdigest()
-    facts = [manifest, provider, str(threads), onnxruntime.__version__, platform.machine(), platform.node(),
+    facts = [manifest, Provider.of(provider).key, str(threads), onnxruntime.__version__, platform.machine(), platform.node(),
              str(os.cpu_count())]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:32]
 

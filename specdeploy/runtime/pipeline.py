@@ -14,6 +14,7 @@ import numpy as np
 
 from ..contract import PREFILL_CHUNK, Manifest
 from ..engines.base import feed
+from ..engines.providers import Provider
 from ..values import is_integer, short
 from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch, plan_capacity, slots_needed
@@ -86,14 +87,16 @@ class Pipeline:
         self._warm_lock = threading.Lock()
 
     @classmethod
-    def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
+    def load(cls, directory: str | Path, provider: str | Provider = "cpu", threads: int | None = None,
              verify_hashes: bool = True, max_cache_bytes: int | None = None, remember_costs: bool = False,
              suffix_file: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None,
              prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES, *, suffix_cache: str | Path | None = None) -> Pipeline:
         """Load an artifact dir written by ``specdeploy export``.
 
         Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
-        unless ``verify_hashes=False`` is passed explicitly. ``max_cache_bytes`` caps the KV-cache
+        unless ``verify_hashes=False`` is passed explicitly. ``provider``: the execution provider, a word ("cpu",
+        "cuda", "tensorrt", "openvino") or a ``Provider`` with its options (OpenVINO's device and precision);
+        a graph it would run only in pieces is refused (``ProviderError``). ``max_cache_bytes`` caps the KV-cache
         memory one batch may allocate (target and draft together); a batch over it is refused.
         ``remember_costs`` starts the first request's policy from what the last process measured on this
         artifact, provider and thread count, and keeps what this one measures (``calibration``; the default mode's
