@@ -104,6 +104,14 @@ def input_names(num_layers: int, states: tuple[StateSpec, ...] = ()) -> list[str
     return names + state_names(states, "cache")
 
 
+def slot_input_names(states: tuple[StateSpec, ...]) -> list[str]:
+    """The fused form's state slot inputs (``ModelSpec.takes_state_slots``), per kind of state in declared order:
+    ``read_slots_{name}`` int64 [batch, lookback], the slots of the positions before a call's first token (-1 for a
+    position before 0, whose state is zeros), and ``write_slots_{name}`` int64 [batch, written], the slots of the
+    call's last ``StateSpec.written(tokens)`` positions, where their states go: position p at slot p mod slots."""
+    return [f"{kind}_slots_{state.name}" for state in states for kind in ("read", "write")]
+
+
 def output_names(num_layers: int, graph: str = "explicit", states: tuple[StateSpec, ...] = ()) -> list[str]:
     """Graph outputs in order: logits, then per attention layer new_key.i / new_value.i (explicit form: the new tokens'
     K/V) or present_key.i / present_value.i (fused form: the cache itself, bound to the input buffers), then the
@@ -173,6 +181,11 @@ class ModelSpec:
     # The graph also outputs ``ids`` (int64 [batch, kept]): each position's argmax token, so that greedy acceptance
     # reads a few integers instead of [batch, kept, vocab] logits (fused graphs; absent from older manifests: false)
     argmax_ids: bool = False
+    # The fused hybrid graph takes each recurrent state's slots as inputs the engine fills (``slot_input_names``), as it
+    # fills seqlens_k: no slot arithmetic in the graph, so every node runs on the CUDA EP. Fused hybrids exported before
+    # (manifests without the field) compute them from seqlens_k and the call's shape: int64 nodes ONNX Runtime places on
+    # the CPU EP, whose values are copied to the device inside the call, which rules out CUDA-graph capture
+    takes_state_slots: bool = False
     # The explicit graph's attention writes the new tokens' K/V at their own slots of a copy of the cache and runs one
     # MatMul and softmax over every slot (``exporter.layers.cached_attention``), so a position's logits do not depend
     # on which call wrote its keys: exact mode can run on it. Absent from older manifests (their attention scored a
@@ -203,7 +216,12 @@ class ModelSpec:
         names = input_names(self.num_layers, self.states)
         if self.takes_seqlens_k:
             names[1] = "seqlens_k"
-        return names + (["num_logits"] if self.trims_logits else [])
+        return names + self.slot_inputs + (["num_logits"] if self.trims_logits else [])
+
+    @property
+    def slot_inputs(self) -> list[str]:
+        """The state slot inputs the engine fills (``takes_state_slots``; ``slot_input_names``), else none."""
+        return slot_input_names(self.states) if self.takes_state_slots else []
 
     @property
     def lengths_input(self) -> str:
@@ -432,7 +450,8 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
             raise ContractError(f"{where}: vocab_kept {kept} on the {values['role']} model; only a draft may leave tokens "
                                 "out (the target's distribution is the one decoding must follow)")
     flags = {}
-    for name in ("trims_logits", "takes_seqlens_k", "argmax_ids", "slot_attention"):  # absent from older manifests: false
+    for name in ("trims_logits", "takes_seqlens_k", "argmax_ids", "slot_attention", "takes_state_slots"):  # absent
+        # from older manifests: false
         flags[name] = data.get(name, False)
         if not isinstance(flags[name], bool):
             raise ContractError(f"{where}: {name} must be true or false, got {short(flags[name])}")
@@ -454,6 +473,10 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
     states = _states_from_list(data.get("states", []), values["num_layers"], f"{where}: states")
     if states and imported is not None:
         raise ContractError(f"{where}: states on an imported graph; only our own exports declare recurrent state")
+    if flags["takes_state_slots"] and (graph != "fused" or not states):
+        graph_said = "an explicit graph" if graph != "fused" else "a fused graph without recurrent states"
+        raise ContractError(f"{where}: takes_state_slots on {graph_said}; only a fused graph with recurrent states takes "
+                            "their slots")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
                      graph=graph, vocab_kept=kept, imported=imported, **flags, filled_slots=filled,
                      family=_field(data, "family", str, where, default=""), features=tuple(features), states=states)
@@ -583,8 +606,10 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
         written = slots if spec.graph == "fused" else [None, None, *state.shape]
         kind = "new" if spec.graph == "explicit" else "present"
         expected |= {name: (spec.dtype, written) for name in state_names((state,), kind)}
+        expected |= {f"read_slots_{state.name}": ("int64", [None, state.lookback]),
+                     f"write_slots_{state.name}": ("int64", [None, None])}
     expected["num_logits"] = ("int64", [1])
-    states = set(spec.state_inputs + spec.state_outputs)
+    states = set(spec.state_inputs + spec.state_outputs + slot_input_names(spec.states))
     problems = []
     for name, (dtype, dims) in expected.items():
         if name not in declared:

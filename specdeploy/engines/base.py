@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..contract import PREFILL_CHUNK, ModelSpec
+from ..contract import PREFILL_CHUNK, ModelSpec, StateSpec
 from ..values import is_integer, short
 from .memory import NUMPY_DTYPES, address, copy_prefixes, copy_states, describe, on_host, settle, write_states
 
@@ -410,6 +410,18 @@ def allocated(spec: ModelSpec, batch: int, capacity: int, dtype, zeros) -> KVCac
     kv = zeros((2 * len(spec.kv_layers), *spec.cache_shape(batch, capacity)), dtype)
     return KVCache(kv, states=[zeros((len(state.layers), *state.buffer_shape(batch, capacity)), dtype)
                                for state in spec.states])
+
+
+def state_slots(state: StateSpec, past_len: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slots of ``state``'s buffers a call of ``tokens`` tokens at ``past_len`` [batch] reads and writes, as a fused
+    graph takes them (``ModelSpec.takes_state_slots``): [batch, lookback] those of positions past_len - lookback ..
+    past_len - 1, -1 for a position before 0 (its state is zeros), and [batch, written] those of the call's last
+    ``state.written(tokens)`` positions. Position p sits at slot p mod slots (p itself where positional)."""
+    reads = past_len[:, None] + np.arange(-state.lookback, 0)
+    writes = past_len[:, None] + np.arange(tokens - state.written(tokens), tokens)
+    if state.slots:
+        return np.where(reads < 0, -1, reads % state.slots), writes % state.slots
+    return np.maximum(reads, -1), writes
 
 
 def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) -> tuple[np.ndarray, int]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..contract import ModelSpec, io_problems
 from ..digests import cache_dir
-from .base import Engine, KVCache, NewCache, allocated
+from .base import Engine, KVCache, NewCache, allocated, state_slots
 from .graphs import PLAIN, GraphIds, open_session, run_options
 from .memory import address, transfers
 from .providers import (
@@ -87,8 +87,9 @@ class OrtEngine(Engine):
         for)."""
         provider = Provider.of(provider)
         _check_wanted(path, spec, provider, cuda_graphs)
-        if cuda_graphs is None:
-            cuda_graphs = provider.name == "cuda" and spec.takes_seqlens_k and profile is None
+        if cuda_graphs is None:  # a fused hybrid that computes its state slots in the graph copies them in: no capture
+            cuda_graphs = (provider.name == "cuda" and spec.takes_seqlens_k and (spec.takes_state_slots or not spec.states)
+                           and profile is None)
         options = _session_options(optimization, profile, threads, provider)
         self.provider = provider
         # TensorRT's EP takes no user stream (ONNX Runtime's Python API passes one to the CUDA EP alone)
@@ -359,10 +360,11 @@ def bind(binding, name: str, device: str, array, output: bool = False) -> None:
 class ShapeBuffers:
     """The input and output buffers of one call shape, where the session computes, and one IOBinding per cache.
 
-    ``input_ids`` [batch, tokens] int64 and ``lengths`` [batch] (past_len int64, or seqlens_k int32) take each call's
-    values; ``num_logits`` stays on the host, where the graph reads it; ``logits`` [batch, kept, vocab] float32, ``ids``
-    [batch, kept] int64 (graphs with an argmax output) and ``new_kv`` [2 * layers, batch, kv_heads, tokens, head_dim]
-    (explicit graphs) are written by ONNX Runtime.
+    ``input_ids`` [batch, tokens] int64, ``lengths`` [batch] (past_len int64, or seqlens_k int32) and a fused hybrid's
+    ``slots`` (each recurrent state's read and write slots, ``state_slots``) take each call's values; ``num_logits``
+    stays on the host, where the graph reads it; ``logits`` [batch, kept, vocab] float32, ``ids`` [batch, kept] int64
+    (graphs with an argmax output) and ``new_kv`` [2 * layers, batch, kv_heads, tokens, head_dim] (explicit graphs) are
+    written by ONNX Runtime.
     """
 
     def __init__(self, session, spec: ModelSpec, memory, shape: tuple[int, int, int], cache_dtype: np.dtype,
@@ -377,6 +379,10 @@ class ShapeBuffers:
         # each call's lengths are computed into this host array (the bound buffer itself on the CPU), then uploaded
         self.host_lengths = self.lengths if isinstance(self.lengths, np.ndarray) else np.empty((batch,), self.lengths.dtype)
         self.kept = np.array([kept], np.int64)  # read on the host by the graph (Slice's starts): bound there
+        # (state, read slots [batch, lookback], write slots [batch, written]) a recurrent state, where the graph takes them
+        self.slots = [(state, memory.empty((batch, state.lookback), np.int64),
+                       memory.empty((batch, state.written(tokens)), np.int64))
+                      for state in (spec.states if spec.takes_state_slots else ())]
         self.logits = memory.empty((batch, kept, spec.vocab_size), np.float32)
         self.ids = memory.empty((batch, kept), np.int64) if spec.argmax_ids else None
         self.new_kv = None if spec.writes_cache else memory.empty(
@@ -414,6 +420,8 @@ class ShapeBuffers:
         bind(binding, spec.lengths_input, device, self.lengths)
         if spec.trims_logits:
             bind(binding, "num_logits", "cpu", self.kept)
+        for name, buf in zip(spec.slot_inputs, [buf for _, read, write in self.slots for buf in (read, write)]):
+            bind(binding, name, device, buf)
         for name, buf in zip(spec.cache_inputs, buffers):
             bind(binding, name, device, buf)
         bind(binding, spec.outputs[0], device, self.logits, output=True)
@@ -431,13 +439,16 @@ class ShapeBuffers:
 
     def run(self, binding, options, input_ids: np.ndarray, past_len: np.ndarray) -> None:
         """Copy the call's ids and lengths (past_len, or GroupQueryAttention's seqlens_k: the index of each row's last new
-        token) into their bound buffers and run. A CUDA graph that fails to capture is given up for plain runs, said
-        once (``GraphIds.refuse``)."""
+        token), and a fused hybrid's state slots, into their bound buffers and run. A CUDA graph that fails to capture is
+        given up for plain runs, said once (``GraphIds.refuse``)."""
         self.memory.upload(self.input_ids, input_ids)
         offset = input_ids.shape[1] - 1 if self.spec.takes_seqlens_k else 0
         np.add(past_len, offset, out=self.host_lengths, casting="unsafe")
         if self.host_lengths is not self.lengths:
             self.memory.upload(self.lengths, self.host_lengths)
+        for state, read, write in self.slots:
+            for buffer, values in zip((read, write), state_slots(state, past_len, input_ids.shape[1])):
+                self.memory.upload(buffer, values)
         try:
             self.session.run_with_iobinding(binding, options)
         except Exception as exc:

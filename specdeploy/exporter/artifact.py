@@ -167,6 +167,7 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         "trims_logits": fused,
         "takes_seqlens_k": fused,
         "argmax_ids": fused,
+        "takes_state_slots": fused and bool(dims.states),  # exporter/recurrent_fused.py
         "slot_attention": not fused,  # layers.cached_attention
     }
     progress(f"{role}: building the verify graph ({arch.name}, {dims.num_layers} layers)")

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..contract import IR_VERSION, kv_layers
+from ..contract import IR_VERSION, kv_layers, slot_input_names
 from .dims import Dims
 from .onnx_graph import EXTERNAL_DATA_BYTES, OPSET
 
@@ -51,6 +51,7 @@ class FusedGraph:
         self.bytes = 0
         self._names: dict[str, int] = {}
         self._node_names: dict[str, int] = {}  # nodes have their own namespace: "layers.3.down" names both
+        self._shared: dict[str, object] = {}  # values every layer reads, made once (``shared``)
         layers, kv_heads, head_dim = dims.num_layers, dims.kv_heads, dims.head_dim
         elem = helper.np_dtype_to_tensor_dtype(self.dtype)
         cache = ["batch", kv_heads, "capacity", head_dim]
@@ -63,6 +64,11 @@ class FusedGraph:
                        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"])]  # ModelSpec.takes_seqlens_k
         self.inputs += [helper.make_tensor_value_info(f"cache_{name}", elem, cache) for name in kv]
         self.inputs += [helper.make_tensor_value_info(f"cache_{name}", elem, shape) for name, shape in states]
+        # each state's slots, filled by the engine (ModelSpec.takes_state_slots): [batch, lookback] read, [batch, written]
+        slots = [["batch", state.lookback] if kind == "read" else ["batch", f"written_{state.name}"] for state in dims.states
+                 for kind in ("read", "write")]
+        self.inputs += [helper.make_tensor_value_info(name, TensorProto.INT64, shape)
+                        for name, shape in zip(slot_input_names(dims.states), slots)]
         self.inputs += [helper.make_tensor_value_info("num_logits", TensorProto.INT64, [1])]  # ModelSpec.trims_logits
         self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "kept", dims.vocab_size])]
         self.outputs += [helper.make_tensor_value_info(f"present_{name}", elem, cache) for name in kv]
@@ -168,15 +174,12 @@ class FusedGraph:
         capacity = self.node("Gather", [shape, self.constant("capacity_axis", np.array(2, np.int64))], axis=0)[0]
         return "seqlens_k", self.node("Cast", [capacity], to=TensorProto.INT32)[0]
 
-    def past_len(self) -> tuple[str, str]:
-        """Each row's past_len (int64 [batch]: seqlens_k - tokens + 1) and the call's tokens (an int64 scalar), for the
-        recurrent layers, which read their states at the positions before a call (made once, on first use)."""
-        if not hasattr(self, "_past_len"):
-            tokens = self.node("Gather", [self.node("Shape", ["input_ids"])[0], self.scalar("one", 1)], axis=0)[0]
-            last = self.node("Cast", ["seqlens_k"], to=TensorProto.INT64)[0]
-            back = self.node("Sub", [tokens, self.scalar("one", 1)])[0]
-            self._past_len = self.node("Sub", [last, back])[0], tokens
-        return self._past_len
+    def shared(self, key: str, make):
+        """A value every layer reads (the call's token count, a recurrent state's slot indices): ``make()``'s result,
+        made when first asked for under ``key``, then the same one."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
 
     def attention(self, qkv: str, layer: int, lengths: tuple[str, str], rotary: tuple[str, str] | None,
                   **attributes) -> str:

@@ -1,6 +1,7 @@
 """The config and tokenizer of a GGUF file whose architecture transformers cannot load from GGUF (granite, olmo2,
-smollm3 in transformers 5.25), read from the file's metadata under the key names llama.cpp's converter
-(convert_hf_to_gguf.py) writes, one function per architecture, as transformers' own ``GGUF_CONFIG_ARCHS`` does.
+smollm3 and Granite 4.0-H's granitehybrid in transformers 5.25), read from the file's metadata under the key names
+llama.cpp's converter (convert_hf_to_gguf.py) writes, one function per architecture, as transformers' own
+``GGUF_CONFIG_ARCHS`` does. (Their tensors: gguf_weights.py, with gguf_layouts.py where the converter reshaped them.)
 
 What a file does not say is what llama.cpp assumes when it runs the file, not transformers' config defaults: a Granite
 file without ``attention.scale`` scales scores by head_dim^-1/2 (GraniteConfig's default would be 1), and SmolLM3's
@@ -24,12 +25,13 @@ class GgufFamily:
     from llama.cpp's interleaved rotary order, for files converted as a Llama is)."""
 
     model_type: str
-    extra: Callable[[dict, int, int], dict]  # (metadata, layers, head_dim) -> fields, which win over the common ones
+    # (metadata, the file's tensor names, layers, head_dim) -> fields, which win over the common ones
+    extra: Callable[[dict, set, int, int], dict]
     processor: str | None = None
     keys: tuple[tuple[str, str], ...] = ()  # (metadata key, config field) ``extra`` reads beyond KEYS, for the checks
 
 
-def _granite(meta: dict, layers: int, head_dim: int) -> dict:
+def _granite(meta: dict, names: set, layers: int, head_dim: int) -> dict:
     head_dim = meta["embedding_length"] // meta["attention.head_count"]  # llama.cpp's Granite ignores key_length
     # the converter writes each multiplier under a *_scale name, and only when it is set (non-zero)
     return {"head_dim": head_dim,
@@ -38,7 +40,38 @@ def _granite(meta: dict, layers: int, head_dim: int) -> dict:
             "attention_multiplier": meta.get("attention.scale", head_dim ** -0.5)}
 
 
-def _olmo2(meta: dict, layers: int, head_dim: int) -> dict:
+def _granite_hybrid(meta: dict, names: set, layers: int, head_dim: int) -> dict:
+    """Granite 4.0-H (the converter's GraniteHybridModel, over its Mamba2Model and GraniteMoeModel): Granite's
+    multipliers; which layers are Mamba-2 and which attention, from the K/V head count it writes per layer (0: Mamba-2);
+    Mamba-2's sizes from its ssm.* keys (heads as ``ssm.time_step_rank``, head size = inner size / heads); RoPE only
+    where ``rope.scaling.finetuned`` says the model uses it (Granite 4.0-H: no position embedding); biases where the
+    file has their tensors; the dense shared MLP's width (routed experts, ``expert_count`` > 0, are refused by the
+    family)."""
+    kv = meta.get("attention.head_count_kv")
+    if not isinstance(kv, list) or len(kv) != layers or not all(isinstance(n, int) and n >= 0 for n in kv):
+        raise ExportError(f"granitehybrid: attention.head_count_kv: got {kv!r}; expected one K/V head count a layer "
+                          f"({layers}; 0 for a Mamba-2 layer)")
+    ssm = {key: _need(meta, "granitehybrid", f"ssm.{key}") for key in ("inner_size", "time_step_rank", "group_count",
+                                                                       "state_size", "conv_kernel")}
+    hidden, inner, heads = meta["embedding_length"], ssm["inner_size"], ssm["time_step_rank"]
+    if heads < 1 or inner % heads or inner % hidden:
+        raise ExportError(f"granitehybrid: ssm.inner_size {inner}: expected a multiple of ssm.time_step_rank ({heads}, "
+                          f"Mamba-2's heads) and of embedding_length ({hidden})")
+    return _granite(meta, names, layers, head_dim) | {
+        "layer_types": ["attention" if n else "mamba" for n in kv],
+        "num_key_value_heads": max(kv) or meta["attention.head_count"],
+        "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": inner // hidden,
+        "mamba_n_groups": ssm["group_count"], "mamba_d_state": ssm["state_size"], "mamba_d_conv": ssm["conv_kernel"],
+        "mamba_conv_bias": any(n.endswith(".ssm_conv1d.bias") for n in names),
+        "mamba_proj_bias": any(n.endswith(".ssm_in.bias") for n in names),
+        "attention_bias": any(n.endswith(".attn_q.bias") for n in names),
+        "shared_intermediate_size": _need(meta, "granitehybrid", "expert_shared_feed_forward_length"),
+        "num_local_experts": meta.get("expert_count", 0), "num_experts_per_tok": meta.get("expert_used_count", 0),
+        "position_embedding_type": "rope" if meta.get("rope.scaling.finetuned") else "nope",
+    }
+
+
+def _olmo2(meta: dict, names: set, layers: int, head_dim: int) -> dict:
     if meta.get("attention.sliding_window"):  # OLMo 3, converted as olmo2: a family we have not described
         raise ExportError(f"olmo2: attention.sliding_window {meta['attention.sliding_window']} (an OLMo 3 file) is not "
                           "supported; expected an OLMo 2 file, without sliding windows")
@@ -48,7 +81,7 @@ def _olmo2(meta: dict, layers: int, head_dim: int) -> dict:
 NO_ROPE_LAYER_STEP = 4  # llama.cpp's SmolLM3: layer i does not rotate where (i + 1) % 4 == 0
 
 
-def _smollm3(meta: dict, layers: int, head_dim: int) -> dict:
+def _smollm3(meta: dict, names: set, layers: int, head_dim: int) -> dict:
     return {"no_rope_layers": [int((i + 1) % NO_ROPE_LAYER_STEP != 0) for i in range(layers)], "use_sliding_window": False}
 
 
@@ -58,6 +91,8 @@ GGUF_FAMILIES = {
                                 ("logit_scale", "logits_scaling"), ("attention.scale", "attention_multiplier"))),
     "olmo2": GgufFamily("olmo2", _olmo2),
     "smollm3": GgufFamily("smollm3", _smollm3, processor="llama"),
+    # the converter permutes attention's q and k as for a Llama (its undo_permute), though Granite 4.0-H rotates nothing
+    "granitehybrid": GgufFamily("granitemoehybrid", _granite_hybrid, processor="llama"),
 }
 ROPE_SCALING = ("none", "linear", "yarn")
 
@@ -134,10 +169,7 @@ def read_config(reader):
     names = {tensor.name for tensor in reader.tensors}
 
     def need(key: str):
-        if key not in meta:
-            raise ExportError(f"{arch}: the GGUF metadata has no {arch}.{key}; expected it of a file converted by "
-                              "llama.cpp")
-        return meta[key]
+        return _need(meta, arch, key)
 
     if "rope_freqs.weight" in names:  # llama3-style scaling is stored as a tensor of factors, not as a config
         raise ExportError(f"{arch}: a rope_freqs tensor (Llama 3-style RoPE scaling) is not read back; expected a file "
@@ -177,12 +209,19 @@ def read_config(reader):
         "bos_token_id": token("bos_token_id"),
         "eos_token_id": token("eos_token_id"),
         "pad_token_id": token("padding_token_id"),
-        **family.extra(meta, layers, head_dim),
+        **family.extra(meta, names, layers, head_dim),
     }
     try:
         return AutoConfig.for_model(family.model_type, **fields)
     except (ValueError, TypeError, KeyError) as exc:
         raise ExportError(f"{arch}: the GGUF metadata makes no valid {family.model_type} config ({exc})") from exc
+
+
+def _need(meta: dict, arch: str, key: str):
+    """``meta[key]``, refused in one line where the file has no such key."""
+    if key not in meta:
+        raise ExportError(f"{arch}: the GGUF metadata has no {arch}.{key}; expected it of a file converted by llama.cpp")
+    return meta[key]
 
 
 def read_tokenizer(path) -> tuple[object, dict]:

@@ -7,6 +7,12 @@ slots (ONNX Runtime's ScatterND copies its input to its output only when they ar
 same one it writes the new rows alone). The values written are computed from the values read, so the write runs
 after the read even where the two touch the same slots (a prefill chunk longer than a ring). The arithmetic is the
 explicit form's, node for node.
+
+Which slots a call reads and writes come in as inputs the engine fills (``read_slots_{state}``, ``write_slots_{state}``:
+``ModelSpec.takes_state_slots``), as GroupQueryAttention's ``seqlens_k`` does: computed in the graph from the lengths
+and the call's shape, they were int64 nodes ONNX Runtime places on the CPU EP beside the CUDA kernels that read them,
+each value copied to the device inside the call, which rules out CUDA-graph capture. What is left of the call's shape
+(its token count, the rows) feeds only inputs a CUDA kernel reads on the host (Slice's starts, Range's bounds).
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ def _short_conv(graph: FusedGraph, conv: ShortConv, layer: int, h: str) -> str:
     bcx = _linear(graph, h, conv.in_proj, conv.in_bias, f"{at}.in_proj")
     b, c, x = graph.node("Split", [bcx], 3, axis=-1, num_outputs=3)
     bx = graph.node("Mul", [b, x])[0]
-    window = _window(graph, f"cache_conv.{layer}", bx, conv.kernel - 1)
-    _write(graph, f"conv.{layer}", window, conv.kernel - 1)
+    window = _window(graph, "conv", layer, bx)
+    _write(graph, "conv", layer, window, conv.kernel - 1)
     out = _causal_conv(graph, window, conv.conv, conv.conv_bias, at)
     return _linear(graph, graph.node("Mul", [c, out])[0], conv.out_proj, conv.out_bias, f"{at}.out_proj")
 
@@ -37,8 +43,8 @@ def _mamba2(graph: FusedGraph, m: Mamba2, layer: int, h: str) -> str:
     at = f"layers.{layer}.mamba"
     sizes = graph.constant(f"{at}.split", np.array([m.inner, m.conv_dim, m.heads], np.int64))
     z, xbc, dt = graph.node("Split", [_linear(graph, h, m.in_proj, m.in_bias, f"{at}.in_proj"), sizes], 3, axis=-1)
-    window = _window(graph, f"cache_conv.{layer}", xbc, m.kernel - 1)
-    _write(graph, f"conv.{layer}", window, m.kernel - 1)
+    window = _window(graph, "conv", layer, xbc)
+    _write(graph, "conv", layer, window, m.kernel - 1)
     conv = _causal_conv(graph, window, m.conv, m.conv_bias, at)
     conv = _silu(graph, conv)
     parts = graph.constant(f"{at}.xbc", np.array([m.inner, m.groups * m.d_state, m.groups * m.d_state], np.int64))
@@ -51,9 +57,9 @@ def _mamba2(graph: FusedGraph, m: Mamba2, layer: int, h: str) -> str:
     dt = graph.node("Transpose", [graph.node("Clip", [dt, *limits])[0]], perm=[0, 2, 1])[0]  # [batch, heads, T]
     a = graph.constant(f"{at}.A", -np.exp(m.A_log.detach().numpy().astype(np.float64)).reshape(m.heads, 1))
     decay = graph.node("Mul", [dt, a])[0]  # log of each step's decay: [batch, heads, T]
-    start = graph.node("Squeeze", [_read(graph, f"cache_ssm.{layer}", 1, 5), _axes(graph, [1])])[0]  # [batch, h, p, n]
+    start = graph.node("Squeeze", [_read(graph, "ssm", layer), _axes(graph, [1])])[0]  # [batch, h, p, n]
     y, states = _ssd(graph, x, b, c, dt, decay, start, f"cache_ssm.{layer}", at)
-    graph.node("ScatterND", [f"cache_ssm.{layer}", _slots_written(graph, f"cache_ssm.{layer}"), states],
+    graph.node("ScatterND", [f"cache_ssm.{layer}", _slots_written(graph, "ssm"), states],
                [f"present_ssm.{layer}"], label=f"{at}.write_ssm")
     d = graph.constant(f"{at}.D", m.D.detach().numpy().reshape(m.heads, 1))
     y = graph.node("Add", [y, graph.node("Mul", [x, d])[0]])[0]
@@ -68,7 +74,7 @@ def _mamba2(graph: FusedGraph, m: Mamba2, layer: int, h: str) -> str:
 def _ssd(graph: FusedGraph, x, b, c, dt, decay, start, cache, at):
     """``recurrent.ssd`` as nodes: y [batch, T, heads, head_dim] and the states of the last min(T, slots) positions
     [batch, kept, heads, head_dim, d_state]."""
-    tokens = graph.past_len()[1]
+    tokens = _tokens(graph)
     rows = graph.node("Range", [graph.scalar("zero", 0), tokens, graph.scalar("one", 1)])[0]
     column, row = _unsqueeze(graph, rows, [0]), _unsqueeze(graph, rows, [1])
     below, on_or_below = graph.node("Greater", [row, column])[0], graph.node("GreaterOrEqual", [row, column])[0]
@@ -104,52 +110,69 @@ def _heads(graph: FusedGraph, t: str, m: Mamba2) -> str:
     return graph.node("Transpose", [heads], perm=[0, 2, 1, 3])[0]
 
 
-def _window(graph: FusedGraph, cache: str, new: str, lookback: int) -> str:
+def _window(graph: FusedGraph, state: str, layer: int, new: str) -> str:
     """The inputs of the ``lookback`` positions before the call, then the call's own: [batch, lookback + T, channels]."""
-    return graph.node("Concat", [_read(graph, cache, lookback, 3), new], axis=1)[0]
+    return graph.node("Concat", [_read(graph, state, layer), new], axis=1)[0]
 
 
-def _read(graph: FusedGraph, cache: str, lookback: int, rank: int) -> str:
-    """``recurrent.read_states``: the states of positions past_len - lookback .. past_len - 1 (zeros before 0) from a
-    buffer of ``rank`` dims."""
-    past_len, _ = graph.past_len()
-    offsets = graph.constant(f"lookback({lookback})", np.arange(-lookback, 0, dtype=np.int64))
-    pos = graph.node("Add", [_unsqueeze(graph, past_len, [1]), offsets])[0]  # [batch, lookback]
-    slot = graph.node("Mod", [pos, _slots(graph, cache)])[0]
-    found = graph.node("GatherND", [cache, _unsqueeze(graph, slot, [2])], batch_dims=1)[0]  # [batch, lookback, *shape]
-    valid = graph.node("GreaterOrEqual", [pos, graph.scalar("zero", 0)])[0]
-    valid = _unsqueeze(graph, valid, list(range(2, rank)))
+def _read(graph: FusedGraph, state: str, layer: int) -> str:
+    """``recurrent.read_states``: the states of positions past_len - lookback .. past_len - 1 (zeros before 0) from
+    layer ``layer``'s buffer of ``state``, at the slots the engine gives (``read_slots_{state}``).  # [batch, lookback,
+    *shape]"""
+    cache, shape = f"cache_{state}.{layer}", next(s.shape for s in graph.dims.states if s.name == state)
+    index, valid = graph.shared(f"read_slots_{state}", lambda: _read_index(graph, state, cache, 2 + len(shape)))
+    flat = _reshape(graph, cache, [-1, *shape])  # [batch * slots, *shape]: a view
+    found = graph.node("Gather", [flat, index], axis=0)[0]  # [batch, lookback, *shape]
     return graph.node("Where", [valid, found, graph.scalar("zero_float", 0.0, np.float32)])[0]
 
 
-def _write(graph: FusedGraph, state: str, window: str, lookback: int) -> None:
+def _read_index(graph: FusedGraph, state: str, cache: str, rank: int) -> tuple[str, str]:
+    """Gather's indices [batch, lookback] into a buffer's rows flattened with its slots (row * slots + slot; slot 0
+    where a position is before 0) and whether each position holds a state ([batch, lookback] and ``rank`` - 2 unit
+    dims), shared by every layer of ``state``. Gather, not GatherND: ONNX Runtime's CUDA GatherND staged its strides
+    from a host array freed after the call, which a captured CUDA graph re-reads at every replay (onnxruntime#32120).
+    The rows' offsets are a Range whose bounds (batch x slots, slots) are read on the host."""
+    slots, zero = f"read_slots_{state}", graph.scalar("zero", 0)
+    batch = graph.node("Gather", [graph.node("Shape", ["input_ids"])[0], zero], axis=0)[0]
+    size = _slots(graph, cache)
+    offsets = graph.node("Range", [zero, graph.node("Mul", [batch, size])[0], size])[0]  # row * slots: [batch]
+    index = graph.node("Add", [_unsqueeze(graph, offsets, [1]), graph.node("Max", [slots, zero])[0]])[0]
+    valid = graph.node("GreaterOrEqual", [slots, zero])[0]  # -1: a position before the text
+    return index, _unsqueeze(graph, valid, list(range(2, rank)))
+
+
+def _write(graph: FusedGraph, state: str, layer: int, window: str, lookback: int) -> None:
     """Write the call's last min(T, slots) positions of ``window`` (the lookback's states, then the call's) into
-    ``cache_{state}`` in place, as ``present_{state}``."""
-    cache = f"cache_{state}"
+    layer ``layer``'s buffer of ``state`` in place, as ``present_{state}.{layer}``."""
+    cache = f"cache_{state}.{layer}"
     start = graph.node("Add", [_kept_from(graph, cache), graph.scalar(f"lookback({lookback})", lookback)])[0]
     updates = _slice(graph, window, start, 1)
-    graph.node("ScatterND", [cache, _slots_written(graph, cache), updates], [f"present_{state}"],
-               label=f"write({state})")
+    graph.node("ScatterND", [cache, _slots_written(graph, state), updates], [f"present_{state}.{layer}"],
+               label=f"write({state}.{layer})")
 
 
-def _slots_written(graph: FusedGraph, cache: str) -> str:
-    """ScatterND's indices [batch, kept, 2]: (row, slot of position past_len + T - kept + j) for j < kept."""
-    past_len, tokens = graph.past_len()
-    kept_from = _kept_from(graph, cache)
-    kept = graph.node("Sub", [tokens, kept_from])[0]
-    steps = graph.node("Range", [graph.scalar("zero", 0), kept, graph.scalar("one", 1)])[0]
-    first = graph.node("Add", [past_len, kept_from])[0]  # [batch]
-    pos = graph.node("Add", [_unsqueeze(graph, first, [1]), _unsqueeze(graph, steps, [0])])[0]  # [batch, kept]
-    slot = graph.node("Mod", [pos, _slots(graph, cache)])[0]
-    batch = graph.node("Gather", [graph.node("Shape", ["input_ids"])[0], graph.scalar("zero", 0)], axis=0)[0]
-    rows = graph.node("Range", [graph.scalar("zero", 0), batch, graph.scalar("one", 1)])[0]
-    rows = graph.node("Expand", [_unsqueeze(graph, rows, [1]), graph.node("Shape", [slot])[0]])[0]
-    return graph.node("Concat", [_unsqueeze(graph, rows, [2]), _unsqueeze(graph, slot, [2])], axis=2)[0]
+def _slots_written(graph: FusedGraph, state: str) -> str:
+    """ScatterND's indices [batch, kept, 2]: (row, ``write_slots_{state}[row, j]``) for j < kept, shared by every
+    layer. The rows are a Range over the batch (its bounds read on the host, its values made on the device)."""
+    def make() -> str:
+        slot = f"write_slots_{state}"
+        batch = graph.node("Gather", [graph.node("Shape", ["input_ids"])[0], graph.scalar("zero", 0)], axis=0)[0]
+        rows = graph.node("Range", [graph.scalar("zero", 0), batch, graph.scalar("one", 1)])[0]
+        rows = graph.node("Expand", [_unsqueeze(graph, rows, [1]), graph.node("Shape", [slot])[0]])[0]
+        return graph.node("Concat", [_unsqueeze(graph, rows, [2]), _unsqueeze(graph, slot, [2])], axis=2)[0]
+
+    return graph.shared(f"write_slots_{state}", make)
+
+
+def _tokens(graph: FusedGraph) -> str:
+    """The call's token count (an int64 scalar, on the host: it feeds Slice's starts and Range's bounds alone)."""
+    return graph.shared("tokens", lambda: graph.node(
+        "Gather", [graph.node("Shape", ["input_ids"])[0], graph.scalar("one", 1)], axis=0)[0])
 
 
 def _kept_from(graph: FusedGraph, cache: str) -> str:
     """T - min(T, slots): the first of the call's positions whose state is written (a scalar)."""
-    _, tokens = graph.past_len()
+    tokens = _tokens(graph)
     return graph.node("Sub", [tokens, graph.node("Min", [tokens, _slots(graph, cache)])[0]])[0]
 
 

@@ -10,13 +10,16 @@ floating point, as between chunked and whole prefills).
 A hybrid model's recurrent states (``ModelSpec.states``) are kept beside its K/V. A positional state (a short
 convolution's inputs, one a slot) is reused at any length, as K/V is. A ring keeps only the last positions' states,
 so a text is resumed from it only where the text ended (a conversation's next turn, whose prompt holds the whole
-earlier text): a shorter match reuses nothing, and ``refused`` counts it under its reason.
+earlier text): a prompt resumes the longest kept text it can, and where it matches only texts that ran on past it,
+it reuses nothing and ``refused`` counts it under its reason. A ring model's text is therefore not dropped when a newer
+one extends it: its end is a state the newer text does not hold (a turn asked again resumes where the turn before
+it ended).
 
 Texts are kept by scope name (``RowSettings.scope``, the names a ``SuffixStore`` uses; None: no reuse): a request
 reuses only its own scope's texts, since how fast a prompt starts would say whether someone else's began the same way
 (docs/serving.md). A name is all it holds of a scope, so the bound covers everything it keeps alive: in bytes, the
-least recently used text first; a text that a newer one of its scope extends is dropped, and ``forget`` drops a scope's
-texts when its store lets the scope go (no later request could match them).
+least recently used text first; a text that a newer one of its scope extends and can resume is dropped, and ``forget``
+drops a scope's texts when its store lets the scope go (no later request could match them).
 """
 
 from __future__ import annotations
@@ -94,8 +97,9 @@ class PrefixCache:
         if kept.bytes > self.max_bytes:
             return
         with self._lock:
-            for key in [key for key, old in self._kept.items() if old.scope == scope and _starts(kept.tokens, old.tokens)]:
-                self._drop(key)  # the new text holds all of it
+            for key in [key for key, old in self._kept.items() if old.scope == scope and _starts(kept.tokens, old.tokens)
+                        and kept.target.resumes(len(old.tokens))]:
+                self._drop(key)  # the new text holds all of it (a ring's state at the old text's end it does not)
             self._ids += 1
             self._kept[self._ids] = kept
             self.bytes += kept.bytes
@@ -104,23 +108,23 @@ class PrefixCache:
 
     def reuse(self, scope: str | None, prompt: np.ndarray, target_cache, row: int, draft_cache=None) -> int:
         """Fill row ``row`` of the caches (which have seen nothing of it) with the K/V of the longest kept start of
-        ``prompt`` in ``scope``, all but the prompt's last token at most (a cycle starts from it); returns the tokens
-        reused (0: none) and commits each cache's ``past_len`` of that row."""
+        ``prompt`` in ``scope`` the target can resume from (``Slots.resumes``), all but the prompt's last token at most
+        (a cycle starts from it); returns the tokens reused (0: none) and commits each cache's ``past_len`` of that
+        row."""
         if scope is None or not self._kept:
             return 0
         with self._lock:
-            best, matched = None, 0
+            best, matched, ran_on = None, 0, False
             for key, kept in self._kept.items():
                 if kept.scope == scope:
                     n = _common(kept.tokens, prompt[: len(prompt) - 1])
-                    if n > matched:
+                    ran_on |= n > 0 and not kept.target.resumes(n)
+                    if kept.target.resumes(n) > matched:
                         best, matched = key, n
             if best is None:
+                self.refused[RING_PARTIAL] += ran_on
                 return 0
             kept = self._kept[best]
-            if not kept.target.resumes(matched):
-                self.refused[RING_PARTIAL] += 1
-                return 0
             self._kept.move_to_end(best)
         _fill(target_cache, row, kept.target, matched)
         if draft_cache is not None and kept.draft is not None:

@@ -48,10 +48,8 @@ def permuted(weight: np.ndarray, heads: int) -> np.ndarray:
 
 def write_gguf(path, model, architecture: str, permute: bool, extra=None) -> None:
     """``model`` as llama.cpp's converter writes a file of ``architecture``, with a byte-level BPE tokenizer of VOCAB
-    tokens (ids 256.. are "ab", "abc" and fillers; the last two BOS and EOS, EOS spelled as GPT-2's, which transformers'
-    byte-level tokenizer would otherwise add past the vocabulary)."""
+    tokens (``add_tokenizer``)."""
     import gguf
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
@@ -68,14 +66,7 @@ def write_gguf(path, model, architecture: str, permute: bool, extra=None) -> Non
         writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
     if extra is not None:
         extra(writer, config)
-    tokens = list(bytes_to_unicode().values()) + ["ab", "abc"]
-    tokens += [f"<extra{i}>" for i in range(VOCAB - 1 - len(tokens))] + ["<|endoftext|>"]  # as GPT-2's vocabulary ends
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * len(tokens))
-    writer.add_token_merges(["a b", "ab c"])
-    writer.add_bos_token_id(VOCAB - 2)
-    writer.add_eos_token_id(VOCAB - 1)
+    add_tokenizer(writer)
     arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == architecture)
     table = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     kv_heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
@@ -92,6 +83,22 @@ def write_gguf(path, model, architecture: str, permute: bool, extra=None) -> Non
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def add_tokenizer(writer, vocab: int = VOCAB) -> None:
+    """A byte-level BPE tokenizer of ``vocab`` tokens as llama.cpp's converter writes one (ids 256.. are "ab", "abc" and
+    fillers; the last two BOS and EOS, EOS spelled as GPT-2's, which transformers' byte-level tokenizer would otherwise
+    add past the vocabulary)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokens = list(bytes_to_unicode().values()) + ["ab", "abc"]
+    tokens += [f"<extra{i}>" for i in range(vocab - 1 - len(tokens))] + ["<|endoftext|>"]  # as GPT-2's vocabulary ends
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.add_token_merges(["a b", "ab c"])
+    writer.add_bos_token_id(vocab - 2)
+    writer.add_eos_token_id(vocab - 1)
 
 
 BUILT: dict[str, tuple] = {}  # one file per family for the module, whichever parametrization asks for it

@@ -56,6 +56,8 @@ def test_the_manifest_declares_each_recurrent_state(exported_architecture):
                                                                                ("ssm", (4, 16, 8), 1, 19)]
     assert granite.max_drafts == 16 and granite.keeps_ring and "mamba2 mixer on 1 of 2 layers" in granite.features
     assert granite.outputs == ["logits", "present_key.1", "present_value.1", "present_conv.0", "present_ssm.0", "ids"]
+    assert granite.inputs == ["input_ids", "seqlens_k", "cache_key.1", "cache_value.1", "cache_conv.0", "cache_ssm.0",
+                              "read_slots_conv", "write_slots_conv", "read_slots_ssm", "write_slots_ssm", "num_logits"]
 
 
 @pytest.mark.parametrize("change,match", [
@@ -75,6 +77,22 @@ def test_a_manifest_misdeclaring_a_recurrent_state_is_refused(exported_architect
     (art / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises((ContractError, RuntimeError), match=match):
         Pipeline.load(art)
+
+
+@pytest.mark.parametrize("name,form,value,match", [
+    ("lfm2", "explicit", True, "takes_state_slots on an explicit graph; only a fused graph with recurrent states takes"),
+    ("granitemoehybrid", "fused", "yes", "takes_state_slots must be true or false, got 'yes'"),
+])
+def test_a_manifest_misdeclaring_the_state_slot_inputs_is_refused(exported_architecture, tmp_path, name, form, value,
+                                                                 match):
+    """A fused hybrid takes its states' slots as inputs the engine fills (``ModelSpec.takes_state_slots``); the flag
+    on an explicit graph, or not a bool, is refused naming it."""
+    art = shutil.copytree(exported_architecture(name, form)[1], tmp_path / "art")
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["models"]["target"]["takes_state_slots"] = value
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ContractError, match=match):
+        Manifest.read(art)
 
 
 # (parity case, config.json fields changed, what the one line of the refusal says: one part or several)

@@ -114,6 +114,25 @@ def test_the_prefix_cache_resumes_a_kept_text(pipeline, plain):
     assert warm.prefix_cache.refused[RING_PARTIAL] == int(ring)
 
 
+def test_a_turn_asked_again_resumes_where_the_turn_before_it_ended(pipeline, plain):
+    """A conversation's turn asked twice (a regenerated answer): the first answer's text runs on past the turn's prompt,
+    so a ring cannot resume from it; the turn before it is still kept (a text that a newer one extends stays where the
+    newer one cannot resume at its end) and the second run resumes from it too, decoding what a cold start decodes (a
+    positional state resumes from the longer text, all of the prompt but its last token). Found by
+    tools/gpu_check.py's prefix part, which runs a second turn plainly, then speculatively."""
+    warm = Pipeline(pipeline.manifest, pipeline.tokenizer, pipeline.target, pipeline.draft)
+    config = GenerationConfig(k=4, policy="fixed", drafter="model", max_new_tokens=NEW, ignore_eos=True)
+    first = warm.generate([PROMPTS[0]], config)[0]
+    turn = [*PROMPTS[0], *first.token_ids, 40, 41]
+    cold = pipeline.generate([turn], config)[0].token_ids
+    runs = [warm.generate([turn], config)[0] for _ in range(2)]
+    assert [r.token_ids for r in runs] == [cold, cold]
+    ring = pipeline.target.spec.keeps_ring
+    assert [r.stats["cached_prompt_tokens"] for r in runs] == [len(PROMPTS[0]) + NEW - 1,
+                                                               len(PROMPTS[0]) + NEW - 1 if ring else len(turn) - 1]
+    assert warm.prefix_cache.refused[RING_PARTIAL] == 0 and len(warm.prefix_cache) == (2 if ring else 1)
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_committed_cache_equals_a_fresh_prefill(pipeline, seed):
     """After random cycles (drafts of random length, rollbacks of any length), each row's K/V and recurrent states at
