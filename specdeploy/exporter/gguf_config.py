@@ -129,6 +129,10 @@ def declared(reader) -> tuple[str, dict, dict[str, str]]:
     for key, field in keys.items():
         if f"{arch}.{key}" in reader.fields:
             values[field], names[field] = reader.fields[f"{arch}.{key}"].contents(), f"{arch}.{key}"
+    kv_heads = values.get("num_key_value_heads")
+    if isinstance(kv_heads, list):  # a hybrid's, per layer (llama.cpp's converter writes 0 on its recurrent layers)
+        counts = set(kv_heads) - {0}
+        values["num_key_value_heads"] = counts.pop() if len(counts) == 1 else kv_heads  # one attention size, or refused
     scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     if own is not None and scaling is not None and scaling.contents() in ("linear", "yarn"):  # read back: its numbers
         rope = {"rope_type": scaling.contents()}
