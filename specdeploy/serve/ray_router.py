@@ -1,0 +1,92 @@
+"""Ray Serve's routing by scope: a request goes to the replica that holds what its client's earlier requests left.
+
+Each replica keeps its own suffix indexes and prefix cache, scoped by the client's API key (``scopes``); Ray's default
+router (the less busy of two random replicas) spreads one client's conversation over all of them, so its next turn
+mostly lands where neither its K/V nor its earlier answers are. ``ScopeRouter`` sends each client's requests to one
+replica, chosen by rendezvous hashing of the client's key over the replicas (a replica that joins or leaves moves only
+the keys it takes or held), with bounded loads: a replica holding more than ``load_factor`` times its share of the
+requests in flight is passed over for the next one in the key's order, so a busy client spills onto others rather
+than queueing behind itself (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018).
+
+The key is the hash of the request's bearer token (``scopes.key_scope``), read from the HTTP headers the proxy
+forwards: the scope a replica files the request under with ``--suffix-scope key``, and with ``global`` still the unit
+whose conversations continue one another. Requests that come without HTTP headers (a Python handle's) are routed as
+Ray's default router routes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import pickle
+import random
+from collections.abc import Mapping, Sequence
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from .scopes import key_scope
+
+LOAD_FACTOR = 1.25  # the bound's slack over an even share (the paper's and Vimeo's choice)
+
+
+def preference(key: str, replicas: Sequence[str]) -> list[str]:
+    """``replicas`` (ids) in ``key``'s order of preference: by a hash of (key, replica), highest first (rendezvous
+    hashing). A replica added or removed changes no other replica's place in any key's order."""
+    return sorted(replicas, key=lambda replica: hashlib.blake2b(f"{key}\0{replica}".encode(), digest_size=8).digest(),
+                  reverse=True)
+
+
+def ranked(key: str, loads: Mapping[str, int], load_factor: float = LOAD_FACTOR) -> list[list[str]]:
+    """Replica ids in the order ``key``'s request should try them, given each replica's requests in flight ``loads``:
+    one rank each for those under the bound (``load_factor`` times an even share of the requests in flight, this one
+    included), in ``preference`` order, then all the others as one last rank (the least loaded of it wins)."""
+    if load_factor < 1:
+        raise ValueError(f"load_factor: got {load_factor}; expected at least 1 (1: an even share)")
+    bound = math.ceil(load_factor * (sum(loads.values()) + 1) / max(1, len(loads)))
+    order = preference(key, list(loads))
+    under = [replica for replica in order if loads[replica] < bound]
+    over = [replica for replica in order if loads[replica] >= bound]
+    return [[replica] for replica in under] + ([over] if over else [])
+
+
+def request_key(request: PendingRequest | None) -> str | None:
+    """The routing key of a request from Ray's HTTP proxy (its client's ``key_scope``); None for any other."""
+    if request is None or not request.args:
+        return None
+    argument = request.args[0]
+    if isinstance(argument, bytes):  # the proxy sends its request pickled, to skip Ray's own serialization
+        try:
+            argument = pickle.loads(argument)
+        except Exception:  # not the proxy's request: routed as Ray routes any
+            return None
+    scope = getattr(argument, "asgi_scope", None)  # the proxy's StreamingHTTPRequest carries the request's ASGI scope
+    if not isinstance(scope, dict):
+        return None
+    headers = dict(scope.get("headers", ()))
+    return key_scope(headers.get(b"authorization", b"").decode("latin-1"))
+
+
+class ScopeRouter(RequestRouter):
+    """Ray Serve's request router for specdeploy replicas: each client's requests to the replica its key prefers, under
+    bounded loads (``ranked``). Loads are the requests in flight this router knows of (sent and not finished, corrected
+    by the replicas' own counts when Ray probes them); a replica at its ``max_ongoing_requests`` takes none. The replica
+    chosen goes to the request it was chosen for (Ray's FIFOMixin would hand it to the oldest request waiting,
+    whatever its key)."""
+
+    def initialize_state(self, load_factor: float = LOAD_FACTOR, **kwargs) -> None:
+        if load_factor < 1:
+            raise ValueError(f"ScopeRouter load_factor: got {load_factor}; expected at least 1")
+        self.load_factor = load_factor
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        key = request_key(pending_request)
+        if key is None:  # Ray's default: the less busy of two at random
+            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        cache = self.replica_queue_len_cache
+        loads = {name: cache.get(replica.replica_id) or 0 for name, replica in by_id.items()}
+        ranks = [[by_id[name] for name in rank] for rank in ranked(key, loads, getattr(self, "load_factor", LOAD_FACTOR))]
+        # every rank tried: back off before the next round (all replicas full), as Ray's own routers do
+        pending_request.routing_context.should_backoff = True
+        return ranks
