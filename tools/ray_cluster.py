@@ -46,13 +46,17 @@ class Node:
 
 
 class LocalCluster:
-    """A head node and workers on this machine, ``cpus`` CPUs each, under ``root`` (its temp dir, token and logs).
-    ``start()`` starts the head; ``add_worker()`` a worker; ``kill(node)`` kills one; ``stop()`` every process it
-    started. A context manager: the block's end stops it, whatever happened in it."""
+    """A head node and workers on this machine, ``cpus`` CPUs each, under ``root`` (its temp dir, token and logs);
+    ``paths``: more directories its processes import from (before this checkout); ``variables``: more environment
+    variables of its processes. ``start()`` starts the head;
+    ``add_worker()`` a worker; ``kill(node)`` kills one; ``stop()`` every process it started. A context manager: the
+    block's end stops it, whatever happened in it."""
 
-    def __init__(self, root: Path, cpus: float = 1, object_store_bytes: int = 80 * 2**20):
+    def __init__(self, root: Path, cpus: float = 1, object_store_bytes: int = 80 * 2**20, paths: tuple[str, ...] = (),
+                 variables: dict[str, str] | None = None):
         self.root = Path(root)
-        self.cpus, self.object_store_bytes = cpus, object_store_bytes
+        self.cpus, self.object_store_bytes, self.paths = cpus, object_store_bytes, paths
+        self.variables = dict(variables or {})
         self.nodes: list[Node] = []
         self.commands: list[str] = []  # as run, for people (docs/serving.md)
         self.port = 0  # the head's GCS port, once started
@@ -65,9 +69,10 @@ class LocalCluster:
     def env(self) -> dict[str, str]:
         """The environment of every node and of a driver: token auth with this cluster's own token, no usage stats,
         this checkout's specdeploy, the proxy's answer to lost replicas, quick node health checks."""
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        path = os.pathsep.join(p for p in (*self.paths, str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
         return {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.root / "token"),
-                "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": path, CALLBACK_VARIABLE: CALLBACK, **HEALTH}
+                "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": path, CALLBACK_VARIABLE: CALLBACK, **HEALTH,
+                **self.variables}
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -100,6 +105,18 @@ class LocalCluster:
         """Start a killed node again, as it was (new ports: its old ones may linger in TIME_WAIT)."""
         self.nodes.remove(node)
         return self.add_worker() if node.name != "head" else self.start()
+
+    def node_id(self, node: Node) -> str:
+        """``node``'s Ray node id (hex), as its raylet was started with it ("" if its raylet is not running)."""
+        for pid in _processes(node.group):
+            try:
+                arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for argument in arguments:
+                if argument.startswith(b"--node_id=") and b"raylet" in arguments[0]:
+                    return argument.split(b"=", 1)[1].decode()
+        return ""
 
     def kill(self, node: Node) -> None:
         """Kill every process of ``node`` at once (SIGKILL): the node fails, it does not stop."""
