@@ -4,6 +4,8 @@ instance), fixed in number or autoscaled, requests routed by scope (docs/serving
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import click
 
@@ -87,7 +89,28 @@ def serve_on_ray(directory, name: str, host: str, port: int, threads, config, op
                       confidence_threshold=config.confidence_threshold, exact=config.exact)
     count = (f"{options_.min_replicas or 0} to {options_.max_replicas} replicas (autoscaling)" if options_.autoscaling
              else f"{options_.replicas} replicas")
-    click.echo(f"serving {directory} as {name!r} on http://{host}:{port}/v1 with {count} under Ray Serve, routed by "
+    click.echo(f"deploying {directory} as {name!r} on http://{host}:{port}/v1 with {count} under Ray Serve, routed by "
                f"{'scope' if options_.router == 'scope' else 'Ray'}", err=True)
-    ray_serve.run(application(directory, options_, name, threads, options=options, config=generation, pipeline=pipeline),
-                  blocking=True)
+    ray_serve.run(application(directory, options_, name, threads, options=options, config=generation, pipeline=pipeline))
+    if address:  # the cluster's Serve controller keeps the replicas: this process was only their deployer
+        click.echo("deployed: the replicas serve on without this process; `serve status` and `serve shutdown` (with the "
+                   "cluster's dashboard address, http://HEAD:8265) show and stop them", err=True)
+        return
+    _serve_until_stopped(ray_serve)
+
+
+def _serve_until_stopped(ray_serve) -> None:
+    """The Ray instance of this process serves until SIGTERM or Ctrl-C; then its replicas drain (Ray Serve stops
+    routing to them and waits up to --drain-seconds for their requests) and the process exits 0."""
+    signal.signal(signal.SIGTERM, _interrupted)
+    click.echo("ready: the replicas answer /health with 200", err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        click.echo("stopping: the replicas drain (up to --drain-seconds), then Ray stops", err=True)
+        ray_serve.shutdown()
+
+
+def _interrupted(number, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops as Ctrl-C does

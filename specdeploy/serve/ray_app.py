@@ -11,6 +11,10 @@ an error event ending its stream).
     from ray import serve
     from specdeploy.serve.ray_app import RayOptions, application
     serve.run(application("art", RayOptions(min_replicas=1, max_replicas=4), options={"max_batch": 8}))
+
+or, from Ray's own CLI and config files (a RayService's ``serveConfigV2`` on Kubernetes), ``app_builder``:
+
+    serve run specdeploy.serve.ray_app:app_builder artifact=/models/art
 """
 
 from __future__ import annotations
@@ -143,6 +147,29 @@ def application(artifact: str | Path, ray: RayOptions | None = None, model: str 
         pass
 
     return SpecdeployReplica.bind()
+
+
+BUILDER_ARGS = ("artifact", "ray", "model", "threads", "options", "config", "pipeline")
+
+
+def app_builder(args: dict):
+    """Ray Serve's application builder (``import_path: specdeploy.serve.ray_app:app_builder`` in a Serve config, or
+    ``serve run specdeploy.serve.ray_app:app_builder artifact=DIR``): ``args`` name ``application``'s arguments,
+    ``ray`` as a mapping of ``RayOptions``' fields. ConfigError naming an argument it does not take."""
+    args = dict(args)
+    unknown = sorted(set(args) - set(BUILDER_ARGS))
+    if unknown or "artifact" not in args:
+        raise ConfigError(f"specdeploy's Ray Serve args: got {', '.join(unknown) or 'no artifact'}; expected artifact "
+                          f"and any of {', '.join(BUILDER_ARGS[1:])}")
+    ray = dict(args.get("ray") or {})
+    fields = set(RayOptions.__dataclass_fields__)
+    if set(ray) - fields:
+        raise ConfigError(f"specdeploy's Ray Serve args: ray: got {', '.join(sorted(set(ray) - fields))}; expected any "
+                          f"of {', '.join(RayOptions.__dataclass_fields__)}")
+    threads = args.get("threads")
+    return application(args["artifact"], RayOptions(**ray), args.get("model"),
+                       int(threads) if threads is not None else None, args.get("options"), args.get("config"),
+                       args.get("pipeline"))
 
 
 def replica_identity() -> dict[str, str]:

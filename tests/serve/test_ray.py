@@ -173,6 +173,18 @@ def test_ray_options_set_autoscaling_routing_and_draining_and_refuse_what_cannot
             RayOptions(**bad)
 
 
+def test_rays_application_builder_takes_the_args_of_a_serve_config_and_refuses_others(pair_dir):
+    from specdeploy.serve.ray_app import app_builder
+
+    application = app_builder({"artifact": str(pair_dir), "model": "pair", "threads": "1",
+                               "ray": {"replicas": 3, "router": "default"}, "options": {"max_batch": 4}})
+    assert application._bound_deployment.num_replicas == 3
+    for args, message in (({"model": "pair"}, "got no artifact"), ({"artifact": "a", "replicas": 2}, "got replicas"),
+                          ({"artifact": "a", "ray": {"nodes": 2}}, "ray: got nodes")):
+        with pytest.raises(ConfigError, match=message):
+            app_builder(args)
+
+
 def _request(url: str, key: str, stream: bool, outcomes: dict, begun: threading.Barrier) -> None:
     """A 60-token completion for ``key``; its outcome ("ok", or the error's code) into ``outcomes``."""
     name = f"{key} {'stream' if stream else 'whole'}"
