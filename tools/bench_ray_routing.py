@@ -4,7 +4,10 @@ A Ray cluster of two nodes is started on this machine, each its own processes (`
 --head`, `ray start --address=...`), and the artifact deployed on it once per setup:
 
 - ``scope``: two replicas, one a node, requests routed by scope (``specdeploy.serve.ray_router.ScopeRouter``);
-- ``default``: the same two replicas under Ray's default router (the less busy of two at random);
+- ``default``: the same two replicas under Ray's default router (the less busy of two at random). Its proxy prefers
+  replicas on its own node unless told not to (``RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING``): with one proxy, as
+  here, that fills the head's replica first, where clients behind a load balancer over a proxy a node (Ray's default
+  ``EveryNode``) meet a random node's proxy; so the cluster is told not to, unless --prefer-local-node;
 - ``one``: a single replica, which holds every conversation (the reference for what reuse can reach).
 
 Each setup starts on fresh replicas (empty prefix caches and suffix indexes) and runs the same workload: --tenants
@@ -18,7 +21,8 @@ every request accounted for. Goals (issue 71): scope's hit rate at least 90 % of
 1.2x the default router's.
 
     python -m tools.bench_ray_routing --artifact DIR [--setups scope,default,one] [--rounds 1] [--tenants 8]
-        [--max-tokens 64] [--threads 1] [--max-batch 4] [--context 1024] [--out docs/results/ray/routing]
+        [--max-tokens 64] [--threads 1] [--max-batch 8] [--context 1024] [--prefer-local-node]
+        [--out docs/results/ray/routing]
 """
 
 from __future__ import annotations
@@ -48,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenants", type=arguments.integer(1, 8), default=8, help="conversations at once (<= 8)")
     parser.add_argument("--max-tokens", type=arguments.integer(1), default=64, help="new tokens a turn at most")
     parser.add_argument("--threads", type=arguments.integer(1), default=1, help="ONNX Runtime threads a replica")
-    parser.add_argument("--max-batch", type=arguments.integer(1), default=4, help="--max-num-seqs of a replica")
+    parser.add_argument("--max-batch", type=arguments.integer(1), default=8, help="--max-num-seqs of a replica")
     parser.add_argument("--context", type=arguments.integer(16), default=1024, help="--max-model-len of a replica")
+    parser.add_argument("--prefer-local-node", action="store_true",
+                        help="let Ray's default router prefer the replicas on its proxy's node (Ray's default)")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json (a results page)")
     args = parser.parse_args(argv)
     facts = provenance("tools.bench_ray_routing")
@@ -72,7 +78,8 @@ def run(args) -> list[dict]:
                                                                                             for p in turns)]
     chats = chats[: args.tenants]
     root = Path(tempfile.mkdtemp(prefix="sdray-", dir="/tmp"))  # short: Ray's socket paths live under it
-    with LocalCluster(root, cpus=1) as cluster:
+    local_first = "1" if args.prefer_local_node else "0"
+    with LocalCluster(root, cpus=1, variables={"RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": local_first}) as cluster:
         cluster.start()
         cluster.add_worker()
         os.environ.update(cluster.env)  # this process is the cluster's driver

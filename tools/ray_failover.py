@@ -20,19 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from tools import arguments
 from tools.provenance import header, provenance
 from tools.ray_cluster import LocalCluster
-
-MODEL = "pair"
-PROMPTS = ("def fibonacci(n):", "Write a haiku about the sea.", "SELECT name FROM users WHERE", "The capital of France")
+from tools.ray_load import MODEL, Tenants, accounted, free_port, placement
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args) -> dict:
     """The requests (one record each, times from the start of the load) and the run's events."""
     root = Path(tempfile.mkdtemp(prefix="sdray-", dir="/tmp"))  # short: Ray's socket paths live under it
-    events: dict[str, float] = {}
+    events: dict = {}
     with LocalCluster(root, cpus=1) as cluster:
         cluster.start()
         worker = cluster.add_worker()
@@ -71,23 +66,17 @@ def run(args) -> dict:
         from specdeploy.serve.ray_app import RayOptions, application
 
         ray.init(address=cluster.address, log_to_driver=False)
-        port = _free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
         url = f"http://127.0.0.1:{port}"
         try:
             serve.run(application(args.artifact, RayOptions(replicas=2, cpus_per_replica=1, max_replicas_per_node=1),
                                   MODEL, args.threads, options={"max_batch": 8, "context": 256}))
             keys = [f"tenant-{number}" for number in range(args.tenants)]
-            placed = _placement(url, keys)
-            events["commands"] = cluster.commands
-            events["placement"] = placed
-            requests: list[dict] = []
-            stop = threading.Event()
+            events["commands"], events["placement"] = cluster.commands, placement(url, keys)
             began = time.monotonic()
-            clients = [threading.Thread(target=_client, args=(url, key, args.max_tokens, began, stop, requests))
-                       for key in keys]
-            for client in clients:
-                client.start()
+            tenants = Tenants(url, keys, args.max_tokens, began)
+            tenants.start()
             time.sleep(args.kill_after)
             events["killed"] = time.monotonic() - began
             cluster.kill(worker)
@@ -97,54 +86,15 @@ def run(args) -> dict:
             events["restarted"] = time.monotonic() - began
             rejoined = cluster.node_id(worker)[:12]
             while time.monotonic() - began < args.seconds:
-                if "rejoined" not in events and rejoined in {node for _, node in _placement(url, keys).values()}:
+                if "rejoined" not in events and rejoined in {node for _, node in placement(url, keys).values()}:
                     events["rejoined"] = time.monotonic() - began
                 time.sleep(1)
-            stop.set()
-            for client in clients:
-                client.join()
+            tenants.stop()
         finally:
             serve.shutdown()
             ray.shutdown()
     cluster.clean()
-    return {"events": events, "requests": requests, "load": os.getloadavg()[0]}
-
-
-def _client(url: str, key: str, max_tokens: int, began: float, stop: threading.Event, requests: list) -> None:
-    """Completions for ``key`` one after another, streamed and whole in turn, until ``stop``; one retry of a lost one."""
-    import openai
-
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600)
-    number = 0
-    while not stop.is_set():
-        stream, prompt = number % 2 == 0, PROMPTS[number % len(PROMPTS)]
-        first = _send(client, prompt, stream, max_tokens, began)
-        record = {"tenant": key, "stream": stream, **first}
-        if first["outcome"] == "replica_lost":
-            record["retry"] = _send(client, prompt, stream, max_tokens, began)
-        requests.append(record)
-        number += 1
-
-
-def _send(client, prompt: str, stream: bool, max_tokens: int, began: float) -> dict:
-    import openai
-
-    start = time.monotonic() - began
-    tokens = 0
-    try:
-        if stream:
-            for chunk in client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                                   stream=True, stream_options={"include_usage": True},
-                                                   extra_body={"ignore_eos": True}):
-                tokens = chunk.usage.completion_tokens if chunk.usage else tokens
-        else:
-            tokens = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                               extra_body={"ignore_eos": True}).usage.completion_tokens
-        outcome = "ok" if tokens == max_tokens else f"{tokens} of {max_tokens} tokens"
-    except openai.APIError as exc:
-        body = exc.body if isinstance(exc.body, dict) else {}
-        outcome = (body.get("error", body) or {}).get("code") or exc.code or f"{type(exc).__name__}: {exc}"
-    return {"start": start, "end": time.monotonic() - began, "outcome": outcome, "tokens": tokens}
+    return {"events": events, "requests": tenants.requests, "load": os.getloadavg()[0]}
 
 
 def report(record: dict) -> str:
@@ -152,18 +102,12 @@ def report(record: dict) -> str:
     events, requests = record["events"], record["requests"]
     killed, restarted = events["killed"], events["restarted"]
     lost = [r for r in requests if r["outcome"] == "replica_lost"]
-    other = [r for r in requests if r["outcome"] not in ("ok", "replica_lost")]
-    retried_ok = [r for r in lost if r["retry"]["outcome"] == "ok"]
     in_flight = [r for r in requests if r["start"] < killed < r["end"]]
     lost_tenants = {r["tenant"] for r in lost}
     answered_again = [min((r["end"] for r in requests if r["tenant"] == tenant and r["start"] > killed
                            and r["outcome"] == "ok"), default=float("inf")) for tenant in lost_tenants]
     lines = [f"Commands run: `{'`; `'.join(events['commands'])}`", "",
-             f"- requests: {len(requests)}; answered whole {sum(r['outcome'] == 'ok' for r in requests)}; refused as "
-             f"replica_lost {len(lost)} ({sum(r['stream'] for r in lost)} streams ended by an error event, "
-             f"{sum(not r['stream'] for r in lost)} whole requests answered 503), {len(retried_ok)} of them answered "
-             f"on their one retry; failed otherwise: {len(other)}"
-             + (f" ({', '.join(sorted({r['outcome'] for r in other}))})" if other else ""),
+             f"- {accounted(requests)}",
              f"- in flight at the kill ({killed:.1f} s): {len(in_flight)} requests, of which "
              f"{sum(r['outcome'] == 'replica_lost' for r in in_flight)} on the killed node",
              f"- every tenant of the killed node answered again {max(answered_again, default=killed) - killed:.1f} s "
@@ -182,26 +126,6 @@ def report(record: dict) -> str:
                      f"{tokens / (stop - start) if stop > start else 0:.1f} |")
     lines.append(f"\nload average at the end: {record['load']:.1f}")
     return "\n".join(lines)
-
-
-def _placement(url: str, keys: list[str]) -> dict[str, tuple[str, str]]:
-    """Each key's (replica, node), as /health answers a request carrying it; {} while the app is not up."""
-    placed = {}
-    for key in keys:
-        request = urllib.request.Request(f"{url}/health", headers={"Authorization": f"Bearer {key}"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                body = json.load(response)
-        except OSError:
-            return {}
-        placed[key] = (body["replica"], body["node"])
-    return placed
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 if __name__ == "__main__":

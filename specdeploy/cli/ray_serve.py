@@ -31,7 +31,8 @@ def ray_options(command):
         click.option("--ray-router", type=click.Choice(["scope", "default"]), default="scope", show_default=True,
                      help="scope: each API key's requests to the replica that holds its suffix index and prefix cache, "
                           "another one only while that replica holds more than 1.25x its share of the requests in "
-                          "flight; default: Ray's own (the less busy of two replicas at random)."),
+                          "flight; default: Ray's own (the less busy of two replicas at random, those on the proxy's node "
+                          "first)."),
         click.option("--ray-address", default=None,
                      help="A running Ray cluster to deploy to (as `ray start --head` printed it, or 'auto'); by default "
                           "a Ray instance is started on this machine for this process."),

@@ -34,14 +34,15 @@ APP_SETTINGS = ("default_max_tokens", "max_body_bytes", "api_key", "allowed_orig
 @dataclass(frozen=True)
 class RayOptions:
     """How the replicas run on Ray. ``replicas``: a fixed number; with ``max_replicas``, Ray Serve scales between
-    ``min_replicas`` and ``max_replicas`` to keep about ``target_ongoing_requests`` requests in flight on each (None:
-    half of a replica's batch), waiting ``upscale_delay_s`` and ``downscale_delay_s`` before it adds or removes one
-    (None: Ray's 30 s and 600 s). ``router``: ``scope`` (each client's requests to the replica that holds its scope, under
-    bounded loads of ``load_factor`` times an even share) or ``default`` (Ray's: the less busy of two at random).
-    ``max_ongoing_requests``: requests sent to a replica at once (None: its batch, ``max_batch``; more wait in Ray's
-    queue, where the router places each when a replica has room). ``drain_seconds``: how long a removed replica's
-    requests may run on. ``metrics_port``: each replica also serves its /metrics on its node at this port plus its rank
-    among the deployment's replicas on that node (None: only through Ray's proxy)."""
+    ``min_replicas`` (None: 1; 0: none while idle) and ``max_replicas`` to keep about ``target_ongoing_requests``
+    requests in flight on each (None: half of a replica's batch), waiting ``upscale_delay_s`` and ``downscale_delay_s``
+    before it adds or removes one (None: Ray's 30 s and 600 s). ``router``: ``scope`` (each client's requests to the
+    replica that holds its scope, under bounded loads of ``load_factor`` times an even share) or ``default`` (Ray's:
+    the less busy of two at random, preferring its proxy's node). ``max_ongoing_requests``: requests sent to a replica
+    at once (None: its batch, ``max_batch``; more wait in Ray's queue, where the router places each when a replica has
+    room). ``drain_seconds``: how long a removed replica's requests may run on. ``metrics_port``: each replica also
+    serves its /metrics on its node at this port plus its rank among the deployment's replicas on that node (None: only
+    through Ray's proxy)."""
 
     replicas: int = 2
     min_replicas: int | None = None
@@ -93,9 +94,9 @@ class RayOptions:
             settings["max_replicas_per_node"] = self.max_replicas_per_node
         if self.autoscaling:
             target = self.target_ongoing_requests or max(1.0, max_batch / 2)
-            settings["autoscaling_config"] = {"min_replicas": self.min_replicas or 0, "max_replicas": self.max_replicas,
-                                              "initial_replicas": max(1, self.min_replicas or 0),
-                                              "target_ongoing_requests": target}
+            least = 1 if self.min_replicas is None else self.min_replicas  # 0: down to none while idle
+            settings["autoscaling_config"] = {"min_replicas": least, "max_replicas": self.max_replicas,
+                                              "initial_replicas": max(1, least), "target_ongoing_requests": target}
             for name in ("upscale_delay_s", "downscale_delay_s"):
                 if getattr(self, name) is not None:
                     settings["autoscaling_config"][name] = getattr(self, name)

@@ -158,12 +158,13 @@ def test_ray_options_set_autoscaling_routing_and_draining_and_refuse_what_cannot
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
     assert fixed["graceful_shutdown_timeout_s"] == 7 and fixed["max_ongoing_requests"] == 8
     assert fixed["request_router_config"]["request_router_class"].endswith("PowerOfTwoChoicesRequestRouter")
-    scaled = RayOptions(min_replicas=1, max_replicas=4, downscale_delay_s=5, max_replicas_per_node=1).deployment(8)
+    scaled = RayOptions(max_replicas=4, downscale_delay_s=5, max_replicas_per_node=1).deployment(8)
     assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
                                             "target_ongoing_requests": 4.0, "downscale_delay_s": 5}
     assert scaled["request_router_config"] == {"request_router_class": "specdeploy.serve.ray_router:ScopeRouter",
                                                "request_router_kwargs": {"load_factor": 1.25}}
     assert "num_replicas" not in scaled and scaled["max_replicas_per_node"] == 1
+    assert RayOptions(min_replicas=0, max_replicas=2).deployment(8)["autoscaling_config"]["min_replicas"] == 0
     for bad, message in ((dict(min_replicas=3, max_replicas=2), "min_replicas: got 3; expected at most max_replicas"),
                          (dict(min_replicas=1), "min_replicas: got 1 without max_replicas"),
                          (dict(router="random"), "router: got 'random'; expected one of scope, default"),
