@@ -141,7 +141,7 @@ def _converse(url: str, chats: list, max_tokens: int) -> list[dict]:
             except openai.APIError as exc:
                 records.append({"tenant": number, "turn": turn, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
-    threads = [threading.Thread(target=tenant, args=(number, turns)) for number, turns in enumerate(chats)]
+    threads = [threading.Thread(target=tenant, args=(number, turns), daemon=True) for number, turns in enumerate(chats)]
     for thread in threads:
         thread.start()
     for thread in threads:

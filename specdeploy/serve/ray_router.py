@@ -3,15 +3,17 @@
 Each replica keeps its own suffix indexes and prefix cache, scoped by the client's API key (``scopes``); Ray's default
 router (the less busy of two random replicas) spreads one client's conversation over all of them, so its next turn
 mostly lands where neither its K/V nor its earlier answers are. ``ScopeRouter`` sends each client's requests to one
-replica, chosen by rendezvous hashing of the client's key over the replicas (a replica that joins or leaves moves only
-the keys it takes or held), with bounded loads: a replica holding more than ``load_factor`` times its share of the
-requests in flight is passed over for the next one in the key's order, so a busy client spills onto others rather
-than queueing behind itself (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018).
+replica: the one its last request went to (its K/V and latest answer are there), else the first in the key's order of
+the replicas by rendezvous hashing (a replica that joins or leaves moves only the keys it takes or held). Loads are
+bounded: a replica holding more than ``load_factor`` times its share of the requests in flight is passed over for the
+next in that order, so a busy client spills onto others rather than queueing behind itself (Mirrokni, Thorup and
+Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018), and stays where it spilled to, where its state now is:
+keys that hashing piled onto one replica move off it once each, then stick.
 
 The key is the hash of the request's bearer token (``scopes.key_scope``), read from the HTTP headers the proxy
 forwards: the scope a replica files the request under with ``--suffix-scope key``, and with ``global`` still the unit
 whose conversations continue one another. Requests that come without HTTP headers (a Python handle's) are routed as
-Ray's default router routes them.
+Ray's default router routes them. Each proxy's router keeps its own record of where keys went.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import math
 import pickle
 import random
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
@@ -27,6 +30,7 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from .scopes import key_scope
 
 LOAD_FACTOR = 1.25  # the bound's slack over an even share (the paper's and Vimeo's choice)
+HOMES = 65_536  # keys whose last replica a router remembers (the least recently routed forgotten first)
 
 
 def preference(key: str, replicas: Sequence[str]) -> list[str]:
@@ -36,14 +40,17 @@ def preference(key: str, replicas: Sequence[str]) -> list[str]:
                   reverse=True)
 
 
-def ranked(key: str, loads: Mapping[str, int], load_factor: float = LOAD_FACTOR) -> list[list[str]]:
-    """Replica ids in the order ``key``'s request should try them, given each replica's requests in flight ``loads``:
-    one rank each for those under the bound (``load_factor`` times an even share of the requests in flight, this one
-    included), in ``preference`` order, then all the others as one last rank (the least loaded of it wins)."""
+def ranked(key: str, loads: Mapping[str, int], load_factor: float = LOAD_FACTOR, home: str | None = None) -> list[list[str]]:
+    """Replica ids in the order ``key``'s request should try them, given each replica's requests in flight ``loads``
+    and the replica its last request went to (``home``, first if it is one of them): one rank each for those under the
+    bound (``load_factor`` times an even share of the requests in flight, this one included), in ``preference`` order,
+    then all the others as one last rank (the least loaded of it wins)."""
     if load_factor < 1:
         raise ValueError(f"load_factor: got {load_factor}; expected at least 1 (1: an even share)")
     bound = math.ceil(load_factor * (sum(loads.values()) + 1) / max(1, len(loads)))
     order = preference(key, list(loads))
+    if home in loads:
+        order = [home, *(replica for replica in order if replica != home)]
     under = [replica for replica in order if loads[replica] < bound]
     over = [replica for replica in order if loads[replica] >= bound]
     return [[replica] for replica in under] + ([over] if over else [])
@@ -77,6 +84,7 @@ class ScopeRouter(RequestRouter):
         if load_factor < 1:
             raise ValueError(f"ScopeRouter load_factor: got {load_factor}; expected at least 1")
         self.load_factor = load_factor
+        self.homes: OrderedDict[str, str] = OrderedDict()  # key -> the replica its last request went to
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -86,7 +94,24 @@ class ScopeRouter(RequestRouter):
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
         cache = self.replica_queue_len_cache
         loads = {name: cache.get(replica.replica_id) or 0 for name, replica in by_id.items()}
-        ranks = [[by_id[name] for name in rank] for rank in ranked(key, loads, getattr(self, "load_factor", LOAD_FACTOR))]
+        homes = self._homes()
+        ranks = [[by_id[name] for name in rank]
+                 for rank in ranked(key, loads, getattr(self, "load_factor", LOAD_FACTOR), homes.get(key))]
         # every rank tried: back off before the next round (all replicas full), as Ray's own routers do
         pending_request.routing_context.should_backoff = True
         return ranks
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
+        """Where the request went is where its key's state is now: its next request goes there first."""
+        key = request_key(pending_request)
+        if key is not None:
+            homes = self._homes()
+            homes[key] = replica_id.unique_id
+            homes.move_to_end(key)
+            while len(homes) > HOMES:
+                homes.popitem(last=False)
+
+    def _homes(self) -> OrderedDict[str, str]:
+        if not hasattr(self, "homes"):  # Ray calls initialize_state with the deployment's kwargs; be safe without
+            self.homes = OrderedDict()
+        return self.homes

@@ -44,6 +44,14 @@ def test_a_replica_over_its_bound_is_passed_over_for_the_next_in_the_keys_order(
     assert ranked(key, loads) == [[four[2]], [four[3]], [four[0], four[1]]]
 
 
+def test_a_key_stays_where_its_last_request_went_while_that_replica_is_under_its_bound():
+    key = KEYS[0]
+    first, second = preference(key, ["r0", "r1"])
+    assert ranked(key, {first: 0, second: 0}, home=second) == [[second], [first]]  # its state is there now
+    assert ranked(key, {first: 0, second: 3}, home=second) == [[first], [second]]  # over the bound: spills again
+    assert ranked(key, {first: 0, second: 0}, home="gone") == [[first], [second]]  # a replica no longer running
+
+
 def test_a_load_factor_below_an_even_share_is_refused():
     with pytest.raises(ValueError, match="load_factor: got 0.5; expected at least 1"):
         ranked(KEYS[0], {"r0": 0}, load_factor=0.5)
