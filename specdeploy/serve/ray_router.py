@@ -22,7 +22,7 @@ import hashlib
 import math
 import pickle
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
@@ -75,43 +75,67 @@ def request_key(request: PendingRequest | None) -> str | None:
 
 class ScopeRouter(RequestRouter):
     """Ray Serve's request router for specdeploy replicas: each client's requests to the replica its key prefers, under
-    bounded loads (``ranked``). Loads are the requests in flight this router knows of (sent and not finished, corrected
-    by the replicas' own counts when Ray probes them); a replica at its ``max_ongoing_requests`` takes none. The replica
-    chosen goes to the request it was chosen for (Ray's FIFOMixin would hand it to the oldest request waiting,
-    whatever its key)."""
+    bounded loads (``ranked``); a replica at its ``max_ongoing_requests`` takes none. Loads are the requests this router
+    sent to each replica that have not finished, counted here: Ray's own cache of replicas' queue lengths forgets an
+    entry 10 s after its last update, so that under requests that run longer (a chat turn on a CPU) a busy replica read
+    as idle and keys spilled off replicas that had room. The replica chosen goes to the request it was chosen for (Ray's
+    FIFOMixin would hand it to the oldest request waiting, whatever its key)."""
 
     def initialize_state(self, load_factor: float = LOAD_FACTOR, **kwargs) -> None:
         if load_factor < 1:
             raise ValueError(f"ScopeRouter load_factor: got {load_factor}; expected at least 1")
         self.load_factor = load_factor
         self.homes: OrderedDict[str, str] = OrderedDict()  # key -> the replica its last request went to
+        self.flights: dict[str, str] = {}  # Ray's internal request id -> the replica it was sent to, until it finishes
+        self.loads: Counter[str] = Counter()  # replica -> its requests in ``flights``
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         key = request_key(pending_request)
         if key is None:  # Ray's default: the less busy of two at random
             return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        self._state()
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
-        cache = self.replica_queue_len_cache
-        loads = {name: cache.get(replica.replica_id) or 0 for name, replica in by_id.items()}
-        homes = self._homes()
-        ranks = [[by_id[name] for name in rank]
-                 for rank in ranked(key, loads, getattr(self, "load_factor", LOAD_FACTOR), homes.get(key))]
+        loads = {name: self.loads[name] for name in by_id}
+        ranks = [[by_id[name] for name in rank] for rank in ranked(key, loads, self.load_factor, self.homes.get(key))]
         # every rank tried: back off before the next round (all replicas full), as Ray's own routers do
         pending_request.routing_context.should_backoff = True
         return ranks
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
-        """Where the request went is where its key's state is now: its next request goes there first."""
+        """A replica took the request: it is in flight there, and its key's state is there now (its next request goes
+        there first)."""
+        self._state()
+        replica = replica_id.unique_id
+        self.flights[pending_request.metadata.internal_request_id] = replica
+        self.loads[replica] += 1
         key = request_key(pending_request)
         if key is not None:
-            homes = self._homes()
-            homes[key] = replica_id.unique_id
-            homes.move_to_end(key)
-            while len(homes) > HOMES:
-                homes.popitem(last=False)
+            self.homes[key] = replica
+            self.homes.move_to_end(key)
+            while len(self.homes) > HOMES:
+                self.homes.popitem(last=False)
 
-    def _homes(self) -> OrderedDict[str, str]:
-        if not hasattr(self, "homes"):  # Ray calls initialize_state with the deployment's kwargs; be safe without
-            self.homes = OrderedDict()
-        return self.homes
+    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
+        """A request ended (answered, failed or refused by the replica): no longer in flight."""
+        self._state()
+        replica = self.flights.pop(internal_request_id, None)
+        if replica is not None:
+            self.loads[replica] -= 1
+            if self.loads[replica] <= 0:
+                del self.loads[replica]
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        """Replicas gone (stopped, or lost with their node) take their counts with them."""
+        super().update_replicas(replicas)
+        self._state()
+        running = {replica.replica_id.unique_id for replica in replicas}
+        for request, replica in list(self.flights.items()):
+            if replica not in running:
+                del self.flights[request]
+        for replica in [name for name in self.loads if name not in running]:
+            del self.loads[replica]
+
+    def _state(self) -> None:
+        if not hasattr(self, "load_factor"):  # Ray calls initialize_state first; a router made otherwise starts here
+            self.initialize_state()

@@ -52,18 +52,51 @@ def test_a_key_stays_where_its_last_request_went_while_that_replica_is_under_its
     assert ranked(key, {first: 0, second: 0}, home="gone") == [[first], [second]]  # a replica no longer running
 
 
+def test_the_router_counts_the_requests_it_sent_until_they_end_and_remembers_each_keys_replica():
+    from types import SimpleNamespace
+
+    from ray.serve._private.common import RequestMetadata
+    from ray.serve.request_router import PendingRequest
+
+    from specdeploy.serve.ray_router import ScopeRouter
+
+    router = ScopeRouter.__new__(ScopeRouter)  # its bookkeeping alone: Ray builds the rest around a deployment
+    router.initialize_state(load_factor=1.5)
+
+    def routed(number: int, replica: str, token: str) -> None:
+        request = PendingRequest(args=[_proxy_request([(b"authorization", f"Bearer {token}".encode())])], kwargs={},
+                                 metadata=RequestMetadata(f"id-{number}", f"internal-{number}"))
+        router.on_request_routed(request, SimpleNamespace(unique_id=replica), None)
+
+    routed(1, "a", "k1")
+    routed(2, "a", "k2")
+    routed(3, "b", "k1")  # k1 spilled to b: its state is there now
+    assert router.loads == {"a": 2, "b": 1} and router.homes[key_scope("Bearer k1")] == "b"
+    router.on_request_completed(None, "internal-1")
+    router.on_request_completed(None, "internal-9")  # sent, refused by its replica (never routed): nothing counted
+    router.on_request_completed(None, "internal-3")
+    assert router.loads == {"a": 1} and router.flights == {"internal-2": "a"} and router.load_factor == 1.5
+
+
 def test_a_load_factor_below_an_even_share_is_refused():
     with pytest.raises(ValueError, match="load_factor: got 0.5; expected at least 1"):
         ranked(KEYS[0], {"r0": 0}, load_factor=0.5)
 
 
+def _proxy_request(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """What Ray's HTTP proxy sends a replica: its ASGI scope in a StreamingHTTPRequest, pickled."""
+    from ray.serve._private.common import StreamingHTTPRequest
+
+    return pickle.dumps(StreamingHTTPRequest({"type": "http", "path": "/v1/completions", "headers": headers},
+                                             proxy_actor_name="proxy"))
+
+
 def test_the_key_of_a_request_from_rays_proxy_is_its_bearer_tokens_scope():
-    from ray.serve._private.common import RequestMetadata, StreamingHTTPRequest
+    from ray.serve._private.common import RequestMetadata
     from ray.serve.request_router import PendingRequest
 
     def pending(headers: list[tuple[bytes, bytes]] | None, raw=None) -> PendingRequest:
-        argument = raw if raw is not None else pickle.dumps(StreamingHTTPRequest(
-            {"type": "http", "path": "/v1/completions", "headers": headers}, proxy_actor_name="proxy"))
+        argument = raw if raw is not None else _proxy_request(headers)
         return PendingRequest(args=[argument], kwargs={}, metadata=RequestMetadata("id", "internal-id"))
 
     assert request_key(pending([(b"authorization", b"Bearer k1")])) == key_scope("Bearer k1")
