@@ -17,8 +17,8 @@ tenants at once, each with an API key of its own (its scope) and one of the ship
 the prefix cache's hit rate (prompt tokens whose K/V a replica reused, ``usage.prompt_tokens_details.cached_tokens``,
 over all prompt tokens, and over the later turns' alone), drafted tokens accepted per request (the responses'
 ``speculative`` blocks), completion tokens per second (all of a setup's completion tokens over its wall time), and
-every request accounted for. Goals (issue 71): scope's hit rate at least 90 % of one replica's, and its tok/s at least
-1.2x the default router's.
+every request accounted for. Goals (issue 71): scope's hit rate at least
+90 % of one replica's, and its tok/s at least 1.2x the default router's.
 
     python -m tools.bench_ray_routing --artifact DIR [--setups scope,default,one] [--rounds 1] [--tenants 8]
         [--max-tokens 64] [--threads 1] [--max-batch 8] [--context 1024] [--prefer-local-node]

@@ -86,8 +86,7 @@ class ScopeRouter(RequestRouter):
             raise ValueError(f"ScopeRouter load_factor: got {load_factor}; expected at least 1")
         self.load_factor = load_factor
         self.homes: OrderedDict[str, str] = OrderedDict()  # key -> the replica its last request went to
-        self.flights: dict[str, str] = {}  # Ray's internal request id -> the replica it was sent to, until it finishes
-        self.loads: Counter[str] = Counter()  # replica -> its requests in ``flights``
+        self.loads: Counter[str] = Counter()  # replica -> requests sent to it and not completed
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -102,37 +101,38 @@ class ScopeRouter(RequestRouter):
         pending_request.routing_context.should_backoff = True
         return ranks
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
-        """A replica took the request: it is in flight there, and its key's state is there now (its next request goes
-        there first)."""
+    def on_send_request(self, replica_id) -> None:
+        """A request is sent to ``replica_id`` (which may still refuse it): in flight there until it completes. Ray calls
+        this before anything can complete the request, and ``on_request_completed`` once for every request sent."""
+        super().on_send_request(replica_id)
+        self._state()
+        self.loads[replica_id.unique_id] += 1
+
+    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
+        """A request sent to ``replica_id`` ended (answered, failed, or refused by the replica): no longer in flight."""
+        super().on_request_completed(replica_id, internal_request_id)
         self._state()
         replica = replica_id.unique_id
-        self.flights[pending_request.metadata.internal_request_id] = replica
-        self.loads[replica] += 1
+        self.loads[replica] -= 1
+        if self.loads[replica] <= 0:  # 0, or a send that failed before Ray counted it
+            del self.loads[replica]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
+        """A replica took the request: its key's state is there now (its next request goes there first)."""
+        super().on_request_routed(pending_request, replica_id, result)
+        self._state()
         key = request_key(pending_request)
         if key is not None:
-            self.homes[key] = replica
+            self.homes[key] = replica_id.unique_id
             self.homes.move_to_end(key)
             while len(self.homes) > HOMES:
                 self.homes.popitem(last=False)
-
-    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
-        """A request ended (answered, failed or refused by the replica): no longer in flight."""
-        self._state()
-        replica = self.flights.pop(internal_request_id, None)
-        if replica is not None:
-            self.loads[replica] -= 1
-            if self.loads[replica] <= 0:
-                del self.loads[replica]
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         """Replicas gone (stopped, or lost with their node) take their counts with them."""
         super().update_replicas(replicas)
         self._state()
         running = {replica.replica_id.unique_id for replica in replicas}
-        for request, replica in list(self.flights.items()):
-            if replica not in running:
-                del self.flights[request]
         for replica in [name for name in self.loads if name not in running]:
             del self.loads[replica]
 

@@ -5,6 +5,7 @@ answered with a retryable error, new ones served by the survivor; the node resta
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -84,8 +85,9 @@ def deployed(pair_dir):
             env=cluster.env, stdout=subprocess.DEVNULL, stderr=(root / "serve.log").open("wb"))
         url = f"http://127.0.0.1:{port}"
         head_node, worker_node = cluster.node_id(head)[:12], cluster.node_id(worker)[:12]
-        _until(lambda: {where[1] for where in _placement(url).values()} == {head_node, worker_node}, 240,
-               lambda: f"both nodes serving; serve.log: {(root / 'serve.log').read_text()[-2000:]}")
+        # it returns once both replicas answer (a client routed meanwhile would stay where it was first sent)
+        assert server.wait(timeout=300) == 0, (root / "serve.log").read_text()[-3000:]
+        assert {where[1] for where in _placement(url).values()} == {head_node, worker_node}
         yield Deployed(url, cluster, worker, head_node, worker_node)
     finally:
         if server is not None:
@@ -145,12 +147,17 @@ def test_a_killed_node_fails_its_requests_in_flight_clearly_and_the_survivor_ser
         assert _health(deployed.url, key)[1] == deployed.head_node
     deployed.worker = deployed.cluster.restart(deployed.worker)
     rejoined = deployed.cluster.node_id(deployed.worker)[:12]
-    _until(lambda: rejoined in {where[1] for where in _placement(deployed.url).values()}, 240,
-           lambda: "a replica on the restarted node")
-    back = next(key for key, where in _placement(deployed.url).items() if where[1] == rejoined)
+    # the clients served by the survivor stay there, where their state is now (so does one first routed while the
+    # node was down); clients new since it rejoined go to it too
+    newcomers = (f"newcomer-{attempt}-{i}" for attempt in itertools.count() for i in range(4))
+    placed: dict[str, tuple[str, str]] = {}
+    _until(lambda: rejoined in {where[1] for where in placed.update(_placement(deployed.url, [next(newcomers)])) or
+                                placed.values()}, 240, lambda: "a replica on the restarted node")
+    back = next(key for key, where in placed.items() if where[1] == rejoined)
     answer = _client(deployed.url, back).completions.create(model="pair", prompt="w8 w9", max_tokens=8, temperature=0,
                                                             extra_body={"ignore_eos": True})
-    assert answer.usage.completion_tokens == 8
+    assert answer.usage.completion_tokens == 8 and _health(deployed.url, back)[1] == rejoined
+    assert all(_health(deployed.url, key)[1] == deployed.head_node for key in lost)
 
 
 def test_ray_options_set_autoscaling_routing_and_draining_and_refuse_what_cannot_run():
@@ -219,10 +226,10 @@ def _health(url: str, key: str) -> tuple[str, str]:
     return body["replica"], body["node"]
 
 
-def _placement(url: str) -> dict[str, tuple[str, str]]:
+def _placement(url: str, keys: list[str] = KEYS) -> dict[str, tuple[str, str]]:
     """Each key's (replica, node), as /health answers a request carrying it ({} while the app is not up)."""
     try:
-        return {key: _health(url, key) for key in KEYS}
+        return {key: _health(url, key) for key in keys}
     except OSError:
         return {}
 

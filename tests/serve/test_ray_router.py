@@ -61,21 +61,26 @@ def test_the_router_counts_the_requests_it_sent_until_they_end_and_remembers_eac
     from specdeploy.serve.ray_router import ScopeRouter
 
     router = ScopeRouter.__new__(ScopeRouter)  # its bookkeeping alone: Ray builds the rest around a deployment
+    router._use_replica_queue_len_cache = False  # Ray's own cache, which the base class keeps beside
     router.initialize_state(load_factor=1.5)
+    a, b = SimpleNamespace(unique_id="a"), SimpleNamespace(unique_id="b")
 
-    def routed(number: int, replica: str, token: str) -> None:
-        request = PendingRequest(args=[_proxy_request([(b"authorization", f"Bearer {token}".encode())])], kwargs={},
-                                 metadata=RequestMetadata(f"id-{number}", f"internal-{number}"))
-        router.on_request_routed(request, SimpleNamespace(unique_id=replica), None)
+    def sent(replica, token: str | None = None) -> None:  # as Ray calls the hooks: sent, then taken unless refused
+        router.on_send_request(replica)
+        if token is not None:
+            request = PendingRequest(args=[_proxy_request([(b"authorization", f"Bearer {token}".encode())])],
+                                     kwargs={}, metadata=RequestMetadata("id", "internal-id"))
+            router.on_request_routed(request, replica, None)
 
-    routed(1, "a", "k1")
-    routed(2, "a", "k2")
-    routed(3, "b", "k1")  # k1 spilled to b: its state is there now
-    assert router.loads == {"a": 2, "b": 1} and router.homes[key_scope("Bearer k1")] == "b"
-    router.on_request_completed(None, "internal-1")
-    router.on_request_completed(None, "internal-9")  # sent, refused by its replica (never routed): nothing counted
-    router.on_request_completed(None, "internal-3")
-    assert router.loads == {"a": 1} and router.flights == {"internal-2": "a"} and router.load_factor == 1.5
+    sent(a, "k1")
+    sent(a, "k2")
+    sent(b)  # refused by b (full): counted until Ray completes it, no key moved
+    sent(b, "k1")  # k1 spilled to b: its state is there now
+    assert router.loads == {"a": 2, "b": 2} and router.homes[key_scope("Bearer k1")] == "b"
+    assert router.homes[key_scope("Bearer k2")] == "a" and router.load_factor == 1.5
+    for replica in (a, b, b):
+        router.on_request_completed(replica, "internal-id")
+    assert router.loads == {"a": 1}
 
 
 def test_a_load_factor_below_an_even_share_is_refused():

@@ -10,8 +10,9 @@ from tools.ray_load import accounted
 
 
 def _turn(tenant: int, turn: int, prompt: int, cached: int, accepted: int, tokens: int = 64) -> dict:
+    speculative = {"accepted_tokens": accepted, "drafted_tokens": 2 * accepted}
     return {"tenant": tenant, "turn": turn, "ok": True, "prompt_tokens": prompt, "cached_tokens": cached,
-            "completion_tokens": tokens, "speculative": {"accepted_tokens": accepted, "drafted_tokens": 2 * accepted}}
+            "completion_tokens": tokens, "speculative": speculative}
 
 
 def test_routing_figures_pool_the_rounds_and_judge_both_goals():
