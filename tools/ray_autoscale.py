@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upscale-delay", type=arguments.number(0), default=2, help="Ray Serve's upscale_delay_s")
     parser.add_argument("--downscale-delay", type=arguments.number(0), default=5, help="its downscale_delay_s")
     parser.add_argument("--threads", type=arguments.integer(1), default=1, help="ONNX Runtime threads a replica")
+    parser.add_argument("--context", type=arguments.integer(16), default=256, help="--max-model-len of a replica")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json (a results page)")
     args = parser.parse_args(argv)
     facts = provenance("tools.ray_autoscale")
@@ -75,7 +76,7 @@ def run(args) -> dict:
                              max_replicas_per_node=1, drain_seconds=args.drain_seconds,
                              upscale_delay_s=args.upscale_delay, downscale_delay_s=args.downscale_delay)
         try:
-            serve.run(application(args.artifact, options, MODEL, args.threads, options={"max_batch": 8, "context": 256}),
+            serve.run(application(args.artifact, options, MODEL, args.threads, options={"max_batch": 8, "context": args.context}),
                       name=APP)
             began = time.monotonic()
             replicas: list[tuple[float, dict]] = []

@@ -13,7 +13,7 @@ answered again, from the restart until the rejoined node's replica answered, and
 while the node was down, and after it rejoined.
 
     python -m tools.ray_failover --artifact DIR [--tenants 6] [--seconds 150] [--kill-after 20] [--down 20]
-        [--max-tokens 48] [--threads 1] [--out docs/results/ray/failover]
+        [--max-tokens 48] [--threads 1] [--context 256] [--out docs/results/ray/failover]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--down", type=arguments.number(0), default=20, help="seconds the node stays down")
     parser.add_argument("--max-tokens", type=arguments.integer(1), default=48, help="new tokens a request")
     parser.add_argument("--threads", type=arguments.integer(1), default=1, help="ONNX Runtime threads a replica")
+    parser.add_argument("--context", type=arguments.integer(16), default=256, help="--max-model-len of a replica")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json (a results page)")
     args = parser.parse_args(argv)
     facts = provenance("tools.ray_failover")
@@ -71,7 +72,7 @@ def run(args) -> dict:
         url = f"http://127.0.0.1:{port}"
         try:
             serve.run(application(args.artifact, RayOptions(replicas=2, cpus_per_replica=1, max_replicas_per_node=1),
-                                  MODEL, args.threads, options={"max_batch": 8, "context": 256}))
+                                  MODEL, args.threads, options={"max_batch": 8, "context": args.context}))
             keys = [f"tenant-{number}" for number in range(args.tenants)]
             events["commands"], events["placement"] = cluster.commands, placement(url, keys)
             began = time.monotonic()
