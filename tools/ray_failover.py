@@ -105,14 +105,17 @@ def report(record: dict) -> str:
     lost = [r for r in requests if r["outcome"] == "replica_lost"]
     in_flight = [r for r in requests if r["start"] < killed < r["end"]]
     lost_tenants = {r["tenant"] for r in lost}
-    answered_again = [min((r["end"] for r in requests if r["tenant"] == tenant and r["start"] > killed
-                           and r["outcome"] == "ok"), default=float("inf")) for tenant in lost_tenants]
+    answered_again = [min([r["end"] for r in requests if r["tenant"] == tenant and r["start"] > killed
+                           and r["outcome"] == "ok"] + [r["retry"]["end"] for r in lost if r["tenant"] == tenant
+                                                        and r["retry"]["outcome"] == "ok"], default=float("inf"))
+                      for tenant in lost_tenants]
     lines = [f"Commands run: `{'`; `'.join(events['commands'])}`", "",
              f"- {accounted(requests)}",
              f"- in flight at the kill ({killed:.1f} s): {len(in_flight)} requests, of which "
              f"{sum(r['outcome'] == 'replica_lost' for r in in_flight)} on the killed node",
-             f"- every tenant of the killed node answered again {max(answered_again, default=killed) - killed:.1f} s "
-             f"after the kill" if lost_tenants else "- no tenant lost a request",
+             f"- every tenant of the killed node answered again (a retry, or its next request) "
+             f"{max(answered_again, default=killed) - killed:.1f} s after the kill" if lost_tenants
+             else "- no tenant lost a request",
              f"- the node restarted at {restarted:.1f} s ({restarted - events['restarting']:.1f} s for `ray start`); its "
              f"replica answered {events['rejoined'] - restarted:.1f} s later" if "rejoined" in events
              else f"- the node restarted at {restarted:.1f} s; its replica did not answer before the end",
