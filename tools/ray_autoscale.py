@@ -4,7 +4,10 @@ while they hold requests (their drain), and what every client saw.
 A Ray cluster of two nodes is started on this machine, each its own processes (``tools/ray_cluster.py``), and the
 artifact deployed to scale between one and two replicas (one a node, ``target_ongoing_requests`` 1, short delays:
 --upscale-delay, --downscale-delay). Tenants (an API key each) send completions one after another, streamed and whole
-in turn: one tenant for --calm seconds, --tenants for --busy seconds, then one again for --calm seconds.
+in turn: one tenant for --calm seconds, --tenants for --busy seconds; then, as the busy tenants' last requests run,
+the deployment is capped at one replica (``max_replicas`` 1, as an operator would), so that Ray removes one holding
+requests: they drain; --tenants new tenants go on for --busy seconds against the one replica left, then one for --calm
+seconds.
 
 Printed: the replicas running over time (Ray Serve's status, each second), every request accounted for (answered whole;
 refused as ``replica_lost``, which a drain that ends in time never causes; failed otherwise: expected none) and the
@@ -21,6 +24,7 @@ import os
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tools import arguments
@@ -84,10 +88,15 @@ def run(args) -> dict:
             watcher = threading.Thread(target=_watch, args=(serve, began, replicas, watching), daemon=True)
             watcher.start()
             phases = []
+            capped = replace(options, min_replicas=1, max_replicas=1)
             for name, count, seconds in (("calm", 1, args.calm), ("busy", args.tenants, args.busy),
-                                         ("calm again", 1, args.calm)):
+                                         ("capped at one replica", args.tenants, args.busy), ("calm again", 1, args.calm)):
                 tenants = Tenants(url, [f"{name}-{number}" for number in range(count)], args.max_tokens, began)
                 phases.append((name, time.monotonic() - began))
+                if name.startswith("capped"):  # serve.run returns once the update is applied: meanwhile, load
+                    threading.Thread(target=serve.run, daemon=True, name="cap", kwargs=dict(name=APP, target=application(
+                        args.artifact, capped, MODEL, args.threads, options={"max_batch": 8, "context": args.context}))
+                    ).start()
                 tenants.start()
                 time.sleep(seconds)
                 threading.Thread(target=tenants.stop, daemon=True).start()  # its last requests end on their own
