@@ -181,6 +181,21 @@ def test_ray_options_set_autoscaling_routing_and_draining_and_refuse_what_cannot
             RayOptions(**bad)
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--ray-replicas", "2", "--ray-max-replicas", "3"], "--ray-replicas and --ray-max-replicas: got both"),
+    (["--ray-replicas", "2", "--chat-template", "{{ messages }}"],
+     "--chat-template: not applied by replicas under Ray yet"),
+    (["--ray-max-replicas", "2", "--ray-min-replicas", "3"], "Ray min_replicas: got 3; expected at most max_replicas (2)"),
+])
+def test_serve_under_ray_refuses_what_its_replicas_cannot_run_before_ray_starts(pair_dir, args, message):
+    from click.testing import CliRunner
+
+    from specdeploy.cli import main
+
+    result = CliRunner().invoke(main, ["serve", str(pair_dir), *args])
+    assert result.exit_code != 0 and message in result.output, result.output
+
+
 def test_rays_application_builder_takes_the_args_of_a_serve_config_and_refuses_others(pair_dir):
     from specdeploy.serve.ray_app import app_builder
 
