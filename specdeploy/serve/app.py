@@ -12,6 +12,7 @@ its cache rows are freed on the scheduler's next turn.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from . import errors
 from .breaker import Breaker, TemplateBroken
 from .errors import ApiError
 from .lifecycle import Lifecycle
-from .metrics import ServerMetrics
+from .metrics import METRIC_LABELS, ServerMetrics
 from .middleware import ApiKey, BodyLimit, RequestLog
 from .prompts import PromptTimeout, PromptWorkers
 from .protocol import ChatRequest, CompletionRequest, Sampling
@@ -47,14 +48,20 @@ ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/
 
 def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: int | None = None,
                max_body_bytes: int = 4 * 2**20, api_key: str | None = None, allowed_origins: Sequence[str] = (),
-               template_seconds: float = 10.0, suffix_scope: str = "key") -> FastAPI:
+               template_seconds: float = 10.0, suffix_scope: str = "key",
+               identity: dict[str, str] | None = None) -> FastAPI:
     """The server's ASGI app. ``default_max_tokens``: a request without max_tokens gets this many at most (None:
     the room its prompt leaves in the context); ``api_key``: every route but the probes and /metrics needs it;
     ``allowed_origins``: browsers' cross-origin requests allowed from these (CORS); ``template_seconds``: the CPU
     time a chat template may use before the request is answered with a 500 (wall time only as a backstop);
-    ``suffix_scope``: whose earlier answers a request drafts from (``scopes.SCOPES``: per API key by default)."""
+    ``suffix_scope``: whose earlier answers a request drafts from (``scopes.SCOPES``: per API key by default);
+    ``identity``: who answers, one of several replicas (``ray_app.replica_identity``: replica, node, ...): the probes
+    say it, and every metric is labelled with its ``replica`` and ``node``. Without one, the probes give this host's
+    name as ``node`` and the metrics have no such labels (a scraper labels its one target itself)."""
     app = FastAPI(title="specdeploy", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = ServerMetrics(scheduler, model, ROUTES)
+    labels = {name: identity[name] for name in METRIC_LABELS if name in identity} if identity is not None else {}
+    identity = identity if identity is not None else {"node": socket.gethostname()}
+    metrics = ServerMetrics(scheduler, model, ROUTES, labels)
     scheduler.on_finish = metrics.finished
     lifecycle = Lifecycle(scheduler, _warm_template(pipeline))
     app.state.scheduler, app.state.metrics, app.state.lifecycle = scheduler, metrics, lifecycle
@@ -65,9 +72,9 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
     app.add_middleware(RequestLog, observe=metrics.responded)
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])
-    app.router.routes.append(Route("/metrics", _Asgi(make_asgi_app(metrics.registry)), methods=["GET"]))
+    app.router.routes.append(Route("/metrics", _Asgi(make_asgi_app(metrics.served)), methods=["GET"]))
     api = Api(pipeline, scheduler, lifecycle, model, default_max_tokens, PromptWorkers(template_seconds),
-              suffix_scopes(pipeline.suffix_store, suffix_scope), template_seconds)
+              suffix_scopes(pipeline.suffix_store, suffix_scope), template_seconds, identity)
     for path in ("/health", "/health/ready"):
         app.get(path)(api.ready)
     app.get("/health/live")(api.live)
@@ -81,21 +88,22 @@ class Api:
     """The routes' handlers over one scheduler: probes, the model list, completions and chat completions."""
 
     def __init__(self, pipeline, scheduler: Scheduler, lifecycle: Lifecycle, model: str, default_max_tokens: int | None,
-                 workers: PromptWorkers, scope_of: Callable, template_seconds: float):
+                 workers: PromptWorkers, scope_of: Callable, template_seconds: float, identity: dict[str, str]):
         self.pipeline, self.scheduler, self.lifecycle, self.model = pipeline, scheduler, lifecycle, model
         self.default_max_tokens, self.workers, self.scope_of = default_max_tokens, workers, scope_of
         self.template_seconds = template_seconds
         self.template_breaker = Breaker()  # renders of a template that keeps running past its limit: refused at once
         self.server_id = uuid.uuid4().hex[:12]  # tells replicas apart behind a load balancer
+        self.identity = identity  # read at each probe: a replica adds where its metrics are served once it knows
 
     async def ready(self):
         status = self.lifecycle.status()
         body = {"status": status, "rows": self.scheduler.row_count, "queued": len(self.scheduler.queue),
-                "server": self.server_id}
+                "server": self.server_id, **self.identity}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def live(self):
-        return {"status": "alive", "server": self.server_id}
+        return {"status": "alive", "server": self.server_id, **self.identity}
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "specdeploy",
