@@ -234,8 +234,17 @@ class _Remembered:
             return None
         return Costs.from_dict(json.loads(json.dumps(self.record[table])))  # as on disk
 
-    def remember(self, costs, exact_costs) -> None:
+    def recall_answers(self):
+        from specdeploy.runtime.answer_lengths import AnswerLengths
+
+        if self.record is None or "answers" not in self.record:
+            return None
+        return AnswerLengths.from_list(json.loads(json.dumps(self.record["answers"])))
+
+    def remember(self, costs, exact_costs, answers=None) -> None:
         self.record = {"costs": costs.to_dict(), "exact_costs": exact_costs.to_dict()}
+        if answers is not None:
+            self.record["answers"] = answers.to_list()
 
 
 def record(pipeline, prompts, max_new_tokens: int, log=print) -> list[Trace]:

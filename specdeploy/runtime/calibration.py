@@ -1,4 +1,4 @@
-"""The cost table, remembered from one process to the next.
+"""The cost table (and how long answers run), remembered from one process to the next.
 
 A ``specdeploy generate`` run is a fresh process: it warms its shapes up and measures them
 (``Pipeline.warm_up``), but its cycles at other batch sizes, its catch-ups and its drift are what an
@@ -6,8 +6,9 @@ earlier run already learned. The engines' costs belong to the models, the execut
 thread count and this machine, so they are kept per (artifact manifest, provider, threads, ONNX Runtime
 version, machine) in the user's cache (``$SPECDEPLOY_CACHE``, default ``~/.cache/specdeploy``), one record
 holding both modes' tables: the default's and exact mode's (``GenerationConfig.exact``: every target call padded to
-an even number of tokens, so its calls cost otherwise). A record, or a table in it, that is missing, unreadable or
-malformed only means starting from the warm-up's measurements.
+an even number of tokens, so its calls cost otherwise), and the lengths of the latest answers (``AnswerLengths``: what a
+catch-up is repaid over). A record, or a table in it, that is missing, unreadable or malformed only means starting from
+the warm-up's measurements (and from each request's budget).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from ..digests import cache_dir, read_record, write_record
 from ..engines.providers import Provider
+from .answer_lengths import AnswerLengths
 from .cost_policy import Costs
 
 FOLDER = "costs"
@@ -55,8 +57,20 @@ class RememberedCosts:
         except ValueError:
             return None
 
-    def remember(self, costs: Costs, exact_costs: Costs) -> None:
-        """Keep both modes' tables for the next process (a read-only home: the next run starts cold). A process
-        that ran one mode alone passes the other's table as it recalled it, so that table is kept as it was."""
+    def recall_answers(self) -> AnswerLengths | None:
+        """The lengths of the answers an earlier process finished; None where there are none or they are unusable."""
+        record = read_record(self.path)
+        try:
+            return AnswerLengths.from_list(record["answers"]) if "answers" in record else None
+        except ValueError:
+            return None
+
+    def remember(self, costs: Costs, exact_costs: Costs, answers: AnswerLengths | None = None) -> None:
+        """Keep both modes' tables, and the answers' lengths, for the next process (a read-only home: the next run
+        starts cold). A process that ran one mode alone passes the other's table as it recalled it, so that table is
+        kept as it was."""
+        record = {"costs": costs.to_dict(), "exact_costs": exact_costs.to_dict()}
+        if answers is not None:
+            record["answers"] = answers.to_list()
         with self._lock:
-            write_record(self.path, {"costs": costs.to_dict(), "exact_costs": exact_costs.to_dict()})
+            write_record(self.path, record)

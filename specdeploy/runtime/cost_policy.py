@@ -222,7 +222,7 @@ class CostPolicy(Policy):
         best = best_k(rates)
         return best if best and rates[best] >= otherwise else 0
 
-    def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
+    def catchup_pays(self, batch: int, behind: int, to_come: float) -> bool:
         rates = self.rates("model", batch)
         price = self.costs.catchup_cost(batch, behind)
         if behind <= 0 or price is None or rates is None:

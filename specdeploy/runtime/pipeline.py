@@ -16,6 +16,7 @@ from ..contract import PREFILL_CHUNK, Manifest
 from ..engines.base import feed
 from ..engines.providers import Provider
 from ..values import is_integer, short
+from .answer_lengths import AnswerLengths
 from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch, plan_capacity, slots_needed
 from .calibration import RememberedCosts, machine_key
@@ -53,7 +54,8 @@ class Pipeline:
     - ``encode``, ``decode``, ``chat_prompt``: text and token ids; ``cache_bytes``: a batch's KV memory;
       ``first_divergence``: where two greedy outputs part.
     - The suffix indexes (``suffix_store``, ``suffix_index``, ``load_suffix_file``, ``save_suffix_file``), the
-      prefix cache (``prefix_cache``) and the engines' cost table (``costs``), shared by its requests.
+      prefix cache (``prefix_cache``), the engines' cost table (``costs``) and how long answers run (``answers``),
+      shared by its requests.
     """
 
     def __init__(self, manifest: Manifest, tokenizer, target, draft=None, directory: Path | None = None,
@@ -75,6 +77,8 @@ class Pipeline:
         self.costs = (remembered_costs.recall() if remembered_costs else None) or Costs()
         # exact mode's target and costs (``exact``), its table recalled as the default's is
         self._exact = ExactMode(target, remembered_costs.recall("exact_costs") if remembered_costs else None)
+        # how long its answers run, which a catch-up is judged by (``Generation.to_come``): recalled with the costs
+        self.answers = (remembered_costs.recall_answers() if remembered_costs else None) or AnswerLengths()
         self._warmed: set[tuple[int, bool]] = set()  # the (k, exact) whose shapes ``warm_up`` has run
         # the texts of the requests this pipeline finished, which later requests draft from (``suffix_index``)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
@@ -313,7 +317,7 @@ class Pipeline:
         if config.speculative and (config.k, config.exact) not in self._warmed:
             self.warm_up(config.k, exact=config.exact)
         return Generation(target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
-                          settings=settings, prefixes=self.prefix_cache, **listeners)
+                          settings=settings, prefixes=self.prefix_cache, answers=self.answers, **listeners)
 
     @property
     def _capacity_limit(self) -> int:
@@ -403,7 +407,7 @@ class Pipeline:
                 run.step()
             results += [self.result(request.result, request.settings.config) for request in run.requests]
         if self._remembered is not None:  # what this pipeline's calls cost, for the next process
-            self._remembered.remember(self.costs, self._exact.costs)
+            self._remembered.remember(self.costs, self._exact.costs, self.answers)
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
@@ -427,7 +431,7 @@ class Pipeline:
                 if run.done:
                     result = self.result(row, config)
                     if self._remembered is not None:
-                        self._remembered.remember(self.costs, self._exact.costs)
+                        self._remembered.remember(self.costs, self._exact.costs, self.answers)
                     yield StreamChunk(text.finish(result.text), new, result)
                     return
                 yield StreamChunk(text.push(new), new)

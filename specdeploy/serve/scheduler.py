@@ -197,7 +197,7 @@ class Scheduler:
             on_verified=lambda logits, committed: self.logprobs.keep(staged, logits, committed))
         return staged
 
-    def _joining(self, generation: Generation) -> tuple[int, int, int]:
+    def _joining(self, generation: Generation) -> tuple[int, int, float]:
         """What joins ``generation``'s rows in the batch they make (``Generation.joining``): the other batch (the running
         one of a staging batch, the staging one of the running batch) and the queued requests that fit. Their rows, the
         tokens the draft lacks of them, and their tokens to come."""
@@ -206,7 +206,7 @@ class Scheduler:
         queued = self.intake.queued(self.max_batch - self.row_count)
         rows += len(queued)
         lacking += sum(max(0, len(t.prompt) - 2) for t in queued)  # as ``Drafter.behind`` counts a fresh row
-        to_come += sum(t.config.max_new_tokens for t in queued)
+        to_come += sum(self.pipeline.answers.to_come(0, t.config.max_new_tokens) for t in queued)  # as long as answers run
         return rows, lacking, to_come
 
     def _finish(self, row: RowResult) -> None:

@@ -9,6 +9,7 @@ import pytest
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.calibration import FOLDER, RememberedCosts, machine_key
 from specdeploy.runtime.cost_policy import Costs
+from tests.runtime.stubs import Judge
 
 CONFIG = GenerationConfig(max_new_tokens=24, ignore_eos=True, k=4)
 
@@ -82,7 +83,7 @@ def test_exact_modes_costs_are_remembered_beside_the_defaults_and_kept_by_a_proc
     first.generate(["w5 w6"], GenerationConfig(max_new_tokens=24, ignore_eos=True, k=4, exact=True))
     exact = first._exact.costs.to_dict()
     assert exact["verify"] and first.costs == Costs()  # exact mode measured its own table alone
-    assert _record(tmp_path) == {"costs": Costs().to_dict(), "exact_costs": exact}
+    assert _record(tmp_path) == {"costs": Costs().to_dict(), "exact_costs": exact, "answers": [[24, False]]}
 
     second = Pipeline.load(pair_dir, remember_costs=True)  # a new process
     assert second._exact.costs.to_dict() == exact and second.costs == Costs()
@@ -99,3 +100,38 @@ def test_a_record_from_before_exact_mode_starts_exact_mode_cold(pair_dir, tmp_pa
     record.write_text(json.dumps({"costs": kept.to_dict()}))
     pipeline = Pipeline.load(pair_dir, remember_costs=True)
     assert pipeline.costs == kept and pipeline._exact.costs == Costs()
+
+
+def test_a_catch_up_is_judged_by_how_long_the_latest_answers_ran_and_a_new_process_recalls_them(
+        pair_dir, tmp_path, monkeypatch):
+    """An answer that ends long before its budget (a translation: 10-60 tokens of 128) never repays the draft's
+    catch-up on its prompt: the catch-up is judged against the tokens the pipeline's latest answers made, remembered
+    with the costs, not against the budget."""
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
+    first = Pipeline.load(pair_dir, remember_costs=True)
+    assert first.answers.to_list() == []
+    plain = first.generate(["w5 w6"], GenerationConfig(drafter="none", max_new_tokens=24, ignore_eos=True))[0]
+    ends = plain.token_ids.index(plain.token_ids[3]) + 1  # a stop id: the answer ends there by itself
+    short = GenerationConfig(drafter="none", max_new_tokens=24, ignore_eos=True, stop_token_ids=(plain.token_ids[3],))
+    assert [r.finish_reason for r in first.generate(["w5 w6"] * 2, short, batch_size=1)] == ["eos"] * 2  # stop ids end as EOS
+    answers = [[24, False], [ends, True], [ends, True]]  # cut at its budget, then two that ended by themselves
+    assert first.answers.to_list() == _record(tmp_path)["answers"] == answers
+
+    second = Pipeline.load(pair_dir, remember_costs=True)  # a new process
+    assert second.answers.to_list() == answers
+    judge = Judge(True)
+    run = second.start(["w5 w6 w7 w8"], GenerationConfig(k=3, max_new_tokens=24), policy=judge)
+    run.step()
+    behind = len(second.encode("w5 w6 w7 w8")) - 2
+    assert judge.asked[0] == (1, behind, pytest.approx((24 + 2 * ends) / 3))  # not the budget, 24
+    assert Pipeline.load(pair_dir).answers.to_list() == []  # the Python API's default: a process learns its own
+
+
+def test_unreadable_answers_mean_starting_from_each_requests_budget(pair_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
+    kept = Costs.from_dict({"verify": [[1, 1, 0.01]]})
+    record = RememberedCosts(machine_key(pair_dir, "cpu", None)).path
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"costs": kept.to_dict(), "answers": [[3, "yes"]]}))
+    pipeline = Pipeline.load(pair_dir, remember_costs=True)
+    assert pipeline.costs == kept and pipeline.answers.to_list() == []

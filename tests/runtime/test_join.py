@@ -124,7 +124,7 @@ def test_rows_prefilled_without_the_draft_decode_plainly_or_catch_up_as_the_poli
         pass
     assert staging.draft_cache.past_len.tolist() == [0, 0] and judge.fed == fed and judge.asked == []
     run.merge(staging)
-    merged_at, lengths, to_come = run.cycle, run.state.lengths, sum(run.state.budgets()[0])
+    merged_at, lengths, to_come = run.cycle, run.state.lengths, run.to_come(run.state.budgets()[0])
     behind = sum(max(0, n - 2 - past) for n, past in zip(lengths, run.draft_cache.past_len.tolist()))
     while not run.done:
         run.step()
