@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..engines.ort import PROVIDERS
-from .common import CliConsole, given_suffix_file, speculation_options, suffix_file_option, threads_option
+from .common import CliConsole, speculation_options, suffix_file_option, threads_option
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -68,7 +68,7 @@ def read_prompts(path: Path) -> list[str]:
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
              seed, k, policy, drafter, confidence_threshold, exact, stop, stop_token_ids, ignore_eos, batch_size,
-             provider, threads, remember_costs, suffix_file, old_suffix_file, chat, system, as_json, compare):
+             provider, threads, remember_costs, suffix_file, chat, system, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -77,7 +77,6 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
     from ..runtime.chat import ChatTemplateError
     from ..runtime.config import ConfigError
 
-    suffix_file = given_suffix_file(suffix_file, old_suffix_file)
     prompts = list(prompts) + (read_prompts(prompt_file) if prompt_file else [])
     if not prompts:
         raise click.UsageError("give --prompt or --prompt-file")

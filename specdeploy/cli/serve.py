@@ -19,7 +19,7 @@ from ..engines.ort import PROVIDERS
 from ..runtime.prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from ..runtime.suffix_store import BYTES_PER_TOKEN_IN_MEMORY, DEFAULT_SCOPES, DEFAULT_TOKENS, max_tokens_for
 from ..values import short
-from .common import given_suffix_file, speculation_options, suffix_file_option, threads_option
+from .common import speculation_options, suffix_file_option, threads_option
 from .settings import check_environment, networks_form, origins_form, root_path_form, text_setting
 
 TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a template
@@ -99,7 +99,7 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
 def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
           prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, exact, max_body_bytes, api_key,
           chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins, forwarded_allow_ips, drain_seconds,
-          access_log, template_seconds, suffix_scope, suffix_file, old_suffix_file, suffix_tokens, prefix_cache_bytes,
+          access_log, template_seconds, suffix_scope, suffix_file, suffix_tokens, prefix_cache_bytes,
           ray_replicas):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
     not), /v1/models, /health (readiness), /health/live and /metrics."""
@@ -116,7 +116,6 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
     from ..serve.scheduler import Scheduler, context_slots
 
     check_environment("SPECDEPLOY_CACHE")
-    suffix_file = given_suffix_file(suffix_file, old_suffix_file)
     if bool(ssl_keyfile) != bool(ssl_certfile):
         raise click.ClickException("--ssl-keyfile and --ssl-certfile: got one of them; expected both, or neither")
     root_path = root_path or ""

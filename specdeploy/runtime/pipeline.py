@@ -89,7 +89,7 @@ class Pipeline:
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
              verify_hashes: bool = True, max_cache_bytes: int | None = None, remember_costs: bool = False,
              suffix_file: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None,
-             prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES, *, suffix_cache: str | Path | None = None) -> Pipeline:
+             prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES) -> Pipeline:
         """Load an artifact dir written by ``specdeploy export``.
 
         Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
@@ -103,8 +103,7 @@ class Pipeline:
         is corrupt, too large or for another tokenizer is refused in one line (``log``, default: a warning) and the
         pipeline starts with an empty index. ``suffix_store``: the indexes to use (bounds, scopes).
         ``prefix_cache_bytes``: memory for finished requests' K/V, which later prompts of the same suffix-index scope
-        that start alike reuse instead of prefilling (``PrefixCache``; 0: none). ``suffix_cache``: ``suffix_file``'s
-        name before 0.5 (deprecated).
+        that start alike reuse instead of prefilling (``PrefixCache``; 0: none).
         """
         threads = checked_threads(threads)  # before any work: too many abort the process inside ONNX Runtime
         directory = Path(directory)
@@ -112,13 +111,6 @@ class Pipeline:
         remembered = RememberedCosts(machine_key(directory, provider, threads)) if remember_costs else None
         pipeline = cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered, suffix_store,
                        prefix_cache_bytes)
-        if suffix_cache is not None:
-            if suffix_file is not None:
-                raise ConfigError("suffix_cache: got it with suffix_file; expected one (suffix_cache is the deprecated "
-                                  "name of suffix_file)")
-            warnings.warn("Pipeline.load(suffix_cache=...) is deprecated: use suffix_file=", DeprecationWarning,
-                          stacklevel=2)
-            suffix_file = suffix_cache
         if suffix_file is not None:
             pipeline.load_suffix_file(suffix_file, log)
         return pipeline
@@ -156,16 +148,6 @@ class Pipeline:
             spec = self.target.spec
             self.suffix_store.save(path, spec.tokenizer_fingerprint, spec.vocab_size)
         return path
-
-    def load_suffix_cache(self, path: str | Path, log=None) -> int:
-        """Deprecated since 0.5 (the file is a suffix index's, no cache's): ``load_suffix_file``."""
-        warnings.warn("Pipeline.load_suffix_cache is deprecated: use load_suffix_file", DeprecationWarning, stacklevel=2)
-        return self.load_suffix_file(path, log)
-
-    def save_suffix_cache(self, path: str | Path | None = None) -> Path | None:
-        """Deprecated since 0.5 (the file is a suffix index's, no cache's): ``save_suffix_file``."""
-        warnings.warn("Pipeline.save_suffix_cache is deprecated: use save_suffix_file", DeprecationWarning, stacklevel=2)
-        return self.save_suffix_file(path)
 
     def close(self) -> None:
         """Close the engines (their sessions and bound buffers); later requests fail. Closing twice is harmless."""
@@ -343,12 +325,6 @@ class Pipeline:
         if config.exact:
             check_exact(self.target.spec)
         self.drafter_for(config)
-
-    def check_mode(self, config: GenerationConfig) -> None:
-        """Deprecated since 0.5: ``check_config``, which checks exact mode with the rest of a config."""
-        warnings.warn("Pipeline.check_mode is deprecated: use check_config", DeprecationWarning, stacklevel=2)
-        if config.exact:
-            check_exact(self.target.spec)
 
     def policy_for(self, config: GenerationConfig) -> Policy:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance

@@ -73,16 +73,3 @@ def test_a_symlinked_cache_is_written_through_and_stays_a_link(pair_dir, tmp_pat
         result = run("generate", pair_dir, *options, "--suffix-file", link)
         assert result.exit_code == 0, result.output
         assert link.is_symlink() and sum(map(len, json.loads(target.read_text())["scopes"].values())) == texts
-
-
-def test_the_options_name_before_0_5_still_works_and_says_it_is_deprecated(pair_dir, tmp_path):
-    """--suffix-cache (before 0.5) is --suffix-file, told deprecated on stderr; both at once are refused."""
-    cache = tmp_path / "suffix.json"
-    options = ["--prompt", "w5 w6", "--max-new-tokens", "4", "--json"]
-    result = run("generate", pair_dir, *options, "--suffix-cache", cache)
-    assert result.exit_code == 0, result.output
-    assert "warning: --suffix-cache is deprecated: use --suffix-file" in result.output
-    assert sum(map(len, json.loads(cache.read_text())["scopes"].values())) == 1  # written, as --suffix-file writes
-    both = run("generate", pair_dir, *options, "--suffix-cache", cache, "--suffix-file", cache)
-    assert both.exit_code == 2 and "got both; expected one" in both.output
-    assert "--suffix-cache" not in run("generate", "--help").output  # hidden: --suffix-file is the one to use

@@ -349,7 +349,7 @@ def test_closing_a_pipeline_closes_its_engines(pair_dir):
 def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pair_dir, chat_target_dir, tmp_path):
     """One check of a config alone, as the serve CLI and the intake call it: exact mode on an explicit-form target
     without slot attention (an older export's), a drafter that needs the draft model an artifact lacks, a stop id
-    outside the vocabulary; the old check_mode stays a deprecated name of its exact-mode part."""
+    outside the vocabulary."""
     import json
     import shutil
 
@@ -369,6 +369,3 @@ def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pa
         pair.check_config(GenerationConfig(stop_token_ids=[100000]))
     with pytest.raises(ConfigError, match="config: got dict; expected a GenerationConfig"):
         pair.check_config({"k": 3})
-    with pytest.warns(DeprecationWarning, match="check_mode is deprecated: use check_config"):
-        with pytest.raises(ConfigError, match="exact: the target's graph is an older exporter's explicit form"):
-            older.check_mode(GenerationConfig(exact=True))

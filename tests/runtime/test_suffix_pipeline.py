@@ -104,18 +104,3 @@ def test_a_text_drafted_from_is_the_last_to_be_evicted(pipeline):
     again = pipeline.generate(PROMPT, CONFIG, suffix_index=index)[0]  # drafts from the first: it is used again
     assert first in _sources(again) and len(index) == 2
     assert first in index and again.records[0].request_id in index  # the unused second text went
-
-
-def test_the_suffix_file_names_before_0_5_still_work_with_a_deprecation(pair_dir, tmp_path):
-    path = tmp_path / "suffix.json"
-    with pytest.warns(DeprecationWarning, match=r"Pipeline.load\(suffix_cache=...\) is deprecated: use suffix_file="):
-        writer = Pipeline.load(pair_dir, suffix_cache=path)
-    assert writer.suffix_file == path
-    writer.generate(PROMPT, CONFIG)
-    with pytest.warns(DeprecationWarning, match="save_suffix_cache is deprecated: use save_suffix_file"):
-        assert writer.save_suffix_cache() == path and path.is_file()
-    reader = Pipeline.load(pair_dir)
-    with pytest.warns(DeprecationWarning, match="load_suffix_cache is deprecated: use load_suffix_file"):
-        assert reader.load_suffix_cache(path) == 1 and reader.suffix_file == path
-    with pytest.raises(ConfigError, match="suffix_cache: got it with suffix_file; expected one"):
-        Pipeline.load(pair_dir, suffix_file=path, suffix_cache=path)
