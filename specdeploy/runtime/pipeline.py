@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +33,7 @@ from .rows import RowResult, RowSettings
 from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
-from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFileError, SuffixStore, row_scopes
+from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFile, SuffixStore, row_scopes
 from .telemetry import FinishReason, summarize
 
 CATCHUP_TOKENS = 32  # a draft catch-up long enough to time a rate, not a call
@@ -77,7 +76,7 @@ class Pipeline:
         self._warmed: set[tuple[int, bool]] = set()  # the (k, exact) whose shapes ``warm_up`` has run
         # the texts of the requests this pipeline finished, which later requests draft from (``suffix_index``)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
-        self.suffix_file: Path | None = None  # where ``save_suffix_file`` writes (``load(suffix_file=...)``)
+        self.suffix_file: SuffixFile | None = None  # where ``save_suffix_file`` writes (``load(suffix_file=...)``)
         if not is_integer(prefix_cache_bytes) or prefix_cache_bytes < 0:
             raise ConfigError(f"prefix_cache_bytes: got {short(prefix_cache_bytes)}; expected an integer >= 0 (0: none)")
         # the K/V of finished requests' texts, which later prompts of their scope that start alike reuse
@@ -112,7 +111,10 @@ class Pipeline:
         pipeline = cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered, suffix_store,
                        prefix_cache_bytes)
         if suffix_file is not None:
-            pipeline.load_suffix_file(suffix_file, log)
+            spec = target.spec
+            pipeline.suffix_file = SuffixFile(pipeline.suffix_store, suffix_file, spec.tokenizer_fingerprint,
+                                              spec.vocab_size)
+            pipeline.suffix_file.read(log)
         return pipeline
 
     @property
@@ -124,30 +126,10 @@ class Pipeline:
     def _forget_scope(self, scope: str) -> None:
         self.prefix_cache.forget(scope)
 
-    def load_suffix_file(self, path: str | Path, log=None) -> int:
-        """Add the texts of the suffix index file at ``path`` (written by ``save_suffix_file``) to this pipeline's
-        indexes, and save there from now on (a missing file is created then); returns the sequences read. A refused
-        file is told in one line to ``log`` (default: ``warnings.warn``), leaves the indexes as they were, and is never
-        written: it is the user's (a larger index, another artifact's, a file named by mistake), so this pipeline's
-        index is saved nowhere unless ``save_suffix_file`` is given a path."""
-        spec = self.target.spec
-        try:
-            read = self.suffix_store.load(Path(path), spec.tokenizer_fingerprint, spec.vocab_size)
-        except SuffixFileError as exc:
-            (log or (lambda message: warnings.warn(message, stacklevel=3)))(
-                f"{exc}; starting with an empty index, which will not be saved ({path} is left as it is)")
-            return 0
-        self.suffix_file = Path(path)
-        return read
-
-    def save_suffix_file(self, path: str | Path | None = None) -> Path | None:
-        """Write the suffix indexes to ``path`` (default: the file they were loaded from), atomically; None when
-        there is nowhere to write."""
-        path = Path(path) if path is not None else self.suffix_file
-        if path is not None:
-            spec = self.target.spec
-            self.suffix_store.save(path, spec.tokenizer_fingerprint, spec.vocab_size)
-        return path
+    def save_suffix_file(self) -> Path | None:
+        """Write the suffix indexes to the file ``load(suffix_file=...)`` named (``SuffixFile.write``); returns its path,
+        or None where there is none or it was refused when read."""
+        return self.suffix_file.write() if self.suffix_file is not None else None
 
     def close(self) -> None:
         """Close the engines (their sessions and bound buffers); later requests fail. Closing twice is harmless."""

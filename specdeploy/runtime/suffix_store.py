@@ -1,4 +1,4 @@
-"""Shared suffix indexes by scope, and their file.
+"""Shared suffix indexes by scope, and their file (``SuffixFile``).
 
 A pipeline keeps one index of the requests it finished (scope ``"shared"``); a server keeps one per API key by
 default, since a draft never changes a text but its speed could tell one client whether another's answer held a
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -164,6 +165,36 @@ class SuffixStore:
             kept.append(sequence)
             tokens += len(sequence)
         return kept[::-1]
+
+
+class SuffixFile:
+    """The file a store's indexes are kept in between processes (``--suffix-file``, ``Pipeline.load(suffix_file=)``),
+    for one tokenizer (``tokenizer``: its fingerprint, ``vocab_size``): ``read`` at start, ``write`` at the end. A file
+    refused when read is the user's (a larger index, another artifact's, a file named by mistake): it is left as it was
+    and never written."""
+
+    def __init__(self, store: SuffixStore, path: str | Path, tokenizer: str, vocab_size: int):
+        self.store, self.path, self.tokenizer, self.vocab_size = store, Path(path), tokenizer, vocab_size
+        self.refused = False
+
+    def read(self, log: Callable[[str], None] | None = None) -> int:
+        """Add the file's texts to the store (a missing file: none, created by ``write``); returns the sequences read.
+        A refused file is told in one line to ``log`` (default: ``warnings.warn``) and leaves the store as it was."""
+        try:
+            return self.store.load(self.path, self.tokenizer, self.vocab_size)
+        except SuffixFileError as exc:
+            self.refused = True
+            (log or (lambda message: warnings.warn(message, stacklevel=4)))(
+                f"{exc}; starting with an empty index, which will not be saved ({self.path} is left as it is)")
+            return 0
+
+    def write(self) -> Path | None:
+        """Write the store's indexes to the file, atomically; returns its path, or None where it was refused (nothing
+        written)."""
+        if self.refused:
+            return None
+        self.store.save(self.path, self.tokenizer, self.vocab_size)
+        return self.path
 
 
 def row_scopes(store: SuffixStore, indexes, scopes, rows: int) -> list[tuple[SuffixIndex | None, str | None]]:
