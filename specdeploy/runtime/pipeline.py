@@ -3,28 +3,26 @@
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from ..contract import PREFILL_CHUNK, Manifest
-from ..engines.base import feed
+from ..contract import Manifest
+from ..engines.even import EvenTokens
 from ..values import is_integer, short
 from .artifact import open_artifact
-from .cache import EXPORTED, cache_bytes, plan_batch, plan_capacity, slots_needed
-from .calibration import RememberedCosts, machine_key
+from .cache import EXPORTED, cache_bytes, plan_batch, plan_capacity
+from .calibration import Calibration, RememberedCosts, machine_key
 from .chat import ChatTemplate
 from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids
-from .cost_policy import CostPolicy, Costs
+from .cost_policy import Costs
 from .decoder import Generation
 from .divergence import first_divergence
 from .drafters import Drafter
-from .exact import ExactMode, check_exact
-from .policies import CycleOutcome, Policy
+from .exact import check_exact
+from .policies import Policy
 from .prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from .prefix_cache import PrefixCache
 from .registry import policy_of, speculation
@@ -36,7 +34,6 @@ from .suffix import SuffixIndex
 from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFile, SuffixStore, row_scopes
 from .telemetry import FinishReason, summarize
 
-CATCHUP_TOKENS = 32  # a draft catch-up long enough to time a rate, not a call
 CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
 
 
@@ -68,12 +65,9 @@ class Pipeline:
             raise ConfigError(f"max_cache_bytes: got {short(max_cache_bytes)}; expected an integer >= 1, or None")
         self.max_cache_bytes = max_cache_bytes
         self._ids = itertools.count()
-        self._remembered = remembered_costs
-        # what each call costs on this machine: the engines', so shared by every request's cost policy
-        self.costs = (remembered_costs.recall() if remembered_costs else None) or Costs()
-        # exact mode's target and costs (``exact``), its table recalled as the default's is
-        self._exact = ExactMode(target, remembered_costs.recall("exact_costs") if remembered_costs else None)
-        self._warmed: set[tuple[int, bool]] = set()  # the (k, exact) whose shapes ``warm_up`` has run
+        # what each call costs on this machine, by mode: the engines', so shared by every request's cost policy
+        self.calibration = Calibration(remembered_costs)
+        self._exact_target = EvenTokens(target)  # exact mode's: every call an even number of tokens a row
         # the texts of the requests this pipeline finished, which later requests draft from (``suffix_index``)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
         self.suffix_file: SuffixFile | None = None  # where ``save_suffix_file`` writes (``load(suffix_file=...)``)
@@ -82,7 +76,6 @@ class Pipeline:
         # the K/V of finished requests' texts, which later prompts of their scope that start alike reuse
         self.prefix_cache = PrefixCache(int(prefix_cache_bytes))
         self.suffix_store.on_evict(self._forget_scope)  # a scope the store lets go keeps no K/V either
-        self._warm_lock = threading.Lock()
 
     @classmethod
     def load(cls, directory: str | Path, provider: str = "cpu", threads: int | None = None,
@@ -150,43 +143,16 @@ class Pipeline:
         """
         return cache_bytes(_model_specs(self.target, self.draft if speculative else None), batch, capacity)
 
-    def warm_up(self, k: int, prompt_tokens: int = 0, exact: bool = False) -> float:
-        """Bring the shapes a request of at most ``k`` drafts calls at batch 1 into ``costs``: T = 1 .. k + 1 in the
-        target, and in the draft its one- and two-token calls and a catch-up of ``CATCHUP_TOKENS`` (none with
-        ``k`` = 0). A shape the table lacks is called twice and the quicker call measured: the first is cold, either may
-        be stalled on a busy host, and the table takes its first measurement of a shape whole (one stalled call there
-        can price drafting out of a short request); one it has (recalled from an earlier process) is left to the
-        requests. With ``prompt_tokens``, each model first prefills that many tokens (a server's chunk), so that its
-        first request's prefill is warm too. Returns the seconds taken.
+    @property
+    def costs(self) -> Costs:
+        """The default mode's cost table (``calibration``)."""
+        return self.calibration.costs
 
-        ONNX Runtime grows its buffers at the first call that needs them (on the real pair a cold 100-token prefill
-        took 1.02 s in the target, 0.56 s the second time): the cost policy prices its first cycle with warm calls'
-        costs. ``start`` runs it once per k and mode (``exact``: exact mode's target and costs)."""
-        with self._warm_lock:
-            began = time.perf_counter()
-            target, costs = self._mode(exact)
-            policy = CostPolicy(k, costs)  # what it measures, the cost policy learns as from a cycle
-            shapes = [(target, t, None) for t in range(1, k + 2)]
-            if k and self.draft is not None:
-                shapes += [(self.draft, t, 1) for t in (1, 2, CATCHUP_TOKENS)]
-            for engine in dict.fromkeys(engine for engine, _, _ in shapes):  # the target first
-                room = engine.spec.capacity - slots_needed(0, 1, k)  # the longest prompt of a one-token request
-                prompt = min(prompt_tokens, PREFILL_CHUNK, room)
-                cache = engine.allocate_cache(1, engine.spec.capacity)
-                if prompt > 0:
-                    feed(engine, cache, np.zeros((1, prompt), np.int64), [prompt])
-                for _, tokens, last in [shape for shape in shapes if shape[0] is engine]:
-                    past = max(0, min(prompt, room - tokens))
-                    known = costs.verify if last is None else costs.draft
-                    if (1, tokens) in known or tokens > room:
-                        continue
-                    seconds = min(engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache,
-                                               last).seconds for _ in range(2))
-                    policy.observe(CycleOutcome(1, verify_seconds=seconds, verify_tokens=tokens) if last is None else
-                                   CycleOutcome(1, first_call_seconds=seconds, first_call_tokens=tokens) if tokens > 1 else
-                                   CycleOutcome(1, later_call_seconds=seconds, later_calls=1))
-            self._warmed.add((k, exact))
-            return time.perf_counter() - began
+    def warm_up(self, k: int, prompt_tokens: int = 0, exact: bool = False) -> float:
+        """Measure the shapes a request of at most ``k`` drafts calls, after a prefill of ``prompt_tokens`` (a server's
+        chunk), into ``exact`` mode's cost table or the default's (``Calibration.warm_up``); returns the seconds taken.
+        ``start`` runs it once per k and mode."""
+        return self.calibration.warm_up(self._mode(exact)[0], self.draft, k, prompt_tokens, exact)
 
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
         """Token ids of a prompt: text, or a flat sequence of integer ids inside the vocabulary. Returns [tokens] int64.
@@ -271,7 +237,7 @@ class Pipeline:
         scopes = row_scopes(self.suffix_store, suffix_index, scope, len(prompts))
         settings = [self._row_settings(row, 0 if mine else i, index, name)
                     for i, (row, (index, name)) in enumerate(zip(row_configs, scopes))]
-        if config.speculative and (config.k, config.exact) not in self._warmed:
+        if config.speculative and not self.calibration.warmed(config.k, config.exact):
             self.warm_up(config.k, exact=config.exact)
         return Generation(target, drafter, policy, config, ids, request_ids, capacity=capacity or needed,
                           settings=settings, prefixes=self.prefix_cache, **listeners)
@@ -315,7 +281,7 @@ class Pipeline:
 
     def _mode(self, exact: bool) -> tuple:
         """The target engine and the costs table of exact mode (``exact``) or of the default."""
-        return (self._exact.target, self._exact.costs) if exact else (self.target, self.costs)
+        return (self._exact_target if exact else self.target), self.calibration.table(exact)
 
     def _row_settings(self, config: GenerationConfig, seed_stream: int = 0,
                      index: SuffixIndex | None = None, scope: str | None = None) -> RowSettings:
@@ -350,8 +316,7 @@ class Pipeline:
             while not run.done:
                 run.step()
             results += [self.result(request.result, request.settings.config) for request in run.requests]
-        if self._remembered is not None:  # what this pipeline's calls cost, for the next process
-            self._remembered.remember(self.costs, self._exact.costs)
+        self.calibration.remember()  # what this pipeline's calls cost, for the next process
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
@@ -374,8 +339,7 @@ class Pipeline:
                     raise GenerationError(f"{row.request_id}: {row.error}")
                 if run.done:
                     result = self.result(row, config)
-                    if self._remembered is not None:
-                        self._remembered.remember(self.costs, self._exact.costs)
+                    self.calibration.remember()
                     yield StreamChunk(text.finish(result.text), new, result)
                     return
                 yield StreamChunk(text.push(new), new)

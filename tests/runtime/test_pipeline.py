@@ -282,43 +282,6 @@ def test_a_huge_prompt_is_refused_from_its_first_part(pipeline):
     assert len(pipeline.generate("w5 " * 20, GOOD)[0].token_ids) == 12  # a long but fitting prompt still runs
 
 
-def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_quicker(pair_dir):
-    """T = 1 .. k + 1 in the target, then T = 1, 2 and a catch-up in the draft, each twice (the first call at a shape is
-    cold), on throwaway caches, after a prefill of ``prompt_tokens`` in each; the quicker of the two calls is the cost
-    table's first entry (a call stalled by a busy host, here every other one, is not); a shape the table has is not
-    called again; the next request's output is the same as without it."""
-    from specdeploy.runtime.pipeline import CATCHUP_TOKENS
-
-    alone = Pipeline.load(pair_dir).generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids
-    loaded, calls, seconds = Pipeline.load(pair_dir), [], {}
-    for name, engine in (("target", loaded.target), ("draft", loaded.draft)):
-        infer = engine.infer
-
-        def recorded(input_ids, past_len, cache, last=None, widths=None, name=name, infer=infer):
-            calls.append((name, input_ids.shape[1], int(past_len[0]), last))
-            done = infer(input_ids, past_len, cache, last, widths)
-            if len(calls) % 2:  # stalled: a second's wait in the first or the second call of each shape
-                done.seconds += 1.0
-            seconds.setdefault((name, input_ids.shape[1]), []).append(done.seconds)
-            return done
-
-        engine.infer = recorded
-    assert loaded.warm_up(3, prompt_tokens=20) > 0
-    twice = [call for call in [*(("target", t, 20, None) for t in range(1, 5)),
-                               *(("draft", t, 20, 1) for t in (1, 2, CATCHUP_TOKENS))] for _ in range(2)]
-    assert calls == [("target", 20, 0, 1), *twice[:8], ("draft", 20, 0, 1), *twice[8:]]
-    costs = loaded.costs
-    assert costs.verify == {(1, t): min(seconds["target", t][-2:]) for t in range(1, 5)}
-    assert costs.draft == {(1, t): min(seconds["draft", t][-2:]) for t in (1, 2, CATCHUP_TOKENS)}
-    assert max(costs.verify.values()) < 1.0 and max(costs.draft.values()) < 1.0
-    calls.clear()
-    loaded.warm_up(4)  # only what the table lacks: a verification of 5
-    assert calls == [("target", 5, 0, None)] * 2 and (1, 5) in costs.verify
-    calls.clear()
-    assert loaded.generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids == alone
-    assert ("target", 1, 20, None) not in calls  # k = 3 is warm: a request does not warm it again
-
-
 def test_a_target_only_artifact_decodes_by_default_with_the_index_or_plainly(checkpoints, tmp_path):
     """The default speculation drafts by the suffix index alone where the artifact has no draft model, instead of failing;
     asking for the draft model there is refused, naming what to do."""
