@@ -15,8 +15,8 @@ from ..values import is_integer, short
 from .artifact import open_artifact
 from .cache import EXPORTED, cache_bytes, plan_batch, plan_capacity
 from .calibration import Calibration, RememberedCosts, machine_key
-from .chat import ChatTemplate
-from .config import ConfigError, GenerationConfig, check_unicode, checked_threads, checked_token_ids
+from .chat import ChatTemplate, TextCodec
+from .config import ConfigError, GenerationConfig, checked_threads
 from .cost_policy import Costs
 from .decoder import Generation
 from .divergence import first_divergence
@@ -33,8 +33,6 @@ from .streaming import TextStream
 from .suffix import SuffixIndex
 from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFile, SuffixStore, row_scopes
 from .telemetry import FinishReason, summarize
-
-CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
 
 
 class Pipeline:
@@ -55,11 +53,9 @@ class Pipeline:
                  max_cache_bytes: int | None = None, chat_template: ChatTemplate | None = None,
                  remembered_costs: RememberedCosts | None = None, suffix_store: SuffixStore | None = None,
                  prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES):
-        self.manifest, self.tokenizer, self.target, self.draft = manifest, tokenizer, target, draft
-        self.chat_template = chat_template or ChatTemplate({})
-        bos = self.chat_template.bos_token
-        # plain prompts start with BOS exactly when the tokenizer config says so (transformers' add_bos_token)
-        self._bos = tokenizer.token_to_id(bos) if self.chat_template.add_bos_token and bos else None
+        self.manifest, self.target, self.draft = manifest, target, draft
+        # prompts to token ids and back: the tokenizer and its chat template
+        self.codec = TextCodec(tokenizer, chat_template or ChatTemplate({}), target.spec.vocab_size, target.spec.capacity)
         self.directory = directory
         if max_cache_bytes is not None and (not is_integer(max_cache_bytes) or max_cache_bytes < 1):
             raise ConfigError(f"max_cache_bytes: got {short(max_cache_bytes)}; expected an integer >= 1, or None")
@@ -154,44 +150,17 @@ class Pipeline:
         ``start`` runs it once per k and mode."""
         return self.calibration.warm_up(self._mode(exact)[0], self.draft, k, prompt_tokens, exact)
 
-    def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
-        """Token ids of a prompt: text, or a flat sequence of integer ids inside the vocabulary. Returns [tokens] int64.
+    tokenizer = property(lambda self: self.codec.tokenizer)
+    chat_template = property(lambda self: self.codec.template)
 
-        Text must be valid Unicode (a lone surrogate is refused, naming where), and every id it encodes to must
-        be inside the model's vocabulary: a tokenizer that maps a word beyond it is refused here, before any engine
-        call, rather than failing the batch the prompt joins.
-        """
-        vocab = self.target.spec.vocab_size
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ConfigError("prompt: got an empty string; expected at least one token")
-            check_unicode(prompt, "prompt")
-            ids = _tokenize(self.tokenizer, prompt, self.target.spec.capacity)
-            if self._bos is not None and ids[:1] != [self._bos]:
-                ids = [self._bos, *ids]
-            ids = np.array(ids, np.int64)
-            if ids.size and ids.max() >= vocab:
-                outside = int(ids[ids >= vocab][0])
-                raise ConfigError(f"prompt: encodes to token id {outside} ({self.tokenizer.id_to_token(outside)!r}), outside "
-                                  f"the model's vocabulary [0, {vocab}): the artifact's tokenizer does not fit its models")
-        elif isinstance(prompt, bytes) or not isinstance(prompt, (Sequence, np.ndarray)):
-            raise ConfigError(f"prompt: got {short(prompt)}; expected a string or a list of token ids")
-        else:
-            ids = checked_token_ids(prompt, vocab, "prompt ids")
-        if ids.size == 0:
-            raise ConfigError("prompt: encodes to no tokens; expected at least one")
-        return ids
+    def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
+        """Token ids [tokens] int64 of a prompt: text, or integer ids inside the vocabulary (``TextCodec.encode``)."""
+        return self.codec.encode(prompt)
 
     def chat_prompt(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None, time_limit: float | None = None) -> list[int]:
-        """Token ids of ``messages`` rendered with the tokenizer's chat template, as transformers'
-        ``apply_chat_template(messages, tools=tools, tokenize=True)`` gives them (the template places BOS itself).
-        ``time_limit``: CPU seconds the render may take (the template's own limit when None). The rendered text is
-        bounded by what the capacity could ever hold (``CHARS_PER_TOKEN_BOUND`` a slot), before it is tokenized."""
-        capacity = self.target.spec.capacity
-        text = self.chat_template.render(messages, add_generation_prompt, tools, time_limit=time_limit,
-                                         max_chars=CHARS_PER_TOKEN_BOUND * capacity)
-        return _tokenize(self.tokenizer, text, capacity)
+        """Token ids of ``messages`` rendered with the tokenizer's chat template (``TextCodec.encode_chat``)."""
+        return self.codec.encode_chat(messages, add_generation_prompt, tools, time_limit)
 
     def chat(self, messages: Sequence[dict], config: GenerationConfig | None = None) -> GenerationResult:
         """The assistant's reply to ``messages`` ([{"role": "system" | "user" | "assistant", "content": ...}])."""
@@ -353,9 +322,8 @@ class Pipeline:
         return first_divergence(self._mode(config.exact)[0], self.encode(prompt), reference, other, config)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        """The text of ``token_ids`` (integers inside the vocabulary; ConfigError otherwise), special tokens skipped."""
-        ids = checked_token_ids(token_ids, self.target.spec.vocab_size, "token_ids")
-        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        """The text of ``token_ids`` (integers inside the vocabulary), special tokens skipped (``TextCodec.decode``)."""
+        return self.codec.decode(token_ids)
 
     def result(self, row: RowResult, config: GenerationConfig) -> GenerationResult:
         """A finished row as a result: its text (cut at a stop string under ``config``), tokens and stats."""
@@ -371,21 +339,6 @@ class Pipeline:
         """The drafter ``config`` names, on this artifact's draft model (the hybrid drafter without one drafts by
         the index alone; the model drafter without one is refused)."""
         return speculation(config, self.draft, self._mode(config.exact)[1])[1]
-
-
-def _tokenize(tokenizer, text: str, capacity: int) -> list[int]:
-    """Token ids of ``text``; a text longer than ``CHARS_PER_TOKEN_BOUND`` characters a slot of ``capacity`` is
-    refused having tokenized no more than that much of it (a 12 MB prompt, or one enormous word, costs no more than
-    its first part: tokenizing holds the interpreter, a server's event loop included)."""
-    head = CHARS_PER_TOKEN_BOUND * capacity
-    if len(text) > head:
-        tokens = len(tokenizer.encode(text[:head], add_special_tokens=False).ids)
-        if tokens >= capacity:
-            raise ConfigError(f"prompt: {len(text):,} characters, and its first {head:,} alone are {tokens:,} "
-                              f"tokens, over the artifact's capacity of {capacity} tokens")
-        raise ConfigError(f"prompt: {len(text):,} characters; expected at most {head:,} ({CHARS_PER_TOKEN_BOUND} "
-                          f"a token of the artifact's capacity of {capacity}: no text that fits is longer)")
-    return tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def _row_configs(config: GenerationConfig, given, prompts: int) -> list[GenerationConfig]:

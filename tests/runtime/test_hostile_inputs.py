@@ -161,7 +161,7 @@ def test_a_tokenizer_mapping_a_word_beyond_the_vocabulary_is_refused(pair_dir, t
 
     calls = []
     good.target = type("Counting", (), {"spec": good.target.spec, "infer": lambda *a: calls.append(a)})()
-    good.tokenizer = Tokenizer.from_file(str(art / "tokenizer.json"))
+    good.codec.tokenizer = Tokenizer.from_file(str(art / "tokenizer.json"))
     with pytest.raises(ConfigError, match=r"prompt: encodes to token id 5000 \('w7'\), outside the model's vocabulary"):
         good.generate(["w5 w7"], GOOD)
     assert calls == []

@@ -19,7 +19,7 @@ from .test_limits import HOSTILE_TEMPLATE, _chat, _error, _post, _serves_normall
 @pytest.fixture()
 def hostile_pipeline(pair_dir):
     loaded = Pipeline.load(pair_dir)
-    loaded.chat_template = ChatTemplate({"chat_template": HOSTILE_TEMPLATE})
+    loaded.codec.template = ChatTemplate({"chat_template": HOSTILE_TEMPLATE})
     return loaded
 
 
