@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engines.base import Engine, KVCache, feed
-from .errors import ConfigError
 from .rows import BatchView, RowResult
 from .sampling import keyed_token, penalize, row_probabilities, sample
 from .suffix import LEVELS, SuffixIndex, propose
@@ -184,11 +183,7 @@ class ModelDrafter(Drafter):
 
     uses_model = True
 
-    def __init__(self, engine: Engine | None, stop_below: float | None = None):
-        if engine is None:
-            raise ConfigError(f"drafter: {type(self).__name__} needs a draft model, and this artifact has none; use "
-                              "drafter='hybrid' (the suffix index alone without one), 'suffix', 'prompt-lookup' or "
-                              "'none', or export with --draft")
+    def __init__(self, engine: Engine, stop_below: float | None = None):
         # stop_below: a row stops drafting once the draft's top probability falls below it (None: never)
         self.engine, self.stop_below = engine, stop_below
         self._buffer: tuple | None = None  # the drafts' columns, kept from one cycle to the next (``_columns``)

@@ -20,12 +20,11 @@ from .config import ConfigError, GenerationConfig, checked_threads
 from .cost_policy import Costs
 from .decoder import Generation
 from .divergence import first_divergence
-from .drafters import Drafter
 from .exact import check_exact
 from .policies import Policy
 from .prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from .prefix_cache import PrefixCache
-from .registry import policy_of, speculation
+from .registry import check_drafter, drafter_name, policy_of, speculation
 from .results import GenerationError, GenerationResult, StreamChunk
 from .rows import RowResult, RowSettings
 from .stops import StopStrings
@@ -191,19 +190,19 @@ class Pipeline:
         if any(row.exact != config.exact for row in row_configs):
             raise ConfigError(f"row_configs: exact={not config.exact} in a batch of exact={config.exact}; exact mode is "
                               "the batch's (its target calls), so every row's config must agree with config's")
-        target, costs = self._mode(config.exact)
-        policy, drafter = speculation(config, self.draft, costs, policy)  # a drafter the artifact cannot have: refused
         ids = [self.check_request(prompt, row, capacity=capacity, k=config.max_drafts)
                for prompt, row in zip(prompts, row_configs)]
-        limit = self._capacity_limit
+        scopes = row_scopes(self.suffix_store, suffix_index, scope, len(prompts))
+        # checked: what is built from here on is the batch's own
+        target, costs = self._mode(config.exact)
+        policy, drafter = speculation(config, self.draft, costs, policy)
         longest = max(row_configs, key=lambda c: c.max_new_tokens)
         specs = _model_specs(self.target, self.draft if drafter.uses_model else None)
         # the batch's slots a row (each row fits them alone: ``check_request``) and its caches' memory
-        needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens), limit, specs,
-                            self.max_cache_bytes, capacity=capacity)
+        needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens),
+                            self._capacity_limit, specs, self.max_cache_bytes, capacity=capacity)
         request_ids = list(request_ids) if request_ids is not None else [f"req-{next(self._ids)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
-        scopes = row_scopes(self.suffix_store, suffix_index, scope, len(prompts))
         settings = [self._row_settings(row, 0 if mine else i, index, name)
                     for i, (row, (index, name)) in enumerate(zip(row_configs, scopes))]
         if config.speculative and not self.calibration.warmed(config.k, config.exact):
@@ -234,14 +233,18 @@ class Pipeline:
         return ids
 
     def check_config(self, config: GenerationConfig) -> None:
-        """ConfigError for settings this artifact cannot decode with, before any work: not a GenerationConfig, stop
-        ids outside the vocabulary, exact mode on a target that cannot give it (``exact.check_exact``), a drafter
-        that needs the draft model it lacks."""
-        _check_config(config)
-        self._check_stop_tokens(config)
+        """ConfigError for settings this artifact cannot decode with, before any work and building nothing: not a
+        GenerationConfig, stop ids outside the vocabulary, exact mode on a target that cannot give it
+        (``exact.check_exact``), a drafter that needs the draft model it lacks (``registry.check_drafter``)."""
+        if not isinstance(config, GenerationConfig):
+            raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
+        vocab = self.target.spec.vocab_size
+        outside = [t for t in config.stop_token_ids if t >= vocab]
+        if outside:
+            raise ConfigError(f"stop_token_ids: got {short(outside)}; expected ids inside the vocabulary [0, {vocab})")
         if config.exact:
             check_exact(self.target.spec)
-        self.drafter_for(config)
+        check_drafter(drafter_name(config), self.draft is not None)
 
     def policy_for(self, config: GenerationConfig) -> Policy:
         """A new request's policy; a cost policy prices by this pipeline's ``costs``, the engines' (acceptance
@@ -259,13 +262,6 @@ class Pipeline:
         scope's name (whose kept K/V it reuses; None: none)."""
         return RowSettings(config, StopStrings(config.stop, self.decode).check if config.stop else None, seed_stream,
                            index, scope)
-
-    def _check_stop_tokens(self, config: GenerationConfig) -> None:
-        """ConfigError unless every one of ``config``'s stop token ids is inside the vocabulary."""
-        vocab = self.target.spec.vocab_size
-        outside = [t for t in config.stop_token_ids if t >= vocab]
-        if outside:
-            raise ConfigError(f"stop_token_ids: got {outside}; expected ids inside the vocabulary [0, {vocab})")
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
                  batch_size: int | None = None, suffix_index: SuffixIndex | None | Shared = SHARED, *,
@@ -335,11 +331,6 @@ class Pipeline:
         text = StopStrings(config.stop, None).cut(self.decode(row.token_ids))
         return GenerationResult(text, row.token_ids, stats, row.finish_reason, row.records, row.error)
 
-    def drafter_for(self, config: GenerationConfig) -> Drafter:
-        """The drafter ``config`` names, on this artifact's draft model (the hybrid drafter without one drafts by
-        the index alone; the model drafter without one is refused)."""
-        return speculation(config, self.draft, self._mode(config.exact)[1])[1]
-
 
 def _row_configs(config: GenerationConfig, given, prompts: int) -> list[GenerationConfig]:
     """``start``'s ``row_configs`` as one GenerationConfig per prompt (default: ``config`` for each)."""
@@ -359,11 +350,6 @@ def _checked_capacity(capacity, limit: int) -> int:
 def _model_specs(target, draft) -> dict:
     """The specs of the models whose caches a batch allocates: the target's, and the draft's if ``draft``."""
     return {"target": target.spec, **({"draft": draft.spec} if draft is not None else {})}
-
-
-def _check_config(config) -> None:
-    if not isinstance(config, GenerationConfig):
-        raise ConfigError(f"config: got {type(config).__name__}; expected a GenerationConfig")
 
 
 def _check_prompt_list(prompts, expected: str) -> None:

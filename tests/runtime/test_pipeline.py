@@ -11,7 +11,6 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import ContractError
 from specdeploy.runtime.cache import CapacityError
 from specdeploy.runtime.config import ConfigError
-from specdeploy.runtime.decoder import Generation
 from specdeploy.runtime.policies import FixedK, Policy
 from tests import tiny
 
@@ -177,8 +176,7 @@ class _Recording(Policy):
 
 def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
     policy = _Recording()
-    run = Generation(pipeline.target, pipeline.drafter_for(GOOD), policy, GOOD,
-                     [pipeline.encode("w5 w6 w7"), pipeline.encode("w9")], ["a", "b"])
+    run = pipeline.start(["w5 w6 w7", "w9"], GOOD, suffix_index=None, scope=None, policy=policy, request_ids=["a", "b"])
     while not run.done:
         run.step()
     by_cycle = {}  # cycle -> records of the rows it served, in batch order
@@ -193,8 +191,8 @@ def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
 def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
     """Every field of a cycle record against what the cycle did (records are built by keyword, in one place)."""
     hybrid = GenerationConfig(k=3, max_new_tokens=14, ignore_eos=True, policy="fixed", drafter="hybrid")
-    run = Generation(pipeline.target, pipeline.drafter_for(hybrid), FixedK(3), hybrid,
-                     [pipeline.encode("w5 w6 w7 w5 w6"), pipeline.encode("w9")], ["first", "second"])
+    run = pipeline.start(["w5 w6 w7 w5 w6", "w9"], hybrid, suffix_index=None, scope=None, policy=FixedK(3),
+                         request_ids=["first", "second"])
     sizes = []
     while not run.done:
         sizes.append(run.state.batch)
@@ -332,3 +330,20 @@ def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pa
         pair.check_config(GenerationConfig(stop_token_ids=[100000]))
     with pytest.raises(ConfigError, match="config: got dict; expected a GenerationConfig"):
         pair.check_config({"k": 3})
+
+
+def test_admission_builds_nothing_and_a_batch_builds_its_policy_and_drafter_once(pipeline, monkeypatch):
+    """check_config and check_request check a config and a request without building a policy or a drafter (they
+    built both once per call: N + 1 times per start of N prompts); start builds one of each for its batch."""
+    from specdeploy.runtime import registry
+
+    built = []
+    for table, name in ((registry.POLICIES, "fixed"), (registry.DRAFTERS, "hybrid")):
+        make = table[name]
+        monkeypatch.setitem(table, name, lambda *args, make=make, name=name: built.append(name) or make(*args))
+    config = GenerationConfig(k=3, max_new_tokens=4, policy="fixed")
+    pipeline.check_config(config)
+    pipeline.check_request("w5 w6", config)
+    assert built == []
+    run = pipeline.start(["w5 w6", "w7", "w8 w9 w10"], config)
+    assert built == ["fixed", "hybrid"] and run.batch == 3
