@@ -130,7 +130,7 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
         pipeline.check_config(config)  # a drafter that needs a draft model the artifact lacks, exact mode where the
         # target cannot give it: refused now
         if chat_template is not None:
-            pipeline.chat_template = _chat_template(pipeline.chat_template, chat_template)
+            pipeline.codec.template = _chat_template(pipeline.chat_template, chat_template)
         context = context_slots(pipeline, context, config.max_drafts)
         sizes = pipeline.cache_bytes(max_batch, context, speculative=config.speculative)
         if max_cache_bytes is not None and sizes["total"] > max_cache_bytes:
