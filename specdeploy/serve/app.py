@@ -118,41 +118,35 @@ class Api:
         return await self._serve(request, body, [prompt], chat=True)
 
     def _check(self, body: Sampling) -> None:
-        """What can be refused before any prompt is made: the model's name, what this server does not do, a drain."""
+        """What can be refused before any prompt is made: the model's name, what this server does not do (a drain,
+        and whether a prompt fits, the intake refuses: ``Intake.submit_choices``)."""
         if body.model != self.model:
             raise ApiError(404, f"model: got {short(body.model)}; this server serves {self.model!r} (GET /v1/models)",
                            "model", code="model_not_found")
         refused = body.unsupported(self.scheduler.config)
         if refused is not None:
             raise ApiError(400, f"{refused[0]}: {refused[1]}", refused[0])
-        if self.lifecycle.draining:
-            raise ApiError(503, "the server is shutting down: it takes no new requests; retry on another replica",
-                           code="shutting_down")
 
-    def _choices(self, body: Sampling, prompts: list[np.ndarray], chat: bool) -> list:
+    def _choices(self, body: Sampling, prompts: list[np.ndarray]) -> list:
         """(prompt, settings) of each choice of the request: as many new tokens as asked, else the room each prompt
-        leaves (at most ``default_max_tokens``), as vLLM does; a prompt that leaves no room is refused."""
+        leaves (at most ``default_max_tokens``), as vLLM does; at least one, so that a prompt that leaves no room is
+        refused where every request's room is checked (the intake's runtime check)."""
         scheduler, asked = self.scheduler, body.requested_max_tokens()
         seed = body.seed if body.seed is not None else scheduler.intake.next_seed()
         choices = []
         for prompt in prompts:
             room = scheduler.intake.room(len(prompt))
-            if room < 1:
-                raise ApiError(400, f"{'messages' if chat else 'prompt'}: {len(prompt)} tokens, and this server's "
-                               f"context is {scheduler.capacity} tokens per request with {scheduler.intake.speculative_slots} "
-                               "of them speculative slots: no room for a new token; shorten it",
-                               "messages" if chat else "prompt", code="context_length_exceeded")
-            new = asked or min(room, self.default_max_tokens or room)
+            new = asked or max(1, min(room, self.default_max_tokens or room))
             choices += [(prompt, config) for config in body.generation_configs(scheduler.config, new, seed)]
         return choices
 
     async def _serve(self, request: Request, body: Sampling, prompts: list[np.ndarray], chat: bool):
         scheduler, lifecycle = self.scheduler, self.lifecycle
         try:
-            tickets = scheduler.intake.submit_choices(self._choices(body, prompts, chat), asyncio.get_running_loop(),
-                                               body.top_logprobs_count(), self.scope_of(request.headers))
+            tickets = scheduler.intake.submit_choices(self._choices(body, prompts), asyncio.get_running_loop(),
+                                                      body.top_logprobs_count(), self.scope_of(request.headers))
         except (ConfigError, CapacityError, Overloaded, ShuttingDown) as exc:
-            raise refusal(exc) from None
+            raise refusal(exc, "messages" if chat else "prompt") from None
         lifecycle.open += 1
 
         def closed(unfinished) -> None:

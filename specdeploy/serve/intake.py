@@ -52,11 +52,6 @@ class Intake:
         """Requests are queued or running."""
         return bool(self.queue or self.tickets)
 
-    @property
-    def speculative_slots(self) -> int:
-        """Slots a verification writes beyond a request's tokens (``cache.slots_needed``)."""
-        return slots_needed(0, 0, self.k)
-
     def room(self, prompt_tokens: int) -> int:
         """New tokens a prompt of ``prompt_tokens`` leaves room for in this server's context (< 1: it does not fit)."""
         return self.capacity - slots_needed(prompt_tokens, 0, self.k)
