@@ -77,9 +77,10 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
               help="The CPU time a chat template may use before the request fails with 500 (a busy machine's waiting is "
                    "not counted; the wall clock stops a render only at 10 times this plus 5 s).")
 @click.option("--suffix-scope", type=click.Choice(["key", "global", "none"]), default="key", show_default=True,
-              help="Whose earlier answers a request drafts from, and whose texts' K/V it reuses: those under its own "
-                   "API key (the bearer token it sends), everyone's (global), or none but its own text. Neither "
-                   "changes a text; their speed could tell one client what another's held (docs/serving.md).")
+              help="Whose earlier answers a request drafts from: those under its own API key (the bearer token it "
+                   "sends), everyone's (global), or none but its own text. The texts' K/V it reuses are its key's, "
+                   "everyone's under global. Neither changes a text; their speed could tell one client what another's "
+                   "held (docs/serving.md).")
 @suffix_file_option("Keep the suffix indexes in this file: loaded at start, written atomically when the server stops "
                     "(through a symlink, to the file it names). A corrupt, foreign or oversized file is refused in one "
                     "line, left as it is and never written: the server starts empty and saves nothing.")
@@ -90,7 +91,7 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
                    f"goes), so at most what {DEFAULT_SCOPES} indexes of {BYTES_PER_TOKEN_IN_MEMORY:,} bytes a token "
                    f"fit in half of this machine's memory.")
 @click.option("--prefix-cache-bytes", type=click.IntRange(min=0), default=DEFAULT_PREFIX_BYTES, show_default=True,
-              help="Memory for the K/V of finished requests' texts: a later prompt of the same --suffix-scope that "
+              help="Memory for the K/V of finished requests' texts: a later prompt of the same scope that "
                    "starts alike (a conversation's next turn, a shared system prompt) reuses it instead of prefilling "
                    "(usage.prompt_tokens_details.cached_tokens says how much); the least recently used goes first. "
                    "0: none.")

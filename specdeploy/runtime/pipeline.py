@@ -111,16 +111,18 @@ class Pipeline:
         default (asked of the store each time: one the store evicted is never used again)."""
         return self.suffix_store.scope(SHARED_SCOPE)
 
-    def _forget_scope(self, scope: str) -> None:
-        self.prefix_cache.forget(scope)
-
     def save_suffix_file(self) -> Path | None:
         """Write the suffix indexes to the file ``load(suffix_file=...)`` named (``SuffixFile.write``); returns its path,
         or None where there is none or it was refused when read."""
         return self.suffix_file.write() if self.suffix_file is not None else None
 
+    def _forget_scope(self, scope: str) -> None:
+        self.prefix_cache.forget(scope)
+
     def close(self) -> None:
-        """Close the engines (their sessions and bound buffers); later requests fail. Closing twice is harmless."""
+        """Close the engines (their sessions and bound buffers) and let go of the suffix store (which may outlive this
+        pipeline: it no longer tells this one what it evicts); later requests fail. Closing twice is harmless."""
+        self.suffix_store.off_evict(self._forget_scope)
         for engine in (self.draft, self.target):
             if engine is not None:
                 engine.close()

@@ -89,8 +89,14 @@ class SuffixStore:
 
     def on_evict(self, forget: Callable[[str], None]) -> None:
         """Call ``forget(name)`` whenever scope ``name`` is evicted: what else keeps things for a scope (the prefix
-        cache's K/V) lets them go with its index."""
-        self._evicted.append(forget)
+        cache's K/V) lets them go with its index. ``off_evict`` stops it."""
+        with self._lock:
+            self._evicted.append(forget)
+
+    def off_evict(self, forget: Callable[[str], None]) -> None:
+        """Call ``forget`` no more (one that ``on_evict`` was given; its owner is closing): the store no longer holds it."""
+        with self._lock:
+            self._evicted = [f for f in self._evicted if f != forget]
 
     def scope(self, name: str) -> SuffixIndex:
         """The index of scope ``name`` (made on first use; the least recently used scope evicted past the bound)."""
@@ -98,12 +104,13 @@ class SuffixStore:
         with self._lock:
             index = self._scopes.get(name)
             if index is None:
-                index = self._scopes[name] = SuffixIndex(self.max_tokens, self.max_sequences, scope=name)
+                index = self._scopes[name] = SuffixIndex(self.max_tokens, self.max_sequences)
                 while len(self._scopes) > self.max_scopes:
                     evicted.append(self._scopes.popitem(last=False)[0])
             self._scopes.move_to_end(name)
+            listeners = list(self._evicted)
         for gone in evicted:  # outside the lock: a listener may take its own
-            for forget in self._evicted:
+            for forget in listeners:
                 forget(gone)
         return index
 
@@ -199,9 +206,9 @@ class SuffixFile:
 
 def row_scopes(store: SuffixStore, indexes, scopes, rows: int) -> list[tuple[SuffixIndex | None, str | None]]:
     """``Pipeline.start``'s ``suffix_index`` and ``scope`` as (index, scope name) per row; ConfigError for anything
-    else. A scope name given, and no index, drafts from that scope's index in ``store``; an index given, and no scope
-    name, keeps K/V under the index's own scope; neither: the store's shared scope. ``suffix_index=None`` drafts from
-    the row's own text alone and still reuses its scope's K/V; ``scope=None`` reuses none."""
+    else. The scope name (default: the store's shared scope) is whose K/V a row reuses and keeps (None: none); the
+    index is what it drafts from and adds its text to (default: its scope's index in ``store``, the shared one where
+    the name is None; None: the row's own text alone). Each is the caller's to give: an index never names a scope."""
     given = [SHARED] * rows if indexes is SHARED else list(indexes) if isinstance(indexes, (list, tuple)) else [indexes] * rows
     if len(given) != rows or not all(i is SHARED or i is None or isinstance(i, SuffixIndex) for i in given):
         raise ConfigError(f"suffix_index: got {short(indexes)}; expected a SuffixIndex, None for none, or one of "
@@ -215,7 +222,7 @@ def row_scopes(store: SuffixStore, indexes, scopes, rows: int) -> list[tuple[Suf
         if index is SHARED:
             index = store.scope(name if isinstance(name, str) else SHARED_SCOPE)
         if name is SHARED:
-            name = index.scope if index is not None else SHARED_SCOPE
+            name = SHARED_SCOPE
         rows_scopes.append((index, name))
     return rows_scopes
 

@@ -39,7 +39,7 @@ from .prompts import PromptTimeout, PromptWorkers
 from .protocol import ChatRequest, CompletionRequest, Sampling
 from .responses import Reply, refusal
 from .scheduler import Overloaded, Scheduler, ShuttingDown
-from .scopes import key_scope, suffix_scopes
+from .scopes import ScopeOf, key_scope, suffix_scopes
 from .sse import EventStream, watch_disconnect
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/health/live", "/health/ready", "/metrics")
@@ -52,7 +52,8 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
     the room its prompt leaves in the context); ``api_key``: every route but the probes and /metrics needs it;
     ``allowed_origins``: browsers' cross-origin requests allowed from these (CORS); ``template_seconds``: the CPU
     time a chat template may use before the request is answered with a 500 (wall time only as a backstop);
-    ``suffix_scope``: whose earlier answers a request drafts from (``scopes.SCOPES``: per API key by default)."""
+    ``suffix_scope``: whose earlier answers a request drafts from (``scopes.SCOPES``: per API key by default; its K/V
+    are kept per key unless ``global``)."""
     app = FastAPI(title="specdeploy", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics(scheduler, model, ROUTES)
     scheduler.on_finish = metrics.finished
@@ -81,7 +82,7 @@ class Api:
     """The routes' handlers over one scheduler: probes, the model list, completions and chat completions."""
 
     def __init__(self, pipeline, scheduler: Scheduler, lifecycle: Lifecycle, model: str, default_max_tokens: int | None,
-                 workers: PromptWorkers, scope_of: Callable, template_seconds: float):
+                 workers: PromptWorkers, scope_of: ScopeOf, template_seconds: float):
         self.pipeline, self.scheduler, self.lifecycle, self.model = pipeline, scheduler, lifecycle, model
         self.default_max_tokens, self.workers, self.scope_of = default_max_tokens, workers, scope_of
         self.template_seconds = template_seconds
@@ -144,7 +145,7 @@ class Api:
         scheduler, lifecycle = self.scheduler, self.lifecycle
         try:
             tickets = scheduler.intake.submit_choices(self._choices(body, prompts), asyncio.get_running_loop(),
-                                                      body.top_logprobs_count(), self.scope_of(request.headers))
+                                                      body.top_logprobs_count(), *self.scope_of(request.headers))
         except (ConfigError, CapacityError, Overloaded, ShuttingDown) as exc:
             raise refusal(exc, "messages" if chat else "prompt") from None
         lifecycle.open += 1
