@@ -31,7 +31,7 @@ from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
 from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFile, SuffixStore, row_scopes
-from .telemetry import FinishReason, summarize
+from .telemetry import FinishReason
 
 
 class Pipeline:
@@ -324,14 +324,8 @@ class Pipeline:
         return self.codec.decode(token_ids)
 
     def result(self, row: RowResult, config: GenerationConfig) -> GenerationResult:
-        """A finished row as a result: its text (cut at a stop string under ``config``), tokens and stats."""
-        stats = summarize(row.records, seconds=row.decode_seconds)
-        stats["prefill_s"] = row.prefill_seconds
-        stats["prompt_tokens"] = int(len(row.prompt_ids))
-        stats["cached_prompt_tokens"] = row.cached_tokens
-        stats["exact"] = config.exact
-        text = StopStrings(config.stop, None).cut(self.decode(row.token_ids))
-        return GenerationResult(text, row.token_ids, stats, row.finish_reason, row.records, row.error)
+        """A finished row as a result: its text on this tokenizer, tokens and stats (``GenerationResult.of``)."""
+        return GenerationResult.of(row, config, self.decode)
 
 
 def _row_configs(config: GenerationConfig, given, prompts: int) -> list[GenerationConfig]:
