@@ -171,7 +171,8 @@ def _show(pipeline, headings, inputs, config, batch_size):
                     out.print(chunk.text, end="", markup=False)
                 results.append(chunk.result)
             except GenerationError as exc:  # this prompt failed; the others still run
-                results.append(GenerationResult("", [], summarize([]), FinishReason.ERROR, error=str(exc)))
+                results.append(GenerationResult(text="", token_ids=[], stats=summarize([]), finish_reason=FinishReason.ERROR,
+                                                error=str(exc)))
             out.print()
         return results
     results = pipeline.generate(inputs, config, batch_size=batch_size)

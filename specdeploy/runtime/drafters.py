@@ -33,9 +33,10 @@ MAX_NGRAM, MIN_NGRAM = 3, 1  # prompt lookup continues the latest earlier match 
 _NONE = np.zeros(0, np.int64)  # a row that found nothing (never written)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Proposal:
-    """One cycle's drafts. A row's drafts beyond ``drafted[b]`` only fill its row (never kept)."""
+    """One cycle's drafts, by keyword (nine fields, several of one type). A row's drafts beyond ``drafted[b]`` only fill
+    its row (never kept)."""
 
     drafts: np.ndarray  # [batch, width] int64; a model drafter's: a view of its buffer, valid until its next proposal
     q: np.ndarray | None  # [batch, width, vocab] proposal distributions; None: deterministic (one-hot)
@@ -52,7 +53,8 @@ class Proposal:
     @classmethod
     def none(cls, batch: int, seconds: float = 0.0) -> Proposal:
         """No drafts: the cycle is a plain decoding step (``seconds``: spent finding none)."""
-        return cls(np.zeros((batch, 0), np.int64), None, [0] * batch, [False] * batch, seconds)
+        return cls(drafts=np.zeros((batch, 0), np.int64), q=None, drafted=[0] * batch, free=[False] * batch,
+                   seconds=seconds)
 
 
 @dataclass(slots=True)
@@ -84,8 +86,9 @@ class Found:
         drafts = np.empty((state.batch, width), np.int64)
         for b, row in enumerate(self.drafts):
             _fill(drafts[b], row, state.tokens[b, state.lengths[b] - 1])
-        return Proposal(drafts, None, list(map(len, self.drafts)), [len(row) > 0 for row in self.drafts],
-                        self.seconds + time.perf_counter() - began, estimates=self.estimates, origins=self.origins)
+        return Proposal(drafts=drafts, q=None, drafted=list(map(len, self.drafts)),
+                        free=[len(row) > 0 for row in self.drafts], seconds=self.seconds + time.perf_counter() - began,
+                        estimates=self.estimates, origins=self.origins)
 
 
 class Drafter:
@@ -222,8 +225,9 @@ class ModelDrafter(Drafter):
                                                      [min(k, cap) for cap in caps])
         cache.commit([at + steps for at in lengths])  # the catch-up saw x[:L], each later call one draft more
         ended = time.perf_counter()
-        return Proposal(columns[:made].T, qs, drafted, [False] * batch, ended - began, caught_up - began, width,
-                        steps, ended - caught_up)
+        return Proposal(drafts=columns[:made].T, q=qs, drafted=drafted, free=[False] * batch, seconds=ended - began,
+                        first_call_seconds=caught_up - began, first_call_tokens=width, later_calls=steps,
+                        later_call_seconds=ended - caught_up)
 
     def _columns(self, most: int, batch: int) -> tuple[np.ndarray, list[np.ndarray]]:
         """A [most, batch] buffer for the drafts, and its rows as [batch, 1] views: draft i of every row is row i,

@@ -262,8 +262,8 @@ class Pipeline:
         """How one request decodes in any batch: ``config``'s settings, its stop strings on this tokenizer,
         its seed's stream (prompt i of one ``generate`` call draws from stream i), its scope's suffix index and the
         scope's name (whose kept K/V it reuses; None: none)."""
-        return RowSettings(config, StopStrings(config.stop, self.decode).check if config.stop else None, seed_stream,
-                           index, scope)
+        return RowSettings(config=config, stop_check=StopStrings(config.stop, self.decode).check if config.stop else None,
+                           seed_stream=seed_stream, index=index, scope=scope)
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
                  batch_size: int | None = None, suffix_index: SuffixIndex | None | Shared = SHARED, *,

@@ -16,7 +16,7 @@ class GenerationError(RuntimeError):
     """A request that failed while decoding (an engine fault); other requests are unaffected."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GenerationResult:
     text: str
     token_ids: list[int]  # generated tokens, prompt excluded
@@ -35,7 +35,8 @@ class GenerationResult:
         stats["cached_prompt_tokens"] = row.cached_tokens
         stats["exact"] = config.exact
         text = StopStrings(config.stop, None).cut(decode(row.token_ids))
-        return cls(text, row.token_ids, stats, row.finish_reason, row.records, row.error)
+        return cls(text=text, token_ids=row.token_ids, stats=stats, finish_reason=row.finish_reason, records=row.records,
+                   error=row.error)
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -34,8 +34,9 @@ class RowResult:
 StopCheck = Callable[[list[int], list[int]], "int | None"]
 
 
-class RowSettings(NamedTuple):
-    """What one request decodes with, whatever shares its batch."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowSettings:
+    """What one request decodes with, whatever shares its batch (by keyword: fields of one type side by side)."""
 
     config: GenerationConfig  # sampling, length, stop tokens, seed; ``k`` caps its drafts below the batch's
     stop_check: StopCheck | None = None
@@ -121,7 +122,7 @@ class Roster:
         """Add requests as new rows at the end of the batch, each with its own settings (``settings``; default:
         the batch's config without stop strings, prompt i drawing from seed stream i of the batch)."""
         if settings is None:
-            settings = [RowSettings(self.config, None, len(self.requests) + i) for i in range(len(prompts))]
+            settings = [RowSettings(config=self.config, seed_stream=len(self.requests) + i) for i in range(len(prompts))]
         added = np.zeros((len(prompts), self.capacity), np.int64)
         for b, prompt in enumerate(prompts):
             added[b, : len(prompt)] = prompt

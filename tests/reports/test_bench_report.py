@@ -233,7 +233,7 @@ class _Scripted:
 
         self.indexes.append((config.drafter, config.max_new_tokens > 4, suffix_index, scope))
         ids = self.outputs[config.drafter] if config.max_new_tokens > 4 else [0]
-        return [GenerationResult("", list(ids), {"tokens": len(ids), "seconds": 0.5}) for _ in prompts]
+        return [GenerationResult(text="", token_ids=list(ids), stats={"tokens": len(ids), "seconds": 0.5}) for _ in prompts]
 
     def first_divergence(self, prompt, reference, other, config):
         self.located.append((prompt, reference, other, config.drafter))
