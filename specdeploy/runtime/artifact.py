@@ -9,6 +9,7 @@ from ..contract import ContractError, Manifest, read_tokenizer, tokenizer_facts,
 from ..digests import remembered_fact
 from ..engines import Engine, load_engine
 from ..engines.vetting import check_graph_facts
+from ..values import short
 from .chat import ChatTemplate
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -75,6 +76,6 @@ def chat_template(directory: Path, manifest: Manifest, tokenizer) -> ChatTemplat
         except (OSError, ValueError, RecursionError, AttributeError) as exc:
             raise ContractError(f"{directory / TOKENIZER_CONFIG}: not a readable tokenizer config ({exc})") from exc
     if chat.add_bos_token and chat.bos_token is not None and tokenizer.token_to_id(chat.bos_token) is None:
-        raise ContractError(f"{directory / TOKENIZER_CONFIG}: bos_token {chat.bos_token!r} is not a token of "
+        raise ContractError(f"{directory / TOKENIZER_CONFIG}: bos_token {short(chat.bos_token)} is not a token of "
                             f"{manifest.tokenizer}; expected one of its tokens (add_bos_token starts plain prompts with it)")
     return chat

@@ -28,6 +28,7 @@ import numpy as np
 from ..contract import PREFILL_CHUNK
 from ..digests import cache_dir, read_record, write_record
 from ..engines.base import Engine, feed
+from ..values import short
 from .cache import slots_needed
 from .cost_policy import CostPolicy, Costs
 from .policies import CycleOutcome
@@ -59,7 +60,7 @@ class RememberedCosts:
         """The ``table`` (one of ``TABLES``) an earlier process kept; None where there is none or it is unusable (a
         cold start)."""
         if table not in TABLES:
-            raise ValueError(f"table: got {table!r}; expected one of {', '.join(TABLES)}")
+            raise ValueError(f"table: got {short(table)}; expected one of {', '.join(TABLES)}")
         record = read_record(self.path)
         try:
             return Costs.from_dict(record[table]) if table in record else None

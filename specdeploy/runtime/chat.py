@@ -83,7 +83,8 @@ class ChatTemplate:
         self.eos_token = _token(config.get("eos_token"), "eos_token", source)
         add_bos = config.get("add_bos_token", False)
         if not isinstance(add_bos, bool):
-            raise ContractError(f"{source}: add_bos_token: got {add_bos!r} ({type(add_bos).__name__}); expected true or false")
+            raise ContractError(f"{source}: add_bos_token: got {short(add_bos)} ({type(add_bos).__name__}); expected true "
+                                "or false")
         self.add_bos_token = add_bos
 
     @classmethod

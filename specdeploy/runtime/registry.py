@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..engines.base import Engine
+from ..values import short
 from .config import GenerationConfig
 from .cost_policy import CostPolicy, Costs
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookup, SuffixDrafter
@@ -39,7 +40,7 @@ NEEDS_DRAFT_MODEL = ("model",)  # the drafters that cannot run without the artif
 def make_policy(name: str, k: int, confidence_threshold: float = 0.4, costs: Costs | None = None) -> Policy:
     """The policy called ``name`` with at most ``k`` drafts a cycle, pricing by ``costs`` (the pipeline's table)."""
     if name not in POLICIES:
-        raise ValueError(f"policy {name!r} is unknown; expected one of {', '.join(POLICIES)}")
+        raise ValueError(f"policy {short(name)} is unknown; expected one of {', '.join(POLICIES)}")
     return POLICIES[name](k, confidence_threshold, costs if costs is not None else Costs())
 
 
@@ -53,7 +54,7 @@ def check_drafter(name: str, has_draft_model: bool) -> None:
 def make_drafter(name: str, engine: Engine | None, stop_below: float | None = None) -> Drafter:
     """The drafter called ``name`` over the draft model ``engine`` (None: the artifact has none; ``check_drafter``)."""
     if name not in DRAFTERS:
-        raise ValueError(f"drafter {name!r} is unknown; expected one of {', '.join(DRAFTERS)}")
+        raise ValueError(f"drafter {short(name)} is unknown; expected one of {', '.join(DRAFTERS)}")
     check_drafter(name, engine is not None)
     return DRAFTERS[name](engine, stop_below)
 
