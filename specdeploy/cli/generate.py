@@ -222,7 +222,7 @@ def _comparison(spec, plain, config, as_json: bool, divergences: list[dict]) -> 
     elif divergences:
         CliConsole(stderr=True).print("A small margin is a near-tie the compressed target's arithmetic tipped (verifying "
                                    "K + 1 tokens at once is not bit-identical to decoding one; --exact makes it so): see "
-                                   "README, Exactness.")
+                                   "docs/runtime.md, Exact mode.")
 
 
 def _stats_table(results) -> None:
