@@ -30,7 +30,7 @@ from .rows import RowResult, RowSettings
 from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
-from .suffix_store import SHARED, SHARED_SCOPE, Shared, SuffixFile, SuffixStore, row_scopes
+from .suffix_store import SHARED, Shared, SuffixFile, SuffixStore, row_scopes
 from .telemetry import FinishReason
 
 
@@ -41,11 +41,11 @@ class Pipeline:
     - ``generate(prompts, config)``, ``stream(prompt, config)``, ``chat(messages, config)``: whole requests.
     - ``start(prompts, config)``: a batch in flight (``Generation``) that a front end steps, joins and merges;
       ``check_request`` admits one request before it is queued, ``check_config`` its settings alone; ``result``
-      turns a finished row into a ``GenerationResult``; ``policy_for``, ``drafter_for``, ``warm_up``.
+      turns a finished row into a ``GenerationResult``; ``policy_for``, ``warm_up``.
     - ``encode``, ``decode``, ``chat_prompt``: text and token ids; ``cache_bytes``: a batch's KV memory;
       ``first_divergence``: where two greedy outputs part.
-    - The suffix indexes (``suffix_store``, ``suffix_index``, ``load_suffix_file``, ``save_suffix_file``), the
-      prefix cache (``prefix_cache``) and the engines' cost table (``costs``), shared by its requests.
+    - The suffix indexes by scope (``suffix_store``; ``save_suffix_file``), the prefix cache (``prefix_cache``) and the
+      engines' cost tables (``calibration``; the default mode's: ``costs``), shared by its requests.
     """
 
     def __init__(self, manifest: Manifest, tokenizer, target, draft=None, directory: Path | None = None,
@@ -104,12 +104,6 @@ class Pipeline:
                                               spec.vocab_size)
             pipeline.suffix_file.read(log)
         return pipeline
-
-    @property
-    def suffix_index(self) -> SuffixIndex:
-        """The index of this pipeline's own scope (``SHARED_SCOPE``) in its store, which requests draft from by
-        default (asked of the store each time: one the store evicted is never used again)."""
-        return self.suffix_store.scope(SHARED_SCOPE)
 
     def save_suffix_file(self) -> Path | None:
         """Write the suffix indexes to the file ``load(suffix_file=...)`` named (``SuffixFile.write``); returns its path,
