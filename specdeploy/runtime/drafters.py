@@ -154,18 +154,18 @@ class SuffixDrafter(Drafter):
     def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
         began = time.perf_counter()
         found, estimates, origins = [], [], []
-        for b, (length, cap, (row, shared)) in enumerate(zip(state.lengths, caps, state.scopes)):
+        for b, (length, cap, (row, earlier)) in enumerate(zip(state.lengths, caps, state.texts)):
             own = self._own_text(state, b, row, length)
             context = state.tokens[b, max(0, length - LEVELS[0]) : length].tolist()
-            drafts, estimate, origin = propose((own, shared) if shared is not None else (own,), context,
+            drafts, estimate, origin = propose((own, earlier) if earlier is not None else (own,), context,
                                                min(free_k, cap))
-            if shared is not None and origin is not None:
-                shared.touch(origin)  # drafted from: the last of the shared texts to be evicted
+            if earlier is not None and origin is not None:
+                earlier.touch(origin)  # drafted from: the last of the earlier texts to be evicted
             found.append(np.array(drafts, np.int64))
             estimates.append(estimate)
             origins.append(origin)
         if len(self._own) > 2 * state.batch + 8:  # requests that left: their text goes with them
-            live = {id(row) for row, _ in state.scopes}
+            live = {id(row) for row, _ in state.texts}
             self._own = {key: index for key, index in self._own.items() if key in live}
         return Found(found, estimates, origins, time.perf_counter() - began)
 

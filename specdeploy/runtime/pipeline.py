@@ -30,7 +30,7 @@ from .rows import RowResult, RowSettings
 from .stops import StopStrings
 from .streaming import TextStream
 from .suffix import SuffixIndex
-from .suffix_store import SHARED, Shared, SuffixFile, SuffixStore, row_scopes
+from .suffix_store import DEFAULT_SCOPE, FROM_SCOPE, FromScope, SuffixFile, SuffixStore, row_scopes
 from .telemetry import FinishReason
 
 
@@ -163,7 +163,7 @@ class Pipeline:
 
     def start(self, prompts: Sequence[str | Sequence[int]], config: GenerationConfig,
               row_configs: Sequence[GenerationConfig] | None = None, capacity: int | None = None,
-              suffix_index: SuffixIndex | None | Shared = SHARED, *, scope: str | None | Shared = SHARED,
+              suffix_index: SuffixIndex | None | FromScope = FROM_SCOPE, *, scope: str | None = DEFAULT_SCOPE,
               policy: Policy | None = None, request_ids: Sequence[str] | None = None, **listeners) -> Generation:
         """A batch in flight: call ``.step()`` until ``.done``. Validates everything before any work.
 
@@ -171,11 +171,11 @@ class Pipeline:
         settings (default: ``config``'s), its ``k`` capping that row's drafts. A seeded row's tokens do not depend on
         its batch: prompt i of one config draws from stream i of the seed, a prompt with its own config from stream 0.
         ``capacity`` fixes the cache slots per row (at least what the rows need), so that batches started
-        apart can be merged. ``suffix_index``: the index of earlier requests' texts these draft from, and which
-        theirs join when they finish (default: the index of ``scope`` in ``suffix_store``; None: their own text
-        alone), or one per prompt. ``scope``: the name of the scope whose kept K/V (``prefix_cache``) they reuse and
-        keep theirs in (default: the index's own scope, the pipeline's ``SHARED_SCOPE`` without one; None: no K/V of
-        earlier requests), or one per prompt (a server's requests under different API keys). ``policy`` (default:
+        apart can be merged. ``scope``: the name of the scope whose kept K/V (``prefix_cache``) they reuse and keep
+        theirs in (default: the pipeline's, ``DEFAULT_SCOPE``; None: no K/V of earlier requests), or one per prompt (a
+        server's requests under different API keys). ``suffix_index``: the index of earlier requests' texts these draft
+        from, and which theirs join when they finish (default: their scope's index in ``suffix_store``; None: their own
+        text alone), or one per prompt; it never changes whose K/V they reuse. ``policy`` (default:
         ``policy_for(config)``), ``request_ids`` (default: req-N) and ``listeners`` (``joining``, ``on_verified``) go to
         the ``Generation``.
         """
@@ -260,8 +260,8 @@ class Pipeline:
                            seed_stream=seed_stream, index=index, scope=scope)
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]], config: GenerationConfig | None = None,
-                 batch_size: int | None = None, suffix_index: SuffixIndex | None | Shared = SHARED, *,
-                 scope: str | None | Shared = SHARED) -> list[GenerationResult]:
+                 batch_size: int | None = None, suffix_index: SuffixIndex | None | FromScope = FROM_SCOPE, *,
+                 scope: str | None = DEFAULT_SCOPE) -> list[GenerationResult]:
         """One result per prompt, in order. Prompts run in batches of ``batch_size`` (default: all); ``suffix_index``
         and ``scope`` as ``start`` takes them."""
         config = config or GenerationConfig()
@@ -281,8 +281,8 @@ class Pipeline:
         return results
 
     def stream(self, prompt: str | Sequence[int], config: GenerationConfig | None = None,
-               suffix_index: SuffixIndex | None | Shared = SHARED, *,
-               scope: str | None | Shared = SHARED) -> Iterator[StreamChunk]:
+               suffix_index: SuffixIndex | None | FromScope = FROM_SCOPE, *,
+               scope: str | None = DEFAULT_SCOPE) -> Iterator[StreamChunk]:
         """Yield text and token chunks as each cycle commits them; the last chunk carries the result.
 
         The chunks' texts add up to the result's text: text that may still become part of a stop

@@ -1,6 +1,6 @@
-"""Shared suffix indexes by scope, and their file (``SuffixFile``).
+"""Suffix indexes by scope, and their file (``SuffixFile``).
 
-A pipeline keeps one index of the requests it finished (scope ``"shared"``); a server keeps one per API key by
+A pipeline keeps one index of the requests it finished (scope ``"default"``); a server keeps one per API key by
 default, since a draft never changes a text but its speed could tell one client whether another's answer held a
 phrase (docs/serving.md). ``SuffixStore`` bounds each scope's index (tokens and sequences) and the number of scopes
 (the least recently used scope goes first; what else a scope keeps, its texts' K/V, is told to go with it through
@@ -37,7 +37,7 @@ BYTES_PER_TOKEN_IN_FILE = 8  # a token id in JSON: up to six digits, a comma and
 # an index's worst case a token (``SuffixIndex.nbytes``: 236 bytes a token, and 170 for each of its 5 anchors when
 # every one is new); the scopes' full indexes together may take half of the machine's memory at most
 BYTES_PER_TOKEN_IN_MEMORY = 1_100
-SHARED_SCOPE = "shared"  # a pipeline's own index, in its store
+DEFAULT_SCOPE = "default"  # the scope of a pipeline's requests unless they name another
 
 
 def memory_bytes() -> int:
@@ -54,15 +54,15 @@ def max_tokens_for(scopes: int) -> int:
     return max(1, memory_bytes() // 2 // (scopes * BYTES_PER_TOKEN_IN_MEMORY))
 
 
-class Shared:
-    """The default of ``Pipeline.start``'s ``suffix_index`` and ``scope``: the pipeline's shared index and scope, or
-    what the other names (None means none)."""
+class FromScope:
+    """The default of ``Pipeline.start``'s ``suffix_index``: the index of the request's scope in the store (the default
+    scope's where its scope is None)."""
 
     def __repr__(self) -> str:
-        return "the pipeline's shared index"
+        return "its scope's index"
 
 
-SHARED = Shared()
+FROM_SCOPE = FromScope()
 
 
 class SuffixFileError(ValueError):
@@ -98,7 +98,7 @@ class SuffixStore:
         with self._lock:
             self._evicted = [f for f in self._evicted if f != forget]
 
-    def scope(self, name: str) -> SuffixIndex:
+    def index(self, name: str) -> SuffixIndex:
         """The index of scope ``name`` (made on first use; the least recently used scope evicted past the bound)."""
         evicted = []
         with self._lock:
@@ -155,7 +155,7 @@ class SuffixStore:
                                   "deep); expected a file `--suffix-file` wrote") from None
         scopes = _checked(data, path, tokenizer, vocab_size)
         for name, sequences in list(scopes.items())[-self.max_scopes :]:
-            index = self.scope(name)
+            index = self.index(name)
             first = len(sequences) - len(kept := self._kept(sequences))
             for number, tokens in enumerate(kept, first):
                 index.add(f"saved-{name}-{number}", tokens)  # drafted from "saved-...": a text of an earlier process
@@ -206,23 +206,21 @@ class SuffixFile:
 
 def row_scopes(store: SuffixStore, indexes, scopes, rows: int) -> list[tuple[SuffixIndex | None, str | None]]:
     """``Pipeline.start``'s ``suffix_index`` and ``scope`` as (index, scope name) per row; ConfigError for anything
-    else. The scope name (default: the store's shared scope) is whose K/V a row reuses and keeps (None: none); the
-    index is what it drafts from and adds its text to (default: its scope's index in ``store``, the shared one where
-    the name is None; None: the row's own text alone). Each is the caller's to give: an index never names a scope."""
-    given = [SHARED] * rows if indexes is SHARED else list(indexes) if isinstance(indexes, (list, tuple)) else [indexes] * rows
-    if len(given) != rows or not all(i is SHARED or i is None or isinstance(i, SuffixIndex) for i in given):
+    else. The scope name is whose K/V a row reuses and keeps (None: none); the index is what it drafts from and adds
+    its text to (``FROM_SCOPE``: its scope's index in ``store``, the default scope's where the name is None; None: the
+    row's own text alone). Each is the caller's to give: an index never names a scope."""
+    given = list(indexes) if isinstance(indexes, (list, tuple)) else [indexes] * rows
+    if len(given) != rows or not all(i is FROM_SCOPE or i is None or isinstance(i, SuffixIndex) for i in given):
         raise ConfigError(f"suffix_index: got {short(indexes)}; expected a SuffixIndex, None for none, or one of "
                           f"either per prompt ({rows})")
     names = list(scopes) if isinstance(scopes, (list, tuple)) else [scopes] * rows
-    if len(names) != rows or not all(n is SHARED or n is None or (isinstance(n, str) and n) for n in names):
+    if len(names) != rows or not all(n is None or (isinstance(n, str) and n) for n in names):
         raise ConfigError(f"scope: got {short(scopes)}; expected a scope name, None for no K/V reuse, or one of "
                           f"either per prompt ({rows})")
     rows_scopes = []
     for index, name in zip(given, names):
-        if index is SHARED:
-            index = store.scope(name if isinstance(name, str) else SHARED_SCOPE)
-        if name is SHARED:
-            name = SHARED_SCOPE
+        if index is FROM_SCOPE:
+            index = store.index(name if name is not None else DEFAULT_SCOPE)
         rows_scopes.append((index, name))
     return rows_scopes
 

@@ -155,7 +155,7 @@ class Api:
             if unfinished:  # a stream that failed, or a client that left: nobody will read them
                 scheduler.intake.cancel(unfinished)
 
-        reply = Reply(self.pipeline, body, tickets, chat, self.model, request.scope.get("specdeploy.request_id", ""),
+        reply = Reply(self.pipeline, body, tickets, chat, self.model, getattr(request.state, "request_id", ""),
                       closed)
         if body.stream:
             return EventStream(reply.chunks(), lambda: scheduler.intake.cancel(tickets))
@@ -261,5 +261,5 @@ class _Asgi:
     def __init__(self, app):
         self.app = app
 
-    async def __call__(self, scope, receive, send):
-        await self.app(scope, receive, send)
+    async def __call__(self, connection, receive, send):
+        await self.app(connection, receive, send)

@@ -32,11 +32,11 @@ def suffix_scopes(store: SuffixStore, mode: str) -> ScopeOf:
     if mode not in SCOPES:
         raise ValueError(f"suffix scope: got {short(mode)}; expected one of {', '.join(SCOPES)}")
     if mode == "global":
-        return lambda headers: ("global", store.scope("global"))
+        return lambda headers: ("global", store.index("global"))
 
     def of_key(headers: Mapping[str, str]) -> tuple[str, SuffixIndex | None]:
         name = key_scope(headers.get("authorization", ""))
-        return name, store.scope(name) if mode == "key" else None
+        return name, store.index(name) if mode == "key" else None
 
     return of_key
 

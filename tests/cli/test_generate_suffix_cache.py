@@ -52,8 +52,8 @@ def test_a_refused_file_is_left_as_it_was_and_the_run_says_its_index_will_not_be
     exit (they were replaced by this run's index)."""
     cache = tmp_path / "suffix.json"
     content = {"prompts": '{"prompt": "w5 w6"}\n{"prompt": "w7 w8"}\n',
-               "another artifact's": _index({"shared": [[1, 2, 3]]}),
-               "oversized": _index({"shared": [[1] * 20]}).replace(",", ",  " * 10) + " " * (9 * 2**20),
+               "another artifact's": _index({"default": [[1, 2, 3]]}),
+               "oversized": _index({"default": [[1] * 20]}).replace(",", ",  " * 10) + " " * (9 * 2**20),
                "nested": _index({})[:-3] + "{\"s\": " + "[" * 2_000_000 + "]" * 2_000_000 + "}}"}[kind]
     cache.write_text(content)
     result = run("generate", pair_dir, "--prompt", "w5 w6", "--max-new-tokens", "4", "--json", "--suffix-file", cache)

@@ -79,7 +79,7 @@ def test_a_scope_never_reuses_another_scopes_text(pair_dir):
         "cached_prompt_tokens"] > 0
     assert pipeline.generate([PROMPT], GREEDY, suffix_index=SuffixIndex())[0].stats["cached_prompt_tokens"] == 0
     assert pipeline.generate([PROMPT], GREEDY)[0].stats["cached_prompt_tokens"] > 0  # the pipeline's scope, kept above
-    assert pipeline.prefix_cache.scopes() == {"key:mine", "key:theirs", "shared"}
+    assert pipeline.prefix_cache.scopes() == {"key:mine", "key:theirs", "default"}
 
 
 def test_the_cache_keeps_its_bound_and_lets_the_least_recently_used_go(pair_dir):
@@ -148,7 +148,7 @@ def test_scopes_cycled_through_a_small_store_leave_nothing_of_the_evicted_alive(
     alive = []
     for i in range(40):
         assert pipeline.generate([f"w{i} w{i + 1} w{i + 2}"], GREEDY, scope=f"key:{i}")[0].token_ids
-        alive.append(weakref.ref(pipeline.suffix_store.scope(f"key:{i}")))
+        alive.append(weakref.ref(pipeline.suffix_store.index(f"key:{i}")))
     gc.collect()
     live = {f"key:{i}" for i, ref in enumerate(alive) if ref() is not None}
     assert len(live) <= 4 and live == {f"key:{i}" for i in range(36, 40)}
@@ -159,7 +159,7 @@ def test_a_store_tells_its_listeners_which_scopes_it_evicted():
     store, gone = SuffixStore(max_scopes=2), []
     store.on_evict(gone.append)
     for name in ("a", "b", "a", "c", "d"):
-        store.scope(name)
+        store.index(name)
     assert gone == ["b", "a"]  # "a" was used again after "b": "b" went first
 
 
@@ -175,4 +175,4 @@ def test_a_closed_pipeline_is_let_go_by_the_store_it_shared(pair_dir):
     gc.collect()
     assert kept() is None
     for name in ("a", "b", "c"):  # evictions tell no one
-        store.scope(name)
+        store.index(name)

@@ -91,7 +91,7 @@ def test_forty_clients_through_a_store_of_four_leave_nothing_of_the_evicted_aliv
             client = openai.OpenAI(base_url=f"{url}/v1", api_key=f"client-{i}", max_retries=0)
             client.completions.create(model="tiny", prompt=f"w{i} w{i + 1} w{i + 2}", temperature=0, max_tokens=6)
             name = key_scope(f"Bearer client-{i}")
-            refs.append((name, weakref.ref(pipeline.suffix_store.scope(name))))
+            refs.append((name, weakref.ref(pipeline.suffix_store.index(name))))
         gc.collect()
         seen = metrics(url)
         alive = {name: ref() for name, ref in refs if ref() is not None}
