@@ -13,7 +13,7 @@ decoder asks the policy how many drafts each source makes and passes the counts,
    ``k`` drafts by the draft model for the others (``caps[b]``: row b's own k and tokens left bound both).
 
 What a drafter can do is declared: ``uses_model`` (it has a draft model and its cache), ``finds_free`` (it finds drafts
-without a model call), ``indexes`` (from a suffix index, with estimates). The default, ``HybridDrafter``, is composed
+without a model call), ``uses_index`` (from a suffix index, with estimates). The default, ``HybridDrafter``, is composed
 of a ``SuffixDrafter`` and a ``ModelDrafter``: index drafts where the policy keeps some, the draft model elsewhere.
 """
 
@@ -96,7 +96,7 @@ class Drafter:
 
     uses_model = False
     finds_free = False
-    indexes = False
+    uses_index = False
     engine: Engine | None = None  # the draft model, where ``uses_model``
 
     def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
@@ -146,7 +146,7 @@ class SuffixDrafter(Drafter):
     drafts are deterministic (q one-hot), and a row's read its own text and its scope alone, never its batch mates'.
     Each row's drafts carry the index's estimate of each, from which the policy prices how many to verify."""
 
-    finds_free = indexes = True
+    finds_free = uses_index = True
 
     def __init__(self):
         self._own: dict[int, tuple] = {}  # (a request's result, an index of its text), by id(result)
@@ -266,20 +266,20 @@ class ModelDrafter(Drafter):
 
 class HybridDrafter(Drafter):
     """A suffix index's drafts for the rows where the policy keeps some, the draft model's for the others, in one
-    cycle (``found`` empty: no index drafts; ``k`` 0: no model drafts); composed of the two sources (``index``,
+    cycle (``found`` empty: no index drafts; ``k`` 0: no model drafts); composed of the two sources (``suffix``,
     ``model``). A row's choice reads its own text and its scope's index alone, and index rows draw nothing, so no row's
     proposal depends on its batch mates'. Without a draft model (a target-only artifact), it drafts from the index
     alone."""
 
-    finds_free = indexes = True
+    finds_free = uses_index = True
 
-    def __init__(self, index: SuffixDrafter, model: ModelDrafter | None):
-        self.index, self.model = index, model
+    def __init__(self, suffix: SuffixDrafter, model: ModelDrafter | None):
+        self.suffix, self.model = suffix, model
         self.uses_model = model is not None
         self.engine = model.engine if model is not None else None
 
     def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
-        return self.index.find(state, free_k, caps)
+        return self.suffix.find(state, free_k, caps)
 
     def propose(self, state: BatchView, cache: KVCache | None, k: int, found: Found, caps: list[int]) -> Proposal:
         modelling = bool(k) and self.model is not None
