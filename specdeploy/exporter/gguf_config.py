@@ -17,10 +17,11 @@ from .errors import ExportError
 
 
 @dataclass(frozen=True)
-class GgufFamily:
-    """An architecture we read ourselves: its transformers ``model_type``, the config fields its metadata gives beyond
-    the common ones, and the transformers tensor processor its tensors need (``"llama"``: q and k rows un-permuted
-    from llama.cpp's interleaved rotary order, for files converted as a Llama is)."""
+class GgufReader:
+    """How we read an architecture's config from GGUF metadata ourselves: its transformers ``model_type``, the config
+    fields its metadata gives beyond the common ones, and the transformers tensor processor its tensors need
+    (``"llama"``: q and k rows un-permuted from llama.cpp's interleaved rotary order, for files converted as a Llama
+    is)."""
 
     model_type: str
     extra: Callable[[dict, int, int], dict]  # (metadata, layers, head_dim) -> fields, which win over the common ones
@@ -51,9 +52,9 @@ def _smollm3(meta: dict, layers: int, head_dim: int) -> dict:
 
 
 GGUF_FAMILIES = {
-    "granite": GgufFamily("granite", _granite, processor="llama"),
-    "olmo2": GgufFamily("olmo2", _olmo2),
-    "smollm3": GgufFamily("smollm3", _smollm3, processor="llama"),
+    "granite": GgufReader("granite", _granite, processor="llama"),
+    "olmo2": GgufReader("olmo2", _olmo2),
+    "smollm3": GgufReader("smollm3", _smollm3, processor="llama"),
 }
 ROPE_SCALING = ("none", "linear", "yarn")
 
