@@ -15,7 +15,7 @@ load of 10 on 2 cores), and a change to a policy is judged on many prompts in se
 paired wall-clock run (``tools/bench_peer.py``) then confirms what the replay chose.
 
 What a replay leaves out: near-ties that a verification's arithmetic tips (a real speculative run can leave
-the plain text there, README: Exactness), a machine's drift, and the first calls of a process at each shape,
+the plain text there: docs/runtime.md, Exact mode), a machine's drift, and the first calls of a process at each shape,
 which ONNX Runtime runs cold (``--cold`` prices them at a multiple of the table's cost). Greedy only.
 
     python -m tools.replay record --artifact DIR --out traces.json [--humaneval 8] [--humaneval-from 8]

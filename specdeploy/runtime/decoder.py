@@ -269,7 +269,7 @@ class Generation:
         if most <= 0:
             return 0, 0
         batch, drafter, policy = len(left), self.drafter, self.policy
-        free = policy.index_k(batch) if drafter.indexes else policy.next_k(batch, lookup=True) if drafter.finds_free else 0
+        free = policy.index_k(batch) if drafter.uses_index else policy.next_k(batch, lookup=True) if drafter.finds_free else 0
         k = min(policy.next_k(batch), most) if drafter.uses_model else 0
         behind = drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
         if behind and not self._catchup_pays(batch, behind, self.to_come(left)):

@@ -190,8 +190,7 @@ class Scheduler:
         rows about to join it and for the logprobs of its committed tokens."""
         staged = self.pipeline.start(
             [t.prompt for t in tickets], self.config, [t.config for t in tickets], capacity=self.capacity,
-            # K/V reused within the index's scope; a request without one (--suffix-scope none) reuses none
-            suffix_index=[t.index for t in tickets], scope=[t.index.scope if t.index is not None else None for t in tickets],
+            suffix_index=[t.index for t in tickets], scope=[t.scope for t in tickets],
             policy=self.policy, request_ids=[t.request_id for t in tickets],
             joining=lambda: self._joining(staged),
             on_verified=lambda logits, committed: self.logprobs.keep(staged, logits, committed))

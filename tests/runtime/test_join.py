@@ -69,7 +69,7 @@ def test_a_cancelled_request_leaves_and_frees_its_rows(pipeline, alone):
 def test_a_request_that_cannot_fit_is_refused_and_the_batch_goes_on(pipeline, alone):
     run = pipeline.start(PROMPTS[:1], CONFIG)
     run.step()
-    with pytest.raises(CapacityError, match="max_new_tokens"):
+    with pytest.raises(CapacityError, match=r"prompt \(40 tokens\) \+ k \(3\) \+ 1 = 44 cache slots leave no room for a new token"):
         run.join([pipeline.encode("w5 " * 40)], ["too-long"])
     while not run.done:
         run.step()
