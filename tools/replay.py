@@ -526,9 +526,13 @@ def _record_traces(args: argparse.Namespace) -> None:
 def _replay_configurations(args: argparse.Namespace, data: dict) -> None:
     """``run``: every configuration replayed at each length (and seed) over the traces; the summary printed."""
     lengths = args.lengths
-    longest = min(len(t["output"]) for t in data["traces"] if len(t["output"]) == max(len(u["output"]) for u in data["traces"]))
-    if max(lengths) > longest:
-        raise SystemExit(f"--lengths: {max(lengths)} new tokens, but the traces hold at most {longest}")
+    # a trace that ends in EOS is a whole answer, replayed at any length; one cut at its recording's length is not
+    eos = set(data["models"]["target"]["eos_token_ids"])
+    cut = [len(t["output"]) for t in data["traces"]
+           if len(t["output"]) < max(lengths) and (not t["output"] or t["output"][-1] not in eos)]
+    if cut:
+        raise SystemExit(f"--lengths: {max(lengths)} new tokens, but {len(cut)} traces were recorded to {min(cut)} "
+                         "tokens and cut there (they end without EOS); expected lengths up to that")
     runs = {name: [] for name in configurations(args.ks)}
     for tokens in lengths:
         for name, config in configurations(args.ks).items():
