@@ -10,6 +10,7 @@ from collections.abc import MutableMapping
 
 from .dims import Dims
 from .family import GEMMA_NORMS, POST_NORMS, Family
+from .feed_forward import DenseMLP
 from .llama import DecoderFamily, DecoderVerify
 from .registry import register
 
@@ -19,7 +20,7 @@ GEMMA2 = Family("gemma2", ("gemma2",), norms=GEMMA_NORMS, norm_offset=1.0, scale
 # transformers' Gemma 3 reads no attn_logit_softcapping (its attention is never passed one): neither do we
 GEMMA3 = Family("gemma3", ("gemma3_text",), norms=GEMMA_NORMS, norm_offset=1.0, qk_norm="head", scaled_embedding=True,
                 query_pre_attn_scalar=True, final_softcap=True)
-PHI3 = Family("phi3", ("phi3",), fused_projections=True)
+PHI3 = Family("phi3", ("phi3",), fused_projections=True, feed_forward=DenseMLP(gate_up="gate_up_proj"))
 GRANITE = Family("granite", ("granite",), multipliers=True)
 OLMO2 = Family("olmo2", ("olmo2",), norms=POST_NORMS, qk_norm="projection")
 SMOLLM3 = Family("smollm3", ("smollm3",), rope_layers=True)

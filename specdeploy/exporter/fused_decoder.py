@@ -5,8 +5,10 @@ attention multiplier), ``softcap`` (Gemma 2), ``local_window_size`` (sliding win
 ``k_norm_weight`` (per-head q/k norms, applied before its rotary: Qwen3, Gemma 3), its rotary with each layer's own
 cos/sin caches (two RoPE bases; long-RoPE's factors chosen per position in the cache rows) or none (rope-less
 layers); norms after attention and MLP as SimplifiedLayerNormalization, a norm over the whole q or k projection
-(OLMo 2) on the packed projection's slices, multipliers and soft-capped logits as plain Mul / Tanh. What the ops
-cannot express is refused in one line naming the family, the feature and ``--graph explicit``.
+(OLMo 2) on the packed projection's slices, multipliers and soft-capped logits as plain Mul / Tanh, attention sinks
+(gpt-oss) as its ``head_sink``; the feed-forward slot writes itself (``feed_forward.py``: MatMuls for a dense MLP,
+ONNX Runtime's MoE / QMoE for routed experts). What the ops cannot express is refused in one line naming the family,
+the feature and ``--graph explicit``.
 """
 
 from __future__ import annotations
@@ -44,21 +46,14 @@ def write_fused(model, graph: FusedGraph, capacity: int) -> str:
             attributes["softcap"] = s.attention_softcap
         if s.windows[i]:
             attributes["local_window_size"] = s.windows[i]
-        attn = graph.attention(qkv, i, lengths, None if rope is None else rotary[s.rope_keys[i]], **attributes)
+        sinks = None if layer.sinks is None else graph.constant(f"layers.{i}.sinks", layer.sinks)
+        attn = graph.attention(qkv, i, lengths, None if rope is None else rotary[s.rope_keys[i]], sinks, **attributes)
         out = _biased(graph, graph.matmul(attn, layer.o, f"layers.{i}.o"), layer.o_bias, f"layers.{i}.o_bias")
         added = _branch(graph, out, layer.after_attention, f"layers.{i}.after_attention", s.residual_scale, eps)
         h, residual = _norm(graph, residual, added, layer.before_mlp, f"layers.{i}.before_mlp", eps)
-        up = _biased(graph, graph.matmul(h, layer.gate_up, f"layers.{i}.gate_up"), layer.gate_up_bias,
-                     f"layers.{i}.gate_up_bias")
-        gate, up = graph.node("Split", [up], 2, axis=-1, num_outputs=2)
-        if s.activation == "silu":
-            act = graph.node("Mul", [gate, graph.node("Sigmoid", [gate])[0]])[0]
-        else:
-            act = graph.node("FastGelu", [gate], domain=MS)[0]  # gelu with the tanh approximation
-        out = _biased(graph, graph.matmul(graph.node("Mul", [act, up])[0], layer.down, f"layers.{i}.down"),
-                      layer.down_bias, f"layers.{i}.down_bias")
+        out = layer.feed_forward.write_fused(graph, h, f"layers.{i}")  # the family's slot: a dense MLP or experts
         added = _branch(graph, out, layer.after_mlp, f"layers.{i}.after_mlp", s.residual_scale, eps)
-        del layer.qkv, layer.o, layer.gate_up, layer.down  # on disk now: the next layer's copies replace them
+        del layer.qkv, layer.o, layer.feed_forward  # on disk now: the next layer's copies replace them
         graph.layer_written(i)
     h, _ = _norm(graph, residual, added, model.norm, "norm", eps)
     return graph.lm_head(h, model.lm_head, lambda logits: _logits(graph, logits, s))

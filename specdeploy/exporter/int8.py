@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .expert_weights import is_router
+
 PER_ROW_CONSTANTS = {"per_row.axes": np.array([-1], np.int64), "per_row.eps": np.array(1e-12, np.float32),
                      "per_row.inv127": np.array(1 / 127, np.float32), "per_row.offset": np.array(128, np.float32)}
 
@@ -83,7 +85,7 @@ def _constant_weight(node) -> bool:
 
     weight = node.inputs[1]
     return (weight is not None and weight.const_value is not None and not weight.is_graph_input()
-            and weight.dtype == ir.DataType.FLOAT and len(weight.shape) == 2)
+            and weight.dtype == ir.DataType.FLOAT and len(weight.shape) == 2 and not is_router(weight.name))
 
 
 def _quantize_columns(weights: np.ndarray, reduce_range: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -78,18 +78,20 @@ class ExportOptions:
         fmt, fused = self.weights_of(role), self.graph == "fused"
         return Form(graph=self.graph, int4=(self.block_size, self.accuracy_level) if fused and fmt == "int4" else None,
                     vocab_kept=self.draft_vocab if role == "draft" else None,
-                    dtype=self.dtype if fused and fmt != "int8" else "float32")
+                    dtype=self.dtype if fused and fmt != "int8" else "float32", int8=fused and fmt == "int8")
 
 
 @dataclass(frozen=True)
 class Form:
     """Which graph a model is written as: "explicit" or "fused", and for a fused int4 graph the quantizer's
-    (block_size, accuracy_level), applied as the weights are written."""
+    (block_size, accuracy_level), applied as the weights are written; ``int8``: a fused int8 graph, whose experts are
+    written as int8 (its MatMuls are rewritten after)."""
 
     graph: str = "explicit"
     int4: tuple[int, int] | None = None
     vocab_kept: int | None = None  # a draft's head cut to the first tokens (``draft_vocab``)
     dtype: str = "float32"  # what a fused graph is written in (an explicit graph is traced in float32)
+    int8: bool = False
 
 
 def _one_of(name: str, value, choices: tuple, also: str = "") -> None:
