@@ -112,7 +112,7 @@ def _dequantize_nodes(graph, values, scales, bits: int, inputs: int, block_size:
     from .int8 import _initializer, _node
 
     def const(suffix, array):
-        return _initializer(graph, f"{stem}/{suffix}", np.asarray(array))
+        return _initializer(graph, f"{stem}/constant_{suffix}", np.asarray(array))
 
     float32 = ir.DataType.FLOAT.value
     if bits == 8:

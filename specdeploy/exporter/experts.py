@@ -140,9 +140,10 @@ class RoutedExperts:
 
     def settings(self, config, layers: int) -> tuple[LayerSettings, ...]:
         kind = config.model_type
-        experts, top_k = _positive(config, self.count), _positive(config, "num_experts_per_tok")
+        count, width = _spelled(config, self.count), _spelled(config, self.width)  # as its config.json spells them
+        experts, top_k = _positive(config, count), _positive(config, "num_experts_per_tok")
         if top_k > experts:
-            raise ExportError(f"{kind}: num_experts_per_tok {top_k} exceeds {self.count} {experts}; expected at most "
+            raise ExportError(f"{kind}: num_experts_per_tok {top_k} exceeds {count} {experts}; expected at most "
                               f"{experts}")
         activation = config_activation(config)
         if self.clamped_swiglu:
@@ -154,7 +155,8 @@ class RoutedExperts:
             if size is None or size < 0:
                 raise ExportError(f"{kind}: {self.shared.width} {size!r}; expected a size >= 0 (0: no shared expert)")
             shared = DenseSettings(self.shared.mlp, activation, size, self.shared.width) if size else None
-        routed = RoutedSettings(self, experts, top_k, bool(normalized), activation, _positive(config, self.width), shared)
+        routed = RoutedSettings(self, experts, top_k, bool(normalized), activation, _positive(config, width), shared,
+                                (count, width))
         only = set(getattr(config, "mlp_only_layers", None) or ())
         step = getattr(config, "decoder_sparse_step", None) or 1
         dense = DenseSettings(self.dense, config_activation(config))
@@ -185,15 +187,17 @@ class RoutedSettings:
     activation: Activation
     width: int
     shared: DenseSettings | None
+    fields: tuple[str, str] = ("num_experts", "moe_intermediate_size")  # the count's and width's fields, as spelled
 
     def build(self, weights, layer: str, model_type: str) -> RoutedFeedForward:
         return RoutedFeedForward(self, weights, layer, model_type)
 
 
 class RoutedFeedForward(nn.Module):
-    """A sparse layer: ``router`` [1, hidden, experts] (kept 3-D: a MatMul the weight formats leave in full precision,
-    see ``expert_weights.is_router``), experts ``gate_up`` [experts, hidden, 2 * width] (gate columns first) and ``down``
-    [experts, width, hidden], their biases where the checkpoint has them, and a shared expert."""
+    """A sparse layer: ``router`` [hidden, experts] (a weight the formats leave in full precision: its name ends with
+    ``expert_weights.ROUTER`` in both forms), experts ``gate_up`` [experts, hidden, 2 * width] (gate columns first) and
+    ``down`` [experts, width, hidden], their biases where the checkpoint has them, and a shared expert (with its
+    ``shared_router`` [hidden, 1] where a sigmoid gates it)."""
 
     def __init__(self, s: RoutedSettings, weights, layer: str, model_type: str):
         super().__init__()
@@ -202,13 +206,13 @@ class RoutedFeedForward(nn.Module):
         router_name = f"{layer}{GGUF_ROUTER}" if gguf else f"{p}{d.router}"
         router = take(weights, f"{router_name}.weight")
         if router.shape[0] != s.experts:
-            raise ExportError(f"{model_type}: {d.count} {s.experts} disagrees with {router_name}.weight "
+            raise ExportError(f"{model_type}: {s.fields[0]} {s.experts} disagrees with {router_name}.weight "
                               f"{list(router.shape)}; expected {s.experts} rows, one per expert")
-        self.router, self.router_bias = frozen(router.t()[None]), bias_of(weights, f"{router_name}.bias")
+        self.router, self.router_bias = frozen(router.t()), bias_of(weights, f"{router_name}.bias")
         stored, p = (GgufStacked(), layer) if gguf else (d.stored, p)
         gate_up, gate_up_bias, down, down_bias = stored.read(weights, p, s.experts)
         if tuple(gate_up.shape) != (s.experts, router.shape[1], 2 * s.width):
-            raise ExportError(f"{model_type}: {d.width} {s.width} and {d.count} {s.experts} disagree with {p}'s experts "
+            raise ExportError(f"{model_type}: {s.fields[1]} {s.width} and {s.fields[0]} {s.experts} disagree with {p}'s experts "
                               f"(gate and up {list(gate_up.shape)}); expected [{s.experts}, {router.shape[1]}, {2 * s.width}]")
         self.gate_up, self.down = frozen(gate_up), frozen(down)
         self.gate_up_bias = None if gate_up_bias is None else frozen(gate_up_bias)
@@ -219,7 +223,7 @@ class RoutedFeedForward(nn.Module):
         gate = None if s.shared is None else d.shared.gate
         if gguf and gate is not None:  # llama.cpp's name for the shared expert's gate
             gate = f"{GGUF_ROUTER}_shexp"
-        self.shared_router = None if gate is None else frozen(take(weights, f"{layer}{gate}.weight").reshape(1, -1).t()[None])
+        self.shared_router = None if gate is None else frozen(take(weights, f"{layer}{gate}.weight").reshape(1, -1).t())
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h [batch, tokens, hidden] -> [batch, tokens, hidden]: each token's top_k experts, weighted."""
@@ -308,6 +312,10 @@ class RoutedFeedForward(nn.Module):
                             optional(graph, bias, f"{name}.experts_{fc}_bias")]
         flat = graph.node("Reshape", [h, graph.constant("rows_of_hidden", np.array([-1, hidden], np.int64))])[0]
         routes = graph.node("Reshape", [logits, graph.constant(f"rows_of_{s.experts}", np.array([-1, s.experts], np.int64))])[0]
+        if op == "QMoE" and not s.normalized:
+            # ONNX Runtime 1.32's CPU QMoE renormalizes whatever normalize_routing_weights says (measured), but weighs by
+            # its router_weights input where given: the softmax over every expert, as the family weighs them
+            weights += ["", "", "", "", "", "", graph.node("Softmax", [routes], axis=-1)[0]]  # inputs 8 .. 14
         out = graph.node(op, [flat, routes, *weights], domain=MS, label=f"{name}.experts", **attributes)[0]
         return graph.node("Reshape", [out, graph.node("Shape", [h])[0]])[0]
 
@@ -348,6 +356,11 @@ class RoutedFeedForward(nn.Module):
 def _chosen(weight: torch.Tensor, flat: torch.Tensor, top_k: int) -> torch.Tensor:
     """``weight`` [experts, ...] of each token's chosen experts (``flat`` [n * top_k]) -> [n, top_k, ...]: a Gather."""
     return torch.index_select(weight, 0, flat).reshape(-1, top_k, *weight.shape[1:])
+
+
+def _spelled(config, name: str) -> str:
+    """A config field's name as the config stores it (transformers maps Qwen3-MoE's num_experts to num_local_experts)."""
+    return getattr(config, "attribute_map", {}).get(name, name)
 
 
 def _positive(config, name: str) -> int:

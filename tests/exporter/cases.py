@@ -84,7 +84,7 @@ PARITY_CASES = {
                                             logits_scaling=4.0),
     "granitemoeshared": lambda: tiny.llama_config("granitemoeshared", **FUSED_READY, num_local_experts=4,
                                                   num_experts_per_tok=2, shared_intermediate_size=32,
-                                                  residual_multiplier=0.3),
+                                                  residual_multiplier=0.3, attention_multiplier=0.25),
     # attention sinks, windowed and full layers alternating, YaRN (attention factor 1.14), router bias, expert biases,
     # SwiGLU clamped at 1 (alpha 1.702, up + 1)
     "gpt_oss": lambda: tiny.llama_config("gpt_oss", **FUSED_READY, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
