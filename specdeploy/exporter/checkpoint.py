@@ -265,8 +265,10 @@ def _read_gguf(path: Path, tokenizer: bool = True):
         if architecture is None:  # not the first entry: parse the metadata to find it
             reader = reader_class()(str(path))
             architecture = gguf_config.architecture_of(reader)
-        if architecture in gguf_config.GGUF_FAMILIES:
-            model_config = gguf_config.read_config(reader or reader_class()(str(path)))
+        if architecture in gguf_config.GGUF_FAMILIES:  # ours, where its metadata says so (a llama with experts)
+            reader = reader or reader_class()(str(path))
+        if reader is not None and gguf_config.claims(reader):
+            model_config = gguf_config.read_config(reader)
             if not tokenizer:
                 return model_config, None, None, None
             built, settings = gguf_config.read_tokenizer(path)

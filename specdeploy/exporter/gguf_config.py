@@ -1,10 +1,16 @@
 """The config and tokenizer of a GGUF file whose architecture transformers cannot load from GGUF (granite, olmo2,
-smollm3 in transformers 5.25), read from the file's metadata under the key names llama.cpp's converter
-(convert_hf_to_gguf.py) writes, one function per architecture, as transformers' own ``GGUF_CONFIG_ARCHS`` does.
+smollm3, olmoe, granitemoe and Mixtral, which the converter writes as a llama with experts, in transformers 5.25), or
+loads without the mixture's sizes (its qwen2moe, qwen3moe and gpt-oss readers drop the experts' width, which the
+converter writes as ``expert_feed_forward_length``), read from the file's metadata under the key names llama.cpp's
+converter (convert_hf_to_gguf.py) writes, one function per architecture, as transformers' own ``GGUF_CONFIG_ARCHS`` does.
 
 What a file does not say is what llama.cpp assumes when it runs the file, not transformers' config defaults: a Granite
-file without ``attention.scale`` scales scores by head_dim^-1/2 (GraniteConfig's default would be 1), and SmolLM3's
-rope-less layers are every fourth (llama.cpp's fixed ``n_no_rope_layer_step``; the converter writes no key for them).
+file without ``attention.scale`` scales scores by head_dim^-1/2 (GraniteConfig's default would be 1), SmolLM3's
+rope-less layers are every fourth (llama.cpp's fixed ``n_no_rope_layer_step``; the converter writes no key for them),
+a qwen3moe, Mixtral, GraniteMoE or gpt-oss file renormalizes its chosen experts' weights and a qwen2moe or OLMoE file
+does not (llama.cpp's per-architecture choice; no key says it), gpt-oss's SwiGLU is clamped at 7 with alpha 1.702 and
+its windowed layers alternate with full ones, and every sparse layer is sparse (llama.cpp builds these mixtures with no
+dense layer between them).
 What cannot be read back is refused in one line rather than exported as a different model.
 """
 
@@ -25,6 +31,11 @@ class GgufFamily:
     model_type: str
     extra: Callable[[dict, int, int], dict]  # (metadata, layers, head_dim) -> fields, which win over the common ones
     processor: str | None = None
+    claims: Callable[[dict], bool] = lambda meta: True  # whether a file of the architecture is ours to read
+
+    def model_type_of(self, fields: dict) -> str:
+        """The model type a file's fields make (granitemoe with a shared expert: granitemoeshared)."""
+        return fields.pop("model_type", self.model_type)
 
 
 def _granite(meta: dict, layers: int, head_dim: int) -> dict:
@@ -50,10 +61,67 @@ def _smollm3(meta: dict, layers: int, head_dim: int) -> dict:
     return {"no_rope_layers": [int((i + 1) % NO_ROPE_LAYER_STEP != 0) for i in range(layers)], "use_sliding_window": False}
 
 
+def _need(meta: dict, key: str):
+    if key not in meta:
+        raise ExportError(f"the GGUF metadata has no {key}; expected it of a mixture of experts converted by llama.cpp")
+    return meta[key]
+
+
+def _experts(count: str, normalized: bool | None, width: str = "intermediate_size"):
+    """The fields of a mixture's experts: their count under the config field ``count``, top-k, each expert's width under
+    ``width`` (from ``expert_feed_forward_length``, or the dense ``feed_forward_length``), renormalization where the
+    config has a field for it (``normalized`` None: the family fixes it)."""
+
+    def fields(meta: dict) -> dict:
+        found = {count: _need(meta, "expert_count"), "num_experts_per_tok": _need(meta, "expert_used_count"),
+                 width: meta.get("expert_feed_forward_length", meta.get("feed_forward_length"))}
+        return found | ({} if normalized is None else {"norm_topk_prob": normalized})
+
+    return fields
+
+
+def _qwen3moe(meta: dict, layers: int, head_dim: int) -> dict:
+    return _experts("num_experts", True, "moe_intermediate_size")(meta)
+
+
+def _qwen2moe(meta: dict, layers: int, head_dim: int) -> dict:
+    return _experts("num_experts", False, "moe_intermediate_size")(meta) | {
+        "shared_expert_intermediate_size": meta.get("expert_shared_feed_forward_length", 0)}
+
+
+def _olmoe(meta: dict, layers: int, head_dim: int) -> dict:
+    return _experts("num_experts", False)(meta) | {"clip_qkv": meta.get("attention.clamp_kqv")}
+
+
+def _granitemoe(meta: dict, layers: int, head_dim: int) -> dict:
+    shared = meta.get("expert_shared_feed_forward_length", 0)
+    return _granite(meta, layers, head_dim) | _experts("num_local_experts", None)(meta) | (
+        {"model_type": "granitemoeshared", "shared_intermediate_size": shared} if shared else {})
+
+
+def _mixtral(meta: dict, layers: int, head_dim: int) -> dict:
+    return _experts("num_local_experts", None)(meta) | {"sliding_window": meta.get("attention.sliding_window")}
+
+
+GPT_OSS_ROPE = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}  # gpt-oss's YaRN, which no key says
+
+
+def _gpt_oss(meta: dict, layers: int, head_dim: int) -> dict:
+    return _experts("num_local_experts", None)(meta) | {"sliding_window": _need(meta, "attention.sliding_window"),
+                                                         "attention_bias": True}
+
+
 GGUF_FAMILIES = {
     "granite": GgufFamily("granite", _granite, processor="llama"),
     "olmo2": GgufFamily("olmo2", _olmo2),
     "smollm3": GgufFamily("smollm3", _smollm3, processor="llama"),
+    "qwen3moe": GgufFamily("qwen3_moe", _qwen3moe),
+    "qwen2moe": GgufFamily("qwen2_moe", _qwen2moe),
+    "olmoe": GgufFamily("olmoe", _olmoe),
+    "granitemoe": GgufFamily("granitemoe", _granitemoe, processor="llama"),
+    "gpt-oss": GgufFamily("gpt_oss", _gpt_oss),
+    # Mixtral: a llama with experts (a llama without is transformers' to read)
+    "llama": GgufFamily("mixtral", _mixtral, processor="llama", claims=lambda meta: bool(meta.get("llama.expert_count"))),
 }
 ROPE_SCALING = ("none", "linear", "yarn")
 
@@ -78,6 +146,13 @@ def peek_architecture(path) -> str | None:
     with open(path, "rb") as handle:
         handle.seek(start + 12)
         return handle.read(size).decode("utf-8", "replace")
+
+
+def claims(reader) -> bool:
+    """Whether a GGUF file (``reader``: gguf-py's GGUFReader over it) is one ``read_config`` reads."""
+    family = GGUF_FAMILIES.get(architecture_of(reader))
+    return family is not None and family.claims({key: field.contents() for key, field in reader.fields.items()
+                                                 if key.endswith(".expert_count")})
 
 
 def read_config(reader):
@@ -109,6 +184,8 @@ def read_config(reader):
         rope |= {"rope_type": scaling, "factor": float(need("rope.scaling.factor"))}
         if scaling == "yarn":
             rope["original_max_position_embeddings"] = int(need("rope.scaling.original_context_length"))
+            if family.model_type == "gpt_oss":
+                rope |= GPT_OSS_ROPE
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = meta.get("vocab_size", len(tokens.data) if tokens is not None else None)
     if vocab is None:
@@ -136,10 +213,11 @@ def read_config(reader):
         "pad_token_id": token("padding_token_id"),
         **family.extra(meta, layers, head_dim),
     }
+    model_type = family.model_type_of(fields)
     try:
-        return AutoConfig.for_model(family.model_type, **fields)
+        return AutoConfig.for_model(model_type, **fields)
     except (ValueError, TypeError, KeyError) as exc:
-        raise ExportError(f"{arch}: the GGUF metadata makes no valid {family.model_type} config ({exc})") from exc
+        raise ExportError(f"{arch}: the GGUF metadata makes no valid {model_type} config ({exc})") from exc
 
 
 def read_tokenizer(path) -> tuple[object, dict]:

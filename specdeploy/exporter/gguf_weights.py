@@ -10,6 +10,7 @@ released when the exporter is done with it: the fused form then holds one layer 
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import cache
@@ -23,6 +24,9 @@ from .lazy_weights import LazyWeights
 
 ROWS_PER_CHUNK = 4096  # dequantize large tensors in slices: gguf-py's temporaries are several times the output
 THREADS = min(4, os.cpu_count() or 1)  # slices dequantized at once: each holds ~100 MB of temporaries
+# a mixture's router, experts and shared expert, as llama.cpp's converter names them for every architecture
+EXPERT_TENSORS = re.compile(r"blk\.(\d+)\.(ffn_gate_inp(?:_shexp)?|ffn_(?:gate|up|down|gate_up)_(?:exps|shexp))\."
+                            r"(weight|bias)$")
 
 
 @cache
@@ -92,6 +96,12 @@ class GgufWeights(LazyWeights):
             if (gguf_name := table.get_name(stem)) is not None:
                 names[f"{gguf_name}.{suffix}"] = hf_name
                 self._expected[hf_name] = tuple(parameter.shape)  # what the file's own metadata makes of it
+            elif (gguf_name := table.get_name(hf_name)) is not None:  # a bare parameter (gpt-oss's self_attn.sinks)
+                names[f"{gguf_name}.weight"] = hf_name
+                self._expected[hf_name] = tuple(parameter.shape)
+        for tensor in self.reader.tensors:  # a mixture's tensors, under llama.cpp's names (feed_forward.GgufStacked)
+            if (expert := EXPERT_TENSORS.match(tensor.name)) is not None:
+                names[tensor.name] = f"model.layers.{expert[1]}.{expert[2]}.{expert[3]}"
         self._tensors = {names[t.name]: t for t in self.reader.tensors if t.name in names}
         self._shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in self._tensors.items()}
         self.path = path
@@ -113,7 +123,8 @@ class GgufWeights(LazyWeights):
                 list(pool.map(fill, range(0, rows, ROWS_PER_CHUNK)))
         result = self.processor.process(weights=array, name=tensor.name, tensor_key_mapping={},
                                         parsed_parameters={"tensors": {}})
-        if result.weights.shape != self._expected[name]:  # a file whose tensors disagree with its metadata
+        expected = self._expected.get(name, result.weights.shape)  # experts: the slot checks them against the config
+        if result.weights.shape != expected:  # a file whose tensors disagree with its metadata
             raise ExportError(f"{self.path}: tensor {tensor.name} ({name}) has shape {tuple(result.weights.shape)}; "
-                              f"the file's metadata (heads, sizes) makes it {self._expected[name]}")
+                              f"the file's metadata (heads, sizes) makes it {expected}")
         return torch.from_numpy(np.ascontiguousarray(result.weights, np.float32))
