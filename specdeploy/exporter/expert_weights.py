@@ -61,48 +61,71 @@ def dequantize(values: np.ndarray, scales: np.ndarray, bits: int, inputs: int) -
 
 
 def quantize_gathered_experts(path: Path, bits: int, block_size: int, external_data_bytes: int) -> int:
-    """Rewrite, in the graph at ``path``, each ``Gather`` of a constant [experts, in, out] float weight (a routed
-    layer's experts, gathered by each token's chosen experts) to gather its int4 / int8 values and scales and dequantize
-    what it gathered; return how many were rewritten (0: the graph is left as it was)."""
+    """Rewrite, in the graph at ``path`` (its ``If`` branches included), each use of a constant [experts, in, out] float
+    weight (a routed layer's experts) to read its int4 / int8 values and scales instead: a ``Gather`` of the chosen
+    experts gathers their values and scales and dequantizes what it gathered; a ``MatMul`` over every expert (a
+    prefill's branch) dequantizes them all. Returns how many uses were rewritten (0: the graph is left as it was)."""
     import onnx_ir as ir
 
     from .int8 import _initializer, _node, _save
 
     model = ir.load(path)
     graph = model.graph
-    gathers = [node for node in graph if node.op_type == "Gather" and node.domain == "" and _gathers_experts(node)]
-    for node in gathers:
-        weight, chosen = node.inputs
-        float_type = weight.dtype
-        experts = weight.const_value.numpy().astype(np.float32)
-        values, scales = quantize(experts, bits, block_size)
-        name, out = weight.name, node.outputs[0]
-        q = _node("Gather", [_initializer(graph, f"{name}_q{bits}", values), chosen], f"{out.name}/q", axis=0)
-        s = _node("Gather", [_initializer(graph, f"{name}_scales", scales), chosen], f"{out.name}/scales", axis=0)
-        steps = _dequantize_nodes(graph, q.outputs[0], s.outputs[0], bits, experts.shape[1], block_size, out.name)
-        steps.append(_node("Transpose", [steps[-1].outputs[0]], f"{out.name}/in_out", perm=[0, 2, 1]))
-        if float_type != ir.DataType.FLOAT:  # a float16 graph's experts: dequantized in float32, cast back
-            steps.append(_node("Cast", [steps[-1].outputs[0]], f"{out.name}/dequantized", to=float_type.value))
-        final = steps[-1]
-        graph.insert_before(node, [q, s, *steps])
-        final.outputs[0].shape, final.outputs[0].type = out.shape, out.type
-        out.replace_all_uses_with(final.outputs[0], replace_graph_outputs=True)
-        graph.remove(node, safe=True)
-        final.outputs[0].name = out.name
-        if not weight.uses():
+    quantized = {}  # weight name -> (values, scales) initializers, made once for every use
+
+    def stored(weight):
+        if weight.name not in quantized:
+            experts = weight.const_value.numpy().astype(np.float32)
+            values, scales = quantize(experts, bits, block_size)
+            quantized[weight.name] = (_initializer(graph, f"{weight.name}_q{bits}", values),
+                                      _initializer(graph, f"{weight.name}_scales", scales), experts.shape[1])
+        return quantized[weight.name]
+
+    uses = [(node, i) for node in ir.traversal.RecursiveGraphIterator(graph)
+            for i in ((0,) if node.op_type == "Gather" else (1,) if node.op_type == "MatMul" else ())
+            if node.domain == "" and _experts_weight(node, i)]
+    for node, i in uses:
+        weight, owner = node.inputs[i], node.graph
+        values, scales, inputs = stored(weight)
+        stem = f"{node.outputs[0].name}/{'chosen' if node.op_type == 'Gather' else 'every'}_experts"
+        if node.op_type == "Gather":  # the chosen experts' values and scales
+            chosen = node.inputs[1]
+            values = _node("Gather", [values, chosen], f"{stem}/q", axis=0)
+            scales = _node("Gather", [scales, chosen], f"{stem}/scales", axis=0)
+            steps = [values, scales]
+            values, scales = values.outputs[0], scales.outputs[0]
+        else:
+            steps = []
+        steps += _dequantize_nodes(graph, values, scales, bits, inputs, block_size, stem)
+        steps.append(_node("Transpose", [steps[-1].outputs[0]], f"{stem}/in_out", perm=[0, 2, 1]))
+        if weight.dtype != ir.DataType.FLOAT:  # a float16 graph's experts: dequantized in float32, cast back
+            steps.append(_node("Cast", [steps[-1].outputs[0]], f"{stem}/dequantized", to=weight.dtype.value))
+        owner.insert_before(node, steps)
+        if node.op_type == "Gather":  # the Gather's output is the dequantized experts now
+            out = node.outputs[0]
+            final = steps[-1].outputs[0]
+            final.shape, final.type = out.shape, out.type
+            out.replace_all_uses_with(final, replace_graph_outputs=True)
+            owner.remove(node, safe=True)
+            final.name = out.name
+        else:  # the MatMul multiplies by them
+            node.replace_input_with(i, steps[-1].outputs[0])
+    for name in quantized:
+        if not graph.initializers[name].uses():
             graph.initializers.pop(name)
-    if gathers:
+    if uses:
         _save(model, path, external_data_bytes)
-    return len(gathers)
+    return len(uses)
 
 
-def _gathers_experts(node) -> bool:
+def _experts_weight(node, index: int) -> bool:
+    """Whether ``node``'s input ``index`` is a constant [experts, in, out] float weight (a Gather's along axis 0)."""
     import onnx_ir as ir
 
-    weight = node.inputs[0]
+    weight = node.inputs[index] if len(node.inputs) > index else None
     return (weight is not None and weight.const_value is not None and not weight.is_graph_input()
             and weight.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16) and len(weight.shape) == 3
-            and node.attributes.get_int("axis", 0) == 0)
+            and (node.op_type != "Gather" or node.attributes.get_int("axis", 0) == 0))
 
 
 def _dequantize_nodes(graph, values, scales, bits: int, inputs: int, block_size: int, stem: str) -> list:

@@ -226,26 +226,51 @@ class RoutedFeedForward(nn.Module):
         self.shared_router = None if gate is None else frozen(take(weights, f"{layer}{gate}.weight").reshape(1, -1).t())
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """h [batch, tokens, hidden] -> [batch, tokens, hidden]: each token's top_k experts, weighted."""
+        """h [batch, tokens, hidden] -> [batch, tokens, hidden]: each token's top_k experts, weighted.
+
+        A call whose tokens choose fewer expert slots than there are experts (decoding, a verification) gathers each
+        token's chosen experts: it reads tokens x top_k experts' weights, not every expert's. One whose tokens choose
+        more (a prefill chunk) runs every expert over every token, its weight 0 where a token did not choose it: a
+        chunk of 512 tokens would otherwise gather 512 x top_k copies of an expert's weights. One ``If`` in the graph
+        (``torch.cond``), on the call's token count."""
         s, hidden = self.settings, h.shape[-1]
         logits = biased(h @ self.router, self.router_bias).reshape(-1, s.experts)  # [n, experts]
         weights, chosen = torch.topk(torch.softmax(logits, dim=-1), s.top_k, dim=-1)  # [n, top_k]
         if s.normalized:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        flat, x = chosen.reshape(-1), h.reshape(-1, 1, 1, hidden)
-        both = (x @ _chosen(self.gate_up, flat, s.top_k)).reshape(-1, s.top_k, 2 * s.width)  # [n, top_k, 2 * width]
-        if self.gate_up_bias is not None:
-            both = both + _chosen(self.gate_up_bias, flat, s.top_k)
-        gate, up = both.chunk(2, dim=-1)
-        act = s.activation(gate, up)[:, :, None, :]  # [n, top_k, 1, width]
-        out = (act @ _chosen(self.down, flat, s.top_k)).reshape(-1, s.top_k, hidden)
-        if self.down_bias is not None:
-            out = out + _chosen(self.down_bias, flat, s.top_k)
-        out = (out * weights[..., None]).sum(dim=1).reshape(h.shape)
+        x = h.reshape(-1, hidden)
+        out = torch.cond(x.shape[0] * s.top_k > s.experts, self._every_expert, self._chosen_experts, (x, weights, chosen))
+        out = out.reshape(h.shape)
         if self.shared is not None:
             shared = self.shared(h)
             out = out + (shared if self.shared_router is None else shared * torch.sigmoid(h @ self.shared_router))
         return out
+
+    def _chosen_experts(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """x [n, hidden], the chosen experts' weights and indices [n, top_k] -> [n, hidden], each token's experts gathered
+        (``Gather`` of [experts, in, out]: the int4 / int8 formats gather quantized ones instead)."""
+        s, hidden = self.settings, x.shape[-1]
+        flat = chosen.reshape(-1)
+        both = (x.reshape(-1, 1, 1, hidden) @ _chosen(self.gate_up, flat, s.top_k)).reshape(-1, s.top_k, 2 * s.width)
+        if self.gate_up_bias is not None:
+            both = both + _chosen(self.gate_up_bias, flat, s.top_k)
+        act = s.activation(*both.chunk(2, dim=-1))[:, :, None, :]  # [n, top_k, 1, width]
+        out = (act @ _chosen(self.down, flat, s.top_k)).reshape(-1, s.top_k, hidden)
+        if self.down_bias is not None:
+            out = out + _chosen(self.down_bias, flat, s.top_k)
+        return (out * weights[..., None]).sum(dim=1)
+
+    def _every_expert(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The same, every expert over every token ([experts, n, ...]), weighted by 0 where a token did not choose it."""
+        s = self.settings
+        spread = torch.zeros(x.shape[0], s.experts, dtype=x.dtype).scatter(1, chosen, weights)  # [n, experts]
+        both = x[None] @ self.gate_up  # [experts, n, 2 * width]
+        if self.gate_up_bias is not None:
+            both = both + self.gate_up_bias[:, None, :]
+        out = s.activation(*both.chunk(2, dim=-1)) @ self.down  # [experts, n, hidden]
+        if self.down_bias is not None:
+            out = out + self.down_bias[:, None, :]
+        return (out * spread.t()[..., None]).sum(dim=0)
 
     def write_fused(self, graph: FusedGraph, h: str, name: str) -> str:
         """ONNX Runtime's MoE / QMoE over the layer, or the explicit form's standard ops where its CPU kernel does not

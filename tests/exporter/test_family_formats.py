@@ -34,12 +34,16 @@ FAMILIES = ("llama", "mistral-window", "qwen2", "gpt2", "qwen3", "gemma2", "gemm
 # 0.011); int8 rounds weights per column and activations per row (measured up to 0.17 on these untrained models, whose
 # weights of std 0.3 amplify rounding layer by layer); int4 is held to transformers' model with the same int4 weights
 # (``_rounded_to_int4``), what remains being the int8 activations of accuracy level 4 (measured up to 0.11; the plain
-# model is up to 0.95 away, so a layer left unquantized or quantized differently fails)
+# model is up to 0.95 away, so a layer left unquantized or quantized differently fails). A mixture's int8 error is
+# larger (MIXTURE_INT8): its routers choose from int8-rounded activations, and a token whose two best experts nearly tie
+# can take the other (measured up to 0.26, mixtral, whose closest margins between a chosen and an unchosen expert are
+# 0.005 of probability)
 FORMATS = {
     "fp16": (["--dtype", "float16"], ("float16", "full"), None, 2e-2),
     "int8": (["--weights", "int8"], ("float32", "int8"), "MatMulInteger", 0.25),
     "int4": (["--weights", "int4", "--block-size", "16"], ("float32", "int4"), "MatMulNBits", 0.15),
 }
+MIXTURE_INT8 = 0.35
 # how far apart the two forms may be: int4 and int8 weights are the same values in both (measured 1e-7); fp16 forms
 # round in another order (measured up to 0.005). A mixture's experts hold the same values in both forms too, but the
 # fused form's MoE op sums a token's experts in its own order (float differences of 1e-7, which the next layer's int8
@@ -148,6 +152,7 @@ def test_a_family_in_each_weight_format_stays_near_transformers_and_drafts_lossl
     both stay within the format's tolerance of transformers; speculative greedy (suffix drafts, K + 1 verified over a
     ragged batch of 2) equals plain greedy."""
     options, recorded, op, tolerance = FORMATS[fmt]
+    tolerance = MIXTURE_INT8 if name in MIXTURES and fmt == "int8" else tolerance
     logits = {}
     for form in ("explicit", "fused"):
         model, _, directory = export(name, form, fmt)
