@@ -4,8 +4,9 @@
 (``PerExpert``, ``StackedHalves``, ``Interleaved``; a GGUF file's ``GgufStacked`` whatever the family), which config
 fields give the experts' count and width and whether the chosen experts' weights are renormalized, its shared expert,
 gpt-oss's clamped SwiGLU. ``settings`` reads one config (refusing in one line a count, a top-k or a size that cannot
-be), ``RoutedFeedForward`` is one sparse layer: its explicit form (standard ops: each token's chosen experts gathered)
-and its fused form (ONNX Runtime's MoE / QMoE, or the explicit form's ops where their CPU kernels cannot take it).
+be), ``RoutedFeedForward`` is one sparse layer: its explicit form (standard ops: each token's chosen experts gathered
+in a decode or a verification, every expert over every token in a prefill chunk) and its fused form (ONNX Runtime's
+MoE / QMoE, or the explicit form's gathering ops where their CPU kernels cannot take it).
 """
 
 from __future__ import annotations
@@ -346,7 +347,9 @@ class RoutedFeedForward(nn.Module):
 
     def _write_standard(self, graph: FusedGraph, h: str, logits: str, name: str) -> str:
         """``forward`` as standard ops: the chosen experts gathered (``Gather`` of [experts, in, out] weights: the int4 /
-        int8 weight formats then gather quantized experts, ``expert_weights.quantize_gathered_experts``)."""
+        int8 weight formats then gather quantized experts, ``expert_weights.quantize_gathered_experts``), whatever the
+        call's length: a fallback for what QMoE refuses, without the explicit form's every-expert branch for a prefill
+        (a long chunk copies its tokens x top_k experts' weights)."""
         s, hidden, k = self.settings, self.gate_up.shape[1], self.settings.top_k
 
         def shape(*dims):

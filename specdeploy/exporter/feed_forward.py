@@ -9,8 +9,9 @@ numbers from the config (``settings``: one per layer), builds each layer's torch
 (``forward``) and writes the fused form (``write_fused``). The block builder (``llama.DecoderVerify``,
 ``fused_decoder``) calls these and asks nothing else: a family's feed-forward flag lives in its slot alone.
 
-Routed experts in the explicit form are standard ops: each token's chosen experts are gathered ([tokens * top_k, in,
-out]) and multiplied, so a call costs its tokens times top_k expert weights, not every expert. In the fused form they
+Routed experts in the explicit form are standard ops: in a decode or a verification each token's chosen experts are
+gathered ([tokens * top_k, in, out]) and multiplied, so a call costs its tokens times top_k expert weights, not every
+expert; a prefill chunk, whose tokens choose more slots than there are experts, runs every expert. In the fused form they
 are ONNX Runtime's ``MoE`` op (float weights) or ``QMoE`` (int4 blocks, int8 columns), which run each expert once over
 the tokens that chose it, where its CPU kernel takes the case: SwiGLU experts (gate and up interleaved, its only CPU
 layout; alpha, beta and limit are attributes), a softmax router (the op applies it), int4 blocks that divide both the

@@ -52,25 +52,30 @@ def _gpt_oss(writer, config) -> None:
     writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
 
 
-# GGUF architecture: (the Hugging Face config, whether q/k rows are stored permuted, the metadata the converter adds)
+# case: (its GGUF architecture, the Hugging Face config, whether q/k rows are stored permuted, the metadata the
+# converter adds)
 FAMILIES = {
-    "qwen3moe": (lambda: tiny.llama_config("qwen3_moe", **SIZES, num_experts=4, **EXPERTS, moe_intermediate_size=32,
+    "qwen3moe": ("qwen3moe", lambda: tiny.llama_config("qwen3_moe", **SIZES, num_experts=4, **EXPERTS, moe_intermediate_size=32,
                                            norm_topk_prob=True, head_dim=16),
                  False, lambda w, c: (_experts(w, c, width=c.moe_intermediate_size), w.add_key_length(c.head_dim),
                                       w.add_value_length(c.head_dim))),
-    "qwen2moe": (lambda: tiny.llama_config("qwen2_moe", **SIZES, num_experts=4, **EXPERTS, moe_intermediate_size=32,
+    "qwen2moe": ("qwen2moe", lambda: tiny.llama_config("qwen2_moe", **SIZES, num_experts=4, **EXPERTS, moe_intermediate_size=32,
                                            shared_expert_intermediate_size=48),
                  False, lambda w, c: _experts(w, c, width=c.moe_intermediate_size, shared=c.shared_expert_intermediate_size)),
-    "olmoe": (lambda: tiny.llama_config("olmoe", **SIZES, num_experts=4, **EXPERTS, pad_token_id=0), False,
+    "olmoe": ("olmoe", lambda: tiny.llama_config("olmoe", **SIZES, num_experts=4, **EXPERTS, pad_token_id=0), False,
               lambda w, c: _experts(w, c)),
-    # a shared expert and Granite's multipliers: a granitemoe file with expert_shared_feed_forward_length
-    "granitemoe": (lambda: tiny.llama_config("granitemoeshared", **SIZES, num_local_experts=4, **EXPERTS,
-                                             shared_intermediate_size=32, embedding_multiplier=6.0,
-                                             residual_multiplier=0.3, logits_scaling=4.0, attention_multiplier=0.05),
-                   True, lambda w, c: (DENSE["granite"][2](w, c), _experts(w, c, shared=c.shared_intermediate_size))),
-    "llama": (lambda: tiny.llama_config("mixtral", **SIZES, num_local_experts=4, **EXPERTS), True,
+    "granitemoe": ("granitemoe", lambda: tiny.llama_config("granitemoe", **SIZES, num_local_experts=4, **EXPERTS,
+                                                           embedding_multiplier=6.0, residual_multiplier=0.3,
+                                                           logits_scaling=4.0, attention_multiplier=0.05),
+                   True, lambda w, c: (DENSE["granite"][2](w, c), _experts(w, c))),
+    # a shared expert: a granitemoe file with expert_shared_feed_forward_length
+    "granitemoeshared": ("granitemoe", lambda: tiny.llama_config("granitemoeshared", **SIZES, num_local_experts=4,
+                                                                 **EXPERTS, shared_intermediate_size=32,
+                                                                 attention_multiplier=0.25),
+                         True, lambda w, c: (DENSE["granite"][2](w, c), _experts(w, c, shared=c.shared_intermediate_size))),
+    "mixtral": ("llama", lambda: tiny.llama_config("mixtral", **SIZES, num_local_experts=4, **EXPERTS), True,
               lambda w, c: _experts(w, c)),
-    "gpt-oss": (lambda: tiny.llama_config("gpt_oss", **SIZES | {"intermediate_size": 32}, num_local_experts=4, **EXPERTS,
+    "gpt-oss": ("gpt-oss", lambda: tiny.llama_config("gpt_oss", **SIZES | {"intermediate_size": 32}, num_local_experts=4, **EXPERTS,
                                           head_dim=16, sliding_window=4, rope_parameters={
                                               "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                               "original_max_position_embeddings": 64, "beta_fast": 32.0,
@@ -137,11 +142,11 @@ def family(request, tmp_path_factory):
     tokens after ``PROMPT`` (no cache) and its logits over prompt and tokens."""
     name = request.param
     if name not in BUILT:
-        config, permute, extra = FAMILIES[name]
+        architecture, config, permute, extra = FAMILIES[name]
         model = tiny.build_model(config(), seed=3)
         path = tmp_path_factory.mktemp(name) / f"{name}.gguf"
-        tensors = convert(model, name, permute)
-        write_gguf(path, model, name, permute, extra, tensors)
+        tensors = convert(model, architecture, permute)
+        write_gguf(path, model, architecture, permute, extra, tensors)
         ids = list(PROMPT)
         with torch.no_grad():
             for _ in range(NEW):
@@ -174,8 +179,8 @@ def test_the_config_and_the_experts_read_from_the_file_are_the_models(family):
                                       tensors[gguf_name], err_msg=gguf_name)
 
 
-# the fused form for every architecture; the explicit form's trace (seconds) for Mixtral (a llama file) alone
-EXPORTS = [(name, "fused") for name in sorted(FAMILIES)] + [("llama", "explicit")]
+# the fused form for every case; the explicit form's trace (seconds) for Mixtral (a llama file) alone
+EXPORTS = [(name, "fused") for name in sorted(FAMILIES)] + [("mixtral", "explicit")]
 
 
 @pytest.mark.parametrize("family,graph", EXPORTS, indirect=["family"])
