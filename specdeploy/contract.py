@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,22 +49,78 @@ class ContractError(ValueError):
     """An artifact or manifest that does not satisfy the verify contract."""
 
 
-def input_names(num_layers: int) -> list[str]:
-    """Graph inputs in order: input_ids, past_len, then cache_key.i / cache_value.i per layer."""
+@dataclass(frozen=True)
+class StateSpec:
+    """One kind of recurrent state a model keeps beside its K/V (docs/architecture.md, "Recurrent state"): cache too,
+    held by position as K/V is, so that rollback moves a length.
+
+    ``name``: the graph's tensors are ``cache_{name}.{layer}`` (input), ``new_{name}.{layer}`` (explicit form: the
+    states of the call's last ``min(tokens, slots)`` positions, staged by the engine) or ``present_{name}.{layer}``
+    (fused form: the buffer itself, written in place). ``layers``: the layers that keep it (a layer no state names is
+    an attention layer, with K/V). ``shape``: one position's state. ``lookback``: how many positions before a call's
+    first token it reads (a convolution's kernel - 1; a state-space scan's 1). ``slots``: 0, one per cache slot
+    (positional, as K/V: rollback and prefix reuse at any length); W > 0, a ring of W positions, position p at slot
+    p mod W: rollback within ``max_drafts``, a prefix reused only where its text ended."""
+
+    name: str
+    layers: tuple[int, ...]
+    shape: tuple[int, ...]
+    lookback: int
+    slots: int = 0
+
+    def buffer_shape(self, batch: int, capacity: int) -> tuple[int, ...]:
+        """One layer's buffer: [batch, slots (capacity where positional), *shape]."""
+        return (batch, self.slots or capacity, *self.shape)
+
+    def written(self, tokens: int) -> int:
+        """How many positions' states a call of ``tokens`` tokens writes: its last min(tokens, slots)."""
+        return min(tokens, self.slots) if self.slots else tokens
+
+    @property
+    def max_drafts(self) -> int | None:
+        """The most drafts a cycle may verify over a ring (None: positional, no bound): a verification of k + 1 tokens
+        (k + 2 in exact mode) must leave the states it may roll back to, ``lookback`` positions before its first token
+        included, in the ring."""
+        return self.slots - self.lookback - 2 if self.slots else None
+
+
+def kv_layers(num_layers: int, states: tuple[StateSpec, ...] = ()) -> list[int]:
+    """The layers with K/V: every layer that no recurrent state names (all of them in a plain transformer)."""
+    recurrent = {i for state in states for i in state.layers}
+    return [i for i in range(num_layers) if i not in recurrent]
+
+
+def state_names(states: tuple[StateSpec, ...], kind: str) -> list[str]:
+    """``{kind}_{name}.{layer}`` of every state, kind by kind in declared order, layers in order (the buffers' order)."""
+    return [f"{kind}_{state.name}.{i}" for state in states for i in state.layers]
+
+
+def input_names(num_layers: int, states: tuple[StateSpec, ...] = ()) -> list[str]:
+    """Graph inputs in order: input_ids, past_len, cache_key.i / cache_value.i per attention layer, then
+    cache_{state}.i per recurrent state (``StateSpec``)."""
     names = ["input_ids", "past_len"]
-    for i in range(num_layers):
+    for i in kv_layers(num_layers, states):
         names += [f"cache_key.{i}", f"cache_value.{i}"]
-    return names
+    return names + state_names(states, "cache")
 
 
-def output_names(num_layers: int, graph: str = "explicit") -> list[str]:
-    """Graph outputs in order: logits, then per layer new_key.i / new_value.i (explicit form: the new tokens'
-    K/V) or present_key.i / present_value.i (fused form: the cache itself, bound to the input buffers)."""
+def slot_input_names(states: tuple[StateSpec, ...]) -> list[str]:
+    """The fused form's state slot inputs (``ModelSpec.takes_state_slots``), per kind of state in declared order:
+    ``read_slots_{name}`` int64 [batch, lookback], the slots of the positions before a call's first token (-1 for a
+    position before 0, whose state is zeros), and ``write_slots_{name}`` int64 [batch, written], the slots of the
+    call's last ``StateSpec.written(tokens)`` positions, where their states go: position p at slot p mod slots."""
+    return [f"{kind}_slots_{state.name}" for state in states for kind in ("read", "write")]
+
+
+def output_names(num_layers: int, graph: str = "explicit", states: tuple[StateSpec, ...] = ()) -> list[str]:
+    """Graph outputs in order: logits, then per attention layer new_key.i / new_value.i (explicit form: the new tokens'
+    K/V) or present_key.i / present_value.i (fused form: the cache itself, bound to the input buffers), then the
+    recurrent states' new_{state}.i or present_{state}.i alike."""
     kind = "new" if graph == "explicit" else "present"
     names = ["logits"]
-    for i in range(num_layers):
+    for i in kv_layers(num_layers, states):
         names += [f"{kind}_key.{i}", f"{kind}_value.{i}"]
-    return names
+    return names + state_names(states, kind)
 
 
 @dataclass(frozen=True)
@@ -124,11 +181,20 @@ class ModelSpec:
     # The graph also outputs ``ids`` (int64 [batch, kept]): each position's argmax token, so that greedy acceptance
     # reads a few integers instead of [batch, kept, vocab] logits (fused graphs; absent from older manifests: false)
     argmax_ids: bool = False
+    # The fused hybrid graph takes each recurrent state's slots as inputs the engine fills (``slot_input_names``), as it
+    # fills seqlens_k: no slot arithmetic in the graph, so every node runs on the CUDA EP. Fused hybrids exported before
+    # (manifests without the field) compute them from seqlens_k and the call's shape: int64 nodes ONNX Runtime places on
+    # the CPU EP, whose values are copied to the device inside the call, which rules out CUDA-graph capture
+    takes_state_slots: bool = False
     # The explicit graph's attention writes the new tokens' K/V at their own slots of a copy of the cache and runs one
     # MatMul and softmax over every slot (``exporter.layers.cached_attention``), so a position's logits do not depend
     # on which call wrote its keys: exact mode can run on it. Absent from older manifests (their attention scored a
     # call's own keys apart from the cache's): false, and exact mode refuses them
     slot_attention: bool = False
+    # The explicit graph's attention reads only each cache's first slots: the longest row's past_len + tokens, rounded
+    # up to a multiple of this many (at most the capacity), instead of every slot (``exporter.filled``; 0: every slot,
+    # as older manifests, which lack the field). What ``specdeploy export --provider openvino`` writes
+    filled_slots: int = 0
     # A graph we did not write (``specdeploy import``): its own tensor names and cache layout; None for our exports.
     # Its graph form says how calls run: "fused" for a shared buffer written in place, "explicit" for new K/V returned
     imported: ImportedIO | None = None
@@ -137,6 +203,9 @@ class ModelSpec:
     # 26 layers", "logits soft-cap 30"): shown by inspect and doctor, read by nothing that runs the model
     family: str = ""
     features: tuple[str, ...] = ()
+    # Recurrent state beside K/V (hybrid families: LFM2's short convolutions, Granite 4's Mamba-2), one entry a kind;
+    # empty for a plain transformer and in manifests from before recurrent families
+    states: tuple[StateSpec, ...] = ()
 
     @property
     def inputs(self) -> list[str]:
@@ -144,10 +213,15 @@ class ModelSpec:
         if io is not None:
             return ([io.input_ids, io.attention_mask] + ([io.position_ids] if io.position_ids else [])
                     + io.cache_names(self.num_layers, "past") + (["num_logits"] if self.trims_logits else []))
-        names = input_names(self.num_layers)
+        names = input_names(self.num_layers, self.states)
         if self.takes_seqlens_k:
             names[1] = "seqlens_k"
-        return names + (["num_logits"] if self.trims_logits else [])
+        return names + self.slot_inputs + (["num_logits"] if self.trims_logits else [])
+
+    @property
+    def slot_inputs(self) -> list[str]:
+        """The state slot inputs the engine fills (``takes_state_slots``; ``slot_input_names``), else none."""
+        return slot_input_names(self.states) if self.takes_state_slots else []
 
     @property
     def lengths_input(self) -> str:
@@ -162,13 +236,40 @@ class ModelSpec:
         """cache_key.i / cache_value.i per layer (an imported graph's past names), in the order of the cache's buffers."""
         if self.imported is not None:
             return self.imported.cache_names(self.num_layers, "past")
-        return input_names(self.num_layers)[2:]
+        return input_names(self.num_layers)[2:] if not self.states else [
+            name for i in self.kv_layers for name in (f"cache_key.{i}", f"cache_value.{i}")]
+
+    @property
+    def kv_layers(self) -> list[int]:
+        """The layers with K/V (``kv_layers``): every layer but the recurrent ones."""
+        return kv_layers(self.num_layers, self.states)
+
+    @property
+    def state_inputs(self) -> list[str]:
+        """cache_{state}.i of every recurrent state, in the order of the cache's state buffers."""
+        return state_names(self.states, "cache")
+
+    @property
+    def state_outputs(self) -> list[str]:
+        """new_{state}.i (explicit form) or present_{state}.i (fused form) of every recurrent state."""
+        return state_names(self.states, "new" if self.graph == "explicit" else "present")
+
+    @property
+    def max_drafts(self) -> int | None:
+        """The most drafts a cycle may verify (``StateSpec.max_drafts`` of its rings), None where nothing bounds it."""
+        bounds = [state.max_drafts for state in self.states if state.slots]
+        return min(bounds) if bounds else None
+
+    @property
+    def keeps_ring(self) -> bool:
+        """A recurrent state is kept in a ring (``StateSpec.slots``): only the last positions' states are there."""
+        return any(state.slots for state in self.states)
 
     @property
     def outputs(self) -> list[str]:
         if self.imported is not None:
             return [self.imported.logits] + self.cache_outputs
-        return output_names(self.num_layers, self.graph) + (["ids"] if self.argmax_ids else [])
+        return output_names(self.num_layers, self.graph, self.states) + (["ids"] if self.argmax_ids else [])
 
     @property
     def cache_outputs(self) -> list[str]:
@@ -176,7 +277,8 @@ class ModelSpec:
         imported graph's present names."""
         if self.imported is not None:
             return self.imported.cache_names(self.num_layers, "present")
-        return output_names(self.num_layers, self.graph)[1:]
+        kind = "new" if self.graph == "explicit" else "present"
+        return [name for i in self.kv_layers for name in (f"{kind}_key.{i}", f"{kind}_value.{i}")]
 
     @property
     def writes_cache(self) -> bool:
@@ -188,9 +290,11 @@ class ModelSpec:
         return (batch, self.kv_heads, capacity, self.head_dim)
 
     def cache_bytes(self, batch: int, capacity: int) -> int:
-        """Bytes of all keys and values of this model for ``batch`` rows of ``capacity`` slots."""
+        """Bytes of all keys and values (and recurrent states) of this model for ``batch`` rows of ``capacity`` slots."""
         itemsize = 4 if self.dtype == "float32" else 2
-        return 2 * self.num_layers * batch * self.kv_heads * capacity * self.head_dim * itemsize
+        kv = 2 * len(self.kv_layers) * batch * self.kv_heads * capacity * self.head_dim
+        states = sum(len(state.layers) * math.prod(state.buffer_shape(batch, capacity)) for state in self.states)
+        return (kv + states) * itemsize
 
 
 @dataclass
@@ -346,7 +450,8 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
             raise ContractError(f"{where}: vocab_kept {kept} on the {values['role']} model; only a draft may leave tokens "
                                 "out (the target's distribution is the one decoding must follow)")
     flags = {}
-    for name in ("trims_logits", "takes_seqlens_k", "argmax_ids", "slot_attention"):  # absent from older manifests: false
+    for name in ("trims_logits", "takes_seqlens_k", "argmax_ids", "slot_attention", "takes_state_slots"):  # absent
+        # from older manifests: false
         flags[name] = data.get(name, False)
         if not isinstance(flags[name], bool):
             raise ContractError(f"{where}: {name} must be true or false, got {short(flags[name])}")
@@ -354,6 +459,10 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
         raise ContractError(f"{where}: takes_seqlens_k on a {graph} graph; only the fused form takes seqlens_k")
     if flags["slot_attention"] and graph != "explicit":
         raise ContractError(f"{where}: slot_attention on a {graph} graph; only the explicit form declares it")
+    filled = data.get("filled_slots", 0)
+    if not is_integer(filled) or filled < 0 or (filled and graph != "explicit"):
+        raise ContractError(f"{where}: filled_slots must be an integer >= 0, and 0 on a {graph} graph (only the explicit "
+                            f"form's attention reads its filled slots alone); got {short(filled)}")
     imported = data.get("imported")
     if imported is not None:
         imported = _imported_from_dict(imported, graph, flags, f"{where}: imported")
@@ -361,9 +470,52 @@ def _spec_from_dict(data: object, where: str) -> ModelSpec:
     if (not isinstance(features, list) or len(features) > 64
             or not all(isinstance(f, str) and len(f) <= MAX_TEXT for f in features)):
         raise ContractError(f"{where}: features must be a list of at most 64 strings, got {short(features)}")
+    states = _states_from_list(data.get("states", []), values["num_layers"], f"{where}: states")
+    if states and imported is not None:
+        raise ContractError(f"{where}: states on an imported graph; only our own exports declare recurrent state")
+    if flags["takes_state_slots"] and (graph != "fused" or not states):
+        graph_said = "an explicit graph" if graph != "fused" else "a fused graph without recurrent states"
+        raise ContractError(f"{where}: takes_state_slots on {graph_said}; only a fused graph with recurrent states takes "
+                            "their slots")
     return ModelSpec(**values, eos_token_ids=tuple(eos), parameters=_field(data, "parameters", int, where, default=0),
-                     graph=graph, vocab_kept=kept, imported=imported, **flags,
-                     family=_field(data, "family", str, where, default=""), features=tuple(features))
+                     graph=graph, vocab_kept=kept, imported=imported, **flags, filled_slots=filled,
+                     family=_field(data, "family", str, where, default=""), features=tuple(features), states=states)
+
+
+MAX_STATE_DIMS = 4  # a position's state: [hidden] (a convolution's input), [heads, head_dim, state] (Mamba-2's)
+
+
+def _states_from_list(data: object, num_layers: int, where: str) -> tuple[StateSpec, ...]:
+    """The recurrent states a manifest declares, each checked: a name of letters, its own layers within the model's,
+    positive dims, a lookback of at least 1, and a ring (``slots`` > 0) long enough for one draft at least."""
+    if not isinstance(data, list) or len(data) > 8:
+        raise ContractError(f"{where}: expected a list of at most 8 objects, got {short(data)}")
+    states, names = [], set()
+    for n, entry in enumerate(data):
+        at = f"{where}[{n}]"
+        if not isinstance(entry, dict):
+            raise ContractError(f"{at}: expected an object, got {type(entry).__name__}")
+        name = _field(entry, "name", str, at)
+        if not name.isalpha() or not name.islower() or name in ("key", "value") or name in names:
+            raise ContractError(f"{at}: name {short(name)} must be lower-case letters, not key, value or another "
+                                "state's name")
+        names.add(name)
+        layers, shape = entry.get("layers"), entry.get("shape")
+        if (not isinstance(layers, list) or not layers or len(set(map(repr, layers))) != len(layers)
+                or not all(is_integer(i) and 0 <= i < num_layers for i in layers)):
+            raise ContractError(f"{at}: layers must be distinct layer indices in [0, {num_layers}), got {short(layers)}")
+        if (not isinstance(shape, list) or not 1 <= len(shape) <= MAX_STATE_DIMS
+                or not all(is_integer(d) and 1 <= d <= MAX_SIZE for d in shape)):
+            raise ContractError(f"{at}: shape must be 1 to {MAX_STATE_DIMS} positive dims, got {short(shape)}")
+        lookback, slots = _field(entry, "lookback", int, at), _field(entry, "slots", int, at, default=0)
+        if lookback < 1:
+            raise ContractError(f"{at}: lookback must be at least 1, got {lookback}")
+        state = StateSpec(name, tuple(int(i) for i in layers), tuple(int(d) for d in shape), lookback, slots)
+        if slots and state.max_drafts < 1:
+            raise ContractError(f"{at}: a ring of {slots} slots holds no draft (lookback {lookback}); expected at least "
+                                f"{lookback + 3}")
+        states.append(state)
+    return tuple(states)
 
 
 # the graph form each cache layout runs as: a shared buffer is written in place, a concatenated cache's new K/V returned
@@ -448,7 +600,16 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
     expected = {"input_ids": ("int64", [None, None]), "past_len": ("int64", [None]), "seqlens_k": ("int32", [None]),
                 spec.outputs[0]: ("float32", [None, None, spec.vocab_size]), "ids": ("int64", [None, None])}
     expected |= {name: (spec.dtype, kv) for name in spec.cache_inputs + spec.cache_outputs}
+    for state in spec.states:  # [batch, slots, *shape]; the explicit form's new states: [batch, written, *shape]
+        slots = [None, state.slots or None, *state.shape]
+        expected |= {f"cache_{state.name}.{i}": (spec.dtype, slots) for i in state.layers}
+        written = slots if spec.graph == "fused" else [None, None, *state.shape]
+        kind = "new" if spec.graph == "explicit" else "present"
+        expected |= {name: (spec.dtype, written) for name in state_names((state,), kind)}
+        expected |= {f"read_slots_{state.name}": ("int64", [None, state.lookback]),
+                     f"write_slots_{state.name}": ("int64", [None, None])}
     expected["num_logits"] = ("int64", [1])
+    states = set(spec.state_inputs + spec.state_outputs + slot_input_names(spec.states))
     problems = []
     for name, (dtype, dims) in expected.items():
         if name not in declared:
@@ -457,8 +618,9 @@ def io_problems(spec: ModelSpec, declared: dict[str, tuple[str, list]]) -> list[
         fixed_differ = any(isinstance(g, int) and e is not None and g != e for g, e in zip(got_dims, dims))
         if got_type != dtype or len(got_dims) != len(dims) or fixed_differ:
             want = ["?" if e is None else e for e in dims]
+            sizes = "its state's slots and shape" if name in states else "kv_heads, head_dim, vocab_size"
             problems.append(f"{name}: the graph declares {got_type} {list(got_dims)}; the manifest says {dtype} {want} "
-                            f"(dtype, kv_heads, head_dim, vocab_size of the {spec.role} model)")
+                            f"(dtype, {sizes} of the {spec.role} model)")
     return problems
 
 

@@ -20,8 +20,9 @@ def _fixed(problem: str, fix: str) -> tuple[str, str]:
     return (problem, READABLE_FIX) if any(mark in problem for mark in UNREADABLE) else (problem, fix)
 
 
-def diagnose(directory: Path) -> list[tuple[str, str]]:
-    """(problem, fix) pairs for an artifact dir; empty when all is well."""
+def diagnose(directory: Path, provider=None) -> list[tuple[str, str]]:
+    """(problem, fix) pairs for an artifact dir; empty when all is well. ``provider`` (a ``Provider``, default the
+    CPU's): the graphs are loaded on it, so one it lacks or would run only in pieces is a problem."""
     from .runtime.artifact import chat_template
 
     try:
@@ -57,21 +58,24 @@ def diagnose(directory: Path) -> list[tuple[str, str]]:
             problems.append((f"draft capacity {draft.capacity} < target capacity {target.capacity}: requests are "
                              f"limited to {draft.capacity} slots", "re-export both with the same --capacity"))
     if not problems:
-        problems += _check_graphs(directory, manifest)
+        problems += _check_graphs(directory, manifest, provider)
     return problems
 
 
-def _check_graphs(directory: Path, manifest: Manifest) -> list[tuple[str, str]]:
-    """Load each graph into ONNX Runtime and compare its inputs/outputs with the manifest."""
+def _check_graphs(directory: Path, manifest: Manifest, provider=None) -> list[tuple[str, str]]:
+    """Load each graph into ONNX Runtime on ``provider`` (default the CPU's) and compare its inputs/outputs with the
+    manifest."""
     from .engines import ProviderError, load_engine
     from .engines.vetting import check_graph_facts
 
     problems = []
     for role, spec in manifest.models.items():
         try:
-            load_engine(directory, manifest, role)
+            load_engine(directory, manifest, role, provider or "cpu").close()
             check_graph_facts(Path(directory) / spec.file, spec)
-        except (ProviderError, ContractError) as exc:  # ContractError: unreadable, or ONNX Runtime refused it
+        except ProviderError as exc:  # missing, a graph it would run in pieces, or one that disagrees with the manifest
+            problems.append((exc.problem, exc.fix) if exc.fix else _fixed(str(exc), "re-export the artifact"))
+        except ContractError as exc:  # unreadable, or ONNX Runtime refused it
             problems.append(_fixed(str(exc), "re-export the artifact"))
         except Exception as exc:  # ONNX Runtime's own load errors (corrupt graph, bad opset)
             problems.append((f"{role}: ONNX Runtime cannot load {manifest.models[role].file}: {exc}",
@@ -83,7 +87,7 @@ def diagnose_pair(target: str, draft: str | None) -> list[tuple[str, str]]:
     """(problem, fix) pairs for checkpoints about to be exported together."""
     from .exporter import ExportError
     from .exporter.checkpoint import load_checkpoint
-    from .exporter.registry import lookup
+    from .exporter.registry import architecture_of
     from .exporter.tokenizer import differences
 
     loaded = {}
@@ -93,7 +97,7 @@ def diagnose_pair(target: str, draft: str | None) -> list[tuple[str, str]]:
             continue
         try:
             loaded[role] = load_checkpoint(path)
-            lookup(loaded[role].config.model_type)
+            architecture_of(loaded[role].config.model_type)
         except ExportError as exc:
             problems.append((f"{role}: {exc}", "fix the checkpoint, or pick a supported one"))
     if len(loaded) == 2:
@@ -112,13 +116,13 @@ def describe(directory: Path | None, target: str | None = None, draft: str | Non
         manifest = Manifest.read(directory)
         return [described(spec.role, spec.family or spec.architecture, spec.features) for spec in manifest.models.values()]
     from .exporter.checkpoint import load_tokenizer_and_config
-    from .exporter.registry import lookup
+    from .exporter.registry import architecture_of
 
     lines = []
     for role, path in (("target", target), ("draft", draft)):
         if path is not None:
             config = load_tokenizer_and_config(path, tokenizer=False)[1]
-            arch = lookup(config.model_type)
+            arch = architecture_of(config.model_type)
             lines.append(described(role, arch.name, arch.features(config)))
     return lines
 

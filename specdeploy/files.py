@@ -52,11 +52,6 @@ def regular_stat(path: Path) -> os.stat_result:
     return info
 
 
-def regular_size(path: Path) -> int:
-    """The size of the regular file at ``path``; FileRefused for anything else."""
-    return regular_stat(path).st_size
-
-
 def open_regular(path: Path, limit: int | None = None) -> BinaryIO:
     """``path`` opened for reading in binary, once it is known to be a regular file of at most ``limit`` bytes.
 
@@ -82,7 +77,12 @@ def read_regular(path: Path, limit: int) -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit`` of them (FileRefused otherwise)."""
     with open_regular(path, limit) as handle:
         try:
-            data = handle.read(limit + 1)  # a file that grew since fstat is still cut off at the limit
+            # as many bytes as the file has, not the limit: a read of n bytes allocates n first (512 MiB for a
+            # tokenizer of a few MB); a file that grew since fstat is read on, and still cut off at the limit
+            size = os.fstat(handle.fileno()).st_size
+            data = handle.read(min(size, limit) + 1)
+            if size < len(data) <= limit:
+                data += handle.read(limit + 1 - len(data))
         except OSError as exc:
             raise FileRefused(path, f"cannot be read ({_reason(exc)})") from exc
     if len(data) > limit:

@@ -15,8 +15,12 @@ tokens, the target's graph as ONNX Runtime optimizes it, every node's output exp
 size; per comparison it prints the first node whose output differs for the same position, the logits' and the written
 K/V's largest change. Exact mode (``GenerationConfig.exact``) is chosen from what it shows.
 
+``--provider`` runs the target on another execution provider (``openvino``, ``openvino:DEVICE:PRECISION``), and
+``--against N`` compares each size with calls of N tokens instead of one (``--against 2``: exact mode's premise, that
+in calls of an even number of tokens every row runs the same kernels, checked on that provider).
+
     python -m tools.bench_exactness --artifact ART [--humaneval 2] [--specbench 1] [--tokens 64] [--sizes 5,9]
-        [--ops [--every-row]] [--out FILE]
+        [--against 1] [--provider cpu] [--ops [--every-row]] [--out FILE]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.arguments import artifact, integer, integers, parser, refusing
+from tools.bench_providers import provider_of
 
 
 def logits_by_call(engine, sequence: list[int], start: int, size: int, capacity: int) -> np.ndarray:
@@ -61,8 +66,9 @@ def compare(one: np.ndarray, other: np.ndarray) -> dict:
             "top_token_changed": int((other.argmax(axis=1) != first).sum())}
 
 
-def measure(pipeline, prompts, tokens: int, sizes: list[int], log=print) -> list[dict]:
-    """Per prompt and call size, ``compare`` over the prompt's ``tokens`` plain greedy tokens."""
+def measure(pipeline, prompts, tokens: int, sizes: list[int], log=print, against: int = 1) -> list[dict]:
+    """Per prompt and call size, ``compare`` over the prompt's ``tokens`` plain greedy tokens, with calls of
+    ``against`` tokens (one, as plain decoding calls; two, as exact mode's)."""
     from specdeploy import GenerationConfig
 
     config = GenerationConfig(drafter="none", max_new_tokens=tokens)
@@ -71,12 +77,13 @@ def measure(pipeline, prompts, tokens: int, sizes: list[int], log=print) -> list
         ids = pipeline.encode(prompt.for_pipeline(pipeline)).tolist()  # text, or a chat prompt's rendered ids
         sequence = ids + pipeline.generate([ids], config, suffix_index=None, scope=None)[0].token_ids
         capacity = len(sequence) + max(sizes) + 1
-        one = logits_by_call(pipeline.target, sequence, len(ids) - 1, 1, capacity)
+        one = logits_by_call(pipeline.target, sequence, len(ids) - 1, against, capacity)
         for size in sizes:
-            row = {"group": group, "prompt": prompt.id, "tokens_a_call": size} | compare(
+            row = {"group": group, "prompt": prompt.id, "tokens_a_call": size, "against": against} | compare(
                 one, logits_by_call(pipeline.target, sequence, len(ids) - 1, size, capacity))
             out.append(row)
-            log(f"{group} {prompt.id}, {size} tokens a call: logits move up to {row['max_logit_change']:.3f}; the top "
+            log(f"{group} {prompt.id}, {size} tokens a call against {against}: logits move up to "
+                f"{row['max_logit_change']:.3f}; the top "
                 f"two's margin up to {row['margin_move_max']:.3f} (median {row['margin_move_median']:.4f}); top token "
                 f"changed at {row['top_token_changed']} of {row['positions']} positions")
     return out
@@ -138,6 +145,10 @@ def main() -> None:
     options.add_argument("--sizes", type=integers(2, "sizes"), default="5,9",
                          help="comma list of tokens a call to compare with one (K + 1), each >= 2")
     options.add_argument("--threads", type=integer(1), default=2, help="ONNX Runtime threads")
+    options.add_argument("--against", type=integer(1), default=1,
+                         help="compare with calls of this many tokens (1: plain decoding's; 2: exact mode's)")
+    options.add_argument("--provider", default="cpu",
+                         help="execution provider of the target: cpu, openvino or openvino:DEVICE:PRECISION")
     options.add_argument("--ops", action="store_true",
                          help="the op-by-op report instead (tools.op_diff): where one position's arithmetic first differs "
                               "between call sizes, over the first prompt")
@@ -154,7 +165,7 @@ def main() -> None:
     from specdeploy.workloads import workload
 
     with refusing(options):  # an artifact or a workload that cannot be had: one line, not a traceback
-        pipeline = Pipeline.load(args.artifact, threads=args.threads)
+        pipeline = Pipeline.load(args.artifact, provider=provider_of(args.provider), threads=args.threads)
         prompts = workload(args.humaneval, args.specbench)
     import onnxruntime
 
@@ -162,7 +173,8 @@ def main() -> None:
 
     # where the figures came from: date, command, machine, commit, ONNX Runtime, and how the target was exported
     facts = {"artifact": str(args.artifact), **provenance("tools.bench_exactness"),
-             "onnxruntime": onnxruntime.__version__, "target": export_facts(pipeline.target.spec, args.artifact)}
+             "onnxruntime": onnxruntime.__version__, "provider": pipeline.target.provider.key, "against": args.against,
+             "target": export_facts(pipeline.target.spec, args.artifact)}
     if args.kernels:
         rows = kernels(pipeline.target.spec, args.artifact)
         if args.out:
@@ -173,7 +185,7 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps(facts | {"ops": rows}, indent=1))
         return
-    rows = measure(pipeline, prompts, args.tokens, sizes)
+    rows = measure(pipeline, prompts, args.tokens, sizes, against=args.against)
     summary = {size: {"max_logit_change": max(r["max_logit_change"] for r in part),
                       "margin_move_max": max(r["margin_move_max"] for r in part),
                       "margin_move_median": statistics.median(r["margin_move_median"] for r in part),
@@ -181,7 +193,8 @@ def main() -> None:
                       "positions": sum(r["positions"] for r in part)}
                for size in sizes for part in [[r for r in rows if r["tokens_a_call"] == size]]}
     for size, s in summary.items():
-        print(f"all prompts, {size} tokens a call: logits move up to {s['max_logit_change']:.3f}; the top two's margin "
+        print(f"all prompts, {size} tokens a call against {args.against}: logits move up to {s['max_logit_change']:.3f}; "
+              f"the top two's margin "
               f"up to {s['margin_move_max']:.3f} (median of medians {s['margin_move_median']:.4f}); top token changed "
               f"at {s['top_token_changed']} of {s['positions']} positions")
     if args.out:

@@ -12,9 +12,12 @@ Prints, per prompt, the completion, each configuration's speedup over the target
 the target's own, and the verdict; an even result is called even.
 
 With ``--exact`` every configuration runs in exact mode (``GenerationConfig.exact``): speculation's output is then the
-target alone's bit for bit, and the speedups are exact mode's. The header says which mode ran.
+target alone's bit for bit, and the speedups are exact mode's. The header says which mode ran and on which execution
+provider. Where ONNX Runtime's OpenVINO provider is installed (``onnxruntime-openvino``), the pair is also exported
+in its form (``export --provider openvino``) and both prompts run on it too, after the CPU provider's.
 
-    python -m tools.demo [--rounds 3] [--max-new-tokens 128] [--artifact DIR] [--exact]
+    python -m tools.demo [--rounds 3] [--max-new-tokens 128] [--artifact DIR] [--openvino-artifact DIR] [--exact]
+        [--provider cpu|openvino]
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ class Case:
 
 CASES = (Case("code completion: new code, which only the draft model can guess", CODE_PROMPT, chat=False),
          Case("code edit: the answer copies most of its input", EDIT_PROMPT, chat=True))
-# The fused int4 pair decodes and speculates fastest on this CPU, end to end (README, Measuring)
+# The fused int4 pair decodes and speculates fastest on this CPU, end to end (docs/benchmarks.md, the results table)
 TARGET_WEIGHTS, DRAFT_WEIGHTS, BLOCK_SIZE, GRAPH = "int4", "int4", "128", "fused"
 PLAIN, DEFAULT, SUFFIX, MODEL = "target alone", "default", "suffix index alone", "draft model alone"
 PAYS, COSTS = 1.10, 0.90  # a shared machine's run-to-run spread is about +-10 %: within it, a run is even
@@ -228,11 +231,22 @@ def _differs(divergence: dict | None) -> str:
             "so)")
 
 
-def prepare(cache: Path) -> Path:
-    """The demo's artifact: both GGUF files fetched and exported once, then reused."""
+def providers_here() -> list[str]:
+    """The providers the demo runs on: the CPU's, and OpenVINO's where this onnxruntime build has it."""
+    import onnxruntime
+
+    return ["cpu"] + (["openvino"] if "OpenVINOExecutionProvider" in onnxruntime.get_available_providers() else [])
+
+
+def prepare(cache: Path, provider: str = "cpu") -> Path:
+    """The demo's artifact for ``provider`` (the fused form for the CPU's; OpenVINO's own form, ``export --provider
+    openvino``, for OpenVINO's): both GGUF files fetched and exported once, then reused."""
     target, draft = fetch("1.5b", cache, log=print), fetch("0.5b", cache, log=print)
+    graph = GRAPH if provider == "cpu" else "explicit"
+    form = ["--graph", graph] if provider == "cpu" else ["--provider", provider]
     # the exporter version in the name: an artifact cached by an older exporter is not reused
-    name = f"qwen2.5-coder-1.5b-{TARGET_WEIGHTS}+0.5b-{DRAFT_WEIGHTS}-b{BLOCK_SIZE}-{GRAPH}-v{__version__}"
+    name = (f"qwen2.5-coder-1.5b-{TARGET_WEIGHTS}+0.5b-{DRAFT_WEIGHTS}-b{BLOCK_SIZE}-{graph}"
+            f"{'' if provider == 'cpu' else '-' + provider}-v{__version__}")
     artifact = cache / "artifacts" / name
     specdeploy = [sys.executable, "-m", "specdeploy.cli"]
     if (artifact / "manifest.json").is_file() and not subprocess.run([*specdeploy, "doctor", str(artifact)],
@@ -243,7 +257,7 @@ def prepare(cache: Path) -> Path:
         shutil.rmtree(artifact)  # the demo's own cache, without a manifest: --force replaces only artifacts
     subprocess.run([*specdeploy, "export", "--target", str(target), "--draft", str(draft), "--out", str(artifact),
                     "--weights", TARGET_WEIGHTS, "--draft-weights", DRAFT_WEIGHTS, "--block-size", BLOCK_SIZE,
-                    "--capacity", "2048", "--graph", GRAPH, "--force"], check=True)
+                    "--capacity", "2048", *form, "--force"], check=True)
     return artifact
 
 
@@ -257,19 +271,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=arguments.integer(1), default=2, help="ONNX Runtime threads, as the CLI runs them")
     parser.add_argument("--exact", action="store_true",
                         help="run every configuration in exact mode (generate --exact): outputs identical bit for bit")
+    parser.add_argument("--openvino-artifact", type=arguments.artifact, default=None,
+                        help="the pair exported with --provider openvino instead of make demo's")
+    parser.add_argument("--provider", choices=["cpu", "openvino"], default=None,
+                        help="run on this provider alone [default: the CPU's, then OpenVINO's where it is installed]")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.max_new_tokens < 1:
         parser.error("--rounds and --max-new-tokens must be at least 1")
-    artifact = args.artifact or prepare(args.cache)
-    pipeline = Pipeline.load(artifact, threads=args.threads)
+    here = providers_here()
+    if args.provider is not None and args.provider not in here:
+        parser.error(f"--provider {args.provider}: not in this onnxruntime build; install onnxruntime-openvino in place "
+                     "of onnxruntime (README, Install)")
+    given = {"cpu": args.artifact, "openvino": args.openvino_artifact}
     configs = configurations(cli_default(), args.max_new_tokens, args.exact)
     console = CliConsole(highlight=False)
     mode = "exact mode (--exact: every target call an even number of tokens)" if args.exact else "default mode"
-    console.print(f"greedy, {mode}, {args.max_new_tokens} new tokens, {args.threads} threads; each configuration "
-                  f"{args.rounds} times, in turn; tok/s end to end (prefill included)")
-    results = measure(pipeline, CASES, configs, args.rounds)
-    for case in CASES:
-        show(case, results[case.title], configs, console)
+    import onnxruntime
+
+    for provider in [args.provider] if args.provider else here:
+        artifact = given[provider] or prepare(args.cache, provider)
+        pipeline = Pipeline.load(artifact, provider=provider, threads=args.threads)
+        named = {"cpu": "CPU provider", "openvino": "OpenVINO provider (CPU, FP32)"}[provider]
+        console.print(f"on ONNX Runtime {onnxruntime.__version__}'s {named}, {pipeline.target.spec.graph} graphs"
+                      + (" reading their filled slots" if pipeline.target.spec.filled_slots else "")
+                      + f": greedy, {mode}, {args.max_new_tokens} new tokens, {args.threads} threads; each "
+                        f"configuration {args.rounds} times, in turn; tok/s end to end (prefill included)")
+        results = measure(pipeline, CASES, configs, args.rounds)
+        for case in CASES:
+            show(case, results[case.title], configs, console)
+        pipeline.close()
 
 
 if __name__ == "__main__":

@@ -5,19 +5,23 @@
         --budget 240 --results $OUT --commit <sha>                                              # there (~4 minutes)
 
 (docs/results/gpu/README.md: the whole procedure.) ``--build`` exports one tiny Qwen2-shaped target with a perturbed
-copy as its draft (partial, ragged acceptance) in each graph form and weight format, and a tiny Gemma 2 (soft-capped
-attention on GroupQueryAttention, a windowed layer) in the fused fp16 form (``ARTIFACTS``), with specdeploy's own
-exporter; and the Qwen2 target as onnxruntime-genai's builder writes it, fp16 for CUDA and fp32 for the CPU
-(``--genai``; tools/gpu_imported.py). ``--run`` needs only numpy, onnx and onnxruntime(-gpu) (and torch for ``--big``,
-CuPy for CUDA): per artifact it reports (tools/gpu_decoding.py)
+copy as its draft (partial, ragged acceptance) in each graph form and weight format, a tiny Gemma 2 (soft-capped
+attention on GroupQueryAttention, a windowed layer) and a tiny Granite 4.0-H (a hybrid: Mamba-2's states in rings the
+engine owns) in the fused fp16 form (``ARTIFACTS``, one entry a case), with specdeploy's own exporter; and the Qwen2
+target as onnxruntime-genai's builder writes it, fp16 for CUDA and fp32 for the CPU (``--genai``; tools/gpu_imported.py).
+``--run`` needs only numpy, onnx and onnxruntime(-gpu) (and torch for ``--big``, CuPy for CUDA): per artifact it
+reports (tools/gpu_decoding.py)
 - exactness through the public API: greedy plain decoding on the CPU against ``--provider`` token for token, then
-  greedy speculative decoding against plain decoding on ``--provider`` for every drafter (the draft model at a fixed
-  K on a ragged batch of 3 and at batch 1, the suffix index, the default's hybrid drafter at a fixed K, and the
-  default speculation at the costs it measured there);
-- a second turn reusing the first's K/V (the prefix cache) against the same turn cold, and exact mode, whose
-  speculative output must be its plain output bit for bit (the explicit form's refusal recorded);
+  greedy speculative decoding against plain decoding on ``--provider`` for every drafter the artifact's case list
+  names (the draft model at a fixed K on a ragged batch of 3 and at batch 1, the suffix index, the default's hybrid
+  drafter at a fixed K, and the default speculation at the costs it measured there);
+- a second turn reusing the first's K/V (the prefix cache; a hybrid's recurrent states resumed) against the same turn
+  cold; exact mode, whose speculative output must be its plain output bit for bit (every call an even number of tokens
+  a row, so each position runs the same CUDA kernels); a verification of K + 1 tokens rolled back to every length it
+  can leave, the next token's logits against a fresh prefill's on the CPU;
 - where the engine keeps its cache, on which execution provider each node of the target ran (ONNX Runtime's
-  profile), and one call's logits and cache against the CPU's (a fused float32 artifact is refused on CUDA: checked);
+  profile; a copy inside a call of a fused fp16 graph on CUDA fails), and one call's logits, cache and recurrent states
+  against the CPU's (a fused float32 artifact is refused on CUDA: checked);
 - ``Engine.infer`` latency at batch 1, T = 1, 5 and 9 after a past of 256, with CUDA graphs where the engine
   captures them and without;
 then the genai fp16 build, imported (``specdeploy import``) and checked alike on ``--provider``, against the fp32
@@ -28,8 +32,10 @@ traces (tools/replay_data/traces.json) are replayed through the real runtime: pl
 second. ``--peer`` builds the same shapes with onnxruntime-genai's model builder (the peer; its wheel carried like
 onnxruntime-gpu) over the same random weights and times its graphs alike, with and without CUDA graphs.
 ``--out`` (JSON) and ``--results DIR`` (the report named after the GPU and the commit, and its summary) are rewritten
-after each part; ``--budget`` skips the parts left once it is spent (and a big shape with less left than it needs),
-each with its reason. Where a part fails, the last line names it and the exit status is 1.
+after each part, each artifact's seconds per part among them; ``--budget`` skips the parts left once it is spent (and
+an artifact, the import, a big shape or a peer build with less left than it needs: ``NEEDS``), each with its reason;
+``--only none`` runs the big shapes and the peer alone (a rerun of what the first run skipped). Where a part fails,
+the last line names it and the exit status is 1.
 ``Pipeline.load`` reads the tokenizer with ``tokenizers``: where it is missing and no vendored wheel
 (``--vendor-tokenizers``) is in the dir, the pipeline is built from its engines and prompts are token ids.
 A graph whose IR version this onnxruntime refuses is run from a copy with the IR version lowered (reported).
@@ -56,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from tools import arguments
-from tools.gpu_decoding import exact_mode, exactness, failures, prefix_reuse
+from tools.gpu_decoding import SPECULATIVE, exact_mode, exactness, failures, prefix_reuse, rollback
 from tools.gpu_imported import GENAI_PRECISIONS, build_genai, check_imported
 from tools.gpu_report import (
     print_artifact,
@@ -87,7 +93,8 @@ from tools.provenance import commit
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "tools" / "replay_data" / "traces.json"
 PROMPT_LENGTHS = (5, 9, 14)  # a ragged batch of 3 rows
-ARTIFACTS = {  # name -> export options ("family": the tiny model's, FAMILIES; default qwen2)
+ARTIFACTS = {  # name -> export options ("family": the tiny model's, FAMILIES, default qwen2; "cases": the speculative
+    # cases it runs, gpu_decoding.SPECULATIVE's names, default all)
     "fused-fp16": {"graph": "fused", "dtype": "float16"},
     "fused-fp16-int4": {"graph": "fused", "dtype": "float16", "weights": "int4"},
     "explicit-fp16": {"graph": "explicit", "dtype": "float16"},
@@ -96,6 +103,12 @@ ARTIFACTS = {  # name -> export options ("family": the tiny model's, FAMILIES; d
     # a family of its own: Gemma 2's soft-capped attention (GroupQueryAttention's softcap), sliding windows on every
     # other layer, soft-capped logits
     "gemma2-fused-fp16": {"graph": "fused", "dtype": "float16", "family": "gemma2"},
+    # a hybrid (#68): Granite 4.0-H's Mamba-2 before attention, its convolution and scan states in rings the engine owns
+    # (their slots filled by the engine), written in place by ScatterND, rolled back by length; the draft model and
+    # the suffix index at K 4 on the ragged batch
+    "granite4h-fused-fp16": {"graph": "fused", "dtype": "float16", "family": "granitemoehybrid",
+                             "cases": ("k4", "suffix-k4")},
+    # a mixture-of-experts target (#68 item 1) joins as one entry here and one in FAMILIES
 }
 WINDOW = 8  # the tiny Gemma 2's window: shorter than the check's texts (5-14 prompt tokens + 24)
 FAMILIES = {  # family -> (model_type, config overrides, the draft's noise: partial, ragged acceptance); head_dim 64, as
@@ -104,13 +117,23 @@ FAMILIES = {  # family -> (model_type, config overrides, the draft's noise: part
     "gemma2": ("gemma2", {"query_pre_attn_scalar": 64, "attn_logit_softcapping": 20.0, "final_logit_softcapping": 15.0,
                           "sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"],
                           "tie_word_embeddings": False}, 0.05),
+    # Mamba-2 (2 groups of 2 heads of 32, state 16, kernel 4) before an attention layer without RoPE, no experts
+    "granitemoehybrid": ("granitemoehybrid", {"layer_types": ["mamba", "attention"], "num_local_experts": 0,
+                                              "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 2,
+                                              "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+                                              "shared_intermediate_size": 128, "position_embedding_type": None}, 0.01),
 }
 SPEC_FIELDS = ("graph", "dtype", "weights", "num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size", "capacity")
 PAIRS = {"1.5b": "0.5b", "7b": "0.5b", "test": "test"}  # target -> draft of the replayed pairs
-# seconds a big shape (written, timed with and without CUDA graphs, its pair's cost table and replays) or the peer's
-# build of it needs at least: one begun with less of the budget left would outrun the command's limit and lose the
-# report's last parts. From the H200 run of 2026-12-04 (1.5B written in 12.9 s, 0.5B in 4.6 s), with room
-NEEDS = {"big": {"0.5b": 30, "1.5b": 60, "7b": 150, "test": 0}, "peer": {"0.5b": 60, "1.5b": 120, "7b": 300, "test": 0}}
+# seconds a part needs at least: one begun with less of the budget left would outrun the command's limit and lose the
+# report's last parts (docs/results/gpu/README.md: the whole run's estimate). A tiny artifact (every part: exactness,
+# prefix, exact mode, rollback, placement, cache, latency with and without CUDA graphs) took 1.8-3.6 s, the import ~5 s,
+# in the CPU dry run (tests/tools/test_gpu_check.py, a 2-core host under a load of 13); on a GPU each also opens ~4 CUDA
+# sessions and captures a graph per call shape: room of 4-5x. A big shape (written, timed with and without CUDA
+# graphs, its pair's cost table and replays) or the peer's build of it: from the H200 run of 2026-12-04 (1.5B written
+# in 12.9 s, 0.5B in 4.6 s), with room
+NEEDS = {"artifact": 15, "imported": 25, "big": {"0.5b": 30, "1.5b": 60, "7b": 150, "test": 0},
+         "peer": {"0.5b": 60, "1.5b": 120, "7b": 300, "test": 0}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +173,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="--run: write the results here as JSON (rewritten after each part)")
     parser.add_argument("--provider", default="cuda", choices=("cuda", "cpu"),
                         help="the provider under test; the reference is always the CPU")
-    parser.add_argument("--only", help="comma list of artifact names (default: all of ARTIFACTS / all built)")
+    parser.add_argument("--only", help="comma list of artifact names (default: all of ARTIFACTS / all built); --run: "
+                                       "'none' checks no artifact and no import (a rerun of the big shapes and the peer)")
     parser.add_argument("--big", default="", help=f"--run: comma list of {', '.join(BIG)}: random-weight fused fp16 "
                                                   "targets written and timed on the machine (needs torch)")
     parser.add_argument("--peer", default="", help="--run: comma list of the --big shapes to build and time with "
@@ -187,7 +211,7 @@ def build(directory: Path, names: list[str], vendor_tokenizers: bool, genai: lis
         checkpoints = {family: _checkpoints(tiny, family, Path(tmp) / family) for family in sorted(families)}
         for name in names:
             began = time.perf_counter()
-            options = {k: v for k, v in ARTIFACTS[name].items() if k != "family"}
+            options = {k: v for k, v in ARTIFACTS[name].items() if k not in ("family", "cases")}
             target_dir, draft_dir = checkpoints[ARTIFACTS[name].get("family", "qwen2")]
             export(target_dir, directory / name, draft=draft_dir, capacity=CAPACITY, force=True, **options)
             size = sum(p.stat().st_size for p in (directory / name).iterdir())
@@ -241,17 +265,19 @@ def run(directory: Path, out: Path | None, provider: str, only: list[str] | None
     built = sorted((p.name for p in directory.iterdir() if (p / "manifest.json").is_file()),
                    key=lambda n: (list(ARTIFACTS).index(n) if n in ARTIFACTS else len(ARTIFACTS), n))
     left = lambda: budget - (time.perf_counter() - began)  # noqa: E731
-    for name in only or built:
-        if left() <= 0:
-            report["artifacts"][name] = {"skipped": f"budget of {budget:.0f} s spent"}
+    for name in [] if only == ["none"] else only or built:
+        if left() < NEEDS["artifact"]:
+            report["artifacts"][name] = {"skipped": _spent(budget, left(), name, NEEDS["artifact"])}
             print_skipped(name, report["artifacts"][name])
             continue
         record = report["artifacts"][name] = {}
         check_artifact(directory / name, provider, options["loader"], record, save, left)
         print_artifact(name, record)
         save()
-    if left() <= 0:
-        report["imported"] = {"skipped": f"budget of {budget:.0f} s spent"}
+    if only == ["none"]:
+        report["imported"] = {"skipped": "--only none"}
+    elif left() < NEEDS["imported"]:
+        report["imported"] = {"skipped": _spent(budget, left(), "the import", NEEDS["imported"])}
     else:
         report["imported"] = check_imported(directory, provider, _prompts(), left, save)
     print_imported(report["imported"])
@@ -263,6 +289,11 @@ def run(directory: Path, out: Path | None, provider: str, only: list[str] | None
         shutil.rmtree(workdir, ignore_errors=True)
     save()
     return report
+
+
+def _spent(budget: float, left: float, name: str, need: float) -> str:
+    """Why a part was not begun: the budget spent, or less of it left than the part needs (``NEEDS``)."""
+    return f"budget of {budget:.0f} s spent" if left <= 0 else f"budget spent: {left:.0f} s left, {name} needs {need} s"
 
 
 def check_pair(target, draft, record: dict, options: dict, left) -> dict:
@@ -410,14 +441,17 @@ def check_artifact(directory: Path, provider: str, loader: str, record: dict, sa
                                                 "seconds": round(time.perf_counter() - start, 3)})
     if any(isinstance(v, dict) for v in loaded.values()):
         return
-    _check_pipelines(usable, loaded["reference"][0], loaded["device"][0], provider, record, stage, left)
+    cases = ARTIFACTS.get(directory.name, {}).get("cases", SPECULATIVE)
+    _check_pipelines(usable, loaded["reference"][0], loaded["device"][0], provider, record, stage, left,
+                     {name: SPECULATIVE[name] for name in cases})
     del record["stage"]
 
 
-def _check_pipelines(usable: Path, ref, dev, provider: str, record: dict, stage, left) -> None:
-    """Exactness (every drafter), prefix reuse, exact mode, placement, cache and latency of an artifact's pipelines on
-    the CPU (``ref``) and on ``provider`` (``dev``) into ``record``; ``stage(name)`` marks each part before it runs,
-    and a part begun with no time ``left()`` is skipped."""
+def _check_pipelines(usable: Path, ref, dev, provider: str, record: dict, stage, left, cases=SPECULATIVE) -> None:
+    """Exactness (each of ``cases``' drafters), prefix reuse, exact mode, rollback, placement, cache and latency of an
+    artifact's pipelines on the CPU (``ref``) and on ``provider`` (``dev``) into ``record``; ``stage(name)`` marks
+    each part before it runs, its seconds go to ``record["seconds"]``, and a part begun with no time ``left()`` is
+    skipped."""
     prompts = _prompts()
 
     def part(name: str, work, key: str | None = None) -> None:
@@ -425,14 +459,17 @@ def _check_pipelines(usable: Path, ref, dev, provider: str, record: dict, stage,
             record[key or name] = {"skipped": "budget spent"}
             return
         stage(name)
+        began = time.perf_counter()
         record[key or name] = work()
+        record.setdefault("seconds", {})[key or name] = round(time.perf_counter() - began, 2)
 
-    part("exactness", lambda: exactness(ref, dev, prompts, provider))
+    part("exactness", lambda: exactness(ref, dev, prompts, provider, cases))
     # the costs the default speculation priced by: measured on ``provider`` (its warm-up and its cycles)
     record["costs"] = dev.costs.to_dict()
     part("prefix", lambda: guard(lambda: prefix_reuse(dev, prompts[2])))
     plain = record.get("exactness", {}).get(next(iter(record.get("exactness", {})), ""), {}).get("tokens")
-    part("exact", lambda: guard(lambda: exact_mode(dev, prompts, plain)))
+    part("exact", lambda: guard(lambda: exact_mode(dev, prompts, plain, cases)))
+    part("rollback", lambda: guard(lambda: rollback(ref, dev, prompts[2])))
     part("placement", lambda: guard(lambda: placement(usable / dev.target.spec.file, dev.target.spec, provider)))
     ids = np.random.default_rng(3).integers(0, dev.target.spec.vocab_size, (1, PAST + 5))
     part("cache", lambda: guard(lambda: cache_check(ref.target, dev.target, ids)))
@@ -441,8 +478,10 @@ def _check_pipelines(usable: Path, ref, dev, provider: str, record: dict, stage,
         from specdeploy.engines.ort import OrtEngine
 
         stage("latency without CUDA graphs")
+        began = time.perf_counter()
         record["latency"]["plain"] = guard(lambda: engine_latency(OrtEngine(
             usable / dev.target.spec.file, dev.target.spec, provider=provider, cuda_graphs=False)))
+        record["seconds"]["latency"] += round(time.perf_counter() - began, 2)
 
 
 def _prompts() -> list[list[int]]:
@@ -512,7 +551,9 @@ def _pipeline(directory: Path, provider: str, loader: str):
 
 
 def placement(path: Path, spec, provider: str) -> dict:
-    """Nodes (of the optimised graph, as ONNX Runtime's profiler saw them run) per execution provider and op."""
+    """Nodes (of the optimised graph, as ONNX Runtime's profiler saw them run) per execution provider and op, and the
+    copies ONNX Runtime put inside a call (Memcpy nodes): a fused float16 graph on CUDA must have none (every compute
+    node on the CUDA EP, no value crossing inside a call, so that it can be captured as a CUDA graph)."""
     import onnx
 
     from specdeploy.engines.base import prefill
@@ -535,21 +576,25 @@ def placement(path: Path, spec, provider: str) -> dict:
     graph_nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
     return {"session_providers": providers, "graph_nodes": graph_nodes,
             "nodes_per_provider": {p: sum(c.values()) for p, c in ops.items()},
-            "ops_per_provider": {p: dict(c.most_common()) for p, c in ops.items()}}
+            "ops_per_provider": {p: dict(c.most_common()) for p, c in ops.items()},
+            "copies_inside": sum(n for c in ops.values() for op, n in c.items() if op.startswith("Memcpy")),
+            "copies_allowed": not (provider == "cuda" and spec.graph == "fused" and spec.dtype != "float32")}
 
 
 def cache_check(ref, dev, ids: np.ndarray) -> dict:
     """Where ``dev``'s cache lives; ``ids`` [1, PAST + 5] run on both engines as a prefill of PAST tokens and one call
-    of 5: the call's logits and the caches compared (the device's cache copied here for that alone)."""
+    of 5: the call's logits and the caches compared (the device's cache copied here for that alone), a hybrid's
+    recurrent states too (the slots holding the text's positions: all of a ring, a positional buffer's prefix)."""
     from specdeploy.engines.memory import on_host
 
     cache = dev.allocate_cache(1, CAPACITY)
     info = {"handle": type(cache).__name__, "buffer": f"{type(cache.stacked).__module__}.{type(cache.stacked).__name__}",
             "on_host": isinstance(cache.stacked, np.ndarray), "memory": dev.memory.name}
-    logits, caches = [], []
+    logits, caches, states = [], [], []
     for engine, c in ((ref, ref.allocate_cache(1, CAPACITY)), (dev, cache)):
         logits.append(last_logits(engine, ids, c))
         caches.append(on_host(c.stacked).astype(np.float32))
+        states.append([on_host(group)[:, :, : PAST + 5].astype(np.float32) for group in c.states])
     valid = slice(0, PAST + 5)
     beyond = caches[1][:, :, :, PAST + 5 :]
     info.update(logits_max_abs_diff=float(np.abs(logits[0] - logits[1]).max()),
@@ -557,6 +602,10 @@ def cache_check(ref, dev, ids: np.ndarray) -> dict:
                 cache_max_abs_diff=float(np.abs(caches[0][:, :, :, valid] - caches[1][:, :, :, valid]).max()),
                 new_slots_written=bool(np.abs(caches[1][:, :, :, PAST : PAST + 5]).max() > 0),
                 beyond_valid_nonzero=float((beyond != 0).mean()), beyond_valid_finite=bool(np.isfinite(beyond).all()))
+    if states[0]:
+        info["states_max_abs_diff"] = {state.name: float(np.abs(a - b).max())
+                                       for state, a, b in zip(dev.spec.states, *states)}
+        info["states_max_abs"] = {state.name: float(np.abs(a).max()) for state, a in zip(dev.spec.states, states[0])}
     return info
 
 
@@ -565,6 +614,9 @@ def _failures(record: dict) -> list[str]:
     (``gpu_decoding.failures``)."""
     found = [key for key, value in record.items() if isinstance(value, dict) and "error" in value]
     found += failures(record)
+    place = record.get("placement", {})
+    if place.get("copies_inside") and not place.get("copies_allowed", True):
+        found.append(f"placement: {place['copies_inside']} copies inside a call")
     found += [f"latency {kind}" for kind, value in record.get("latency", {}).items() if isinstance(value, dict)
               and "error" in value]
     return found

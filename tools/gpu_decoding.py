@@ -3,7 +3,8 @@ against plain decoding for each drafter (the draft model at a fixed K, the suffi
 at a fixed K and the default itself: that drafter under the cost policy, which prices by the costs this pipeline
 measured on the provider) on a ragged batch and at batch 1; a conversation's second turn reusing the first's K/V (the
 prefix cache, kept where the engine computes) against the same turn cold; exact mode (``GenerationConfig.exact``),
-whose speculative output must be its plain output bit for bit.
+whose speculative output must be its plain output bit for bit; a verification rolled back to every length it can
+leave (``rollback``), the next token's logits against a fresh prefill's on the CPU.
 
 Where two greedy outputs part, the target's margin there is reported (``Pipeline.first_divergence``): the CPU and
 a GPU, or a reused and a recomputed K/V, may part at a near-tie (|margin| <= NEAR_TIE); a larger margin is a bug.
@@ -53,8 +54,8 @@ def speculative_cases(pipeline, prompts, plain_tokens: list[list[int]], label: s
     return out
 
 
-def exactness(ref, dev, prompts: list[list[int]], provider: str) -> dict:
-    """Greedy tokens: plain CPU vs plain ``provider``; every drafter's speculative output vs plain on ``provider``
+def exactness(ref, dev, prompts: list[list[int]], provider: str, cases=SPECULATIVE) -> dict:
+    """Greedy tokens: plain CPU vs plain ``provider``; each of ``cases``' speculative output vs plain on ``provider``
     (and the model drafter's on the CPU)."""
     plain = config()
     names = {"reference": "cpu", "device": provider if provider != "cpu" else "cpu (2nd pipeline)"}
@@ -63,16 +64,17 @@ def exactness(ref, dev, prompts: list[list[int]], provider: str) -> dict:
     if failed:
         return failed
     plain_tokens = {side: [r.token_ids for r in results] for side, results in outputs.items()}
-    cases = {f"plain {names['reference']} vs {names['device']}":
+    found = {f"plain {names['reference']} vs {names['device']}":
              compare(ref, prompts, plain_tokens["reference"], outputs["device"], plain)}
-    cases |= speculative_cases(dev, prompts, plain_tokens["device"], names["device"])
-    cases |= speculative_cases(ref, prompts, plain_tokens["reference"], "cpu", {"k4": SPECULATIVE["k4"]})
-    return cases
+    found |= speculative_cases(dev, prompts, plain_tokens["device"], names["device"], cases)
+    found |= speculative_cases(ref, prompts, plain_tokens["reference"], "cpu", {"k4": SPECULATIVE["k4"]})
+    return found
 
 
 def compare(pipeline, prompts, reference: list[list[int]], results, config) -> dict:
     """Prompts whose tokens equal ``reference``; where each other one diverges, with the target's margin there; the
-    cycles that drafted from the draft model and from text (the suffix index), and the mean accepted length."""
+    cycles that drafted from the draft model and from text (the suffix index), the mean accepted length, and how many
+    drafted cycles accepted each number of drafts (each a rollback to that length)."""
     other = [r.token_ids for r in results]
     case = {"equal": sum(a == b for a, b in zip(reference, other)), "of": len(prompts), "diverged": [], "tokens": other}
     for i, (prompt, a, b) in enumerate(zip(prompts, reference, other)):
@@ -90,6 +92,9 @@ def compare(pipeline, prompts, reference: list[list[int]], results, config) -> d
         case["cycles"] = {"model": sum(rec.drafted > 0 and not rec.free for rec in records),
                           "text": sum(rec.drafted > 0 and rec.free for rec in records),
                           "plain": sum(rec.drafted == 0 for rec in records)}
+        drafted = [rec for rec in records if rec.drafted]
+        case["accepted_counts"] = [sum(rec.accepted == n for rec in drafted)
+                                   for n in range(max((rec.drafted for rec in drafted), default=0) + 1)]
     return case
 
 
@@ -122,10 +127,13 @@ def prefix_reuse(pipeline, prompt: list[int]) -> dict:
     return record
 
 
-def exact_mode(pipeline, prompts: list[list[int]], default_plain: list[list[int]] | None = None) -> dict:
-    """Exact mode on ``pipeline``: its plain output, and every drafter's speculative output against it (equal bit for
-    bit, its promise), at a ragged batch and at batch 1; its plain output against the default mode's
-    (``default_plain``; they may part at a near-tie: margins). A target exact mode refuses: ``{"refused": why}``."""
+def exact_mode(pipeline, prompts: list[list[int]], default_plain: list[list[int]] | None = None,
+               cases=SPECULATIVE) -> dict:
+    """Exact mode on ``pipeline``: its plain output, and each of ``cases``' speculative output against it (equal bit
+    for bit, its promise); its plain output against the default mode's (``default_plain``; they may part at a
+    near-tie: margins). Every call then carries an even number of tokens a row (``engines.even``), so each position
+    runs the same kernels (on CUDA: GroupQueryAttention's and MatMulNBits') whichever call computes it. A target
+    exact mode refuses: ``{"refused": why}``."""
     from specdeploy.runtime.config import ConfigError
 
     plain = config(exact=True)
@@ -135,11 +143,47 @@ def exact_mode(pipeline, prompts: list[list[int]], default_plain: list[list[int]
         return {"refused": str(exc)}
     outputs = pipeline.generate(prompts, plain)
     tokens = [r.token_ids for r in outputs]
-    cases = {}
+    found = {}
     if default_plain is not None:
-        cases["plain exact vs plain default"] = compare(pipeline, prompts, default_plain, outputs, config())
-    cases |= speculative_cases(pipeline, prompts, tokens, "exact", exact=True)
-    return cases
+        found["plain exact vs plain default"] = compare(pipeline, prompts, default_plain, outputs, config())
+    return found | speculative_cases(pipeline, prompts, tokens, "exact", cases, exact=True)
+
+
+def rollback(ref, dev, prompt: list[int], k: int = 4) -> dict:
+    """A verification of k + 1 tokens on ``dev``'s target (a row's last token and k drafts, at its length), rolled back
+    to each length a cycle can leave (n = 0 .. k drafts accepted: the length moves to past + 1 + n), then the next
+    token: its logits against a fresh prefill of the same text on ``ref``'s target (the CPU). Rollback moves a length,
+    so K/V and a hybrid's recurrent states (``StateSpec``: a ring of the last positions' states, or one a slot) must be
+    there for every position the verification wrote. The verification runs again before each length (the token after
+    a rollback overwrites the next position). Per length: the largest logit difference, the argmax on each side and,
+    where they differ, the fresh prefill's margin there; and how far the fresh logits one position shorter lie (what a
+    state one position behind would show)."""
+    from specdeploy.engines.base import prefill
+
+    rng = np.random.default_rng(7)
+    target, vocab = dev.target, dev.target.spec.vocab_size
+    block, after = rng.integers(0, vocab, k + 1).tolist(), int(rng.integers(0, vocab))
+    past = len(prompt)
+    cache = target.allocate_cache(1, past + k + 8)
+    prefill(target, cache, np.array([prompt]), [past])
+
+    def fresh(text: list[int]) -> np.ndarray:  # the next-token logits after ``text``, prefilled in one call
+        cache = ref.target.allocate_cache(1, len(text) + 2)
+        return ref.target.infer(np.array([text]), np.zeros(1, np.int64), cache, 1).logits[0, -1].astype(np.float64)
+
+    references = [fresh([*prompt, *block[:m], after]) for m in range(k + 2)]  # m = n + 1 at length past + 1 + n
+    lengths = []
+    for n in range(k + 1):
+        target.infer(np.array([block]), np.array([past], np.int64), cache)
+        got = target.infer(np.array([[after]]), np.array([past + 1 + n], np.int64), cache).logits[0, -1].astype(np.float64)
+        want, wrong = references[n + 1], references[n]  # its own length's, and one position short of it
+        case = {"length": past + 1 + n, "max_abs_diff": float(np.abs(got - want).max()),
+                "max_abs": float(np.abs(want).max()), "one_behind_diff": float(np.abs(wrong - want).max()),
+                "argmax": [int(want.argmax()), int(got.argmax())]}
+        if case["argmax"][0] != case["argmax"][1]:
+            case["margin"] = float(want.max() - want[got.argmax()])
+        lengths.append(case)
+    return {"k": k, "past": past, "lengths": lengths}
 
 
 def failures(record: dict) -> list[str]:
@@ -160,4 +204,10 @@ def failures(record: dict) -> list[str]:
             elif "cached_prompt_tokens" in result and (result["cached_prompt_tokens"] == 0 or any(
                     abs(d.get("margin", np.inf)) > NEAR_TIE for d in result["diverged"])):
                 found.append(label)
+    rolled = record.get("rollback", {})
+    if "error" in rolled:
+        found.append("rollback")
+    for case in rolled.get("lengths", []):  # the argmax parts only at a near-tie, the logits nearer their own length's
+        if case.get("margin", 0.0) > NEAR_TIE or case["max_abs_diff"] >= case["one_behind_diff"] / 2:
+            found.append(f"rollback: length {case['length']}")
     return found

@@ -41,6 +41,13 @@ def write_results(report: dict, folder: Path, commit: str) -> Path:
             for case, r in cases.items():
                 if isinstance(r, dict):  # a case (the prefix section's counts are in the JSON)
                     lines.append(f"| {name} | {section} | {case} | " + _case_cells(r) + " |")
+        rolled = record.get("rollback", {})
+        if rolled.get("lengths"):
+            worst = max(rolled["lengths"], key=lambda c: c["max_abs_diff"] / max(c["one_behind_diff"], 1e-30))
+            same = sum(c["argmax"][0] == c["argmax"][1] for c in rolled["lengths"])
+            lines.append(f"| {name} | rollback | lengths {rolled['lengths'][0]['length']}-{rolled['lengths'][-1]['length']}"
+                         f" | {same}/{len(rolled['lengths'])} | worst {worst['max_abs_diff']:.2g} (one behind "
+                         f"{worst['one_behind_diff']:.2g}) | | |")
     for name, pair in report["pairs"].items():
         speedups = pair.get("replay", {}).get("speedup_over_plain", {})
         lines.append(f"\n{name}: cycle bytes {pair.get('cycle_bytes')}; replayed speedup over plain {speedups}")
@@ -125,6 +132,7 @@ def print_artifact(name: str, record: dict) -> None:
     _cases("exactness", record.get("exactness", {}))
     _cases("prefix reuse", record.get("prefix", {}))
     _cases("exact mode", record.get("exact", {}))
+    _rollback(record.get("rollback", {}))
     if record.get("costs"):
         print(f"  measured costs (batch, tokens, s): {record['costs']}")
     place = record.get("placement", {})
@@ -133,7 +141,8 @@ def print_artifact(name: str, record: dict) -> None:
     elif place:
         print(f"  nodes ({place['graph_nodes']} in the graph): " + "; ".join(
             f"{p.replace('ExecutionProvider', '')} {place['nodes_per_provider'][p]} "
-            f"{' '.join(f'{op}:{n}' for op, n in ops.items())}" for p, ops in place["ops_per_provider"].items()))
+            f"{' '.join(f'{op}:{n}' for op, n in ops.items())}" for p, ops in place["ops_per_provider"].items())
+              + f" | copies inside a call: {place.get('copies_inside', '-')}")
     cache = record.get("cache", {})
     if "error" in cache:
         print(f"  cache: ERROR {cache['error'][:200]}")
@@ -141,12 +150,30 @@ def print_artifact(name: str, record: dict) -> None:
         print(f"  cache: {cache['buffer']} on_host={cache['on_host']} memory={cache['memory']} | "
               f"vs cpu: logits {cache['logits_max_abs_diff']:.2g} (of {cache['logits_max_abs']:.2g}), "
               f"cache {cache['cache_max_abs_diff']:.2g}, new slots written={cache['new_slots_written']}, "
-              f"beyond valid: nonzero {cache['beyond_valid_nonzero']:.2f} finite={cache['beyond_valid_finite']}")
+              f"beyond valid: nonzero {cache['beyond_valid_nonzero']:.2f} finite={cache['beyond_valid_finite']}"
+              + (f" | states {cache['states_max_abs_diff']} (of {cache['states_max_abs']})" if "states_max_abs" in cache
+                 else ""))
     if "refused" in record:
         print(f"  refused: {record['refused'][:300]}")
     for kind, timings in record.get("latency", {}).items():
         if isinstance(timings, dict):
             print(f"  {kind} ms: " + _timings(timings))
+    if record.get("seconds"):
+        print(f"  seconds per part: {record['seconds']}")
+
+
+def _rollback(record: dict) -> None:
+    """One line: each length a verification was rolled back to, its logits' distance from a fresh prefill's (and from
+    the one a position shorter), the argmax on both sides and the margin where they part."""
+    if not record:
+        return
+    if "error" in record or "skipped" in record:
+        print(f"  rollback: {'ERROR ' + record['error'][:200] if 'error' in record else record['skipped']}")
+        return
+    print(f"  rollback (k {record['k']} after {record['past']}): " + " | ".join(
+        f"{c['length']}: {c['max_abs_diff']:.2g} (one behind {c['one_behind_diff']:.2g}) argmax {c['argmax'][0]}"
+        + ("" if c["argmax"][0] == c["argmax"][1] else f"/{c['argmax'][1]} margin {c['margin']:.3g}")
+        for c in record["lengths"]))
 
 
 def _timings(timings: dict) -> str:

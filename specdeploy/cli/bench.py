@@ -9,10 +9,9 @@ import click
 from rich.progress import Progress
 from rich.table import Table
 
-from ..engines.ort import PROVIDERS
 from ..files import FileRefused, open_regular
 from ..reports.plots import PLOTS
-from .common import CliConsole, threads_option
+from .common import CliConsole, provider_options, threads_option
 
 # what bench and report write into --out: only a directory of these is replaced by --force
 BENCH_FILES = ("records.jsonl", "summary.json", "report.html", "report.md", *PLOTS)
@@ -61,8 +60,7 @@ def _csv(kind):
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
 @threads_option
-@click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
-              help="ONNX Runtime execution provider.")
+@provider_options()
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for records.jsonl and summary.json.")
 @click.option("--force", is_flag=True, help="Replace an existing --out directory.")

@@ -92,27 +92,48 @@ def speculation_options(k_help: str):
 
 
 def suffix_file_option(help_text: str):
-    """--suffix-file (``help_text``), and --suffix-cache, its name before 0.5: hidden, said to be deprecated when given
-    (``given_suffix_file``), as the file is the suffix index's, no cache's."""
-    path = click.Path(path_type=Path, dir_okay=False)
+    """--suffix-file (``help_text``): a file of the suffix indexes, kept across runs."""
+    return click.option("--suffix-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help=help_text)
+
+
+def provider_options(default: str | None = "cpu"):
+    """--provider, --device and --precision, given to the command as one ``provider`` (a ``Provider``; None where
+    ``default`` is None and no --provider is given): OpenVINO's device and precision are refused with another
+    provider, in one line."""
+    from ..engines.providers import OPENVINO_DEVICES, OPENVINO_PRECISIONS, PROVIDERS
+
+    options = [
+        click.option("--provider", "provider_name", type=click.Choice(list(PROVIDERS)), default=default,
+                     show_default=default is not None,
+                     help="ONNX Runtime execution provider. openvino needs onnxruntime-openvino in place of "
+                          "onnxruntime, and a graph it runs whole (specdeploy export --provider openvino)."),
+        click.option("--device", type=click.Choice(OPENVINO_DEVICES), default=None,
+                     help="--provider openvino: the device OpenVINO computes on [default: CPU]."),
+        click.option("--precision", type=click.Choice(OPENVINO_PRECISIONS), default=None,
+                     help="--provider openvino: its inference precision [default: FP32, what the graph says; BF16 and "
+                          "FP16 trade accuracy for speed where the device has the units]."),
+    ]
 
     def apply(command):
-        command = click.option("--suffix-cache", "old_suffix_file", type=path, default=None, hidden=True,
-                               help="Deprecated since 0.5: --suffix-file.")(command)
-        return click.option("--suffix-file", type=path, default=None, help=help_text)(command)
+        import functools
+
+        @functools.wraps(command)
+        def run(*args, provider_name, device, precision, **kwargs):
+            from ..engines.providers import Provider, ProviderError
+
+            if provider_name is None and (device or precision):
+                raise click.UsageError("--device and --precision go with --provider openvino")
+            try:
+                provider = None if provider_name is None else Provider(provider_name, device, precision)
+            except ProviderError as exc:
+                raise click.UsageError(str(exc)) from exc
+            return command(*args, provider=provider, **kwargs)
+
+        for option in reversed(options):
+            run = option(run)
+        return run
 
     return apply
-
-
-def given_suffix_file(given: Path | None, old: Path | None) -> Path | None:
-    """The --suffix-file a command was given, under either name; the old one is told deprecated on stderr."""
-    if old is None:
-        return given
-    if given is not None:
-        raise click.UsageError("--suffix-cache and --suffix-file: got both; expected one (--suffix-cache is the "
-                               "deprecated name of --suffix-file)")
-    click.echo("warning: --suffix-cache is deprecated: use --suffix-file", err=True)
-    return old
 
 
 def _threads(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:

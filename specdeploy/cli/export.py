@@ -36,16 +36,21 @@ from .common import console
               help="With --graph fused: the draft scores only the first N token ids (BPE ids come in merge order, "
                    "most common first) and -inf for the rest: a smaller head, a faster draft step; output stays "
                    "exactly the target's [default: the whole vocabulary].")
+@click.option("--provider", type=click.Choice(["cpu", "openvino"]), default="cpu", show_default=True,
+              help="The execution provider the graphs are written for. openvino: the explicit form whose attention "
+                   "reads only the filled cache slots and whose head runs over the kept positions only, which OpenVINO "
+                   "runs whole (it refuses the fused form's in-place GroupQueryAttention); it runs on the CPU provider "
+                   "too.")
 @click.option("--force", is_flag=True, help="Replace an existing output dir.")
 def export(target, draft, out, dtype, weights, draft_weights, capacity, block_size, accuracy_level, graph, draft_vocab,
-           force):
+           provider, force):
     """Export Hugging Face causal LMs to verify-v1 ONNX graphs plus a manifest."""
     from ..exporter import ExportError, ExportOptions, export_artifact
 
     try:
         options = ExportOptions(dtype=dtype, weights=weights, draft_weights=draft_weights, capacity=capacity, graph=graph,
                                 block_size=int(block_size), accuracy_level=accuracy_level, draft_vocab=draft_vocab,
-                                force=force)
+                                force=force, provider=provider)
         with console.status("exporting") as status:
             def progress(step):
                 console.log(step)

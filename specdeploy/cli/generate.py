@@ -12,8 +12,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ..engines.ort import PROVIDERS
-from .common import CliConsole, given_suffix_file, speculation_options, suffix_file_option, threads_option
+from .common import CliConsole, provider_options, speculation_options, suffix_file_option, threads_option
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -50,8 +49,7 @@ def read_prompts(path: Path) -> list[str]:
               help="Token id that ends a request like EOS does (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (up to --max-new-tokens).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
-@click.option("--provider", type=click.Choice(list(PROVIDERS)), default="cpu", show_default=True,
-              help="ONNX Runtime execution provider.")
+@provider_options()
 @threads_option
 @click.option("--remember-costs/--no-remember-costs", default=True, show_default=True,
               help="Start the policy from the engine costs the last run measured on this artifact, provider and "
@@ -68,7 +66,7 @@ def read_prompts(path: Path) -> list[str]:
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
              seed, k, policy, drafter, confidence_threshold, exact, stop, stop_token_ids, ignore_eos, batch_size,
-             provider, threads, remember_costs, suffix_file, old_suffix_file, chat, system, as_json, compare):
+             provider, threads, remember_costs, suffix_file, chat, system, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -77,7 +75,6 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
     from ..runtime.chat import ChatTemplateError
     from ..runtime.config import ConfigError
 
-    suffix_file = given_suffix_file(suffix_file, old_suffix_file)
     prompts = list(prompts) + (read_prompts(prompt_file) if prompt_file else [])
     if not prompts:
         raise click.UsageError("give --prompt or --prompt-file")
@@ -172,7 +169,8 @@ def _show(pipeline, headings, inputs, config, batch_size):
                     out.print(chunk.text, end="", markup=False)
                 results.append(chunk.result)
             except GenerationError as exc:  # this prompt failed; the others still run
-                results.append(GenerationResult("", [], summarize([]), FinishReason.ERROR, error=str(exc)))
+                results.append(GenerationResult(text="", token_ids=[], stats=summarize([]), finish_reason=FinishReason.ERROR,
+                                                error=str(exc)))
             out.print()
         return results
     results = pipeline.generate(inputs, config, batch_size=batch_size)
@@ -222,7 +220,7 @@ def _comparison(spec, plain, config, as_json: bool, divergences: list[dict]) -> 
     elif divergences:
         CliConsole(stderr=True).print("A small margin is a near-tie the compressed target's arithmetic tipped (verifying "
                                    "K + 1 tokens at once is not bit-identical to decoding one; --exact makes it so): see "
-                                   "README, Exactness.")
+                                   "docs/runtime.md, Exact mode.")
 
 
 def _stats_table(results) -> None:

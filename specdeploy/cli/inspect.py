@@ -14,7 +14,7 @@ from ..doctor import described
 from ..files import FileRefused, open_regular
 from ..reports.graph import graph_summary
 from ..values import short
-from .common import CliConsole, human, read_manifest
+from .common import CliConsole, human, provider_options, read_manifest
 
 SHOWN_FILES = 50  # rows of the files table; --json lists them all
 SHOWN_UNREADABLE = 20  # files that cannot be read, named on stderr; the rest are counted
@@ -23,10 +23,13 @@ SHOWN_UNREADABLE = 20  # files that cannot be read, named on stderr; the rest ar
 @click.command()
 @click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest, file sizes and graph summaries as JSON.")
-def inspect(directory, as_json):
+@provider_options(default=None)
+def inspect(directory, as_json, provider):
     """Show an artifact's contract, tensors, graphs (nodes, nodes per layer, op counts), sizes and files. A file the
     manifest lists that cannot be read (missing, permissions, not a graph) is named with the reason, in its table
-    rows and once more at the end (--json: ``unreadable_files``); ``doctor`` checks the artifact."""
+    rows and once more at the end (--json: ``unreadable_files``); ``doctor`` checks the artifact. With --provider,
+    also where ONNX Runtime places each graph's nodes on that provider (each graph is loaded on it: seconds for a
+    large model)."""
     manifest = read_manifest(directory)
     sizes, unreadable = {}, {}  # name -> bytes of each regular file; name -> why it cannot be read
     for name in manifest.files:
@@ -41,11 +44,14 @@ def inspect(directory, as_json):
                 graphs[role] = graph_summary(directory / spec.file)
             except Exception as exc:  # onnx's own errors for a truncated or foreign file; FileRefused if swapped
                 unreadable[spec.file] = f"not a readable ONNX graph ({type(exc).__name__}: {short(str(exc), 120, quoted=False)})"
+    placements = _placements(directory, manifest, provider, unreadable) if provider is not None else None
     if as_json:
         data = json.loads(manifest.to_json())
         data["file_sizes"] = sizes
         data["unreadable_files"] = unreadable
         data["graphs"] = graphs
+        if placements is not None:
+            data["placement"] = {"provider": provider.key, "models": placements}
         for role, spec in manifest.models.items():
             data["models"][role]["inputs"] = spec.inputs
             data["models"][role]["outputs"] = spec.outputs
@@ -76,6 +82,8 @@ def inspect(directory, as_json):
         ops = ", ".join(f"{op} {count}" for op, count in list(summary["ops"].items())[:6])
         table.add_row(role, str(summary["nodes"]), "-" if per_layer is None else f"{per_layer:g}", ops)
     out.print(table)
+    if placements is not None:
+        out.print(_placement_table(placements, provider))
     files = Table("file", "size", "sha256", title="files")
     listed = sorted(manifest.files.items())
     for name, digest in listed[:SHOWN_FILES]:
@@ -87,6 +95,40 @@ def inspect(directory, as_json):
         files.add_row(f"… and {len(listed) - SHOWN_FILES:,} more", "", "")
     out.print(files)
     _say_unreadable(out, unreadable)
+
+
+def _placements(directory: Path, manifest, provider, unreadable: dict[str, str]) -> dict[str, dict]:
+    """role -> {EP: {operator type: nodes}} on ``provider``, or {"error": why} where the graph cannot be loaded there."""
+    from ..engines.ort import placement
+    from ..engines.providers import ProviderError
+
+    placed = {}
+    for role, spec in manifest.models.items():
+        if spec.file in unreadable:
+            placed[role] = {"error": unreadable[spec.file]}
+            continue
+        try:
+            placed[role] = placement(directory / spec.file, provider)
+        except ProviderError as exc:
+            placed[role] = {"error": str(exc)}
+        except Exception as exc:  # ONNX Runtime's own load errors
+            placed[role] = {"error": f"ONNX Runtime cannot load it on {provider.key} ({type(exc).__name__}: "
+                                     f"{short(str(exc), 200, quoted=False)})"}
+    return placed
+
+
+def _placement_table(placements: dict[str, dict], provider) -> Table:
+    """Per model: the nodes ONNX Runtime places on ``provider``'s EP, and the ones it leaves to another (by type)."""
+    table = Table("role", f"nodes on {provider.key}", "nodes elsewhere", title=f"placement on {provider.key}")
+    for role, placed in placements.items():
+        if "error" in placed:
+            table.add_row(role, "-", Text(placed["error"]))
+            continue
+        own = sum(placed.get(provider.ep, {}).values())
+        others = [f"{ep}: " + ", ".join(f"{op} {count}" for op, count in sorted(ops.items(), key=lambda item: -item[1]))
+                  for ep, ops in placed.items() if ep != provider.ep]
+        table.add_row(role, str(own), Text("; ".join(others) or "none: the graph runs whole"))
+    return table
 
 
 def _tensors_table(manifest) -> Table:

@@ -7,16 +7,18 @@ from ..contract import REEXPORT_INT8, ContractError, Manifest, saturating_int8
 from .base import Engine, EngineClosedError, EngineInputError, EngineOutput, KVCache
 from .genai import GenaiEngine
 from .optimum import OptimumEngine
-from .ort import OrtEngine, ProviderError
+from .ort import OrtEngine
+from .providers import Provider, ProviderError
 from .vetting import check_external_data
 
 # the engine of each cache layout: ours (None), and one adapter per contract of graphs we did not write
 ADAPTERS = {None: OrtEngine, "shared": GenaiEngine, "concatenated": OptimumEngine}
 
 
-def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = "cpu",
+def load_engine(directory: Path, manifest: Manifest, role: str, provider: str | Provider = "cpu",
                 threads: int | None = None) -> Engine:
-    """The engine of ``role`` ("target" or "draft") in an artifact dir.
+    """The engine of ``role`` ("target" or "draft") in an artifact dir, on ``provider`` (a word of
+    ``providers.PROVIDERS`` or a ``Provider`` with its options).
 
     The graph's external-data references are checked before ONNX Runtime sees the file: each must
     name a plain file of the artifact that the manifest lists (ONNX loaders have had
@@ -41,5 +43,5 @@ def load_engine(directory: Path, manifest: Manifest, role: str, provider: str = 
         raise ContractError(f"{spec.file}: ONNX Runtime cannot load it ({type(exc).__name__}: {exc})") from exc
 
 
-__all__ = ["Engine", "EngineClosedError", "EngineInputError", "EngineOutput", "KVCache", "OrtEngine", "ProviderError",
-           "load_engine"]
+__all__ = ["Engine", "EngineClosedError", "EngineInputError", "EngineOutput", "KVCache", "OrtEngine", "Provider",
+           "ProviderError", "load_engine"]

@@ -11,12 +11,13 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
-from ..contract import PREFILL_CHUNK, ModelSpec
+from ..contract import PREFILL_CHUNK, ModelSpec, StateSpec
 from ..values import is_integer, short
-from .memory import NUMPY_DTYPES, address, copy_prefixes, describe, on_host, settle
+from .memory import NUMPY_DTYPES, address, copy_prefixes, copy_states, describe, on_host, settle, write_states
 
 
 class EngineInputError(ValueError):
@@ -37,7 +38,7 @@ class EngineOutput:
     [batch, kept] integers, not [batch, kept, vocab] floats.
     """
 
-    def __init__(self, logits, new_kv, seconds: float, stage_seconds: float = 0.0, ids=None):
+    def __init__(self, logits, new_kv, seconds: float, stage_seconds: float = 0.0, ids=None, new_states=()):
         self._computed = logits  # where the engine computed them: host or device (``__getattr__`` copies those)
         if isinstance(logits, np.ndarray):  # a field at once: the CPU's hot path reads them
             self.logits = logits
@@ -45,6 +46,9 @@ class EngineOutput:
         # The new tokens' K/V as the graph returned them, already in the cache: [2 * layers, batch, kv_heads, tokens,
         # head_dim]; None where the graph writes the cache itself (the fused form)
         self.new_kv = new_kv
+        # Each recurrent state's states of the call's last positions ([layers, batch, written, *shape] a state), already
+        # in the cache: ``StateSpec``; () where the model has none or the graph writes them itself
+        self.new_states = new_states
         self.seconds = seconds  # the backend's call, without input checks and K/V staging
         self.stage_seconds = stage_seconds  # writing the new K/V into the cache
 
@@ -66,6 +70,15 @@ class EngineOutput:
         return ids
 
 
+class NewCache(NamedTuple):
+    """What an explicit graph's call returns for its cache (``Engine.infer_impl``): the new tokens' K/V, [2 * kv layers,
+    batch, kv_heads, tokens, head_dim], and each recurrent state's states of the call's last positions, [layers, batch,
+    written, *shape] a state (``StateSpec.written``)."""
+
+    kv: object
+    states: tuple = ()
+
+
 class KVCache:
     """The K/V buffers of one model for a batch, owned by the engine that computes on them, and
     each row's valid length ``past_len`` (slots at and beyond it are ignored, so rollback moves a length).
@@ -74,15 +87,25 @@ class KVCache:
     on a GPU; the engine binds each element to its session by address): element i is cache tensor i (``buffers``),
     and writing a call's new K/V into every layer is one copy. The handle reads like that array (``len``, iteration,
     indexing, ``shape``). Rows joining and leaving move where the array is; only ``past_len`` lives on the host.
+
+    A hybrid model's recurrent states (``ModelSpec.states``) are cache too, one array a state kind, [layers, batch,
+    slots, *shape] (``states``; each element bound as ``cache_{state}.{layer}``: ``state_buffers``): position p's state
+    at slot p mod slots, where slots is the capacity (positional, as K/V) or a ring's length. Every slot a row's
+    length can roll back to holds its state, so rollback is still a length; they move with the rows as K/V does.
     """
 
-    def __init__(self, stacked: np.ndarray, rows_held: np.ndarray | None = None):
+    def __init__(self, stacked: np.ndarray, rows_held: np.ndarray | None = None, states: Sequence = (),
+                 states_held: Sequence | None = None):
         # ``rows_held``: the allocation these rows are the first of (rows that left keep their memory for the next
-        # to join); each layer's rows stay one contiguous block, as the engines bind them
+        # to join); each layer's rows stay one contiguous block, as the engines bind them. ``states_held``: the same
+        # of each state array
         self.stacked = stacked
         self.on_host = isinstance(stacked, np.ndarray)  # else a device's: its copies must settle before a call reads it
         self.held = stacked if rows_held is None else rows_held
         self.buffers = list(stacked)  # [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim]
+        self.states = tuple(states)
+        self.states_held = self.states if states_held is None else tuple(states_held)
+        self.state_buffers = [layer for group in self.states for layer in group]  # the state inputs' order
         self.commit(np.zeros(stacked.shape[1], dtype=np.int64))
 
     @property
@@ -126,6 +149,12 @@ class KVCache:
         if not self.on_host:  # asked here, not by a call to ``settle``: a cycle stages 5 times (1 us at batch 1)
             settle(self.stacked)
 
+    def stage_states(self, new_states, start: np.ndarray, tokens: int) -> None:
+        """Write each state's new states ([layers, batch, written, *shape], the call's last ``written`` positions of
+        ``tokens``) at their slots: position p at p mod slots."""
+        for group, new in zip(self.states, new_states):
+            write_states(group, new, (start + (tokens - new.shape[2])).tolist())
+
     def select(self, rows) -> KVCache:
         """A cache of only ``rows`` (finished rows leave the batch; in order), lengths along, on the same memory (a new
         array would move the whole cache): the rows that stay move up over those that left, and this handle is spent.
@@ -135,7 +164,14 @@ class KVCache:
         in_place = rows == sorted(rows) and self._first_rows()
         to = self.stacked if in_place else np.zeros_like(self.stacked[:, : len(rows)])  # CuPy's for device arrays
         copy_prefixes(to, range(len(rows)), self.stacked, rows, lengths)
-        kept = KVCache(self.held[:, : len(rows)], self.held) if in_place else KVCache(to)
+        states = [group if in_place else np.zeros_like(group[:, : len(rows)]) for group in self.states]
+        for to_group, group in zip(states, self.states):
+            copy_states(to_group, range(len(rows)), group, rows, lengths)
+        if in_place:
+            kept = KVCache(self.held[:, : len(rows)], self.held, [held[:, : len(rows)] for held in self.states_held],
+                           self.states_held)
+        else:
+            kept = KVCache(to, states=states)
         kept.commit(lengths)
         return kept
 
@@ -146,7 +182,7 @@ class KVCache:
     def rows(self, start: int, stop: int) -> KVCache:
         """Rows start .. stop - 1 alone, on views of the batch buffers: what they write lands in the batch
         (their lengths are their own until committed back)."""
-        part = KVCache(self.stacked[:, start:stop])
+        part = KVCache(self.stacked[:, start:stop], states=[group[:, start:stop] for group in self.states])
         part.held = None  # a view into this batch: ``select`` and ``extend`` never write through it
         part.commit(self.past_len[start:stop])
         return part
@@ -156,20 +192,29 @@ class KVCache:
         the memory of rows that left (``select``) when there is enough; else all move to a new allocation."""
         batch, joining = self.stacked.shape[1], other.stacked.shape[1]
         if self._first_rows() and self.held.shape[1] >= batch + joining:
-            joined = KVCache(self.held[:, : batch + joining], self.held)
+            joined = KVCache(self.held[:, : batch + joining], self.held,
+                             [held[:, : batch + joining] for held in self.states_held], self.states_held)
         else:
-            shape = list(self.stacked.shape)
-            shape[1] = batch + joining
-            joined = KVCache(np.zeros_like(self.stacked, shape=shape))  # zeros: never-written slots hold no NaN
+            def grown(array):
+                shape = list(array.shape)
+                shape[1] = batch + joining
+                return np.zeros_like(array, shape=shape)  # zeros: never-written slots hold no NaN
+
+            joined = KVCache(grown(self.stacked), states=[grown(group) for group in self.states])
             copy_prefixes(joined.stacked, range(batch), self.stacked, range(batch), self.past_len)
+            for to, group in zip(joined.states, self.states):
+                copy_states(to, range(batch), group, range(batch), self.past_len)
         copy_prefixes(joined.stacked, range(batch, batch + joining), other.stacked, range(joining), other.past_len)
+        for to, group in zip(joined.states, other.states):
+            copy_states(to, range(batch, batch + joining), group, range(joining), other.past_len)
         joined.commit(np.concatenate([self.past_len, other.past_len]))
         return joined
 
 
-class ExplicitCalls:
-    """How a checked call runs and keeps the cache current in the explicit form: the backend returns the new tokens'
-    K/V, then written into the cache at each row's past_len. Each engine chooses its form's way once (``call_form``)."""
+class StagedCalls:
+    """How a checked call runs and keeps the cache current where the graph returns the new tokens' K/V (our explicit
+    form, an optimum import): the engine writes them into the cache at each row's past_len. Each engine chooses its
+    way once (``call_form``)."""
 
     rows_alone = False  # a call of several rows runs as one
 
@@ -177,14 +222,17 @@ class ExplicitCalls:
     def run(engine: Engine, input_ids: np.ndarray, past_len: np.ndarray, cache: KVCache, kept: int,
             widths: list[int] | None = None) -> EngineOutput:
         start = time.perf_counter()  # one call of all rows: a row's padding costs what its tokens do
-        logits, new_kv, ids = engine.infer_impl(input_ids, past_len, cache, kept)
+        logits, new, ids = engine.infer_impl(input_ids, past_len, cache, kept)
+        new_kv, new_states = (new.kv, new.states) if isinstance(new, NewCache) else (new, ())
         ran = time.perf_counter()
         cache.stage(new_kv, past_len)
-        return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran, ids)
+        cache.stage_states(new_states, past_len, input_ids.shape[1])
+        return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran, ids, new_states)
 
 
-class FusedCalls:
-    """The fused form: the graph writes the new tokens' K/V into the cache itself, nothing to stage.
+class InPlaceCalls:
+    """Where the graph writes the new tokens' K/V into the cache itself (our fused form, an onnxruntime-genai import),
+    nothing to stage.
     GroupQueryAttention takes several new tokens after a past only at batch 1, so such calls at a larger batch run
     row by row, on views of the rows' buffers (each row of a layer's cache is one contiguous block)."""
 
@@ -235,16 +283,22 @@ class Engine(ABC):
     def cache_dtype(self) -> np.dtype:
         return np.dtype(NUMPY_DTYPES[self.spec.dtype])
 
+    @property
+    def rows_alike(self) -> bool:
+        """Whether a position's logits and the K/V it writes are the same bits whichever call computes it (a one-token
+        call, a verification's row j, a prefill chunk, at any batch): then greedy speculative output is plain output
+        bit for bit with nothing padded (``runtime.exact``). False unless a backend's kernels were measured so."""
+        return False
+
     @cached_property
-    def call_form(self) -> ExplicitCalls | FusedCalls | ClosedCalls:
+    def call_form(self) -> StagedCalls | InPlaceCalls | ClosedCalls:
         """How this engine's calls run and write the cache, chosen once from its graph's form."""
-        return FusedCalls() if self.spec.writes_cache else ExplicitCalls()
+        return InPlaceCalls() if self.spec.writes_cache else StagedCalls()
 
     def allocate_cache(self, batch: int, capacity: int) -> KVCache:
-        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim],
-        where this engine computes (host memory here)."""
-        shape = self.spec.cache_shape(batch, capacity)
-        return KVCache(np.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype))
+        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim], and each
+        recurrent state's [layers, batch, slots, *shape], where this engine computes (host memory here)."""
+        return allocated(self.spec, batch, capacity, self.cache_dtype, np.zeros)
 
     def infer(self, input_ids: np.ndarray, past_len: np.ndarray, cache: KVCache, last: int | None = None,
               widths: Sequence[int] | None = None) -> EngineOutput:
@@ -281,9 +335,10 @@ class Engine(ABC):
     @abstractmethod
     def infer_impl(self, input_ids, past_len, cache: KVCache, kept: int) -> tuple:
         """Run the backend on checked inputs; return (logits, new K/V, ids): the logits of each row's last ``kept``
-        tokens (all of them unless ``spec.trims_logits``), the new K/V per layer (None where the graph writes them
-        into the cache itself) and each kept position's argmax ids [batch, kept] (None where the graph does not
-        compute them). Outputs may be device arrays (``EngineOutput`` copies what is read to the host)."""
+        tokens (all of them unless ``spec.trims_logits``), the new K/V per layer (a ``NewCache`` where the model has
+        recurrent states too; None where the graph writes them into the cache itself) and each kept position's argmax
+        ids [batch, kept] (None where the graph does not compute them). Outputs may be device arrays (``EngineOutput``
+        copies what is read to the host)."""
 
     def close(self) -> None:
         """Release what the backend holds (backends add their sessions and bound buffers); later calls raise
@@ -330,18 +385,45 @@ class Engine(ABC):
         role = self.spec.role
         if not isinstance(cache, KVCache):
             raise EngineInputError(f"{role}: cache | received {describe(cache)}; expected a KVCache (Engine.allocate_cache)")
-        if len(cache) != 2 * self.spec.num_layers:
-            raise EngineInputError(f"{role}: received {len(cache)} cache tensors; expected {2 * self.spec.num_layers}")
-        first = cache.buffers[0]
-        capacity = first.shape[2] if first.ndim == 4 else -1
-        expected = self.spec.cache_shape(batch, capacity)
-        for i, buf in enumerate(cache.buffers):
+        spec = self.spec
+        if len(cache) != 2 * len(spec.kv_layers):
+            raise EngineInputError(f"{role}: received {len(cache)} cache tensors; expected {2 * len(spec.kv_layers)}")
+        if len(cache.state_buffers) != len(spec.state_inputs):
+            raise EngineInputError(f"{role}: received {len(cache.state_buffers)} recurrent state tensors; expected "
+                                   f"{len(spec.state_inputs)} ({', '.join(spec.state_inputs[:4]) or 'none'})")
+        capacity = cache.stacked.shape[3] if cache.stacked.ndim == 5 else -1
+        expected = spec.cache_shape(batch, capacity)
+        for name, buf in zip(spec.cache_inputs, cache.buffers):
             if buf.shape != expected or buf.dtype != self.cache_dtype:
-                name = f"cache_{'key' if i % 2 == 0 else 'value'}.{i // 2}"
                 raise EngineInputError(
-                    f"{role}: input tensor {name} | received {describe(buf)}; expected {self.spec.dtype} {expected}")
+                    f"{role}: input tensor {name} | received {describe(buf)}; expected {spec.dtype} {expected}")
+        wanted = [state.buffer_shape(batch, capacity) for state in spec.states for _ in state.layers]
+        for name, shape, buf in zip(spec.state_inputs, wanted, cache.state_buffers):
+            if buf.shape != shape or buf.dtype != self.cache_dtype:
+                raise EngineInputError(
+                    f"{role}: input tensor {name} | received {describe(buf)}; expected {spec.dtype} {shape}")
         self._checked_cache = weakref.ref(cache)  # weak: a finished request's caches must go
         return capacity
+
+
+def allocated(spec: ModelSpec, batch: int, capacity: int, dtype, zeros) -> KVCache:
+    """A zero-filled cache of ``spec``'s K/V and recurrent states for ``batch`` rows of ``capacity`` slots, made by
+    ``zeros(shape, dtype)`` (NumPy's, or an engine's memory's)."""
+    kv = zeros((2 * len(spec.kv_layers), *spec.cache_shape(batch, capacity)), dtype)
+    return KVCache(kv, states=[zeros((len(state.layers), *state.buffer_shape(batch, capacity)), dtype)
+                               for state in spec.states])
+
+
+def state_slots(state: StateSpec, past_len: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slots of ``state``'s buffers a call of ``tokens`` tokens at ``past_len`` [batch] reads and writes, as a fused
+    graph takes them (``ModelSpec.takes_state_slots``): [batch, lookback] those of positions past_len - lookback ..
+    past_len - 1, -1 for a position before 0 (its state is zeros), and [batch, written] those of the call's last
+    ``state.written(tokens)`` positions. Position p sits at slot p mod slots (p itself where positional)."""
+    reads = past_len[:, None] + np.arange(-state.lookback, 0)
+    writes = past_len[:, None] + np.arange(tokens - state.written(tokens), tokens)
+    if state.slots:
+        return np.where(reads < 0, -1, reads % state.slots), writes % state.slots
+    return np.maximum(reads, -1), writes
 
 
 def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) -> tuple[np.ndarray, int]:
@@ -357,7 +439,7 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
     seen = cache.past_len.tolist()
     lags = [end - past for end, past in zip(ends, seen)]
     width = max(lags)
-    if width > 1 and len(ends) > 1 and engine.call_form.rows_alone:  # row by row anyway
+    if width > 1 and len(ends) > 1 and _rows_alone(engine, lags):
         return _feed_rows(engine, cache, tokens, ends), width
     if lags.count(width) == len(lags):  # every row lags alike (always at batch 1, a draft's catch-up each cycle):
         start, last = seen, None  # each row from its own past, its last fed token at the end
@@ -379,9 +461,16 @@ def feed(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) ->
     return logits[np.arange(len(last)), last], width
 
 
+def _rows_alone(engine: Engine, lags: list[int]) -> bool:
+    """Whether rows that lag by ``lags`` tokens are fed one at a time: a fused graph runs such calls row by row anyway,
+    and a ring of recurrent states (``ModelSpec.keeps_ring``) cannot take a batched ragged feed, which re-feeds some rows
+    from further back than their ring reaches and pads others past the states they still need."""
+    return engine.call_form.rows_alone or (engine.spec.keeps_ring and len(set(lags)) > 1)
+
+
 def _feed_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) -> np.ndarray:
     """``feed`` one row at a time, each row its own tokens: a graph that writes its cache itself runs such a
-    call row by row anyway (``FusedCalls``), and padded to the longest row, a draft's catch-up
+    call row by row anyway (``InPlaceCalls``), and padded to the longest row, a draft's catch-up
     of one joining row at a batch of 4 computed its prompt 4 times. A row with nothing new re-feeds its last
     token, for its logits; one brought to 0 tokens (a one-token prompt's prefill stops at length - 1 = 0) has no
     token to re-feed and no next-token distribution: it is not fed, its logits are NaN."""
@@ -401,7 +490,8 @@ def prefill(engine: Engine, cache: KVCache, tokens: np.ndarray, goal: list[int])
     """Bring each row's cache up to ``goal[b]`` tokens of ``tokens``, in calls of at most PREFILL_CHUNK tokens
     (a fused graph's rows each fed their own: ``_feed_rows``)."""
     seen = cache.past_len.tolist()
-    if len(goal) > 1 and engine.call_form.rows_alone and any(past < end for past, end in zip(seen, goal)):
+    if (len(goal) > 1 and any(past < end for past, end in zip(seen, goal))
+            and _rows_alone(engine, [end - past for past, end in zip(seen, goal)])):
         # Row by row here, not chunk by chunk through ``feed``: there a row already at its goal would re-feed its last
         # token in every chunk the others still need, one wasted engine call each.
         for b, (past, end) in enumerate(zip(seen, goal)):

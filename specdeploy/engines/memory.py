@@ -51,6 +51,32 @@ def copy_prefixes(to: np.ndarray, to_rows, source: np.ndarray, rows, lengths) ->
     settle(to)
 
 
+def copy_states(to, to_rows, source, rows, lengths) -> None:
+    """Row ``to_rows[i]`` of a recurrent state's buffers ``to`` ([layers, batch, slots, *shape]) takes the states row
+    ``rows[i]`` of ``source`` holds for its first ``lengths[i]`` positions: its first min(length, slots) slots (a ring
+    full of positions, every slot; a positional buffer, the prefix)."""
+    slots = source.shape[2]
+    for to_row, row, n in zip(to_rows, rows, np.asarray(lengths).tolist()):
+        n = min(n, slots)
+        if n and not (to is source and to_row == row):
+            to[:, to_row, :n] = source[:, row, :n]
+    settle(to)
+
+
+def write_states(group, new, first: list[int]) -> None:
+    """Write a recurrent state's new states ``new`` [layers, batch, written, *shape] into its buffers ``group``
+    [layers, batch, slots, *shape]: row b's j-th at the slot of position first[b] + j, that is (first[b] + j) mod slots."""
+    slots, written = group.shape[2], new.shape[2]
+    at = first[0] % slots
+    if first.count(first[0]) == len(first) and at + written <= slots:  # every row at the same slots, unwrapped: one copy
+        group[:, :, at : at + written] = new
+    else:
+        for b, start in enumerate(first):
+            index = (start + np.arange(written)) % slots
+            group[:, b, index] = new[:, b]
+    settle(group)
+
+
 def describe(value) -> str:
     """An array's dtype and shape, else a value's type name: what an input error says it received."""
     if isinstance(value, np.ndarray):

@@ -1,4 +1,4 @@
-"""ONNX Runtime engine: CPU by default; CUDA or TensorRT execution providers when present.
+"""ONNX Runtime engine: CPU by default; CUDA, TensorRT or OpenVINO execution providers when present (``providers``).
 
 The engine's caches, inputs and outputs live where the session computes (``HostMemory``: NumPy; ``CudaMemory``: CuPy,
 whose stream ONNX Runtime computes on) and are bound once by address (``ShapeBuffers``); on CUDA each call shape can run as
@@ -15,20 +15,23 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import ModelSpec, io_problems
-from .base import Engine, KVCache
+from ..digests import cache_dir
+from .base import Engine, KVCache, NewCache, allocated, state_slots
 from .graphs import PLAIN, GraphIds, open_session, run_options
 from .memory import address, transfers
+from .providers import (
+    COMPILED_FOLDER,
+    PROVIDERS,
+    Provider,
+    ProviderError,
+    assignment,
+    check_available,
+    check_graph,
+    check_whole,
+    record_placement,
+)
 
-PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
-
-
-class ProviderError(RuntimeError):
-    """A requested execution provider is missing or silently fell back to another."""
-
+__all__ = ["PROVIDERS", "OrtEngine", "Provider", "ProviderError", "check_provider", "placement"]
 
 _global_pool: int | None = None
 _pool_lock = threading.Lock()  # sessions may be created on several threads at once (``open_artifact``)
@@ -75,30 +78,43 @@ class OrtEngine(Engine):
     computes: NumPy arrays on the CPU, CuPy arrays on a GPU (``device``). No K/V byte crosses between host and device
     in a call: the inputs' few integers go in, and the logits or argmax ids come out only when read."""
 
-    def __init__(self, path: Path, spec: ModelSpec, provider: str = "cpu", threads: int | None = None,
+    def __init__(self, path: Path, spec: ModelSpec, provider: str | Provider = "cpu", threads: int | None = None,
                  optimization: str = "all", profile: Path | None = None, cuda_graphs: bool | None = None):
-        """``profile``: a file prefix; ONNX Runtime's profiler then records every node's time, written (as
-        JSON) by ``self.session.end_profiling()`` (``tools/profile_ops.py``). ``cuda_graphs``: capture each call shape
-        as a CUDA graph (provider "cuda" only; default: on where every node can run on the GPU, a fused graph that
-        takes seqlens_k, and no profile is asked for)."""
-        wanted = _wanted_provider(path, spec, provider, cuda_graphs)
-        if cuda_graphs is None:
-            cuda_graphs = provider == "cuda" and spec.takes_seqlens_k and profile is None
-        options = _session_options(optimization, profile, threads)
+        """``provider``: a word of PROVIDERS or a ``Provider`` with its options. ``profile``: a file prefix; ONNX
+        Runtime's profiler then records every node's time, written (as JSON) by ``self.session.end_profiling()``
+        (``tools/profile_ops.py``). ``cuda_graphs``: capture each call shape as a CUDA graph (provider "cuda" only;
+        default: on where every node can run on the GPU, a fused graph that takes seqlens_k, and no profile is asked
+        for)."""
+        provider = Provider.of(provider)
+        _check_wanted(path, spec, provider, cuda_graphs)
+        if cuda_graphs is None:  # a fused hybrid that computes its state slots in the graph copies them in: no capture
+            cuda_graphs = (provider.name == "cuda" and spec.takes_seqlens_k and (spec.takes_state_slots or not spec.states)
+                           and profile is None)
+        options = _session_options(optimization, profile, threads, provider)
+        self.provider = provider
         # TensorRT's EP takes no user stream (ONNX Runtime's Python API passes one to the CUDA EP alone)
-        self.memory = HostMemory() if wanted == "CPUExecutionProvider" else CudaMemory(shared_stream=provider == "cuda")
-        self.session, captures = open_session(lambda graphs: self._create(path, options, wanted, graphs), cuda_graphs, str(path))
-        captures = self._check_providers(wanted, captures)
+        self.memory = HostMemory() if provider.on_host else CudaMemory(shared_stream=provider.name == "cuda")
+        self.session, captures = open_session(lambda graphs: self._create(path, options, provider, threads, graphs),
+                                              cuda_graphs, str(path))
+        captures = self._check_providers(provider.ep, captures)
+        if provider.name == "openvino":
+            check_whole(self.session, path, spec, provider)
         self.spec = spec
         self.graphs = GraphIds(str(path)) if captures else None
         self._check_graph()
         self._local = threading.local()
+        if provider.prepares_shapes:
+            self._prepare()
 
-    def _create(self, path: Path, options, wanted: str, graphs: bool):
-        """An InferenceSession on ``wanted`` (the CPU EP behind a device EP), capturing CUDA graphs if ``graphs``."""
+    def _create(self, path: Path, options, provider: Provider, threads: int | None, graphs: bool):
+        """An InferenceSession on ``provider`` (the CPU EP behind a device EP), capturing CUDA graphs if ``graphs``.
+        OpenVINO's compiled blobs for a GPU or an NPU are kept under $SPECDEPLOY_CACHE (``Provider.caches_compiled``)."""
         import onnxruntime as ort
 
-        device_options = self.memory.provider_options() | ({"enable_cuda_graph": "1"} if graphs else {})
+        wanted = provider.ep
+        compiled = cache_dir() / COMPILED_FOLDER if provider.caches_compiled else None
+        device_options = (self.memory.provider_options() | provider.ep_options(threads, compiled)
+                          | ({"enable_cuda_graph": "1"} if graphs else {}))
         chain = [(wanted, device_options)] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
         try:
             return ort.InferenceSession(str(path), options, providers=chain)
@@ -106,7 +122,7 @@ class OrtEngine(Engine):
             if "user_compute_stream" not in str(exc):
                 raise
             self.memory.shared_stream = False  # a build that takes no user stream: inputs uploaded and waited for
-            return self._create(path, options, wanted, graphs)
+            return self._create(path, options, provider, threads, graphs)
 
     def _check_providers(self, wanted: str, captures: bool) -> bool:
         """Refuse a session that fell back to another EP; return whether it captures CUDA graphs after all (ONNX Runtime
@@ -138,18 +154,37 @@ class OrtEngine(Engine):
         if problems:
             raise ProviderError(f"{self.spec.file}: graph disagrees with the manifest: " + "; ".join(problems[:3]))
 
+    @property
+    def rows_alike(self) -> bool:
+        """OpenVINO's CPU kernels at FP32 compute a position alike in calls of any size (its int4 matrix products, its
+        attention; measured bit for bit on the demo's 1.5B target, T = 1 .. 10, docs/results/openvino/; held by
+        tests/engines/test_openvino.py); ONNX Runtime's CPU kernels do not (docs/results/exactness/)."""
+        return self.provider.computes_rows_alike
+
     def allocate_cache(self, batch: int, capacity: int) -> KVCache:
-        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim], where the
-        session computes: host memory on the CPU, the GPU's on CUDA."""
-        shape = self.spec.cache_shape(batch, capacity)
-        return KVCache(self.memory.zeros((2 * self.spec.num_layers, *shape), self.cache_dtype))
+        """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim] (and each
+        recurrent state's, ``ModelSpec.states``), where the session computes: host memory on the CPU, the GPU's on CUDA.
+        On a provider that prepares each new input shape (OpenVINO), the exported capacity whatever ``capacity`` asks: a
+        request's own would be a new shape for every call it makes (its graph reads only the filled slots, so the extra
+        ones cost memory, not time)."""
+        if self.provider.prepares_shapes:
+            capacity = max(capacity, self.spec.capacity)
+        return allocated(self.spec, batch, capacity, self.cache_dtype, self.memory.zeros)
+
+    def _prepare(self) -> None:
+        """One call of one token, so that the preparation a provider makes at its first call (OpenVINO's: seconds for a
+        1.5B model, docs/results/openvino/) is paid while loading, not inside the first request's timing."""
+        cache = self.allocate_cache(1, self.spec.capacity)
+        self.infer(np.zeros((1, 1), np.int64), np.zeros(1, np.int64), cache)
+        self._local = threading.local()  # the one-token call's buffers were bound to that cache
 
     def infer_impl(self, input_ids, past_len, cache: KVCache, kept):
         batch, tokens = input_ids.shape
         shape = self._buffers((batch, tokens, kept))
         binding, options = shape.binding(cache)
         shape.run(binding, options, input_ids, past_len)
-        return shape.logits, shape.new_kv, shape.ids
+        new = shape.new_kv if not shape.new_states else NewCache(shape.new_kv, tuple(shape.new_states))
+        return shape.logits, new, shape.ids
 
     def close(self) -> None:
         """Release the session and every buffer bound to it (every thread's); later calls raise EngineClosedError."""
@@ -184,27 +219,18 @@ class OrtEngine(Engine):
         return ShapeBuffers(self.session, self.spec, self.memory, shape, self.cache_dtype, self.graphs, captured)
 
 
-def _wanted_provider(path: Path, spec: ModelSpec, provider: str, cuda_graphs: bool | None) -> str:
-    """The ONNX Runtime EP of ``provider``; ProviderError where it is unknown, cannot run this graph (or CUDA graphs),
-    or is missing from this onnxruntime build."""
-    import onnxruntime as ort
-
-    if provider not in PROVIDERS:
-        raise ProviderError(f"provider {provider!r} is unknown; expected one of {', '.join(PROVIDERS)}")
-    check_provider(path, spec, provider)  # what the artifact must change is said first, wherever it is run
-    wanted, available = PROVIDERS[provider], ort.get_available_providers()
-    if wanted not in available:
-        raise ProviderError(
-            f"provider {provider!r} ({wanted}) is not available in this onnxruntime build; available: {available}. "
-            "CUDA and TensorRT need onnxruntime-gpu in place of onnxruntime (the two overwrite each other's "
-            "files): pip uninstall -y onnxruntime && pip install onnxruntime-gpu 'specdeploy[gpu]'")
-    if cuda_graphs and provider != "cuda":
-        raise ProviderError(f"{path}: cuda_graphs needs provider 'cuda', got {provider!r}")
-    return wanted
+def _check_wanted(path: Path, spec: ModelSpec, provider: Provider, cuda_graphs: bool | None) -> None:
+    """ProviderError where ``provider`` cannot run this graph (or CUDA graphs), or is missing from this onnxruntime
+    build."""
+    check_graph(path, spec, provider)  # what the artifact must change is said first, wherever it is run
+    check_available(provider)
+    if cuda_graphs and provider.name != "cuda":
+        raise ProviderError(f"{path}: cuda_graphs needs provider 'cuda', got {provider.name!r}")
 
 
-def _session_options(optimization: str, profile: Path | None, threads: int | None):
-    """ONNX Runtime SessionOptions: the optimization level, the profiler where asked for, and the thread pool."""
+def _session_options(optimization: str, profile: Path | None, threads: int | None, provider: Provider):
+    """ONNX Runtime SessionOptions: the optimization level, the profiler where asked for, and the thread pool; on
+    OpenVINO, where each node is placed is recorded (``check_whole``)."""
     import onnxruntime as ort
 
     levels = ort.GraphOptimizationLevel
@@ -215,21 +241,31 @@ def _session_options(optimization: str, profile: Path | None, threads: int | Non
     if profile is not None:
         options.enable_profiling = True
         options.profile_file_prefix = str(profile)
+    if provider.name == "openvino":
+        record_placement(options)
     if threads is not None:
         shared_thread_pool(threads)
     fit_thread_pool(options)
     return options
 
 
-def check_provider(path: Path, spec: ModelSpec, provider: str) -> None:
-    """Refuse, before any session is made, a graph that cannot run on ``provider``: a fused float32 graph on CUDA,
-    where ONNX Runtime's GroupQueryAttention kernel takes float16 or bfloat16 only (it would run on the CPU EP,
-    with every layer's activations copied across)."""
-    if provider == "cuda" and spec.graph == "fused" and spec.dtype == "float32":
-        raise ProviderError(
-            f"{path}: the {spec.role} model is a fused graph in float32; on CUDA, ONNX Runtime's GroupQueryAttention "
-            "takes float16 or bfloat16 only (got float32, expected float16): re-export it with --dtype float16 "
-            "--graph fused, or run it on the CPU")
+def placement(path: Path, provider: str | Provider, threads: int | None = None) -> dict[str, dict[str, int]]:
+    """Where ONNX Runtime would place the nodes of the graph at ``path`` on ``provider`` (the CPU EP taking what it
+    does not): EP -> {operator type: nodes}. Makes a session, so it costs what loading the graph costs."""
+    import onnxruntime as ort
+
+    provider = Provider.of(provider)
+    check_available(provider)
+    options = _session_options("all", None, threads, provider)
+    record_placement(options)
+    chain = [(provider.ep, provider.ep_options(threads, None))] + (
+        ["CPUExecutionProvider"] if provider.ep != "CPUExecutionProvider" else [])
+    return assignment(ort.InferenceSession(str(path), options, providers=chain))
+
+
+def check_provider(path: Path, spec: ModelSpec, provider: str | Provider) -> None:
+    """Refuse, before any session is made, a graph that cannot run whole on ``provider`` (``providers.check_graph``)."""
+    check_graph(path, spec, Provider.of(provider))
 
 
 def _differences(got: list[str], expected: list[str]) -> str:
@@ -300,12 +336,11 @@ class CudaMemory:
 # --- bindings: IOBindings of an ONNX Runtime engine: every input and output bound once, by address, where the session computes.
 
 def cache_key(cache: KVCache) -> tuple:
-    """Where a cache's tensors are, as a hashable key: its one array's address, shape and strides (tensor i is
-    element i; kept on the handle, whose array never changes)."""
+    """Where a cache's tensors are, as a hashable key: its arrays' addresses, shapes and strides (tensor i is element i
+    of its array: the K/V's, or a recurrent state's; kept on the handle, whose arrays never change)."""
     key = getattr(cache, "binding_key", None)
     if key is None:
-        stacked = cache.stacked
-        cache.binding_key = key = (address(stacked), stacked.shape, stacked.strides)
+        cache.binding_key = key = tuple((address(a), a.shape, a.strides) for a in (cache.stacked, *cache.states))
     return key
 
 
@@ -325,10 +360,11 @@ def bind(binding, name: str, device: str, array, output: bool = False) -> None:
 class ShapeBuffers:
     """The input and output buffers of one call shape, where the session computes, and one IOBinding per cache.
 
-    ``input_ids`` [batch, tokens] int64 and ``lengths`` [batch] (past_len int64, or seqlens_k int32) take each call's
-    values; ``num_logits`` stays on the host, where the graph reads it; ``logits`` [batch, kept, vocab] float32, ``ids``
-    [batch, kept] int64 (graphs with an argmax output) and ``new_kv`` [2 * layers, batch, kv_heads, tokens, head_dim]
-    (explicit graphs) are written by ONNX Runtime.
+    ``input_ids`` [batch, tokens] int64, ``lengths`` [batch] (past_len int64, or seqlens_k int32) and a fused hybrid's
+    ``slots`` (each recurrent state's read and write slots, ``state_slots``) take each call's values; ``num_logits``
+    stays on the host, where the graph reads it; ``logits`` [batch, kept, vocab] float32, ``ids`` [batch, kept] int64
+    (graphs with an argmax output) and ``new_kv`` [2 * layers, batch, kv_heads, tokens, head_dim] (explicit graphs) are
+    written by ONNX Runtime.
     """
 
     def __init__(self, session, spec: ModelSpec, memory, shape: tuple[int, int, int], cache_dtype: np.dtype,
@@ -343,10 +379,18 @@ class ShapeBuffers:
         # each call's lengths are computed into this host array (the bound buffer itself on the CPU), then uploaded
         self.host_lengths = self.lengths if isinstance(self.lengths, np.ndarray) else np.empty((batch,), self.lengths.dtype)
         self.kept = np.array([kept], np.int64)  # read on the host by the graph (Slice's starts): bound there
+        # (state, read slots [batch, lookback], write slots [batch, written]) a recurrent state, where the graph takes them
+        self.slots = [(state, memory.empty((batch, state.lookback), np.int64),
+                       memory.empty((batch, state.written(tokens)), np.int64))
+                      for state in (spec.states if spec.takes_state_slots else ())]
         self.logits = memory.empty((batch, kept, spec.vocab_size), np.float32)
         self.ids = memory.empty((batch, kept), np.int64) if spec.argmax_ids else None
-        self.new_kv = None if spec.writes_cache else memory.empty((2 * spec.num_layers, *spec.cache_shape(batch, tokens)),
-                                                                  cache_dtype)
+        self.new_kv = None if spec.writes_cache else memory.empty(
+            (2 * len(spec.kv_layers), *spec.cache_shape(batch, tokens)), cache_dtype)
+        # the explicit form's recurrent states of the call's last positions, [layers, batch, written, *shape] a state
+        self.new_states = [] if spec.writes_cache else [
+            memory.empty((len(state.layers), batch, state.written(tokens), *state.shape), cache_dtype)
+            for state in spec.states]
         self.bindings: dict[tuple, tuple] = {}  # cache key -> (IOBinding, RunOptions or None, allocation)
         self.graph_ids: dict[tuple, int] = {}  # cache key -> graph id, kept while these buffers live
 
@@ -357,11 +401,10 @@ class ShapeBuffers:
         found = self.bindings.get(key)
         if found is not None:
             return found[:2]
-        buffers = cache.buffers
-        owner = allocation(buffers[0])
+        owner = allocation(cache.stacked)
         for other in [k for k, (_, _, o) in self.bindings.items() if o != owner]:
             del self.bindings[other]
-        binding = self._bind(buffers)
+        binding = self._bind(cache)
         options = None
         if self.graphs is not None:
             if key not in self.graph_ids:
@@ -370,18 +413,25 @@ class ShapeBuffers:
         self.bindings[key] = (binding, options, owner)
         return binding, options
 
-    def _bind(self, buffers: list):
-        spec, device = self.spec, self.memory.name
+    def _bind(self, cache: KVCache):
+        spec, device, buffers = self.spec, self.memory.name, cache.buffers
         binding = self.session.io_binding()
         bind(binding, "input_ids", device, self.input_ids)
         bind(binding, spec.lengths_input, device, self.lengths)
         if spec.trims_logits:
             bind(binding, "num_logits", "cpu", self.kept)
+        for name, buf in zip(spec.slot_inputs, [buf for _, read, write in self.slots for buf in (read, write)]):
+            bind(binding, name, device, buf)
         for name, buf in zip(spec.cache_inputs, buffers):
             bind(binding, name, device, buf)
         bind(binding, spec.outputs[0], device, self.logits, output=True)
         written = buffers if spec.writes_cache else self.new_kv  # present_* is the cache itself: K/V written in place
         for name, buf in zip(spec.cache_outputs, written):
+            bind(binding, name, device, buf, output=True)
+        for name, buf in zip(spec.state_inputs, cache.state_buffers):
+            bind(binding, name, device, buf)
+        new_states = cache.state_buffers if spec.writes_cache else [layer for group in self.new_states for layer in group]
+        for name, buf in zip(spec.state_outputs, new_states):  # the fused form's present_* is the buffer: in place
             bind(binding, name, device, buf, output=True)
         if self.ids is not None:
             bind(binding, "ids", device, self.ids, output=True)
@@ -389,13 +439,16 @@ class ShapeBuffers:
 
     def run(self, binding, options, input_ids: np.ndarray, past_len: np.ndarray) -> None:
         """Copy the call's ids and lengths (past_len, or GroupQueryAttention's seqlens_k: the index of each row's last new
-        token) into their bound buffers and run. A CUDA graph that fails to capture is given up for plain runs, said
-        once (``GraphIds.refuse``)."""
+        token), and a fused hybrid's state slots, into their bound buffers and run. A CUDA graph that fails to capture is
+        given up for plain runs, said once (``GraphIds.refuse``)."""
         self.memory.upload(self.input_ids, input_ids)
         offset = input_ids.shape[1] - 1 if self.spec.takes_seqlens_k else 0
         np.add(past_len, offset, out=self.host_lengths, casting="unsafe")
         if self.host_lengths is not self.lengths:
             self.memory.upload(self.lengths, self.host_lengths)
+        for state, read, write in self.slots:
+            for buffer, values in zip((read, write), state_slots(state, past_len, input_ids.shape[1])):
+                self.memory.upload(buffer, values)
         try:
             self.session.run_with_iobinding(binding, options)
         except Exception as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..contract import GRAPH_ROLE_KEY, ContractError, Manifest, ModelSpec
 from ..files import FileRefused
 
-FACTS = "graph_vetting.3"  # remembered per file identity (``digests``); raise the number whenever _facts changes
+FACTS = "graph_vetting.4"  # remembered per file identity (``digests``); raise the number whenever _facts changes
 # The operator domains a graph we did not write may use: ONNX's own and ONNX Runtime's contrib ops (GroupQueryAttention,
 # MatMulNBits, the fused norms). Any other names a custom-op library, code that is not ONNX Runtime's
 KNOWN_DOMAINS = ("", "ai.onnx", "com.microsoft")
@@ -63,6 +63,8 @@ def check_foreign_graph(path: Path, folder: Path | None = None) -> None:
     if facts["engine_nodes"]:
         raise ContractError(f"{name}: {facts['engine_nodes'][0]} is an EPContext node (a precompiled engine that ONNX "
                             "Runtime loads from a file); expected none")
+    if facts["sizes"]:
+        raise ContractError(f"{name}: {facts['sizes'][0]}")
     folder = path.parent if folder is None else folder
     for location, owner in facts["external"].items():
         where, target = Path(location), folder / location
@@ -78,7 +80,7 @@ def check_foreign_graph(path: Path, folder: Path | None = None) -> None:
 def check_graph_facts(path: Path, spec: ModelSpec) -> None:
     """Refuse a manifest entry that disagrees with what its graph states of itself: the role it was exported as
     (target and draft files swapped in the manifest, which carries no hash of itself), the heads its attention nodes
-    declare (``num_heads``, ``kv_heads``, one node a layer; in the explicit form, the head counts its projections are
+    declare (``num_heads``, ``kv_heads``, one node an attention layer; in the explicit form, the head counts its projections are
     reshaped into) and the positions its position tables cover (the capacity may not exceed them: a request would
     fail inside ONNX Runtime at the first position beyond)."""
     facts = _graph_facts(path)
@@ -91,8 +93,9 @@ def check_graph_facts(path: Path, spec: ModelSpec) -> None:
         if heads != [(spec.num_heads, spec.kv_heads)]:
             problems.append(f"its attention nodes declare (num_heads, kv_heads) {heads}; the manifest says "
                             f"({spec.num_heads}, {spec.kv_heads})")
-        if len(attention) != spec.num_layers:
-            problems.append(f"it has {len(attention)} attention nodes (one a layer); the manifest says {spec.num_layers} layers")
+        if len(attention) != len(spec.kv_layers):  # a hybrid's recurrent layers have none
+            problems.append(f"it has {len(attention)} attention nodes (one an attention layer); the manifest says "
+                            f"{len(spec.kv_layers)} attention layers")
     heads = {h for h, d in facts.get("views", ()) if d == spec.head_dim}
     if not attention and heads and heads != {spec.num_heads, spec.kv_heads}:  # the explicit form: its head reshapes
         problems.append(f"it reshapes its projections into heads of {sorted(heads)}; the manifest says num_heads "
@@ -125,19 +128,76 @@ def _facts(path: Path) -> dict:
     model = onnx.load(str(path), load_external_data=False)
     external: dict[str, str] = {}
     extents: dict[str, int] = {}  # location -> the furthest byte a tensor reads (offset + length)
+    sizes: list[str] = []  # tensors whose dims declare other than the data they hold
     for owner, tensor in _tensors(model):
         entries = {entry.key: entry.value for entry in tensor.external_data}
         location = entries.get("location")
+        needed = _bytes_declared(tensor)
         if tensor.data_location == onnx.TensorProto.EXTERNAL or location is not None:
             external.setdefault(location or "", owner)
-            end = _int(entries.get("offset")) + _int(entries.get("length"))
-            extents[location or ""] = max(extents.get(location or "", 0), end)
+            length = entries.get("length")
+            held = _int(length) if length is not None else needed or 0  # without a length, the dims say what is read
+            extents[location or ""] = max(extents.get(location or "", 0), _int(entries.get("offset")) + held)
+            if needed is not None and length is not None and held != needed:
+                sizes.append(f"{owner} declares dims {list(tensor.dims)} ({needed:,} bytes); its external data is "
+                             f"{held:,} bytes")
+        elif needed is not None and (held := _held_differs(tensor, needed)) is not None:
+            sizes.append(f"{owner} declares dims {list(tensor.dims)} ({needed:,} bytes); it holds {held}")
     nodes = list(_nodes(model))
     engine_nodes = [f"node {_node_name(node)}" for node in nodes if node.op_type == "EPContext"]
     role = next((entry.value for entry in model.metadata_props if entry.key == GRAPH_ROLE_KEY), None)
     domains = sorted({node.domain for node in nodes} | {entry.domain for entry in model.opset_import})
     return {"external": external, "extents": extents, "engine_nodes": engine_nodes, "role": role, "domains": domains,
-            "functions": len(model.functions), **_shape_facts(model.graph)}
+            "functions": len(model.functions), "sizes": sizes[:1], **_shape_facts(model.graph)}
+
+
+# TensorProto data types whose values are 4 bits: two to a byte
+PACKED_4BIT = {"INT4", "UINT4", "FLOAT4E2M1"}
+# where a tensor without raw_data keeps its values: the typed field of its data type (ONNX's rules), one value an entry
+TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+
+
+def _bytes_declared(tensor) -> int | None:
+    """The bytes a tensor's dims and data type say it holds; None for strings and types without a fixed size. A
+    negative dim declares more than any file holds."""
+    import onnx
+    from onnx import helper
+
+    elements = 1
+    for dim in tensor.dims:
+        elements *= dim if dim >= 0 else 2**63
+    kind = onnx.TensorProto.DataType.Name(tensor.data_type) if tensor.data_type in onnx.TensorProto.DataType.values() \
+        else None
+    if kind is None or kind in ("UNDEFINED", "STRING"):
+        return None
+    if kind in PACKED_4BIT:
+        return (elements + 1) // 2
+    try:
+        return elements * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _held_differs(tensor, needed: int) -> str | None:
+    """What a tensor's inline data holds where that is not what its dims declare (``needed`` bytes): its raw_data's
+    bytes, or the count of its typed values (one an element); None where they agree, or hold nothing to compare (a
+    tensor of no elements)."""
+    if tensor.HasField("raw_data"):
+        return None if len(tensor.raw_data) == needed else f"{len(tensor.raw_data):,} bytes"
+    elements = 1
+    for dim in tensor.dims:
+        elements *= dim
+    for name in TYPED_FIELDS:
+        values = len(getattr(tensor, name))
+        if values and values != elements and tensor.data_type not in _packed_types():
+            return f"{values:,} values"
+    return None
+
+
+def _packed_types() -> set[int]:
+    import onnx
+
+    return {getattr(onnx.TensorProto, name) for name in PACKED_4BIT if hasattr(onnx.TensorProto, name)}
 
 
 def _int(text: str | None) -> int:

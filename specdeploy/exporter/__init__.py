@@ -1,6 +1,6 @@
 """Hugging Face checkpoints in, verify-v1 ONNX graphs and a manifest out."""
 
-from . import families, gpt2, llama  # noqa: F401  (registers the architectures)
+from . import families, gpt2, hybrids, llama  # noqa: F401  (registers the architectures)
 from .artifact import export_artifact
 from .dims import Dims
 from .errors import ExportError

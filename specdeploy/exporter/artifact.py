@@ -12,17 +12,19 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..contract import GRAPH_ROLE_KEY, Manifest, ModelSpec, io_problems, tokenizer_fingerprint
+from ..artifact_checks import check_artifact
+from ..contract import GRAPH_ROLE_KEY, ContractError, Manifest, ModelSpec, io_problems, tokenizer_fingerprint
 from ..output import OutputError, file_hashes, output_dir, staged
 from ..version import __version__
 from . import onnx_graph
 from .checkpoint import Checkpoint, gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
 from .dims import Dims
-from .expert_weights import quantize_gathered_experts
+from .expert_weights import is_router, quantize_gathered_experts
+from .filled import read_filled_slots
 from .fused import FusedGraph
 from .int8 import Int8Error, to_int8_per_row
 from .options import ExportOptions, Form
-from .registry import Architecture, ExportError, lookup
+from .registry import Architecture, ExportError, architecture_of
 from .tokenizer import differences
 
 DEFAULT_CAPACITY = 2048  # cache slots when the model allows as many and no capacity is given
@@ -59,8 +61,19 @@ def export_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
     with staged(out) as staging:
         specs = {role: _export_model(role, source, staging, options, progress) for role, source in sources.items()}
         manifest = _write_manifest(staging, specs, options.capacity, progress)
+        _check_written(staging, out)
     progress(f"wrote {out}")
     return manifest
+
+
+def _check_written(staging: Path, out: Path) -> None:
+    """Refuse to put in place an artifact its own loader would refuse (``check_artifact``): the staging dir is removed
+    and nothing is written to ``out``."""
+    try:
+        check_artifact(staging)
+    except ContractError as exc:
+        message = str(exc).replace(str(staging), str(out))
+        raise ExportError(f"the artifact would not load, so nothing was written: {message}") from None
 
 
 def _export_model(role: str, source, staging: Path, options: ExportOptions, progress: Progress) -> ModelSpec:
@@ -76,6 +89,10 @@ def _export_model(role: str, source, staging: Path, options: ExportOptions, prog
     written = "full" if form.int4 else fmt  # a fused int4 graph is quantized as it is written
     _compress(role, path, options.dtype, written, (options.block_size, options.accuracy_level), progress,
               converted=form.dtype != options.dtype, experts=fmt)
+    if form.filled_slots:
+        progress(f"{role}: reading only the filled slots (rounded up to {form.filled_slots}), the head over the kept "
+                 "positions only")
+        facts = facts | {"filled_slots": form.filled_slots, "trims_logits": _read_filled_slots(path, form.filled_slots)}
     _stamp_role(path, role)
     return ModelSpec(role=role, file=path.name, dtype=options.dtype, weights=fmt, graph=options.graph, **facts)
 
@@ -134,7 +151,7 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         checkpoint.tokenizer.save(str(staging / "tokenizer.json"))
         if checkpoint.tokenizer_config is not None:  # chat template, BOS/EOS, add_bos_token: hashed like the rest
             (staging / "tokenizer_config.json").write_text(json.dumps(checkpoint.tokenizer_config, indent=2))
-    arch = lookup(checkpoint.config.model_type)
+    arch = architecture_of(checkpoint.config.model_type)
     dims = arch.dims(checkpoint.config)
     capacity = _capacity(role, capacity, dims)
     fused = form.graph == "fused"
@@ -151,6 +168,7 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         "trims_logits": fused,
         "takes_seqlens_k": fused,
         "argmax_ids": fused,
+        "takes_state_slots": fused and bool(dims.states),  # exporter/recurrent_fused.py
         "slot_attention": not fused,  # layers.cached_attention
     }
     progress(f"{role}: building the verify graph ({arch.name}, {dims.num_layers} layers)")
@@ -261,7 +279,8 @@ def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int
     if fmt == "int8":
         progress(f"{role}: quantizing MatMul weights to int8 (per column; activations per row)")
         try:
-            to_int8_per_row(path, onnx_graph.EXTERNAL_DATA_BYTES, lambda message: progress(f"{role}: {message}"))
+            to_int8_per_row(path, onnx_graph.EXTERNAL_DATA_BYTES, lambda message: progress(f"{role}: {message}"),
+                            kept=is_router)
         except Int8Error as exc:
             raise ExportError(f"{role}: {exc}") from None
     to_float16 = dtype == "float16" and converted
@@ -275,6 +294,21 @@ def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int
             model = onnx_graph.to_float16(model)
         progress(f"{role}: writing {role}.onnx")
         onnx_graph.save(model, path)
+
+
+def _read_filled_slots(path: Path, bucket: int) -> bool:
+    """Rewrite the explicit graph at ``path`` so that its attention reads only the filled slots (``filled``) and its
+    head runs over the last ``num_logits`` positions only; returns whether the head could be trimmed. Only the graph's
+    own proto is rewritten: weights in an external-data file stay where they are."""
+    import onnx
+
+    from ..importer.rewrites import head_trimmed
+
+    model = onnx.load(str(path), load_external_data=False)
+    read_filled_slots(model, bucket)
+    trimmed = bool(head_trimmed(model, "logits"))
+    onnx.save_model(model, str(path))
+    return trimmed
 
 
 def _stamp_role(path: Path, role: str) -> None:

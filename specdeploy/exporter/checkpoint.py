@@ -13,6 +13,12 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from ..artifact_checks import check_tokenizer_config
+from ..contract import ContractError
+from ..declared import MISSING
+from ..files import MAX_JSON_BYTES, FileRefused, read_regular
+from ..values import short
+from .checks import one_line
 from .errors import ExportError
 from .lazy_weights import LazyWeights, SafetensorsWeights
 
@@ -52,11 +58,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 def load_tokenizer_and_config(path: str | Path, tokenizer: bool = True):
     """The tokenizer and config of a checkpoint, without its weights (for checks before export); the tokenizer
-    is None when not asked for (building a GGUF file's takes seconds)."""
+    is None when not asked for (building a GGUF file's takes seconds). The config is checked as ``load_checkpoint``
+    checks it: its settings by its family's rules, its sizes against the shapes its files hold."""
     local = Path(path)
     if local.is_file() and local.suffix == ".gguf":
         check_gguf_header(local)
-        config, built, _, _ = _read_gguf(local, tokenizer)
+        config, built, _, _, _ = _read_gguf(local, tokenizer)
         return built, config
     directory = local if local.is_dir() else None
     if directory is None:
@@ -68,18 +75,59 @@ def load_tokenizer_and_config(path: str | Path, tokenizer: bool = True):
     return (_read_tokenizer(directory) if tokenizer else None), _read_config(directory)
 
 
-def _read_config(directory: Path):
+def _read_config(directory: Path, weights: LazyWeights | None = None):
+    """The checkpoint's config, checked (``checks``) as declared, as transformers built it, and against the shapes of
+    ``weights`` (the folder's, read from the files' headers where not given) before anything is sized by it."""
     from transformers import AutoConfig
 
-    if not (directory / "config.json").is_file():
+    from .checks import check_config, check_declared, check_weights, unread_dropped
+
+    path = directory / "config.json"
+    if not path.is_file():
         raise ExportError(f"{directory}: missing config.json; expected a Hugging Face model directory")
+    if weights is None:
+        weights = _read_safetensors(_shards(directory))
+    declared = _json_object(path)
+    arch = _architecture(declared.get("model_type", MISSING), path)
+    check_declared(declared, arch, str(path), tensors=len(weights))
     try:
-        return AutoConfig.from_pretrained(directory, trust_remote_code=False)
-    except (ValueError, OSError, ArithmeticError, TypeError, KeyError, AttributeError) as exc:
-        # transformers validates the config as it builds it: sizes of 0 end in a ZeroDivisionError there
-        raise ExportError(f"{directory / 'config.json'}: cannot be read ({type(exc).__name__}: {exc})") from exc
+        config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
     except RecursionError as exc:
-        raise ExportError(f"{directory / 'config.json'}: nested too deeply to be a model config") from exc
+        raise ExportError(f"{path}: nested too deeply to be a model config") from exc
+    except Exception as exc:  # transformers refuses it (its strict fields, its own checks): so do we, in one line
+        raise ExportError(f"{path}: cannot be read ({type(exc).__name__}: {one_line(exc)})") from exc
+    unread_dropped(config, arch)
+    check_config(config, arch, str(path), declared)
+    check_weights(arch, config, weights.shapes, str(path), declared)
+    return config
+
+
+def _json_object(path: Path, what: str = "a model config") -> dict:
+    """A JSON object read from ``path`` (a regular file of at most MAX_JSON_BYTES); ExportError in one line otherwise."""
+    try:
+        data = json.loads(read_regular(path, MAX_JSON_BYTES).decode("utf-8"))
+    except FileRefused as exc:
+        raise ExportError(str(exc)) from exc
+    except RecursionError as exc:
+        raise ExportError(f"{path}: nested too deeply to be {what}") from exc
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ExportError(f"{path}: cannot be read ({type(exc).__name__}: {one_line(exc)}); fix or remove it") from exc
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _architecture(model_type, where: Path):
+    """The registered architecture of a declared ``model_type``: refused before transformers reads anything else."""
+    from .registry import ARCHITECTURES, architecture_of
+
+    if not isinstance(model_type, str):
+        raise ExportError(f"{where}: model_type: got {short(model_type)}; expected one of "
+                          f"{', '.join(sorted(ARCHITECTURES))}")
+    try:
+        return architecture_of(model_type)
+    except ExportError as exc:
+        raise ExportError(f"{where}: {exc}") from None
 
 
 def _download(repo_id: str) -> Path:
@@ -94,6 +142,14 @@ def _download(repo_id: str) -> Path:
 def _load_dir(directory: Path) -> Checkpoint:
     if not (directory / "config.json").is_file():
         raise ExportError(f"{directory}: missing config.json; expected a Hugging Face model directory")
+    weights = _read_safetensors(_shards(directory))
+    config = _read_config(directory, weights)
+    return Checkpoint(str(directory), config, weights, _read_tokenizer(directory), _eos_ids(directory, config),
+                      _read_tokenizer_config(directory))
+
+
+def _shards(directory: Path) -> list[Path]:
+    """The folder's ``*.safetensors`` files; pickled weights are refused unread."""
     shards = sorted(directory.glob("*.safetensors"))
     if not shards:
         pickled = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -103,10 +159,7 @@ def _load_dir(directory: Path) -> Checkpoint:
                 "a pickle runs arbitrary code. Convert the checkpoint to safetensors on a trusted machine first"
             )
         raise ExportError(f"{directory}: no *.safetensors weights found")
-    config = _read_config(directory)
-    weights = _read_safetensors(shards)
-    return Checkpoint(str(directory), config, weights, _read_tokenizer(directory), _eos_ids(directory, config),
-                      _read_tokenizer_config(directory))
+    return shards
 
 
 def _read_safetensors(shards: list[Path]) -> SafetensorsWeights:
@@ -145,12 +198,7 @@ def _read_tokenizer_config(directory: Path) -> dict | None:
     path = directory / "tokenizer_config.json"
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise ExportError(f"{path}: cannot be read ({type(exc).__name__}); fix or remove it") from exc
-    if not isinstance(data, dict):
-        raise ExportError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    data = _json_object(path, "a tokenizer config")
     return tokenizer_config(data.get("chat_template"), data.get("bos_token"), data.get("eos_token"),
                             data.get("add_bos_token", False), path)
 
@@ -169,7 +217,12 @@ def tokenizer_config(template, bos, eos, add_bos, where) -> dict:
         raise ExportError(f"{where}: chat_template must be a string, got {type(template).__name__}")
     if add_bos is not None and not isinstance(add_bos, bool):  # "false" would be taken as true
         raise ExportError(f"{where}: add_bos_token: got {add_bos!r} ({type(add_bos).__name__}); expected true or false")
-    return {"chat_template": template, **tokens, "add_bos_token": bool(add_bos)}
+    config = {"chat_template": template, **tokens, "add_bos_token": bool(add_bos)}
+    try:
+        check_tokenizer_config(config, str(where))  # the template compiles, as the artifact's loader will ask
+    except ContractError as exc:
+        raise ExportError(str(exc)) from None
+    return config
 
 
 def _eos_ids(directory: Path | None, config) -> tuple[int, ...]:
@@ -177,12 +230,7 @@ def _eos_ids(directory: Path | None, config) -> tuple[int, ...]:
     sources = [getattr(config, "eos_token_id", None)]
     gen = directory / "generation_config.json" if directory else None
     if gen and gen.is_file():
-        try:
-            generation = json.loads(gen.read_text())
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise ExportError(f"{gen}: cannot be read ({type(exc).__name__}); fix or remove it") from exc
-        if not isinstance(generation, dict):
-            raise ExportError(f"{gen}: expected a JSON object, got {type(generation).__name__}")
+        generation = _json_object(gen, "a generation config")
         sources.append(generation.get("eos_token_id"))
     for value in sources:
         for token in value if isinstance(value, list) else [value]:
@@ -223,8 +271,8 @@ def gguf_vocabulary_digest(path: str | Path) -> str | None:
     try:
         check_gguf_header(path)
         reader = reader_class()(str(path))
-    except (ExportError, ValueError, OSError, KeyError, IndexError):
-        return None  # the full check reports it
+    except Exception:  # ExportError, or whatever gguf-py raises on a malformed file
+        return None  # the full check reports it, in one line
     digest = hashlib.sha256()
     for key in sorted(reader.fields):
         if key.startswith("tokenizer.ggml.") or key.endswith(".vocab_size"):
@@ -242,47 +290,65 @@ def _load_gguf(path: Path) -> Checkpoint:
     from .gguf_weights import GgufWeights
 
     check_gguf_header(path)
-    model_config, tokenizer, config, eos = _read_gguf(path)
+    model_config, tokenizer, config, eos, reader = _read_gguf(path)
     try:
-        weights = GgufWeights(path, model_config)
-    except (ValueError, OSError, KeyError) as exc:
-        raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
+        weights = GgufWeights(path, model_config, reader)
+    except ExportError:
+        raise
+    except Exception as exc:  # gguf-py's and transformers' errors on a file they cannot map
+        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {one_line(exc)})") from exc
     eos = _eos_ids(None, model_config) or tuple(t for t in [eos] if isinstance(t, int))
     return Checkpoint(str(path), model_config, weights, tokenizer, eos, config)
 
 
 def _read_gguf(path: Path, tokenizer: bool = True):
-    """(config, tokenizers.Tokenizer or None, the artifact's tokenizer_config or None, the tokenizer's EOS id or None)
-    of a GGUF file: through transformers' GGUF support, or for the architectures transformers cannot load from GGUF
-    and we read ourselves (``gguf_config.GGUF_FAMILIES``), from the file's metadata."""
+    """(config, tokenizers.Tokenizer or None, the artifact's tokenizer_config or None, the tokenizer's EOS id or None,
+    the file's parsed metadata) of a GGUF file. Its metadata is checked before any config is built from it: each value
+    by its family's rules (``checks``; named by its key in the file), and its block count against the blocks its
+    tensors hold. The config comes from transformers' GGUF support, or for the architectures transformers cannot load
+    from GGUF and we read ourselves (``gguf_config.GGUF_FAMILIES``), from the metadata; it is checked once more as
+    built. Whatever gguf-py, transformers or the tokenizer converter raise on a malformed file is one line naming it."""
     from transformers import AutoConfig, AutoTokenizer
 
     from . import gguf_config
+    from .checks import check_config, check_declared, unread_dropped
     from .gguf_weights import fast_gguf_parsing, reader_class
 
     try:
-        architecture, reader = gguf_config.peek_architecture(path), None
-        if architecture is None:  # not the first entry: parse the metadata to find it
-            reader = reader_class()(str(path))
-            architecture = gguf_config.architecture_of(reader)
-        if architecture in gguf_config.GGUF_FAMILIES:  # ours, where its metadata says so (a llama with experts)
-            reader = reader or reader_class()(str(path))
-        if reader is not None and gguf_config.claims(reader):
+        reader = reader_class()(str(path))
+        model_type, declared, names = gguf_config.declared(reader)
+    except Exception as exc:  # a truncated file, absurd array lengths: gguf-py's IndexError, struct.error, ...
+        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {one_line(exc)})") from exc
+    arch = _architecture(model_type, path)
+    check_declared(declared, arch, str(path), names, tensors=len(reader.tensors))
+    gguf_config.check_blocks(reader, path)
+    try:
+        if gguf_config.claims(reader):  # ours (a llama only where it has experts: Mixtral)
             model_config = gguf_config.read_config(reader)
-            if not tokenizer:
-                return model_config, None, None, None
+        else:
+            with fast_gguf_parsing():
+                model_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except ExportError:
+        raise
+    except Exception as exc:
+        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {one_line(exc)})") from exc
+    unread_dropped(model_config, arch)
+    check_config(model_config, arch, str(path), declared, names)
+    if not tokenizer:
+        return model_config, None, None, None, reader
+    try:
+        if gguf_config.claims(reader):  # ours (a llama only where it has experts: Mixtral)
             built, settings = gguf_config.read_tokenizer(path)
+            eos = built.token_to_id(settings["eos_token"]) if settings.get("eos_token") else None
             config = tokenizer_config(settings.get("chat_template"), settings.get("bos_token"),
                                       settings.get("eos_token"), settings.get("add_bos_token", False), path)
-            eos = built.token_to_id(settings["eos_token"]) if settings.get("eos_token") else None
-            return model_config, built, config, eos
+            return model_config, built, config, eos, reader
         with fast_gguf_parsing():
-            model_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-            built = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name) if tokenizer else None
-    except (ValueError, OSError, KeyError) as exc:
-        raise ExportError(f"{path}: cannot be loaded as GGUF ({exc})") from exc
-    if built is None:
-        return model_config, None, None, None
+            built = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except ExportError:
+        raise
+    except Exception as exc:
+        raise ExportError(f"{path}: its tokenizer cannot be built ({type(exc).__name__}: {one_line(exc)})") from exc
     config = tokenizer_config(getattr(built, "chat_template", None), built.bos_token, built.eos_token,
                               getattr(built, "add_bos_token", False), path)
-    return model_config, built.backend_tokenizer, config, getattr(built, "eos_token_id", None)
+    return model_config, built.backend_tokenizer, config, getattr(built, "eos_token_id", None), reader

@@ -12,7 +12,7 @@ from .dims import Dims
 from .experts import Interleaved, PerExpert, RoutedExperts, SharedExpert, StackedHalves
 from .family import GEMMA_NORMS, POST_NORMS, Family
 from .feed_forward import DenseMLP
-from .llama import DecoderFamily, DecoderVerify
+from .llama import DecoderVerify, DescribedArchitecture
 from .registry import register
 
 QWEN3 = Family("qwen3", ("qwen3",), qk_norm="head")
@@ -26,7 +26,7 @@ GRANITE = Family("granite", ("granite",), multipliers=True)
 OLMO2 = Family("olmo2", ("olmo2",), norms=POST_NORMS, qk_norm="projection")
 SMOLLM3 = Family("smollm3", ("smollm3",), rope_layers=True)
 
-# Mixtures of experts: a family's routed experts as its checkpoints store them (feed_forward.RoutedExperts)
+# Mixtures of experts: a family's routed experts as its checkpoints store them (experts.RoutedExperts)
 QWEN2_MOE = Family("qwen2_moe", ("qwen2_moe",), feed_forward=RoutedExperts(
     shared=SharedExpert(DenseMLP("mlp.shared_expert."), "shared_expert_intermediate_size", gate="mlp.shared_expert_gate")))
 QWEN3_MOE = Family("qwen3_moe", ("qwen3_moe",), qk_norm="head", feed_forward=RoutedExperts())
@@ -46,7 +46,7 @@ GPT_OSS = Family("gpt_oss", ("gpt_oss",), attention_sinks=True, feed_forward=Rou
 
 for family in (QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, SMOLLM3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, OLMOE, GRANITE_MOE,
                GRANITE_MOE_SHARED, GPT_OSS):
-    register(DecoderFamily(family))
+    register(DescribedArchitecture(family))
 
 
 class LanguageModelOf:
@@ -58,7 +58,7 @@ class LanguageModelOf:
     PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                 ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
 
-    def __init__(self, text: DecoderFamily, model_types: tuple[str, ...]):
+    def __init__(self, text: DescribedArchitecture, model_types: tuple[str, ...]):
         self.text, self.name, self.model_types = text, text.name, model_types
 
     def dims(self, config) -> Dims:
@@ -110,4 +110,4 @@ class TextWeights(MutableMapping):
         return len(self.names)
 
 
-register(LanguageModelOf(DecoderFamily(GEMMA3), ("gemma3",)))
+register(LanguageModelOf(DescribedArchitecture(GEMMA3), ("gemma3",)))

@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..contract import StateSpec
 from .dims import Dims
 from .errors import ExportError
 from .feed_forward import DenseMLP, FeedForward, LayerSettings
+from .recurrent import RECURRENT
 from .rope import Rope, ropes
 
 
@@ -45,9 +47,11 @@ class Family:
     ``no_rope_layers`` says which layers rotate (SmolLM3: 0 = no RoPE). ``fused_projections``: the checkpoint holds
     ``qkv_proj`` (Phi-3), taken as the one MatMul the graph computes anyway. ``attention_sinks``: a learned logit per
     head (``self_attn.sinks``) joins each attention softmax's denominator (gpt-oss). ``feed_forward``: the block's
-    feed-forward slot (``feed_forward.DenseMLP``, the default, or ``feed_forward.RoutedExperts``), which reads its own
-    config fields and weights. The biases, head_dim, tied embeddings, sliding windows (``layer_types`` or one
-    ``sliding_window``) and RoPE scaling are read from every config alike."""
+    feed-forward slot (``feed_forward.DenseMLP``, the default, or ``experts.RoutedExperts``), which reads its own
+    config fields and weights. ``mixers``: the mixer slot, (layer type, mixer kind) pairs saying which layers of
+    ``layer_types`` run attention ("attention") and which a recurrent mixer (``recurrent.RECURRENT``: LFM2's
+    "short_conv", Granite 4's "mamba2"); empty: attention on every layer. The biases, head_dim, tied embeddings, sliding
+    windows (``layer_types`` or one ``sliding_window``) and RoPE scaling are read from every config alike."""
 
     name: str
     model_types: tuple[str, ...]
@@ -63,6 +67,29 @@ class Family:
     fused_projections: bool = False
     attention_sinks: bool = False
     feed_forward: FeedForward = DenseMLP()
+    mixers: tuple[tuple[str, str], ...] = ()
+
+    def mixer_kinds(self, config, layers: int) -> tuple[str, ...]:
+        """Each layer's mixer ("attention", or a recurrent kind), from the config's ``layer_types`` (the mixer slot)."""
+        if not self.mixers:
+            return ("attention",) * layers
+        kinds, types = dict(self.mixers), getattr(config, "layer_types", None)
+        if not isinstance(types, (list, tuple)) or len(types) != layers:
+            got = f"{len(types)} entries" if isinstance(types, (list, tuple)) else repr(types)
+            raise ExportError(f"{config.model_type}: layer_types: got {got}; expected one per layer ({layers})")
+        for i, kind in enumerate(types):
+            if kind not in kinds:
+                raise ExportError(f"{config.model_type}: layer_types[{i}]: got {kind!r}; expected one of "
+                                  f"{', '.join(kinds)}")
+        return tuple(kinds[kind] for kind in types)
+
+    def states(self, config, layers: int) -> tuple[StateSpec, ...]:
+        """The recurrent states the mixer slot keeps (``contract.StateSpec``), each kind over the layers that run it."""
+        kinds = self.mixer_kinds(config, layers)
+        found = ()
+        for kind in dict.fromkeys(k for k in kinds if k != "attention"):
+            found += RECURRENT[kind].states(config, tuple(i for i, k in enumerate(kinds) if k == kind))
+        return found
 
     def settings(self, config, dims: Dims) -> Settings:
         """What ``config`` makes of this family: every number the block builder reads."""
@@ -98,6 +125,7 @@ class Family:
             windows=_windows(config, dims.num_layers),
             rope_keys=rope_keys,
             ropes=table,
+            mixers=self.mixer_kinds(config, dims.num_layers),
         )
 
 
@@ -108,8 +136,8 @@ NO_ROPE = "no_rope"  # a layer's rope key where it does not rotate (SmolLM3)
 class Settings:
     """One config's numbers: ``rope_keys[i]`` names layer i's entry of ``ropes`` (NO_ROPE: none), ``windows[i]`` its
     sliding window (None: full attention), ``feed_forward[i]`` its feed-forward slot's numbers (a dense MLP's or a
-    sparse layer's); scores are scaled by ``attention_scale``, the residual branches by ``residual_scale``, the logits
-    by ``logits_scale``."""
+    sparse layer's), ``mixers[i]`` its mixer ("attention" or a recurrent kind); scores are scaled by
+    ``attention_scale``, the residual branches by ``residual_scale``, the logits by ``logits_scale``."""
 
     eps: float
     feed_forward: tuple[LayerSettings, ...]
@@ -122,6 +150,7 @@ class Settings:
     windows: tuple[int | None, ...]
     rope_keys: tuple[str | None, ...]
     ropes: dict[str | None, Rope]
+    mixers: tuple[str, ...] = ()
 
     def rope(self, layer: int) -> Rope | None:
         key = self.rope_keys[layer]
@@ -166,6 +195,8 @@ def features(family: Family, settings: Settings, dims: Dims, tied: bool) -> tupl
             found.append(f"RoPE attention factor {rope.scaling:.4g}{where}")
     if len(settings.ropes) > 1:
         found.append("RoPE per layer type")
+    for kind in dict.fromkeys(k for k in settings.mixers if k != "attention"):
+        found.append(f"{kind} mixer on {settings.mixers.count(kind)} of {len(settings.mixers)} layers")
     if tied:
         found.append("tied embeddings")
     return tuple(found)

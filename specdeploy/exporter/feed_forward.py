@@ -28,12 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..declared import ACTIVATIONS
 from .errors import ExportError
 from .fused import MS, FusedGraph
 from .layers import frozen, transposed
 from .registry import take
-
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 class LayerSettings(Protocol):

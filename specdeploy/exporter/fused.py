@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..contract import IR_VERSION, input_names, output_names
+from ..contract import IR_VERSION, kv_layers, slot_input_names
 from .dims import Dims
 from .onnx_graph import EXTERNAL_DATA_BYTES, OPSET
 
@@ -55,15 +55,28 @@ class FusedGraph:
         self.bytes = 0
         self._names: dict[str, int] = {}
         self._node_names: dict[str, int] = {}  # nodes have their own namespace: "layers.3.down" names both
+        self._shared: dict[str, object] = {}  # values every layer reads, made once (``shared``)
         layers, kv_heads, head_dim = dims.num_layers, dims.kv_heads, dims.head_dim
         elem = helper.np_dtype_to_tensor_dtype(self.dtype)
         cache = ["batch", kv_heads, "capacity", head_dim]
+        self.attention_layers = kv_layers(layers, dims.states)
+        kv = [f"{kind}.{i}" for i in self.attention_layers for kind in ("key", "value")]
+        # a recurrent state's buffer, written in place as the K/V are: [batch, slots (capacity where positional), *shape]
+        states = [(f"{state.name}.{i}", ["batch", state.slots or "capacity", *state.shape]) for state in dims.states
+                  for i in state.layers]
         self.inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
                        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"])]  # ModelSpec.takes_seqlens_k
-        self.inputs += [helper.make_tensor_value_info(name, elem, cache) for name in input_names(layers)[2:]]
+        self.inputs += [helper.make_tensor_value_info(f"cache_{name}", elem, cache) for name in kv]
+        self.inputs += [helper.make_tensor_value_info(f"cache_{name}", elem, shape) for name, shape in states]
+        # each state's slots, filled by the engine (ModelSpec.takes_state_slots): [batch, lookback] read, [batch, written]
+        slots = [["batch", state.lookback] if kind == "read" else ["batch", f"written_{state.name}"] for state in dims.states
+                 for kind in ("read", "write")]
+        self.inputs += [helper.make_tensor_value_info(name, TensorProto.INT64, shape)
+                        for name, shape in zip(slot_input_names(dims.states), slots)]
         self.inputs += [helper.make_tensor_value_info("num_logits", TensorProto.INT64, [1])]  # ModelSpec.trims_logits
         self.outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "kept", dims.vocab_size])]
-        self.outputs += [helper.make_tensor_value_info(name, elem, cache) for name in output_names(layers, "fused")[1:]]
+        self.outputs += [helper.make_tensor_value_info(f"present_{name}", elem, cache) for name in kv]
+        self.outputs += [helper.make_tensor_value_info(f"present_{name}", elem, shape) for name, shape in states]
         self.outputs += [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "kept"])]  # ModelSpec.argmax_ids
 
     def name(self, stem: str, taken: dict[str, int] | None = None) -> str:
@@ -105,6 +118,15 @@ class FusedGraph:
         self.initializers.append(tensor)
         return name
 
+    def scalar(self, name: str, value, dtype=np.int64) -> str:
+        """An initializer holding one number as a 0-d tensor (``constant`` writes a 0-d array as [1]): what Range's
+        inputs and a Gather that drops its axis need. Floats take the model's dtype."""
+        array = np.array(value, self.dtype if np.dtype(dtype).kind == "f" else dtype)
+        tensor = TensorProto(name=self.name(name), data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=[])
+        tensor.raw_data = array.tobytes()
+        self.initializers.append(tensor)
+        return tensor.name
+
     def matmul(self, x: str, weight, name: str) -> str:
         """x @ weight ([in, out]); with int4 weights a MatMulNBits over the block-quantized weight."""
         weight = _numpy(weight)
@@ -135,7 +157,8 @@ class FusedGraph:
     def lm_head(self, x: str, weight, then=lambda logits: logits) -> str:
         """Logits: x @ weight ([hidden, vocab]). With ``vocab_kept`` (a draft), only the first vocab_kept columns
         are computed and the rest are -inf: the head is a quarter of a 0.5B draft's weights, and a drafter never
-        proposes what it scores -inf, so the target's verification stays exact (README, Draft vocabulary).
+        proposes what it scores -inf, so the target's verification stays exact (``export --draft-vocab``;
+        tests/runtime/test_draft_vocab.py).
 
         Only each row's last ``num_logits`` positions reach the head: a prefill chunk needs none of its logits
         and a catch-up one position's (``ModelSpec.trims_logits``). ``then`` writes what follows the head on the
@@ -156,9 +179,16 @@ class FusedGraph:
         Cast of a shape run on the host and feed the op's host input, so no value crosses to the device. The op's
         rotary positions and attention span come from seqlens_k alone; a total above the longest row's only makes
         a call of T > 1 tokens a "subsequent prompt", which is how the engines run them anyway (row by row)."""
-        shape = self.node("Shape", ["cache_key.0"])[0]
+        shape = self.node("Shape", [f"cache_key.{self.attention_layers[0]}"])[0]
         capacity = self.node("Gather", [shape, self.constant("capacity_axis", np.array(2, np.int64))], axis=0)[0]
         return "seqlens_k", self.node("Cast", [capacity], to=TensorProto.INT32)[0]
+
+    def shared(self, key: str, make):
+        """A value every layer reads (the call's token count, a recurrent state's slot indices): ``make()``'s result,
+        made when first asked for under ``key``, then the same one."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
 
     def attention(self, qkv: str, layer: int, lengths: tuple[str, str], rotary: tuple[str, str] | None,
                   sinks: str | None = None, **attributes) -> str:
@@ -200,8 +230,10 @@ def skip_outputs(graph: FusedGraph) -> list[str]:
 
 
 def rotary_tables(graph: FusedGraph, rope, capacity: int) -> tuple[str, str]:
-    """cos/sin caches [capacity, head_dim / 2] of a ``rope.Rope`` for GroupQueryAttention's rotary (its attention factor
-    folded in; long-RoPE's long factors in the rows from its trained length on, as the explicit form chooses them)."""
+    """cos/sin caches [capacity, rotary_dim / 2] of a ``rope.Rope`` for GroupQueryAttention's rotary (its attention factor
+    folded in; long-RoPE's long factors in the rows from its trained length on, as the explicit form chooses them). The
+    op rotates the first 2 x width dims of each head and passes the rest through, which is partial rotary (Phi-4-mini's
+    96 of 128), as onnxruntime-genai's builder writes it; the width must be a multiple of 8."""
     pos = np.arange(capacity, dtype=np.float64)[:, None]
     angles = pos * _numpy(rope.inv_freq).astype(np.float64)[None, :]
     if rope.long_inv_freq is not None:

@@ -4,7 +4,9 @@ transformers' ``from_pretrained(gguf_file=...)`` dequantizes the whole model to 
 can run: 7.1 GB for the 1.5B, held while the graph is written. Here each tensor is dequantized when the
 exporter takes it (gguf-py's ``dequantize`` and name table, as transformers uses them, and transformers'
 own tensor processors, e.g. Llama's q/k un-permutation), so the values are the same bits, and it is
-released when the exporter is done with it: the fused form then holds one layer at a time.
+released when the exporter is done with it: the fused form then holds one layer at a time. Where the converter stored
+a tensor in parts or another shape than the processors undo (Granite 4.0-H's Mamba-2 and shared MLP), gguf_layouts.py
+says which tensors make it and how.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import cache
+from math import prod
 
 import numpy as np
 import torch
 
 from .errors import ExportError
 from .gguf_config import GGUF_FAMILIES
+from .gguf_layouts import GGUF_LAYOUTS, ONE_TO_ONE
 from .lazy_weights import LazyWeights
 
 ROWS_PER_CHUNK = 4096  # dequantize large tensors in slices: gguf-py's temporaries are several times the output
@@ -67,14 +71,15 @@ class GgufWeights(LazyWeights):
 
     kind = "GGUF"
 
-    def __init__(self, path, config):
+    def __init__(self, path, config, reader=None):
+        """``reader``: the file's metadata already parsed (``reader_class()``'s), else parsed here."""
         import gguf
         from transformers import AutoModelForCausalLM
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
         super().__init__()
         self._dequantize = gguf.dequantize
-        self.reader = reader_class()(str(path))
+        self.reader = reader if reader is not None else reader_class()(str(path))
         architecture = bytes(self.reader.fields["general.architecture"].parts[-1]).decode()
         # the processors read the config's Hugging Face keys (Llama's q/k un-permutation: the head counts); the
         # config's own dict has them, without parsing the file's metadata again (~10 s for a 150k vocabulary). An
@@ -84,36 +89,61 @@ class GgufWeights(LazyWeights):
         self.processor = TENSOR_PROCESSORS.get(processor, TensorProcessor)(config=config.to_dict())
         with torch.device("meta"):  # only the module's names are needed: no memory, no initialisation
             skeleton = AutoModelForCausalLM.from_config(config)
-        # GGUF name -> Hugging Face name from gguf-py's table, as transformers' get_gguf_hf_weights_map maps
-        # them (which rebuilds the table for each of the model's 300 submodules: 4 s)
+        # Hugging Face name -> the file's tensors: gguf-py's table, as transformers' get_gguf_hf_weights_map maps them
+        # (which rebuilds the table for each of the model's 300 submodules: 4 s), or the layout's sources
         arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == architecture), None)
         if arch is None:
             raise ValueError(f"general.architecture {architecture!r} is not one gguf-py knows")
         table = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-        names, self._expected = {}, {}
+        self.layout = GGUF_LAYOUTS.get(architecture, ONE_TO_ONE)
+        sources, self._expected = {}, {}
         for hf_name, parameter in skeleton.state_dict().items():
-            stem, _, suffix = hf_name.rpartition(".")
-            if (gguf_name := table.get_name(stem)) is not None:
-                names[f"{gguf_name}.{suffix}"] = hf_name
+            found = self.layout.sources(hf_name)
+            if found is None:
+                stem, _, suffix = hf_name.rpartition(".")
+                gguf_name = table.get_name(stem)
+                found = None if gguf_name is None else (f"{gguf_name}.{suffix}",)
+            if found is not None:
+                sources[hf_name] = found
                 self._expected[hf_name] = tuple(parameter.shape)  # what the file's own metadata makes of it
             elif (gguf_name := table.get_name(hf_name)) is not None:  # a bare parameter (gpt-oss's self_attn.sinks)
-                names[f"{gguf_name}.weight"] = hf_name
+                sources[hf_name] = (f"{gguf_name}.weight",)
                 self._expected[hf_name] = tuple(parameter.shape)
-        for tensor in self.reader.tensors:  # a mixture's tensors, under llama.cpp's names (feed_forward.GgufStacked)
-            if (expert := EXPERT_TENSORS.match(tensor.name)) is not None:
-                names[tensor.name] = f"model.layers.{expert[1]}.{expert[2]}.{expert[3]}"
-        self._tensors = {names[t.name]: t for t in self.reader.tensors if t.name in names}
-        self._shapes = {name: tuple(int(n) for n in reversed(t.shape)) for name, t in self._tensors.items()}
+        # a mixture's router, experts and shared expert under llama.cpp's names below the layer, whatever the family
+        # (experts.GgufStacked reads them; the slot checks their shapes against the config)
+        experts = {t.name: f"model.layers.{m[1]}.{m[2]}.{m[3]}" for t in self.reader.tensors
+                   if (m := EXPERT_TENSORS.match(t.name)) is not None}
+        sources = {name: found for name, found in sources.items() if not set(found) & experts.keys()}
+        sources |= {ours: (theirs,) for theirs, ours in experts.items()}
+        stored = {t.name: t for t in self.reader.tensors}
+        self._tensors = {name: [stored[s] for s in found] for name, found in sources.items()
+                         if all(s in stored for s in found)}
+        self._shapes = {name: self._expected.get(name) or tuple(int(n) for n in reversed(self._tensors[name][0].shape))
+                        for name in self._tensors}
         self.path = path
+        for name, shape in self._shapes.items():  # sizes the metadata declares against the values the file holds
+            if prod(shape) != prod(self._expected.get(name, shape)):
+                tensor = self._tensors[name][0]
+                raise ExportError(f"{path}: tensor {tensor.name} ({name}) has shape {shape}; the file's metadata (heads, "
+                                  f"sizes) makes it {self._expected[name]}")
 
     def _read(self, name: str) -> torch.Tensor:
-        tensor = self._tensors[name]
+        tensors = self._tensors[name]
+        result = self.layout.put_back(name, [self._dequantized(tensor) for tensor in tensors])
+        if result.shape != self._expected.get(name, result.shape):  # a file whose tensors disagree with its metadata
+            stored = ", ".join(tensor.name for tensor in tensors)
+            raise ExportError(f"{self.path}: tensor {stored} ({name}) has shape {tuple(result.shape)}; the file's "
+                              f"metadata (heads, sizes) makes it {self._expected[name]}")
+        return torch.from_numpy(np.ascontiguousarray(result, np.float32))
+
+    def _dequantized(self, tensor) -> np.ndarray:
+        """One of the file's tensors in fp32, through transformers' processor (its shape as the processor leaves it)."""
         data = tensor.data  # memory-mapped: [rows, bytes per row] for quantized types, the values otherwise
         rows = data.shape[0] if data.ndim > 1 else 1
         if rows <= ROWS_PER_CHUNK:
             array = np.array(self._dequantize(data, tensor.tensor_type), np.float32)
         else:  # in slices, on every core: NumPy releases the GIL inside the block arithmetic
-            array = np.empty(self._shapes[name], np.float32)
+            array = np.empty(tuple(int(n) for n in reversed(tensor.shape)), np.float32)
 
             def fill(start: int) -> None:
                 array[start : start + ROWS_PER_CHUNK] = self._dequantize(data[start : start + ROWS_PER_CHUNK],
@@ -121,10 +151,5 @@ class GgufWeights(LazyWeights):
 
             with ThreadPoolExecutor(THREADS) as pool:
                 list(pool.map(fill, range(0, rows, ROWS_PER_CHUNK)))
-        result = self.processor.process(weights=array, name=tensor.name, tensor_key_mapping={},
-                                        parsed_parameters={"tensors": {}})
-        expected = self._expected.get(name, result.weights.shape)  # experts: the slot checks them against the config
-        if result.weights.shape != expected:  # a file whose tensors disagree with its metadata
-            raise ExportError(f"{self.path}: tensor {tensor.name} ({name}) has shape {tuple(result.weights.shape)}; "
-                              f"the file's metadata (heads, sizes) makes it {expected}")
-        return torch.from_numpy(np.ascontiguousarray(result.weights, np.float32))
+        return self.processor.process(weights=array, name=tensor.name, tensor_key_mapping={},
+                                      parsed_parameters={"tensors": {}}).weights

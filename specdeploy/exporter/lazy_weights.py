@@ -9,9 +9,10 @@ reads a Hugging Face folder's shards through safetensors' memory-mapped ``safe_o
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from math import prod
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -29,6 +30,11 @@ class LazyWeights(MutableMapping):
     @abstractmethod
     def _read(self, name: str) -> torch.Tensor:
         """The tensor ``name`` as stored (dequantized to fp32 for GGUF)."""
+
+    @property
+    def shapes(self) -> Mapping[str, tuple[int, ...]]:
+        """Every tensor not yet deleted and its shape as stored, read from the files' headers (no tensor read)."""
+        return MappingProxyType(self._shapes)
 
     def parameter_count(self) -> int:
         """Elements in the file's tensors, without reading any (a tied head is stored once)."""

@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..contract import kv_layers
 from .dims import Dims
 from .family import Family, Settings, features
 from .fused import FusedGraph
 from .layers import apply_rope, cached_attention, frozen, positions, rms_norm, softcap, transposed
+from .recurrent import RECURRENT
 from .registry import ExportError, register, take
 
 NORM_SLOTS = ("before_attention", "after_attention", "before_mlp", "after_mlp")
@@ -29,8 +31,9 @@ class DecoderVerify(nn.Module):
         """``streamed``: build each layer from ``weights`` only when ``write_fused`` reaches it, so that no
         more than one layer's fp32 weights is ever held (the fused form; ``forward`` needs them all)."""
         super().__init__()
-        self.family, self.settings, self.model_type = family, family.settings(config, dims), config.model_type
+        self.family, self.settings, self.config = family, family.settings(config, dims), config
         self.eps = self.settings.eps
+        self.states = dims.states  # the recurrent states of the mixer slot's recurrent layers (contract.StateSpec)
         self.heads, self.kv_heads, self.head_dim = dims.num_heads, dims.kv_heads, dims.head_dim
         self.embed = frozen(take(weights, "model.embed_tokens.weight"))
         self.lm_head = transposed(weights.pop("lm_head.weight", self.embed.data))
@@ -44,7 +47,8 @@ class DecoderVerify(nn.Module):
         """Layer ``i`` built from its checkpoint tensors, which then leave ``weights``: the module holds its own
         (transposed, fused) copies, so building layer by layer never holds two copies of the whole model."""
         prefix = f"model.layers.{i}."
-        layer = _Layer(self.family, weights, prefix, self.settings.feed_forward[i], self.model_type)
+        layer = _Layer(self.family, weights, prefix, self.settings.feed_forward[i], self.settings.mixers[i], self.config,
+                       self.eps)
         for name in [name for name in weights if name.startswith(prefix)]:
             del weights[name]
         return layer
@@ -55,18 +59,27 @@ class DecoderVerify(nn.Module):
         x = _scaled(nn.functional.embedding(input_ids, self.embed), s.embedding_scale)
         pos = positions(past_len, tokens)
         tables = {key: rope.tables(pos) for key, rope in s.ropes.items()}
-        new_kv = []
+        kv, states = _cache_by_layer(cache, self.num_layers, self.states)
+        new_kv, new_states = [], {}
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.before_attention)
-            attn, k, v = self._attention(layer, i, h, tables, cache[2 * i], cache[2 * i + 1], past_len)
+            if s.mixers[i] == "attention":  # the mixer slot: attention over K/V, or a recurrent layer over its states
+                attn, k, v = self._attention(layer, i, h, tables, *kv[i], past_len)
+                new_kv += [k, v]
+            else:
+                attn, new = layer.mixer(h, past_len, *states[i])
+                new_states[i] = new
             x = x + _scaled(self._norm(attn, layer.after_attention), s.residual_scale)
             h = self._norm(x, layer.before_mlp)
             x = x + _scaled(self._norm(layer.feed_forward(h), layer.after_mlp), s.residual_scale)
-            new_kv += [k, v]
         logits = _scaled(rms_norm(x, self.norm, self.eps) @ self.lm_head, s.logits_scale)
         if s.final_softcap:
             logits = softcap(logits, s.final_softcap)
-        return (logits.to(torch.float32), *new_kv)
+        # the contract's order: K/V by layer, then each state kind's new states by layer (a mixer returns its kinds in
+        # the order its StateSpecs declare them, as ``_cache_by_layer`` hands them in)
+        pending = {i: iter(new) for i, new in new_states.items()}
+        ordered = [next(pending[i]) for state in self.states for i in state.layers]
+        return (logits.to(torch.float32), *new_kv, *ordered)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return x if weight is None else rms_norm(x, weight, self.eps)
@@ -103,6 +116,19 @@ class DecoderVerify(nn.Module):
             yield i, (self.layer(self.pending, i) if self.pending is not None else self.layers[i])
 
 
+def _cache_by_layer(cache: tuple, num_layers: int, states) -> tuple[dict, dict]:
+    """The forward's cache inputs (``contract.input_names``' order) by layer: {layer: (K, V)} for attention layers and
+    {layer: [its states' buffers, in declared order]} for recurrent ones."""
+    attention = kv_layers(num_layers, states)
+    kv = {layer: (cache[2 * j], cache[2 * j + 1]) for j, layer in enumerate(attention)}
+    at, recurrent = 2 * len(attention), {}
+    for state in states:
+        for layer in state.layers:
+            recurrent.setdefault(layer, []).append(cache[at])
+            at += 1
+    return kv, recurrent
+
+
 def _scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x if scale == 1.0 else x * scale
 
@@ -112,24 +138,29 @@ def _biased(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 
 class _Layer(nn.Module):
-    def __init__(self, family: Family, weights: dict[str, torch.Tensor], prefix: str, feed_forward, model_type: str):
+    def __init__(self, family: Family, weights: dict[str, torch.Tensor], prefix: str, feed_forward,
+                 mixer: str = "attention", config=None, eps: float = 1e-6):
         super().__init__()
         attn = prefix + "self_attn."
+        # the mixer slot: a recurrent layer (recurrent.RECURRENT) holds its own weights; attention's are these
+        self.mixer = None if mixer == "attention" else RECURRENT[mixer](weights, prefix, config, eps)
         # q, k and v are fused into one MatMul: fewer, larger kernels per layer. A checkpoint that stores them fused
         # (Phi-3: rows q, k, v) is taken as it is.
         if family.fused_projections:
             self.qkv = transposed(take(weights, f"{attn}qkv_proj.weight"))
             self.qkv_bias = _bias(weights, f"{attn}qkv_proj.bias")
-        else:
+        elif self.mixer is None:
             self.qkv = transposed(torch.cat([take(weights, f"{attn}{p}_proj.weight") for p in "qkv"], dim=0))
             self.qkv_bias = _joined_bias(weights, [f"{attn}{p}_proj" for p in "qkv"])
-        self.o, self.o_bias = transposed(take(weights, f"{attn}o_proj.weight")), _bias(weights, f"{attn}o_proj.bias")
-        self.sinks = frozen(take(weights, f"{attn}sinks")) if family.attention_sinks else None
-        self.feed_forward = feed_forward.build(weights, prefix, model_type)  # the family's slot: a dense MLP or experts
+        if self.mixer is None:
+            self.o, self.o_bias = transposed(take(weights, f"{attn}o_proj.weight")), _bias(weights, f"{attn}o_proj.bias")
+            self.sinks = frozen(take(weights, f"{attn}sinks")) if family.attention_sinks else None
+        # the family's feed-forward slot: a dense MLP or routed experts
+        self.feed_forward = feed_forward.build(weights, prefix, config.model_type)
         for slot in NORM_SLOTS:
             name = getattr(family.norms, slot)
             setattr(self, slot, None if name is None else frozen(take(weights, f"{prefix}{name}.weight") + family.norm_offset))
-        if family.qk_norm:
+        if family.qk_norm and self.mixer is None:
             self.q_norm = frozen(take(weights, f"{attn}q_norm.weight") + family.norm_offset)
             self.k_norm = frozen(take(weights, f"{attn}k_norm.weight") + family.norm_offset)
 
@@ -147,7 +178,7 @@ def _joined_bias(weights: dict[str, torch.Tensor], projections: list[str]) -> nn
     return frozen(torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]))
 
 
-class DecoderFamily:
+class DescribedArchitecture:
     """A described family as the registry's ``Architecture``: its sizes and its verify model."""
 
     def __init__(self, family: Family):
@@ -162,6 +193,7 @@ class DecoderFamily:
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             vocab_size=config.vocab_size,
             max_positions=getattr(config, "max_position_embeddings", None),
+            states=self.family.states(config, config.num_hidden_layers),
         )
 
     def features(self, config) -> tuple[str, ...]:
@@ -174,6 +206,6 @@ class DecoderFamily:
 
 LLAMA = Family("llama", ("llama", "mistral", "qwen2"))
 
-register(DecoderFamily(LLAMA))
+register(DescribedArchitecture(LLAMA))
 
-__all__ = ["LLAMA", "DecoderFamily", "DecoderVerify", "ExportError", "Settings"]
+__all__ = ["LLAMA", "DescribedArchitecture", "DecoderVerify", "ExportError", "Settings"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from ..contract import input_names, output_names
+from ..contract import input_names, kv_layers, output_names, state_names
 from .dims import Dims
 from .errors import ExportError
 from .expert_weights import is_router
@@ -17,7 +17,7 @@ from .expert_weights import is_router
 OPSET = 18
 # Models past this size keep their weights as ONNX external data. Protobuf caps a file at 2 GB, and
 # ONNX Runtime memory-maps external tensors but parses inline ones out of the message: the 0.5B int4
-# draft (808 MB) opened in 1.7 s inline and in 0.3 s as external data (README, Load time).
+# draft (808 MB) opened in 1.7 s inline and in 0.3 s as external data (measured for 0.3.x: git show d946e5f:README.md).
 EXTERNAL_DATA_BYTES = 32 << 20
 # Example sizes for tracing: all >= 2 and pairwise distinct, since a dim of size 1, or one equal to
 # another, can be specialised into the graph.
@@ -30,15 +30,19 @@ def export_graph(module: torch.nn.Module, dims: Dims, path: Path) -> None:
     Weights are streamed from the torch module to disk (as ONNX external data when large), so the
     exporter never holds a second in-memory copy of a multi-GB model.
     """
-    layers, kv_heads, head_dim = dims.num_layers, dims.kv_heads, dims.head_dim
+    layers, kv_heads, head_dim, states = dims.num_layers, dims.kv_heads, dims.head_dim, dims.states
     input_ids = torch.randint(0, dims.vocab_size, (EXAMPLE_BATCH, EXAMPLE_TOKENS))
     past_len = torch.tensor([2, 4, 3][:EXAMPLE_BATCH], dtype=torch.int64)
-    cache = [torch.zeros(EXAMPLE_BATCH, kv_heads, EXAMPLE_CAPACITY, head_dim) for _ in range(2 * layers)]
+    cache = [torch.zeros(EXAMPLE_BATCH, kv_heads, EXAMPLE_CAPACITY, head_dim) for _ in range(2 * len(kv_layers(layers, states)))]
     batch, tokens, capacity = (torch.export.Dim(n) for n in ("batch", "tokens", "capacity"))
+    axes = [{0: batch, 2: capacity} for _ in cache]
+    for state in states:  # a positional state's slots are the capacity; a ring's its declared length, fixed
+        cache += [torch.zeros(EXAMPLE_BATCH, *state.buffer_shape(1, EXAMPLE_CAPACITY)[1:]) for _ in state.layers]
+        axes += [{0: batch} | ({} if state.slots else {1: capacity}) for _ in state.layers]
     dynamic = (
         {0: batch, 1: tokens},
         {0: batch},
-        tuple({0: batch, 2: capacity} for _ in cache),  # varargs take a nested tuple
+        tuple(axes),  # varargs take a nested tuple
     )
     with warnings.catch_warnings(), _quiet():
         warnings.simplefilter("ignore")
@@ -47,8 +51,8 @@ def export_graph(module: torch.nn.Module, dims: Dims, path: Path) -> None:
             (input_ids, past_len, *cache),
             dynamo=True,
             dynamic_shapes=dynamic,
-            input_names=input_names(layers),
-            output_names=output_names(layers),
+            input_names=input_names(layers, states),
+            output_names=output_names(layers, "explicit", states),
             opset_version=OPSET,
             optimize=True,
             verbose=False,
@@ -58,7 +62,7 @@ def export_graph(module: torch.nn.Module, dims: Dims, path: Path) -> None:
     del program
     # rename the dynamic axes in the graph alone; external weights stay where they are
     graph = onnx.load(str(path), load_external_data=False)
-    _name_dims(graph, layers)
+    _name_dims(graph, layers, states)
     onnx.save_model(graph, str(path))
 
 
@@ -77,13 +81,16 @@ def declared_io(path: Path) -> dict[str, tuple[str, list]]:
     return declared
 
 
-def _name_dims(model: onnx.ModelProto, layers: int) -> None:
+def _name_dims(model: onnx.ModelProto, layers: int, states=()) -> None:
     """Give the dynamic axes the contract's names, whatever the exporter called them."""
     wanted = {"input_ids": ["batch", "tokens"], "past_len": ["batch"], "logits": ["batch", "tokens", "vocab"]}
-    for i in range(layers):
+    for i in kv_layers(layers, states):
         for kind in ("key", "value"):
             wanted[f"cache_{kind}.{i}"] = ["batch", "kv_heads", "capacity", "head_dim"]
             wanted[f"new_{kind}.{i}"] = ["batch", "kv_heads", "tokens", "head_dim"]
+    for state in states:  # a ring's new states: the call's last min(tokens, slots) positions
+        wanted |= dict.fromkeys(state_names((state,), "cache"), ["batch", "capacity"])
+        wanted |= dict.fromkeys(state_names((state,), "new"), ["batch", "written" if state.slots else "tokens"])
     for value in list(model.graph.input) + list(model.graph.output):
         for dim, name in zip(value.type.tensor_type.shape.dim, wanted.get(value.name, [])):
             if not dim.HasField("dim_value"):

@@ -9,6 +9,11 @@ from ..values import is_integer
 from .errors import ExportError
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits block sizes
+# The providers an export can be written for: the form each runs whole and fast (``ExportOptions.provider``)
+EXPORT_PROVIDERS = ("cpu", "openvino")
+# OpenVINO's form reads the cache up to the filled length rounded up to this many slots: few shapes for it to prepare,
+# at most 63 slots read past the filled ones (1, 64 and 256 cost alike a call on the 1.5B: docs/results/openvino/)
+OPENVINO_FILLED_SLOTS = 64
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits compute types (4: int8 activations)
 
 
@@ -24,7 +29,10 @@ class ExportOptions:
     quantizer (int4 only). ``draft_vocab``: the draft scores only tokens 0 .. draft_vocab - 1 (fused graphs; byte-level
     BPE ids come in merge order, so the first ids are the most common ones): a smaller head, a faster draft step.
     ``isolate``: trace each model in a child process (None: for GGUF files and large checkpoints). ``force``: replace
-    an existing artifact directory.
+    an existing artifact directory. ``provider``: the execution provider the graphs are written for: "cpu" (the forms
+    above, which CUDA and TensorRT take too) or "openvino": the explicit form whose attention reads only the filled
+    slots (``exporter.filled``) and whose head runs over the kept positions only (``num_logits``), which OpenVINO runs
+    whole; it runs on the CPU provider too.
     """
 
     dtype: str = "float32"
@@ -37,6 +45,7 @@ class ExportOptions:
     draft_vocab: int | None = None
     isolate: bool | None = None
     force: bool = False
+    provider: str = "cpu"
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)
@@ -46,6 +55,11 @@ class ExportOptions:
         _one_of("graph", self.graph, GRAPH_FORMS)
         _one_of("block_size", self.block_size, BLOCK_SIZES)
         _one_of("accuracy_level", self.accuracy_level, ACCURACY_LEVELS)
+        _one_of("provider", self.provider, EXPORT_PROVIDERS)
+        if self.provider == "openvino" and self.graph != "explicit":
+            raise ExportError(f"graph: got {self.graph!r} with provider 'openvino'; expected 'explicit': OpenVINO runs the "
+                              "fused form only in pieces (its EP takes no GroupQueryAttention that writes the cache in "
+                              "place); leave --graph out")
         if self.capacity is not None and (not is_integer(self.capacity) or self.capacity < 2):
             raise ExportError(f"capacity: got {self.capacity!r}; expected an integer >= 2, or None (the model's "
                               "max_position_embeddings, at most 2048)")
@@ -78,7 +92,9 @@ class ExportOptions:
         fmt, fused = self.weights_of(role), self.graph == "fused"
         return Form(graph=self.graph, int4=(self.block_size, self.accuracy_level) if fused and fmt == "int4" else None,
                     vocab_kept=self.draft_vocab if role == "draft" else None,
-                    dtype=self.dtype if fused and fmt != "int8" else "float32", int8=fused and fmt == "int8")
+                    dtype=self.dtype if fused and fmt != "int8" else "float32",
+                    int8=fused and fmt == "int8",
+                    filled_slots=OPENVINO_FILLED_SLOTS if self.provider == "openvino" else 0)
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,9 @@ class Form:
     vocab_kept: int | None = None  # a draft's head cut to the first tokens (``draft_vocab``)
     dtype: str = "float32"  # what a fused graph is written in (an explicit graph is traced in float32)
     int8: bool = False
+    # an explicit graph whose attention reads its filled slots alone, rounded up to this many (``exporter.filled``),
+    # and whose head runs over the kept positions only: OpenVINO's form; 0: every slot, every position
+    filled_slots: int = 0
 
 
 def _one_of(name: str, value, choices: tuple, also: str = "") -> None:

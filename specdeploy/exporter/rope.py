@@ -17,12 +17,12 @@ the length rotates its earlier tokens with the long factors too, which this grap
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
+from ..declared import SUPPORTED_ROPE
 from .errors import ExportError
-
-SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,10 @@ def _rope(config, head_dim: int, params: dict, layer_type: str | None) -> Rope:
     if rope_type not in SUPPORTED_ROPE:
         raise ExportError(f"rope_type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE)}")
     if rope_type == "default":
+        family_init = _default_init(config.model_type)
+        if family_init is not None:  # the family's own: Phi-3's rotates part of each head, Llama's ignores that share
+            inv_freq, scaling = family_init(config, layer_type=layer_type)
+            return Rope(inv_freq.to(torch.float32), float(scaling))
         theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
         dim = int(head_dim * partial)
@@ -84,3 +88,31 @@ def _rope(config, head_dim: int, params: dict, layer_type: str | None) -> Rope:
     original = int(params["original_max_position_embeddings"])
     long_inv_freq, _ = init(config, torch.device("cpu"), seq_len=original + 1, **kwargs)
     return Rope(inv_freq.to(torch.float32), float(scaling), long_inv_freq.to(torch.float32), original)
+
+
+@cache
+def _default_init(model_type: str):
+    """transformers' own default RoPE of ``model_type``'s model (its rotary embedding's
+    ``compute_default_rope_parameters``: config -> (inv_freq, attention factor)), or None where it has none. Each model
+    computes its own: whether a ``partial_rotary_factor`` is honoured is the model's choice (Phi-3's is, Llama's is
+    not), so a stray one in a config changes here what it changes there."""
+    import importlib
+    import inspect
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    name = model_type_to_module_name(model_type)
+    try:
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ImportError:
+        return None
+    found = [c for c in vars(module).values() if inspect.isclass(c) and "compute_default_rope_parameters" in vars(c)]
+    if len(found) != 1:
+        return None
+    compute = found[0].compute_default_rope_parameters
+    takes_layer = "layer_type" in inspect.signature(compute).parameters
+
+    def init(config, layer_type: str | None = None):
+        return compute(config, layer_type=layer_type) if takes_layer and layer_type is not None else compute(config)
+
+    return init

@@ -15,6 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..artifact_checks import check_artifact
 from ..contract import (
     GRAPH_ROLE_KEY,
     LAYOUT_FORMS,
@@ -27,6 +28,7 @@ from ..contract import (
     tokenizer_problems,
 )
 from ..engines.vetting import check_foreign_graph, external_tensors
+from ..files import MAX_JSON_BYTES, read_regular
 from ..output import OutputError, file_hashes, output_dir, staged
 from ..version import __version__
 from .rewrites import head_trimmed, logits_in_float32
@@ -73,6 +75,11 @@ def import_artifact(target: str | Path, out: str | Path, draft: str | Path | Non
         progress("hashing files")
         manifest.files = file_hashes(staging)
         manifest.write(staging)
+        try:  # what its loader checks before any session: an artifact it would refuse is never put in place
+            check_artifact(staging)
+        except ContractError as exc:
+            raise ImportRefused("the artifact would not load, so nothing was written: "
+                                + str(exc).replace(str(staging), str(out))) from None
     progress(f"wrote {out}")
     return manifest
 
@@ -184,9 +191,9 @@ def _keep_files(source: Source, staging: Path) -> None:
     for name in source.kept:
         shutil.copyfile(source.folder / name, staging / name)
     template = source.folder / "chat_template.jinja"
-    if template.is_file() and not template.is_symlink():
+    if template.is_file() and not template.is_symlink():  # both files were checked when the folder was read
         config_path = staging / TOKENIZER_CONFIG
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        if isinstance(config, dict) and "chat_template" not in config:
-            config["chat_template"] = template.read_text()
+        config = json.loads(read_regular(config_path, MAX_JSON_BYTES)) if config_path.is_file() else {}
+        if config.get("chat_template") is None:
+            config["chat_template"] = read_regular(template, MAX_JSON_BYTES).decode("utf-8")
             config_path.write_text(json.dumps(config, indent=2))

@@ -13,9 +13,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contract import DTYPES, ImportedIO
+from ..artifact_checks import compile_template, read_tokenizer_config
+from ..contract import DTYPES, ContractError, ImportedIO
+from ..declared import GENAI, OPTIMUM, findings, refusal, token_ids
 from ..files import MAX_JSON_BYTES, FileMissing, FileRefused, read_regular
-from ..values import is_integer, short
 
 ONNX_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 7: "int64", 6: "int32"}
 
@@ -34,6 +35,7 @@ class Source:
     io: ImportedIO
     facts: dict  # ModelSpec fields: architecture, num_layers, num_heads, kv_heads, head_dim, vocab_size, capacity, eos
     kept: list[str] = field(default_factory=list)  # files of the folder the artifact keeps as they are
+    declared_as: dict[str, str] = field(default_factory=dict)  # a fact -> the config's file and field it comes from
 
 
 def read_source(folder: Path) -> Source:
@@ -62,18 +64,39 @@ def _json(path: Path) -> dict:
     return data
 
 
-def _number(data: dict, name: str, where: str) -> int:
-    value = data.get(name)
-    if not is_integer(value) or value <= 0:
-        raise ImportRefused(f"{where}: {name} must be a positive integer, got {short(value)}")
-    return value
+def _checked(config: dict, rules, where: Path) -> None:
+    """Refuse the first field of ``config`` that breaks its rule (``specdeploy.declared``), in one line naming it."""
+    found = findings(config, rules)
+    if found:
+        raise ImportRefused(refusal(str(where), found[0]))
 
 
-def _eos(value, where: str) -> tuple[int, ...]:
-    ids = value if isinstance(value, list) else [] if value is None else [value]
-    if not all(is_integer(i) and i >= 0 for i in ids):
-        raise ImportRefused(f"{where}: eos_token_id must be a token id or a list of them, got {short(value)}")
-    return tuple(ids)
+def _eos(value) -> tuple[int, ...]:
+    """EOS ids, as ``declared.token_ids`` checked them: one id or a list."""
+    return tuple(value if isinstance(value, list) else [] if value is None else [value])
+
+
+def _kept_configs(folder: Path) -> None:
+    """Refuse a tokenizer config the artifact would keep but its loader refuse (malformed, a template that does not
+    compile, a string flag), or a chat_template.jinja too large to fold into one: now, naming the folder's file."""
+    config, template = folder / "tokenizer_config.json", folder / "chat_template.jinja"
+    try:
+        settings = read_tokenizer_config(config) if _is_plain(config) else {}
+        if _is_plain(template):
+            text = read_regular(template, MAX_JSON_BYTES).decode("utf-8")
+            compile_template(text, str(template))
+            folded = len(json.dumps({**settings, "chat_template": text}, indent=2).encode())
+            if settings.get("chat_template") is None and folded > MAX_JSON_BYTES:  # as the import writes it
+                raise ImportRefused(f"{template}: makes a tokenizer_config.json of {folded:,} bytes; expected at most "
+                                    f"{MAX_JSON_BYTES:,} (the loader's bound)")
+    except (ContractError, FileRefused) as exc:
+        raise ImportRefused(str(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise ImportRefused(f"{template}: not UTF-8 text ({exc.reason})") from exc
+
+
+def _is_plain(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
 
 
 def _existing(folder: Path, names) -> list[str]:
@@ -110,14 +133,17 @@ def read_genai(folder: Path) -> Source:
     if isinstance(search, dict) and search.get("past_present_share_buffer") is False:
         raise ImportRefused(f"{where}: search.past_present_share_buffer is false; expected a graph over one shared "
                             "buffer (the builder's GroupQueryAttention graphs)")
-    facts = {"architecture": str(model.get("type", "unknown")), "num_layers": _number(decoder, "num_hidden_layers", where),
-             "num_heads": _number(decoder, "num_attention_heads", where),
-             "kv_heads": _number(decoder, "num_key_value_heads", where), "head_dim": _number(decoder, "head_size", where),
-             "vocab_size": _number(model, "vocab_size", where), "capacity": _number(model, "context_length", where),
-             "eos_token_ids": _eos(model.get("eos_token_id"), where)}
+    _checked(config, GENAI, where)
+    _kept_configs(folder)
+    facts = {"architecture": model["type"], "num_layers": decoder["num_hidden_layers"],
+             "num_heads": decoder["num_attention_heads"], "kv_heads": decoder["num_key_value_heads"],
+             "head_dim": decoder["head_size"], "vocab_size": model["vocab_size"], "capacity": model["context_length"],
+             "eos_token_ids": _eos(model.get("eos_token_id"))}
     graph = decoder.get("filename", "model.onnx")
+    declared_as = {fact: f"{where.name}: model.decoder.{name}" for fact, name in (
+        ("num_layers", "num_hidden_layers"), ("kv_heads", "num_key_value_heads"), ("head_dim", "head_size"))}
     return Source(folder, _graph_path(folder, graph, where), io, facts,
-                  _existing(folder, ("genai_config.json", "tokenizer_config.json", "chat_template.jinja")))
+                  _existing(folder, ("genai_config.json", "tokenizer_config.json", "chat_template.jinja")), declared_as)
 
 
 def read_optimum(folder: Path) -> Source:
@@ -127,20 +153,25 @@ def read_optimum(folder: Path) -> Source:
     if not (folder / "model.onnx").is_file():
         raise ImportRefused(f"{folder}: config.json but no model.onnx; expected an optimum export "
                             "(optimum-cli export onnx --task text-generation-with-past)")
-    heads = _number(config, "num_attention_heads", where)
-    hidden = _number(config, "hidden_size", where)
-    head_dim = config.get("head_dim") or hidden // heads
-    generation = _json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
-    facts = {"architecture": str(config.get("model_type", "unknown")),
-             "num_layers": _number(config, "num_hidden_layers", where), "num_heads": heads,
-             "kv_heads": config.get("num_key_value_heads") or heads, "head_dim": head_dim,
-             "vocab_size": _number(config, "vocab_size", where),
-             "capacity": _number(config, "max_position_embeddings", where),
-             "eos_token_ids": _eos(generation.get("eos_token_id", config.get("eos_token_id")), where)}
+    generation_path = folder / "generation_config.json"
+    generation = _json(generation_path) if generation_path.is_file() else {}
+    _checked(config, OPTIMUM, where)
+    eos = generation.get("eos_token_id", config.get("eos_token_id"))  # generation_config.json's wins, as in optimum
+    _checked({"vocab_size": config["vocab_size"], "eos_token_id": eos}, (token_ids("eos_token_id", vocab="vocab_size"),),
+             generation_path if "eos_token_id" in generation else where)
+    _kept_configs(folder)
+    heads = config["num_attention_heads"]
+    facts = {"architecture": config.get("model_type", "unknown"), "num_layers": config["num_hidden_layers"],
+             "num_heads": heads, "kv_heads": config.get("num_key_value_heads") or heads,
+             "head_dim": config.get("head_dim") or config["hidden_size"] // heads, "vocab_size": config["vocab_size"],
+             "capacity": config["max_position_embeddings"],
+             "eos_token_ids": _eos(eos)}
     io = ImportedIO(source="optimum", cache="concatenated", position_ids="position_ids")
+    declared_as = {"num_layers": "config.json: num_hidden_layers", "kv_heads": "config.json: num_key_value_heads",
+                   "head_dim": "config.json: " + ("head_dim" if config.get("head_dim") else "hidden_size / num_attention_heads")}
     return Source(folder, _graph_path(folder, "model.onnx", where), io, facts,
                   _existing(folder, ("config.json", "generation_config.json", "tokenizer_config.json",
-                                     "special_tokens_map.json", "chat_template.jinja")))
+                                     "special_tokens_map.json", "chat_template.jinja")), declared_as)
 
 
 def _graph_path(folder: Path, name, where: Path) -> Path:
@@ -178,14 +209,22 @@ def graph_io(source: Source, model) -> dict:
         [io.logits] if io.logits not in got_out else [])
     if missing:
         raise ImportRefused(f"{where.name}: no tensor {missing[0]!r}; {source.io.source} graphs have one")
-    expected = set(range(layers))
-    for kind, found in layer_of.items():
-        if found != expected:
+    for kind, found in layer_of.items():  # layers 0 .. layers - 1, compared without a set of the declared count
+        if len(found) != layers or max(found, default=-1) != layers - 1:
             other = {"past_key": "present_key", "present_key": "past_key", "past_value": "present_value",
                      "present_value": "past_value"}[kind]
+            said = source.declared_as.get("num_layers", "the folder's config")
             raise ImportRefused(f"{where.name}: {getattr(io, kind)} exists for layers {sorted(found)[:8]} and "
                                 f"{getattr(io, other)} for {sorted(layer_of[other])[:8]}; expected each of the "
-                                f"{layers} layers once, past and present paired")
+                                f"{layers} layers ({said}) once, past and present paired")
+    facts = source.facts
+    for name in (io.past_key % 0, io.past_value % 0):  # the sizes the config declares, where the graph fixes them
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in declared[name].type.tensor_type.shape.dim]
+        for axis, size in ((1, "kv_heads"), (3, "head_dim")):
+            if len(dims) == 4 and dims[axis] is not None and dims[axis] != facts[size]:
+                said = source.declared_as.get(size, f"the folder's config: {size}")
+                raise ImportRefused(f"{where.name}: {name} has {dims[axis]} {'heads' if axis == 1 else 'dims a head'}; "
+                                    f"{said} declares {facts[size]}")
     elem = declared[io.past_key % 0].type.tensor_type.elem_type
     dtype = ONNX_TYPES.get(elem, str(elem))
     if dtype not in DTYPES:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..artifact_checks import TOKENIZER_CONFIG, check_bos, read_tokenizer_config
 from ..contract import ContractError, Manifest, read_tokenizer, tokenizer_facts, tokenizer_problems, verify_files
 from ..digests import remembered_fact
 from ..engines import Engine, load_engine
 from ..engines.vetting import check_graph_facts
 from .chat import ChatTemplate
 
-TOKENIZER_CONFIG = "tokenizer_config.json"
 SHOWN_PROBLEMS = 10  # file problems listed in full when loading; the rest are counted (`specdeploy doctor` lists more)
 
 
@@ -68,13 +68,9 @@ def _tokenizer(directory: Path, manifest: Manifest) -> tuple[object, ChatTemplat
 def chat_template(directory: Path, manifest: Manifest, tokenizer) -> ChatTemplate:
     """The artifact's chat template and BOS settings, from tokenizer_config.json when the manifest lists it (none
     otherwise); ContractError where it cannot be read or names a BOS token the tokenizer lacks."""
-    chat = ChatTemplate({})
-    if TOKENIZER_CONFIG in manifest.files:
-        try:
-            chat = ChatTemplate.read(directory / TOKENIZER_CONFIG)
-        except (OSError, ValueError, RecursionError, AttributeError) as exc:
-            raise ContractError(f"{directory / TOKENIZER_CONFIG}: not a readable tokenizer config ({exc})") from exc
-    if chat.add_bos_token and chat.bos_token is not None and tokenizer.token_to_id(chat.bos_token) is None:
-        raise ContractError(f"{directory / TOKENIZER_CONFIG}: bos_token {chat.bos_token!r} is not a token of "
-                            f"{manifest.tokenizer}; expected one of its tokens (add_bos_token starts plain prompts with it)")
-    return chat
+    if TOKENIZER_CONFIG not in manifest.files:
+        return ChatTemplate({})
+    path = directory / TOKENIZER_CONFIG
+    config = read_tokenizer_config(path)  # its size bound, fields and templates' syntax, as an export checked them
+    check_bos(config, tokenizer, path, manifest.tokenizer)
+    return ChatTemplate(config, source=str(path))

@@ -1,4 +1,10 @@
-"""Chat templates: messages rendered to a prompt as transformers' ``apply_chat_template`` renders them.
+"""Prompts to token ids and back (``TextCodec``), and chat templates: messages rendered to a prompt as transformers'
+``apply_chat_template`` renders them.
+
+A prompt is text (tokenized, BOS first where the tokenizer config says so), token ids (checked against the vocabulary)
+or a conversation (rendered by the chat template, then tokenized). A text is bounded before it is tokenized: past
+``CHARS_PER_TOKEN_BOUND`` characters a slot of the capacity it is measured from its start, as tokenizing holds the
+interpreter (a server's event loop included).
 
 A template comes from the artifact's tokenizer_config.json (kept, and hashed, by the exporter) and is
 untrusted code: it runs in Jinja's immutable sandbox, with the globals and filters transformers gives it
@@ -28,17 +34,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
+from ..artifact_checks import DEFAULT_TEMPLATE, read_tokenizer_config, template_of, token_of
 from ..contract import ContractError
-from ..files import MAX_JSON_BYTES, read_regular
 from ..values import short
-from .config import ConfigError, check_unicode
+from .config import ConfigError, check_unicode, checked_token_ids
 
 MAX_MESSAGES = 1024
 TIME_LIMIT = 2.0  # CPU seconds a render may take: real templates take a millisecond or less
 WALL_FACTOR, WALL_GRACE = 10.0, 5.0  # the wall-clock backstop: WALL_FACTOR x the CPU limit + WALL_GRACE seconds
 MAX_RENDERED_CHARS = 16 * 2**20  # output characters; far beyond any prompt an artifact's capacity takes
 WORKERS = 4  # child processes rendering at once; more requests wait for one
-DEFAULT_TEMPLATE = "default"  # the template used among named ones, as transformers chooses it without tools
+CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
 
 
 class ChatTemplateError(RuntimeError):
@@ -69,18 +77,20 @@ class ChatTemplate:
         if not isinstance(config, dict):
             raise ContractError(f"{source}: expected a JSON object, got {type(config).__name__}")
         self.source, self.time_limit, self.max_chars = source, time_limit, max_chars
-        self.template, self.named = _template(config.get("chat_template"), source)
-        self.bos_token = _token(config.get("bos_token"), "bos_token", source)
-        self.eos_token = _token(config.get("eos_token"), "eos_token", source)
+        self.template, self.named = template_of(config.get("chat_template"), source)
+        self.bos_token = token_of(config.get("bos_token"), "bos_token", source)
+        self.eos_token = token_of(config.get("eos_token"), "eos_token", source)
         add_bos = config.get("add_bos_token", False)
         if not isinstance(add_bos, bool):
-            raise ContractError(f"{source}: add_bos_token: got {add_bos!r} ({type(add_bos).__name__}); expected true or false")
+            raise ContractError(f"{source}: add_bos_token: got {short(add_bos)} ({type(add_bos).__name__}); expected true "
+                                "or false")
         self.add_bos_token = add_bos
 
     @classmethod
     def read(cls, path: Path) -> ChatTemplate:
-        """The chat template of a tokenizer_config.json (a regular file of at most MAX_JSON_BYTES)."""
-        return cls(json.loads(read_regular(Path(path), MAX_JSON_BYTES).decode("utf-8")), source=f"{path}")
+        """The chat template of a tokenizer_config.json (a regular file of at most MAX_JSON_BYTES, its fields checked and
+        its templates compiled: ``artifact_checks.read_tokenizer_config``)."""
+        return cls(read_tokenizer_config(Path(path)), source=f"{path}")
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                time_limit: float | None = None, max_chars: int | None = None) -> str:
@@ -135,6 +145,76 @@ class ChatTemplate:
         return answer["text"]
 
 
+class TextCodec:
+    """An artifact's tokenizer and chat template: a prompt (text or ids) or a conversation to token ids inside the
+    vocabulary (``vocab_size``), and ids back to text. Prompts longer than ``capacity`` slots could ever hold are refused
+    from their start. Plain prompts start with BOS exactly when the tokenizer config says so (transformers'
+    ``add_bos_token``)."""
+
+    def __init__(self, tokenizer, template: ChatTemplate, vocab_size: int, capacity: int):
+        self.tokenizer, self.template, self.vocab_size, self.capacity = tokenizer, template, vocab_size, capacity
+        bos = template.bos_token
+        self.bos = tokenizer.token_to_id(bos) if template.add_bos_token and bos else None
+
+    def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
+        """Token ids of a prompt: text, or a flat sequence of integer ids inside the vocabulary. Returns [tokens] int64.
+
+        Text must be valid Unicode (a lone surrogate is refused, naming where), and every id it encodes to must
+        be inside the model's vocabulary: a tokenizer that maps a word beyond it is refused here, before any engine
+        call, rather than failing the batch the prompt joins."""
+        vocab = self.vocab_size
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ConfigError("prompt: got an empty string; expected at least one token")
+            check_unicode(prompt, "prompt")
+            ids = self._tokenize(prompt)
+            if self.bos is not None and ids[:1] != [self.bos]:
+                ids = [self.bos, *ids]
+            ids = np.array(ids, np.int64)
+            if ids.size and ids.max() >= vocab:
+                outside = int(ids[ids >= vocab][0])
+                raise ConfigError(f"prompt: encodes to token id {outside} ({short(self.tokenizer.id_to_token(outside))}), "
+                                  f"outside the model's vocabulary [0, {vocab}): the artifact's tokenizer does not fit its "
+                                  "models")
+        elif isinstance(prompt, bytes) or not isinstance(prompt, (Sequence, np.ndarray)):
+            raise ConfigError(f"prompt: got {short(prompt)}; expected a string or a list of token ids")
+        else:
+            ids = checked_token_ids(prompt, vocab, "prompt ids")
+        if ids.size == 0:
+            raise ConfigError("prompt: encodes to no tokens; expected at least one")
+        return ids
+
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                    time_limit: float | None = None) -> list[int]:
+        """Token ids of ``messages`` rendered with the chat template, as transformers'
+        ``apply_chat_template(messages, tools=tools, tokenize=True)`` gives them (the template places BOS itself).
+        ``time_limit``: CPU seconds the render may take (the template's own limit when None). The rendered text is
+        bounded by what the capacity could ever hold (``CHARS_PER_TOKEN_BOUND`` a slot), before it is tokenized."""
+        text = self.template.render(messages, add_generation_prompt, tools, time_limit=time_limit,
+                                    max_chars=CHARS_PER_TOKEN_BOUND * self.capacity)
+        return self._tokenize(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids`` (integers inside the vocabulary; ConfigError otherwise), special tokens skipped."""
+        ids = checked_token_ids(token_ids, self.vocab_size, "token_ids")
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+
+    def _tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text``; a text longer than ``CHARS_PER_TOKEN_BOUND`` characters a slot of the capacity is
+        refused having tokenized no more than that much of it (a 12 MB prompt, or one enormous word, costs no more than
+        its first part)."""
+        capacity = self.capacity
+        head = CHARS_PER_TOKEN_BOUND * capacity
+        if len(text) > head:
+            tokens = len(self.tokenizer.encode(text[:head], add_special_tokens=False).ids)
+            if tokens >= capacity:
+                raise ConfigError(f"prompt: {len(text):,} characters, and its first {head:,} alone are {tokens:,} "
+                                  f"tokens, over the artifact's capacity of {capacity} tokens")
+            raise ConfigError(f"prompt: {len(text):,} characters; expected at most {head:,} ({CHARS_PER_TOKEN_BOUND} "
+                              f"a token of the artifact's capacity of {capacity}: no text that fits is longer)")
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
 def _check_size(messages: list[dict], tools, chars: int) -> None:
     """Refuse a conversation whose own text (its strings, and the tools as JSON) is already more than a render may
     produce: the client's doing, found before any template runs."""
@@ -147,31 +227,6 @@ def _check_size(messages: list[dict], tools, chars: int) -> None:
     if size > chars:
         raise ConfigError(f"messages: {size:,} characters{' with the tools' if tools else ''}, more than the {chars:,} "
                           "that a prompt of this model's context can hold; shorten them")
-
-
-def _template(value, source: str) -> tuple[str | None, list[str]]:
-    """(the template to use, the names of all when there are several)."""
-    if value is None or isinstance(value, str):
-        return value, []
-    if isinstance(value, list):  # transformers saves several as [{"name": ..., "template": ...}, ...]
-        if not all(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
-                   for t in value):
-            raise ContractError(f"{source}: chat_template: expected a string or a list of {{'name': str, 'template': "
-                                f"str}}, got {short(value, 80)}")
-        value = {t["name"]: t["template"] for t in value}
-    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        return value.get(DEFAULT_TEMPLATE), sorted(value)
-    raise ContractError(f"{source}: chat_template: expected a string or a list of named templates, got "
-                        f"{type(value).__name__}")
-
-
-def _token(value, name: str, source: str) -> str | None:
-    if isinstance(value, dict):  # a serialised AddedToken: {"content": ..., "__type": "AddedToken", ...}
-        value = value.get("content")
-    if value is not None and not isinstance(value, str):
-        raise ContractError(f"{source}: {name}: expected a string or an AddedToken's {{'content': str}}, got "
-                            f"{type(value).__name__}")
-    return value
 
 
 def _checked(messages) -> list[dict]:

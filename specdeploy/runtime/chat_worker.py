@@ -26,15 +26,21 @@ import sys
 from datetime import datetime
 
 if __package__:
+    from ..chat_syntax import SETTINGS, extensions
     from ..values import is_integer, short
-else:  # run as a script, as ``chat`` starts it: the package's values module by its file, the package not imported
+else:  # run as a script, as ``chat`` starts it: the package's leaf modules by their files, the package not imported
     import importlib.util
     from pathlib import Path
 
-    _spec = importlib.util.spec_from_file_location("_values", Path(__file__).resolve().parents[1] / "values.py")
-    _values = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_values)
+    def _leaf(name: str):
+        spec = importlib.util.spec_from_file_location(f"_{name}", Path(__file__).resolve().parents[1] / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    _values, _syntax = _leaf("values"), _leaf("chat_syntax")
     is_integer, short = _values.is_integer, _values.short
+    SETTINGS, extensions = _syntax.SETTINGS, _syntax.extensions
 
 MEMORY_BYTES = 2 * 2**30  # address space: far above what jinja2 and the interpreter need, far below a runaway's
 MAX_INT_BITS = 2**16  # integers a template computes: a tower of powers would take minutes and the memory
@@ -58,22 +64,7 @@ def _over_cpu(signum, frame):
 def environment(max_chars: list[int]):
     """A sandboxed Jinja environment with transformers' settings, filters and globals, and size limits on ``**``
     and ``*`` (``max_chars[0]``: the characters a repeated string or list may reach)."""
-    import jinja2
-    from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(Extension):
-        """``{% generation %}...{% endgeneration %}`` (marks assistant text for training masks): renders its body."""
-
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):
-            return caller()
 
     class Limited(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["**", "*"])
@@ -88,7 +79,7 @@ def environment(max_chars: list[int]):
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    sandbox = Limited(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    sandbox = Limited(**SETTINGS, extensions=extensions())
     sandbox.filters["tojson"] = tojson
     sandbox.globals["raise_exception"] = raise_exception
     sandbox.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

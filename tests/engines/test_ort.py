@@ -365,3 +365,19 @@ def test_a_closed_engine_lets_its_session_go_and_refuses_calls(pair_dir):
     with pytest.raises(EngineClosedError, match="target: the engine is closed"):
         engine.infer(np.array([[5]]), np.array([2]), cache)
     engine.close()  # closing twice is harmless
+
+
+def test_a_fused_hybrid_is_given_the_slots_of_the_states_it_reads_and_writes():
+    """``state_slots``: the lookback positions before each row's first new token (-1 before position 0, a zero state)
+    and the call's last min(tokens, slots) positions, at p mod slots in a ring and at p where positional."""
+    from specdeploy.contract import StateSpec
+    from specdeploy.engines.base import state_slots
+
+    ring, positional = StateSpec("ssm", (0,), (2,), 3, slots=7), StateSpec("conv", (0,), (4,), 2)
+    past = np.array([0, 5, 12], np.int64)
+    read, write = state_slots(ring, past, 2)
+    assert read.tolist() == [[-1, -1, -1], [2, 3, 4], [2, 3, 4]] and write.tolist() == [[0, 1], [5, 6], [5, 6]]
+    read, write = state_slots(ring, np.array([4], np.int64), 9)  # a chunk longer than the ring: its last 7 positions
+    assert read.tolist() == [[1, 2, 3]] and write.tolist() == [[6, 0, 1, 2, 3, 4, 5]]
+    read, write = state_slots(positional, np.array([1, 30], np.int64), 3)
+    assert read.tolist() == [[-1, 0], [28, 29]] and write.tolist() == [[1, 2, 3], [30, 31, 32]]

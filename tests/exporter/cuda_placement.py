@@ -26,24 +26,44 @@ FLOATS = {"float", "float16", "bfloat16", "double"}
 INTS = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
 ANY = FLOATS | INTS | {"bool"}
 INDEX = {"int32", "int64"}
+NUMBERS = {"double", "float", "float16", "int32", "int64", "uint32", "uint64"}  # comparisons, CumSum
 # (domain, op) -> {input index: element types a CUDA kernel takes there} (None: any); docs/OperatorKernels.md,
 # "Operators implemented by CUDAExecutionProvider", at opset 18 (the exporter's)
 KERNELS = {
     ("", "Add"): {0: FLOATS | {"int32", "int64", "uint32", "uint64"}, 1: FLOATS | {"int32", "int64", "uint32", "uint64"}},
     ("", "ArgMax"): {0: {"double", "float", "float16"}},
     ("", "Cast"): {0: ANY},
+    ("", "Clip"): {i: {"double", "float", "float16", "int64", "int8", "uint64", "uint8"} for i in range(3)},
+    ("", "Concat"): {i: ANY for i in range(8)},
+    ("", "CumSum"): {0: NUMBERS, 1: INDEX},
+    ("", "Exp"): {0: FLOATS},
+    ("", "Expand"): {0: ANY, 1: {"int64"}},
     ("", "Gather"): {0: ANY, 1: INDEX},
+    ("", "Greater"): {0: NUMBERS, 1: NUMBERS},
+    ("", "GreaterOrEqual"): {0: NUMBERS, 1: NUMBERS},
+    ("", "Less"): {0: NUMBERS, 1: NUMBERS},
     ("", "MatMul"): {0: {"bfloat16", "double", "float", "float16"}, 1: {"bfloat16", "double", "float", "float16"}},
+    ("", "Max"): {0: NUMBERS | {"bfloat16"}, 1: NUMBERS | {"bfloat16"}},
+    ("", "Min"): {0: NUMBERS | {"bfloat16"}, 1: NUMBERS | {"bfloat16"}},
+    ("", "Mod"): {0: NUMBERS | {"bfloat16"}, 1: NUMBERS | {"bfloat16"}},
     ("", "Mul"): {0: FLOATS | {"int32", "int64", "uint32", "uint64"}, 1: FLOATS | {"int32", "int64", "uint32", "uint64"}},
     ("", "Neg"): {0: {"double", "float", "float16", "int16", "int32", "int64", "int8"}},
     ("", "Pad"): {0: {"bool", "double", "float", "float16"}, 1: {"int64"}, 2: {"bool", "double", "float", "float16"}},
+    ("", "Range"): {i: {"double", "float", "int16", "int32", "int64"} for i in range(3)},
+    ("", "Reshape"): {0: ANY, 1: {"int64"}},
+    ("", "ScatterND"): {0: ANY, 1: {"int64"}, 2: ANY},
     ("", "Shape"): {0: ANY},
     ("", "Sigmoid"): {0: FLOATS},
     ("", "SimplifiedLayerNormalization"): {0: {"double", "float", "float16"}, 1: {"double", "float", "float16"}},
     ("", "Slice"): {0: ANY, 1: INDEX, 2: INDEX, 3: INDEX, 4: INDEX},
+    ("", "Softplus"): {0: {"double", "float", "float16"}},
     ("", "Split"): {0: ANY, 1: {"int64"}},
     ("", "Squeeze"): {0: ANY, 1: {"int64"}},
     ("", "Sub"): {0: FLOATS | {"int32", "int64", "uint32", "uint64"}, 1: FLOATS | {"int32", "int64", "uint32", "uint64"}},
+    ("", "Transpose"): {0: ANY},
+    ("", "Unsqueeze"): {0: ANY, 1: {"int64"}},
+    ("", "Where"): {0: {"bool"}, 1: {"bfloat16", "double", "float", "float16", "int32", "int64", "uint8"},
+                    2: {"bfloat16", "double", "float", "float16", "int32", "int64", "uint8"}},
     ("", "ReduceMax"): {0: {"double", "float", "float16", "int32", "int64", "int8", "uint8"}, 1: {"int64"}},
     (MS, "GroupQueryAttention"): {0: {"bfloat16", "float16"}, 3: {"bfloat16", "float16", "int8"},
                                   4: {"bfloat16", "float16", "int8"}, 5: {"int32"}, 6: {"int32"},
@@ -53,9 +73,11 @@ KERNELS = {
 }
 # inputs a CUDA kernel reads in host memory (its KernelDefBuilder's InputMemoryType(OrtMemTypeCPUInput, i)) and outputs
 # it writes there (OutputMemoryType(OrtMemTypeCPUOutput, i)): onnxruntime/core/providers/cuda/tensor/{slice,pad,split,
-# squeeze,shape_op}.cc, reduction_ops.cc, contrib_ops/cuda/bert/group_query_attention.cc
+# squeeze,unsqueeze,reshape,expand,shape_op}.cc, generator/range.cc, math/{clip,cumsum}.cc, reduction_ops.cc,
+# contrib_ops/cuda/bert/group_query_attention.cc
 HOST_INPUTS = {("", "Slice"): {1, 2, 3, 4}, ("", "Pad"): {1, 2, 3}, ("", "Split"): {1}, ("", "Squeeze"): {1},
-               ("", "ReduceMax"): {1}, (MS, "GroupQueryAttention"): {6}}
+               ("", "Unsqueeze"): {1}, ("", "Reshape"): {1}, ("", "Expand"): {1}, ("", "Range"): {0, 1, 2},
+               ("", "Clip"): {1, 2}, ("", "CumSum"): {1}, ("", "ReduceMax"): {1}, (MS, "GroupQueryAttention"): {6}}
 HOST_OUTPUTS = {("", "Shape"): {0}}
 SMALL_INITIALIZER = 100  # elements: fallback_cpu_capability.cc's kSmallInitializerThreshold
 
@@ -166,7 +188,8 @@ def _elements(tensor) -> int:
 
 def _element_types(graph) -> dict[str, str]:
     """value name -> element type name, from the graph's inputs and initializers through each node (outputs take the
-    first input's type but for the ops that say otherwise): ONNX's own inference does not know the contrib ops."""
+    first input's type but for the ops that say otherwise: Cast, Shape and ArgMax, comparisons' bool, Where's values):
+    ONNX's own inference does not know the contrib ops."""
     def name(elem: int) -> str:
         return helper.tensor_dtype_to_np_dtype(elem).name if elem != TensorProto.BFLOAT16 else "bfloat16"
 
@@ -178,6 +201,10 @@ def _element_types(graph) -> dict[str, str]:
             types[node.output[0]] = out
         elif node.op_type in ("Shape", "ArgMax"):
             types[node.output[0]] = "int64"
+        elif node.op_type in ("Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Equal", "Not", "And", "Or"):
+            types[node.output[0]] = "bool"
+        elif node.op_type == "Where":
+            types[node.output[0]] = types.get(node.input[1])
         else:
             first = types.get(node.input[0])
             for out in node.output:

@@ -12,10 +12,10 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
 from tests import tiny
-from tests.exporter.cases import MIXTURES, PARITY_CASES, REFUSED
+from tests.exporter.cases import MIXTURES, PARITY_CASES, REFUSED, longrope
 
-NEW_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "phi3", "granite", "olmo2", "smollm3", "mistral-window", "llama-rope-yarn",
-                *MIXTURES)
+NEW_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "phi3", "phi3-partial", "granite", "olmo2", "smollm3", "mistral-window",
+                "llama-rope-yarn", "lfm2", "granitemoehybrid", *MIXTURES)
 PROMPT = list(range(5, 13))  # 8 tokens: with 32 more, past every window and within long-RoPE's 64 positions
 NEW = 32
 
@@ -59,6 +59,9 @@ SETTINGS_THAT_BITE = {
     "renormalized expert weights": ("qwen3_moe", {"norm_topk_prob": True}),
     "clamped SwiGLU's limit": ("gpt_oss", {"swiglu_limit": 7.0}),
     "clamped SwiGLU's alpha": ("gpt_oss", {"swiglu_alpha": 1.0}),
+    # every dim of each head rotated (its long-RoPE given a factor per frequency)
+    "partial rotary": ("phi3-partial", {"rope_parameters": {**longrope(64), "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+                                                            "original_max_position_embeddings": 64}}),
 }
 
 
@@ -79,14 +82,22 @@ def test_each_family_setting_moves_the_logits(feature):
     assert (a - b).abs().max() > 100 * 1e-4 * max(1.0, a.abs().max().item()), feature
 
 
-def test_long_rope_chooses_its_factors_by_position(tmp_path):
+# (sizes, rotated dims of each head): Phi-3's whole head; Phi-4-mini's three quarters, over two heads sharing a K/V head
+ROTARY = {"full": ({"hidden_size": 64}, 16),
+          "partial": ({"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "partial_rotary_factor": 0.75}, 48)}
+
+
+@pytest.mark.parametrize("rotary", sorted(ROTARY))
+def test_long_rope_chooses_its_factors_by_position(tmp_path, rotary):
     """A text crossing original_max_position_embeddings (16 here): each token's RoPE uses the short factors below that
     position and the long ones from it on, as transformers computes when it generates token by token after a prompt
     within the trained length; transformers' single forward over the whole text uses the long factors for every token,
-    which is not what the graph computes (rope.py says why: a token's K/V must depend on its position alone)."""
-    config = tiny.llama_config("phi3", hidden_size=64, original_max_position_embeddings=16, sliding_window=None,
-                               pad_token_id=0, rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
-                                                             "long_factor": [1.0 + i for i in range(8)]})
+    which is not what the graph computes (rope.py says why: a token's K/V must depend on its position alone). With
+    partial rotary too (the fused form's caches are as wide as the rotated share of a head)."""
+    sizes, rotated = ROTARY[rotary]
+    config = tiny.llama_config("phi3", **sizes, original_max_position_embeddings=16, sliding_window=None,
+                               pad_token_id=0, rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * (rotated // 2),
+                                                             "long_factor": [1.0 + i for i in range(rotated // 2)]})
     model = tiny.build_model(config, seed=3)
     ids = np.random.default_rng(0).integers(0, tiny.VOCAB, 24)
     with torch.no_grad():
@@ -133,7 +144,7 @@ def test_a_combination_a_form_cannot_express_is_refused_in_one_line(tmp_path, na
                                        "--graph", form])
     assert result.exit_code != 0
     message = [line for line in result.output.splitlines() if REFUSED[name, form] in line]
-    assert len(message) == 1 and "phi3" in message[0] and "--graph explicit" in message[0], result.output
+    assert len(message) == 1 and name.split("-")[0] in message[0] and "--graph explicit" in message[0], result.output
     assert not (tmp_path / "art").exists()
 
 
@@ -172,10 +183,10 @@ def test_speculative_greedy_equals_plain_and_seeded_sampling_repeats(exported_ar
     speculative = pipeline.generate(RAGGED, GenerationConfig(drafter="suffix", policy="fixed", k=4, max_new_tokens=24,
                                                              ignore_eos=True), scope=None)
     assert [r.token_ids for r in speculative] == expected, f"{name} ({form})"
-    verified = [record for result in speculative for record in result.records if record.drafted]
-    assert verified and any(r.accepted < r.drafted for r in verified), f"{name} ({form})"  # verified, some rejected
+    records = [record for result in speculative for record in result.records]
+    assert any(record.drafted for record in records) and any(record.rejected_at for record in records)  # and some rejected
     if name in MIXTURES:  # a mixture's verification routes each of its tokens apart: kept drafts too
-        assert any(r.accepted for r in verified), f"{name} ({form})"
+        assert any(record.accepted for record in records), f"{name} ({form})"
     sampled = [GenerationConfig(drafter=drafter, policy="fixed", k=4, temperature=0.9, seed=11, max_new_tokens=16,
                                 ignore_eos=True) for drafter in ("none", "suffix", "none")]
     texts = [[r.token_ids for r in pipeline.generate(RAGGED, config, scope=None)] for config in sampled]

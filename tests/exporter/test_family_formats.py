@@ -27,8 +27,8 @@ from specdeploy.exporter.options import ExportOptions
 from tests import tiny
 from tests.exporter.cases import MIXTURES
 
-FAMILIES = ("llama", "mistral-window", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3", "granite",
-            "olmo2", "smollm3", *MIXTURES)
+FAMILIES = ("llama", "mistral-window", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3", "phi3-partial",
+            "granite", "olmo2", "smollm3", "lfm2", "granitemoehybrid", *MIXTURES)
 # format -> (export options, the manifest's (dtype, weights), the op its weights become, the largest logit error
 # allowed against transformers, relative to the largest logit). fp16 rounds weights and activations (measured up to
 # 0.011); int8 rounds weights per column and activations per row (measured up to 0.17 on these untrained models, whose
@@ -45,13 +45,14 @@ FORMATS = {
 }
 MIXTURE_INT8 = 0.35
 # how far apart the two forms may be: int4 and int8 weights are the same values in both (measured 1e-7); fp16 forms
-# round in another order (measured up to 0.005). A mixture's experts hold the same values in both forms too, but the
-# fused form's MoE op sums a token's experts in its own order (float differences of 1e-7, which the next layer's int8
-# activations, rounded per row, can lift to a whole step: measured 0.014 of the largest logit, mixtral int8), and its
-# int4 QMoE at accuracy level 4 rounds the experts' activations to int8 where the explicit form keeps them in float
-# (measured up to 0.036, granitemoeshared)
-AGREEMENT = {"fp16": 1e-2, "int8": 1e-4, "int4": 1e-4}
-MIXTURE_AGREEMENT = {"fp16": 1e-2, "int8": 0.05, "int4": 0.05}
+# round in another order (measured up to 0.006, and 0.0099 for phi3-partial, whose one head of 64 dims makes the
+# untrained model's attention peakier; a rotary or layer gone wrong moves the logits by their whole scale). A mixture's
+# experts hold the same values in both forms too, but the fused form's MoE op sums a token's experts in its own order
+# (float differences of 1e-7, which the next layer's int8 activations, rounded per row, can lift to a whole step:
+# measured 0.014 of the largest logit, mixtral int8), and its int4 QMoE at accuracy level 4 rounds the experts'
+# activations to int8 where the explicit form keeps them in float (measured up to 0.036, granitemoeshared)
+AGREEMENT = {"fp16": 2e-2, "int8": 1e-4, "int4": 1e-4}
+MIXTURE_AGREEMENT = {"fp16": 2e-2, "int8": 0.05, "int4": 0.05}
 IDS = list(range(5, 19))  # 14 tokens: past every window (4)
 RAGGED = [IDS[:8], [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5]]  # batch 2 of two lengths; the second repeats, so it drafts
 
@@ -180,19 +181,3 @@ def test_a_family_in_each_weight_format_stays_near_transformers_and_drafts_lossl
     assert between <= agreement, f"{name} {fmt}: the forms differ by {between:.4f} of the largest logit"
     for form, error in errors.items():
         assert 0 < error <= tolerance, f"{name} {form} {fmt}: {error:.4f} of the largest logit from transformers"
-
-
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_partial_rotary_is_refused_by_the_fused_form_in_every_weight_format(tmp_path, fmt):
-    from click.testing import CliRunner
-
-    from specdeploy.cli import main
-    from tests.exporter.cases import PARITY_CASES
-
-    checkpoint = tiny.save_checkpoint(tiny.build_model(PARITY_CASES["phi3-partial"](), seed=3), tmp_path / "ckpt")
-    result = CliRunner().invoke(main, ["export", "--target", str(checkpoint), "--out", str(tmp_path / "art"),
-                                       "--graph", "fused", *FORMATS[fmt][0]])
-    assert result.exit_code != 0
-    message = [line for line in result.output.splitlines() if "partial rotary" in line]
-    assert len(message) == 1 and "--graph explicit" in message[0], result.output
-    assert not (tmp_path / "art").exists()

@@ -188,12 +188,17 @@ def test_inspect_shows_the_logits_input_where_the_graph_has_it(fused_and_explici
 @pytest.fixture(scope="module")
 def fp16_graphs(checkpoint, tmp_path_factory):
     """The fused float16 forms a GPU runs: full weights with a draft scoring half the vocabulary (its head ends in a Pad),
-    and int4 weights."""
+    int4 weights, and Phi-4-mini's partial rotary under long-RoPE (its cos/sin caches a rotated share of a head wide)."""
+    from tests.exporter.cases import PARITY_CASES
+
     out = tmp_path_factory.mktemp("fp16")
     full = tiny.export_cli(out / "full", checkpoint, checkpoint, "--graph", "fused", "--dtype", "float16",
                            "--draft-vocab", str(tiny.VOCAB // 2))
     int4 = tiny.export_cli(out / "int4", checkpoint, None, "--graph", "fused", "--dtype", "float16", "--weights", "int4")
-    return {"target": full / "target.onnx", "trimmed draft": full / "draft.onnx", "int4 target": int4 / "target.onnx"}
+    partial = tiny.save_checkpoint(tiny.build_model(PARITY_CASES["phi3-partial"](), seed=3), out / "partial-ckpt")
+    partial = tiny.export_cli(out / "partial", partial, None, "--graph", "fused", "--dtype", "float16")
+    return {"target": full / "target.onnx", "trimmed draft": full / "draft.onnx", "int4 target": int4 / "target.onnx",
+            "partial rotary target": partial / "target.onnx"}
 
 
 def test_every_node_of_the_fused_fp16_graph_runs_on_the_cuda_ep_with_no_copy_inside(fp16_graphs):
@@ -216,6 +221,9 @@ def test_every_node_of_the_fused_fp16_graph_runs_on_the_cuda_ep_with_no_copy_ins
         inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
         assert inputs["seqlens_k"] == onnx.TensorProto.INT32 and "past_len" not in inputs
         assert inputs["cache_key.0"] == onnx.TensorProto.FLOAT16
+        if "partial" in name:  # the op rotates twice its caches' width of each head: 48 of 64
+            widths = {t.name: t.dims[1] for t in model.graph.initializer if len(t.dims) == 2}
+            assert {widths[n.input[7]] for n in model.graph.node if n.op_type == "GroupQueryAttention"} == {24}
 
 
 def test_the_placement_check_finds_the_length_arithmetic_of_older_fused_graphs(fp16_graphs):
@@ -280,3 +288,138 @@ def _ancestors(graph, value: str) -> set[str]:
                     found.add(v)
                     pending.append(v)
     return found
+
+
+HYBRIDS = ("lfm2", "granitemoehybrid")
+
+
+@pytest.fixture(scope="module")
+def hybrid_fp16(tmp_path_factory):
+    """The fused float16 artifacts of the tiny hybrids (test_parity's LFM2 and Granite 4.0-H cases)."""
+    from tests.exporter.cases import PARITY_CASES
+
+    out = tmp_path_factory.mktemp("hybrid-fp16")
+    found = {}
+    for name in HYBRIDS:
+        checkpoint = tiny.save_checkpoint(tiny.build_model(PARITY_CASES[name](), seed=3), out / f"{name}-ckpt")
+        found[name] = tiny.export_cli(out / name, checkpoint, None, "--graph", "fused", "--dtype", "float16")
+    return found
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_every_node_of_a_fused_fp16_hybrid_runs_on_the_cuda_ep_with_no_copy_inside(hybrid_fp16, name):
+    """A recurrent layer's state slots come in as inputs the engine fills (``read_slots_*``, ``write_slots_*``), as
+    seqlens_k does: each node has a CUDA kernel for its types, what ONNX Runtime moves to the CPU EP is the call's
+    shape read on the host (its tokens and rows, for Slice's starts and Range's bounds) and num_logits, and no value
+    is copied to the device inside a call, so the session can be captured as a CUDA graph. The states are read with
+    Gather over the buffer's rows and slots (GatherND's CUDA kernel was not capture-safe: onnxruntime#32120)."""
+    from tests.exporter.cuda_placement import placement
+
+    model = onnx.load(str(hybrid_fp16[name] / "target.onnx"), load_external_data=False)
+    found = placement(model)
+    assert found["no_kernel"] == [] and found["copies"] == [], (name, found)
+    assert found["host_inputs"] == ["num_logits"]
+    assert _host_side(model.graph, found["cpu"]) == set(), found["cpu"]
+    spec = Manifest.read(hybrid_fp16[name]).target
+    assert spec.takes_state_slots and spec.slot_inputs == [f"{kind}_slots_{state.name}" for state in spec.states
+                                                           for kind in ("read", "write")]
+    inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    assert {inputs[n] for n in spec.slot_inputs} == {onnx.TensorProto.INT64} and "seqlens_k" in inputs
+    ops = {node.op_type for node in model.graph.node}
+    assert "ScatterND" in ops and "GatherND" not in ops and "Mod" not in ops
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_an_older_fused_hybrid_with_its_slots_computed_in_the_graph_still_loads_and_computes_alike(hybrid_fp16, name,
+                                                                                                 tmp_path):
+    """Exporter 5addc93 wrote fused hybrids that computed their state slots from seqlens_k and the call's shape: the
+    placement check finds that arithmetic's host values copied to the device (its graphs repeated it per layer: 6
+    copies in LFM2's, 13 in Granite 4.0-H's; here once per state), and such an artifact, its manifest without
+    ``takes_state_slots``, still loads and computes what the new graph does: a prefill, a ragged decode at batch 2,
+    and a verification that wraps Mamba-2's rings."""
+    import json
+    import shutil
+
+    from specdeploy.contract import sha256_file
+    from tests.exporter.cuda_placement import placement
+
+    new = hybrid_fp16[name]
+    old = shutil.copytree(new, tmp_path / "old")
+    spec = Manifest.read(new).target
+    model = _with_slots_from_lengths(onnx.load(str(new / "target.onnx")), spec.states)
+    onnx.save_model(model, str(old / "target.onnx"))
+    data = json.loads((old / "manifest.json").read_text())
+    del data["models"]["target"]["takes_state_slots"]
+    data["files"]["target.onnx"] = sha256_file(old / "target.onnx")
+    (old / "manifest.json").write_text(json.dumps(data))
+    assert Manifest.read(old).target.slot_inputs == [] and not set(spec.slot_inputs) & set(Manifest.read(old).target.inputs)
+    found = placement(model)
+    assert found["no_kernel"] == [] and found["copies"] and all("legacy/" in reader for _, reader in found["copies"])
+
+    ids = np.random.default_rng(4).integers(0, tiny.VOCAB, (2, 24))
+    logits = []
+    for directory in (new, old):
+        engine = load_engine(directory, Manifest.read(directory), "target")
+        cache = engine.allocate_cache(2, 32)
+        base = engine.infer(ids[:, :16], np.zeros(2, np.int64), cache).logits.copy()  # rows alone: InPlaceCalls
+        ragged = engine.infer(ids[:, 16:17], np.array([16, 12], np.int64), cache).logits.copy()
+        wrapped = engine.infer(ids[:1, 17:23], np.array([17], np.int64), cache.rows(0, 1)).logits.copy()  # positions 17-22
+        logits.append((base, ragged, wrapped))
+    for got, want in zip(logits[1], logits[0]):
+        np.testing.assert_array_equal(got, want)
+
+
+def _host_side(graph, cpu: list[str]) -> set[str]:
+    """The values the CPU EP's nodes read that are neither shapes, small constants, num_logits nor computed on the CPU
+    from those: what the device would have to send to the host (none in a graph fit for CUDA graphs)."""
+    on_cpu = {name.split(":", 1)[1] for name in cpu}
+    host = {"num_logits"} | {t.name for t in graph.initializer if np.prod(t.dims) <= 100}
+    host |= {n.output[0] for n in graph.node if n.op_type == "Shape"}
+    host |= {out for n in graph.node if n.name in on_cpu for out in n.output}
+    return {v for n in graph.node if n.name in on_cpu for v in n.input if v and v not in host}
+
+
+def _with_slots_from_lengths(model: onnx.ModelProto, states) -> onnx.ModelProto:
+    """The fused hybrid graph as exporter 5addc93 wrote it: no slot inputs; each state's slots computed from seqlens_k
+    (past_len = seqlens_k - tokens + 1) and the shapes, position p at p mod the buffer's slots, -1 before position 0."""
+    from onnx import TensorProto, helper
+
+    from specdeploy.contract import slot_input_names
+
+    graph = model.graph
+    node, const = helper.make_node, helper.make_tensor
+    inits = [const("legacy/zero", TensorProto.INT64, [], [0]), const("legacy/one", TensorProto.INT64, [], [1]),
+             const("legacy/minus_one", TensorProto.INT64, [], [-1]), const("legacy/axis1", TensorProto.INT64, [1], [1]),
+             const("legacy/axis0", TensorProto.INT64, [1], [0])]
+    nodes = [node("Shape", ["input_ids"], ["legacy/ids_shape"], name="legacy/Shape"),
+             node("Gather", ["legacy/ids_shape", "legacy/one"], ["legacy/tokens"], name="legacy/Gather", axis=0),
+             node("Cast", ["seqlens_k"], ["legacy/last"], name="legacy/Cast", to=TensorProto.INT64),
+             node("Sub", ["legacy/tokens", "legacy/one"], ["legacy/back"], name="legacy/Sub"),
+             node("Sub", ["legacy/last", "legacy/back"], ["legacy/past"], name="legacy/Sub_past"),
+             node("Unsqueeze", ["legacy/past", "legacy/axis1"], ["legacy/past_col"], name="legacy/Unsqueeze")]
+    for state in states:
+        at = f"legacy/{state.name}"
+        inits.append(const(f"{at}/offsets", TensorProto.INT64, [state.lookback], list(range(-state.lookback, 0))))
+        nodes += [node("Shape", [f"cache_{state.name}.{state.layers[0]}"], [f"{at}/shape"], name=f"{at}/Shape"),
+                  node("Gather", [f"{at}/shape", "legacy/one"], [f"{at}/slots"], name=f"{at}/Gather", axis=0),
+                  node("Add", ["legacy/past_col", f"{at}/offsets"], [f"{at}/read_pos"], name=f"{at}/Add_read"),
+                  node("Mod", [f"{at}/read_pos", f"{at}/slots"], [f"{at}/read_slot"], name=f"{at}/Mod_read"),
+                  node("Less", [f"{at}/read_pos", "legacy/zero"], [f"{at}/before"], name=f"{at}/Less"),
+                  node("Where", [f"{at}/before", "legacy/minus_one", f"{at}/read_slot"], [f"read_slots_{state.name}"],
+                       name=f"{at}/Where"),
+                  node("Min", ["legacy/tokens", f"{at}/slots"], [f"{at}/kept"], name=f"{at}/Min"),
+                  node("Sub", ["legacy/tokens", f"{at}/kept"], [f"{at}/kept_from"], name=f"{at}/Sub"),
+                  node("Add", ["legacy/past", f"{at}/kept_from"], [f"{at}/first"], name=f"{at}/Add_first"),
+                  node("Range", ["legacy/zero", f"{at}/kept", "legacy/one"], [f"{at}/steps"], name=f"{at}/Range"),
+                  node("Unsqueeze", [f"{at}/first", "legacy/axis1"], [f"{at}/first_col"], name=f"{at}/Unsqueeze_first"),
+                  node("Unsqueeze", [f"{at}/steps", "legacy/axis0"], [f"{at}/steps_row"], name=f"{at}/Unsqueeze_steps"),
+                  node("Add", [f"{at}/first_col", f"{at}/steps_row"], [f"{at}/write_pos"], name=f"{at}/Add_write"),
+                  node("Mod", [f"{at}/write_pos", f"{at}/slots"], [f"write_slots_{state.name}"], name=f"{at}/Mod_write")]
+    kept = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes + kept)
+    graph.initializer.extend(inits)
+    inputs = [i for i in graph.input if i.name not in set(slot_input_names(states))]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    return model

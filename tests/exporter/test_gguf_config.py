@@ -21,7 +21,7 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.exporter import export_artifact
 from specdeploy.exporter.checkpoint import load_checkpoint, load_tokenizer_and_config
 from specdeploy.exporter.errors import ExportError
-from specdeploy.exporter.registry import lookup
+from specdeploy.exporter.registry import architecture_of
 from tests import tiny
 
 VOCAB = 300
@@ -48,11 +48,9 @@ def permuted(weight: np.ndarray, heads: int) -> np.ndarray:
 
 def write_gguf(path, model, architecture: str, permute: bool, extra=None, tensors=None) -> None:
     """``model`` as llama.cpp's converter writes a file of ``architecture``, with a byte-level BPE tokenizer of VOCAB
-    tokens (ids 256.. are "ab", "abc" and fillers; the last two BOS and EOS, EOS spelled as GPT-2's, which transformers'
-    byte-level tokenizer would otherwise add past the vocabulary). ``tensors``: (GGUF name, array) pairs written instead
-    of the model's own, each under its converter's name (a mixture's experts stacked, test_gguf_mixtures)."""
+    tokens (``add_tokenizer``). ``tensors``: (GGUF name, array) pairs written instead of the model's own, each under its
+    converter's name (a mixture's experts stacked, test_gguf_mixtures)."""
     import gguf
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
@@ -69,14 +67,7 @@ def write_gguf(path, model, architecture: str, permute: bool, extra=None, tensor
         writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
     if extra is not None:
         extra(writer, config)
-    tokens = list(bytes_to_unicode().values()) + ["ab", "abc"]
-    tokens += [f"<extra{i}>" for i in range(VOCAB - 1 - len(tokens))] + ["<|endoftext|>"]  # as GPT-2's vocabulary ends
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * len(tokens))
-    writer.add_token_merges(["a b", "ab c"])
-    writer.add_bos_token_id(VOCAB - 2)
-    writer.add_eos_token_id(VOCAB - 1)
+    add_tokenizer(writer)
     for name, array in (tensors if tensors is not None else converted(model, architecture, permute)):
         writer.add_tensor(name, array)
     writer.write_header_to_file()
@@ -103,6 +94,22 @@ def converted(model, architecture: str, permute: bool, state: dict | None = None
         if permute and projection in kv_heads:
             array = permuted(array, kv_heads[projection])
         yield f"{table.get_name(stem)}.{suffix}", array
+
+
+def add_tokenizer(writer, vocab: int = VOCAB) -> None:
+    """A byte-level BPE tokenizer of ``vocab`` tokens as llama.cpp's converter writes one (ids 256.. are "ab", "abc" and
+    fillers; the last two BOS and EOS, EOS spelled as GPT-2's, which transformers' byte-level tokenizer would otherwise
+    add past the vocabulary)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokens = list(bytes_to_unicode().values()) + ["ab", "abc"]
+    tokens += [f"<extra{i}>" for i in range(vocab - 1 - len(tokens))] + ["<|endoftext|>"]  # as GPT-2's vocabulary ends
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.add_token_merges(["a b", "ab c"])
+    writer.add_bos_token_id(vocab - 2)
+    writer.add_eos_token_id(vocab - 1)
 
 
 BUILT: dict[str, tuple] = {}  # one file per family for the module, whichever parametrization asks for it
@@ -137,7 +144,8 @@ def test_the_config_read_from_the_metadata_is_the_models(family):
                   "embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier",
                   "no_rope_layers"):
         assert getattr(config, field, None) == pytest.approx(getattr(expected, field, None)), field
-    assert lookup(name).dims(config) == lookup(name).dims(expected)  # head_dim among them, where a config has none
+    described = architecture_of(name)
+    assert described.dims(config) == described.dims(expected)  # head_dim among them, where a config has none
     checkpoint = load_checkpoint(path)
     assert set(checkpoint.weights) == set(model.state_dict()) - ({"lm_head.weight"} if expected.tie_word_embeddings else set())
     for weight, value in model.state_dict().items():
@@ -205,20 +213,15 @@ def gguf_rope(name: str):
     return getattr(gguf.RopeScalingType, name)
 
 
-def test_the_architecture_is_peeked_from_the_first_entry_or_left_to_the_parser(tmp_path, family):
-    """The architecture decides which reader parses the file, and is read without parsing the whole metadata where it
-    comes first (as every writer puts it); a file where it does not is left to gguf-py's parser (None)."""
-    from specdeploy.exporter.gguf_config import peek_architecture
-
-    name, path, _, _, _ = family
-    assert peek_architecture(path) == name
+def test_a_file_without_an_architecture_is_refused_in_one_line(tmp_path):
+    """The architecture decides which reader builds the config: a file whose metadata names none is refused naming the
+    file, whatever gguf-py makes of it."""
     key, value = b"general.name", b"granite"
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
                       + len(key).to_bytes(8, "little") + key + (8).to_bytes(4, "little") + len(value).to_bytes(8, "little")
                       + value)
-    assert peek_architecture(other) is None
-    with pytest.raises(ExportError, match="cannot be loaded as GGUF"):
+    with pytest.raises(ExportError, match=f"{re.escape(str(other))}: cannot be loaded as GGUF .*general.architecture"):
         load_tokenizer_and_config(other, tokenizer=False)
 
 

@@ -21,7 +21,7 @@ import torch
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.exporter import export_artifact
 from specdeploy.exporter.checkpoint import load_checkpoint, load_tokenizer_and_config
-from specdeploy.exporter.registry import lookup
+from specdeploy.exporter.registry import architecture_of
 from tests import tiny
 from tests.exporter.test_gguf_config import FAMILIES as DENSE
 from tests.exporter.test_gguf_config import PROMPT, SIZES, converted, write_gguf
@@ -167,7 +167,7 @@ def test_the_config_and_the_experts_read_from_the_file_are_the_models(family):
                   "logits_scaling", "attention_multiplier", "layer_types"):
         if getattr(expected, field, None) is not None:  # the fields this family's config has
             assert getattr(config, field, None) == pytest.approx(getattr(expected, field)), field
-    assert lookup(config.model_type).dims(config) == lookup(expected.model_type).dims(expected)
+    assert architecture_of(config.model_type).dims(config) == architecture_of(expected.model_type).dims(expected)
     if name == "gpt-oss":
         assert config.rope_parameters == expected.rope_parameters
     weights = load_checkpoint(path).weights

@@ -40,21 +40,33 @@ def exported(request, exported_architecture):
 
 
 def _reference(model, sequence: np.ndarray):
-    """transformers' logits [T, V] and per-layer (K, V), each [kv_heads, T, head_dim], for one row. The cache keeps
-    every token's K/V, windowed layers' too (a config's own cache keeps only a window's)."""
+    """transformers' logits [T, V], per attention layer (K, V), each [kv_heads, T, head_dim], and per recurrent layer
+    its states after the last token (LFM2: the last conv_L_cache convolution inputs [hidden, kernel]; Mamba-2: the
+    last mamba_d_conv inputs [conv_dim, kernel], then the scan's state [heads, head_dim, d_state]), for one row. The
+    cache keeps every token's K/V, windowed layers' too (a config's own cache keeps only a window's)."""
     from transformers import DynamicCache
 
+    recurrent = {"conv", "linear_attention"} & set(getattr(model.config, "layer_types", None) or ())
+    cache = DynamicCache(config=model.config) if recurrent else DynamicCache()  # a hybrid's layers need their kinds
     with torch.no_grad():
-        out = model(torch.tensor(sequence)[None], past_key_values=DynamicCache(), use_cache=True)
-    kv = [(layer.keys[0].numpy(), layer.values[0].numpy()) for layer in out.past_key_values.layers]
-    return out.logits[0].numpy(), kv
+        out = model(torch.tensor(sequence)[None], past_key_values=cache, use_cache=True)
+    kv, states = [], []
+    for layer in out.past_key_values.layers:
+        if hasattr(layer, "keys"):
+            kv.append((layer.keys[0].numpy(), layer.values[0].numpy()))
+        else:
+            states.append([layer.conv_states[0][0].numpy()] + (
+                [layer.recurrent_states[0][0].numpy()] if layer.recurrent_states.get(0) is not None else []))
+    return out.logits[0].numpy(), (kv, states)
 
 
 def _garbage_cache(engine, batch, capacity, rng):
     """A KVCache filled with garbage (a list of garbage tensors before ``infer`` took a KVCache alone: the same values,
-    drawn in the same order)."""
+    drawn in the same order), recurrent states' buffers too."""
     cache = engine.allocate_cache(batch, capacity)
     cache.stacked[...] = rng.uniform(-50, 50, cache.shape).astype(cache.stacked.dtype)
+    for group in cache.states:
+        group[...] = rng.uniform(-50, 50, group.shape).astype(group.dtype)
     return cache
 
 
@@ -62,9 +74,18 @@ def _tolerance(reference):
     return 1e-4 * max(1.0, float(np.abs(reference).max()))
 
 
-def _check_cache(name, cache, before, kv, row, start, tokens):
+def _copy(cache):
+    """Copies of a cache's K/V tensors and recurrent states' arrays, to compare with after a call."""
+    return [buf.copy() for buf in cache], [group.copy() for group in cache.states]
+
+
+def _check_cache(name, spec, cache, before, reference, row, start, tokens):
     """The call's K/V sit in the row's slots start .. start + tokens (both forms: the explicit form's are staged
-    there by the engine, the fused graph writes them itself), and every other slot is as it was."""
+    there by the engine, the fused graph writes them itself), and every other slot is as it was; a recurrent layer's
+    states of the call's last positions sit at their slots (position p at p mod slots) and are transformers' own."""
+    before, before_states = before
+    kv, states = reference
+    _check_states(name, spec, cache, before_states, states, row, start, tokens)
     for i, (k, v) in enumerate(kv):
         for buf, old, reference in ((cache[2 * i], before[2 * i], k), (cache[2 * i + 1], before[2 * i + 1], v)):
             np.testing.assert_allclose(buf[row][:, start : start + tokens], reference[:, start : start + tokens],
@@ -74,17 +95,40 @@ def _check_cache(name, cache, before, kv, row, start, tokens):
                 f"{name}: layer {i} slots after {start + tokens}")
 
 
+def _check_states(name, spec, cache, before, reference, row, start, tokens):
+    """Each recurrent state's slots: the call's last min(tokens, slots) positions written (the last ones compared with
+    transformers' states after the text: its conv inputs' last positions, its scan's final state), every other slot
+    as it was. ``reference``: per recurrent layer, its states in the manifest's kinds' order."""
+    end = start + tokens
+    for kind, (state, group, old) in enumerate(zip(spec.states, cache.states, before)):
+        slots = group.shape[2]
+        written = {p % slots for p in range(end - min(tokens, slots), end)}
+        assert len(reference) == len(state.layers), f"{name}: transformers' cache has {len(reference)} recurrent layers"
+        for j, layer_states in enumerate(reference):
+            got, theirs = group[j, row], layer_states[kind]
+            if theirs.ndim == 2:  # conv inputs [channels, kernel]: the last min(kernel, end) positions
+                last = min(theirs.shape[1], end, min(tokens, slots))
+                for back in range(1, last + 1):
+                    np.testing.assert_allclose(got[(end - back) % slots], theirs[:, -back], atol=1e-4, rtol=1e-4,
+                                               err_msg=f"{name}: {state.name} layer {j} position {end - back}")
+            else:  # the scan's state after the last token
+                np.testing.assert_allclose(got[(end - 1) % slots], theirs, atol=1e-4, rtol=1e-4,
+                                           err_msg=f"{name}: {state.name} layer {j} position {end - 1}")
+            kept = [s for s in range(slots) if s not in written]
+            assert np.array_equal(got[kept], old[j, row][kept]), f"{name}: {state.name} layer {j} slots not written"
+
+
 def test_prefill_matches_transformers(exported):
     name, model, engine = exported
     rng = np.random.default_rng(0)
     ids = rng.integers(0, tiny.VOCAB, (3, 7))
     cache = _garbage_cache(engine, 3, 20, rng)
-    before = [buf.copy() for buf in cache]
+    before = _copy(cache)
     out = engine.infer(ids, np.zeros(3, np.int64), cache)
     for b in range(3):
         logits, kv = _reference(model, ids[b])
         assert np.abs(out.logits[b] - logits).max() <= _tolerance(logits), name
-        _check_cache(name, cache, before, kv, b, 0, 7)
+        _check_cache(name, engine.spec, cache, before, kv, b, 0, 7)
 
 
 @pytest.mark.parametrize("tokens", [1, 5])
@@ -97,7 +141,7 @@ def test_decode_and_verify_after_ragged_past(exported, tokens):
     # the past comes from the engine's own prefill of each row, written into the garbage-filled buffers
     for b in range(3):
         engine.infer(sequences[b][None, : PAST[b]], np.zeros(1, np.int64), cache.rows(b, b + 1))  # was a list of row views
-    before = [buf.copy() for buf in cache]
+    before = _copy(cache)
     new_ids = np.stack([s[PAST[b] :] for b, s in enumerate(sequences)])
     out = engine.infer(new_ids, PAST.astype(np.int64), cache)
     assert np.isfinite(out.logits).all()
@@ -106,4 +150,4 @@ def test_decode_and_verify_after_ragged_past(exported, tokens):
         reference = logits[PAST[b] :]
         gap = np.abs(out.logits[b] - reference).max()
         assert gap <= _tolerance(reference), f"{name}: tokens={tokens} row {b}: max |logits gap| {gap}"
-        _check_cache(name, cache, before, kv, b, PAST[b], tokens)
+        _check_cache(name, engine.spec, cache, before, kv, b, PAST[b], tokens)

@@ -13,6 +13,7 @@ import pytest
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import ContractError, sha256_file, tokenizer_fingerprint
 from specdeploy.runtime.config import MAX_STOP_CHARS, MAX_STOP_STRINGS, ConfigError
+from specdeploy.runtime.cost_policy import Costs
 from specdeploy.runtime.sampling import DistributionError, probabilities, sample
 
 GOOD = GenerationConfig(max_new_tokens=4, ignore_eos=True, k=2)
@@ -85,6 +86,18 @@ def test_stop_strings_are_bounded_in_number_and_length():
         GenerationConfig(stop=["ab" * 80_000])
     with pytest.raises(ConfigError, match=r"stop\[1\]: a lone surrogate \(U\+D800\) at character 2"):
         GenerationConfig(stop=["ok", "ab\ud800"])
+
+
+@pytest.mark.parametrize("make", [lambda: GenerationConfig(stop=[1] * 1_000_000),
+                                  lambda: GenerationConfig(stop_token_ids=["7"] * 1_000_000),
+                                  lambda: Costs.from_dict({"verify": [[1] * 1_000_000]}),
+                                  lambda: Costs.from_dict({"draft": [["1" * 1_000_000, 1, 0.1]]})])
+def test_a_huge_bad_value_is_repeated_cut_short(make):
+    """A client's stop list or a remembered cost table of a million entries is refused in one short line (the value was
+    repeated whole: megabytes of message)."""
+    with pytest.raises(ValueError) as refused:
+        make()
+    assert len(str(refused.value)) < 200 and "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("field,value", [("drafter", ["model"]), ("policy", ["fixed"]), ("drafter", {"model": 1})])
@@ -161,23 +174,35 @@ def test_a_tokenizer_mapping_a_word_beyond_the_vocabulary_is_refused(pair_dir, t
 
     calls = []
     good.target = type("Counting", (), {"spec": good.target.spec, "infer": lambda *a: calls.append(a)})()
-    good.tokenizer = Tokenizer.from_file(str(art / "tokenizer.json"))
+    good.codec.tokenizer = Tokenizer.from_file(str(art / "tokenizer.json"))
     with pytest.raises(ConfigError, match=r"prompt: encodes to token id 5000 \('w7'\), outside the model's vocabulary"):
         good.generate(["w5 w7"], GOOD)
     assert calls == []
 
 
-def test_a_bos_token_the_tokenizer_lacks_is_refused_at_load(tmp_path, checkpoints):
+def test_a_bos_token_the_tokenizer_lacks_is_refused_at_export_and_at_load(tmp_path, chat_target_dir):
+    """The export wrote such an artifact, which every load then refused; it now refuses to (its loader's checks run
+    before it declares success). An artifact changed after export is refused at load and by doctor."""
+    from specdeploy.contract import sha256_file
+    from specdeploy.doctor import diagnose
+    from specdeploy.exporter import ExportError, export_artifact
     from tests import tiny
 
-    source = tmp_path / "ckpt"
-    shutil.copytree(checkpoints["target"], source)
+    source = tiny.save_checkpoint(tiny.build_model(tiny.llama_config(head_dim=16)), tmp_path / "ckpt")  # fused: quick
     (source / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "add_bos_token": True}))
-    art = tiny.export_cli(tmp_path / "art", source)
+    with pytest.raises(ExportError, match=r"would not load, so nothing was written: .*bos_token '<bos>' is not a token "
+                                          r"of tokenizer.json"):
+        export_artifact(source, tmp_path / "art", capacity=32, graph="fused")
+    assert not (tmp_path / "art").exists() and not list(tmp_path.glob(".art.*"))
+    art = tmp_path / "changed"
+    shutil.copytree(chat_target_dir, art)
+    config = json.loads((art / "tokenizer_config.json").read_text()) | {"bos_token": "<bos>"}
+    (art / "tokenizer_config.json").write_text(json.dumps(config))
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["tokenizer_config.json"] = sha256_file(art / "tokenizer_config.json")
+    (art / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ContractError, match=r"bos_token '<bos>' is not a token of tokenizer.json"):
         Pipeline.load(art)
-    from specdeploy.doctor import diagnose
-
     assert any("bos_token '<bos>' is not a token" in problem for problem, _ in diagnose(art))
 
 
@@ -191,3 +216,23 @@ def test_threads_option_is_bounded_on_the_command_line(pair_dir):
     result = CliRunner().invoke(main, ["generate", str(pair_dir), "--prompt", "w5", "--temperature", "5e-324"])
     assert result.exit_code == 1 and "temperature: got 5e-324" in result.output
     assert isinstance(result.exception, SystemExit)
+
+
+def test_an_artifact_whose_chat_template_does_not_compile_is_refused_at_load(chat_target_dir, tmp_path):
+    """The loader compiles the template (it used to fail each chat request instead), as an export now does before it
+    declares success: a tokenizer_config.json changed after export is one line from load and from doctor."""
+    from specdeploy.contract import sha256_file
+    from specdeploy.doctor import diagnose
+
+    art = tmp_path / "art"
+    shutil.copytree(chat_target_dir, art)
+    config = json.loads((art / "tokenizer_config.json").read_text()) | {"chat_template": "{% if messages %}"}
+    (art / "tokenizer_config.json").write_text(json.dumps(config))
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["tokenizer_config.json"] = sha256_file(art / "tokenizer_config.json")
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    expected = f"{art / 'tokenizer_config.json'}: chat_template: does not compile (Unexpected end of template"
+    with pytest.raises(ContractError) as refused:
+        Pipeline.load(art)
+    assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)
+    assert any(problem.startswith(expected) for problem, _ in diagnose(art))

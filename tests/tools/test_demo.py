@@ -46,7 +46,9 @@ def test_exact_demo_runs_every_configuration_in_exact_mode_and_says_so(fused_dir
     with out.open("w") as handle:
         monkeypatch.setattr("sys.stdout", handle)
         demo.main(["--artifact", str(fused_dirs["close"]), "--exact", "--rounds", "1"])
-    assert "greedy, exact mode (--exact" in out.read_text()
+    shown = out.read_text()
+    assert "greedy, exact mode (--exact" in shown
+    assert "'s CPU provider, fused graphs" in shown  # the provider it ran on (this onnxruntime has no OpenVINO)
 
 
 def test_a_draft_that_is_the_target_costs_a_target_step_and_is_always_accepted(self_dir, tmp_path):
@@ -87,7 +89,7 @@ class _Scripted:
         assert suffix_index is None  # each run drafts as a first request would: from its own text alone
         assert scope is None  # and prefills it whole: no K/V kept from another run of the same prompt
         ids = [5, 6, 9, 9] if config.drafter == "model" else [5, 6, 7, 8]
-        return [GenerationResult("", ids, {})]
+        return [GenerationResult(text="", token_ids=ids, stats={})]
 
     def first_divergence(self, prompt, reference, other, config):
         self.located.append((reference, other, config.drafter))

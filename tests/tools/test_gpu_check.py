@@ -1,8 +1,10 @@
-"""tools/gpu_check.py: its build mode exports the tiny artifacts (a Gemma 2 among them) and onnxruntime-genai's build
-of the tiny target, and its run mode, with the CPU standing in for CUDA, finds greedy speculative decoding exact for
-every drafter on a ragged batch, a second turn reusing the first's K/V, exact mode exact, the imported build driven
-alike, every node placed, the cache where the session computes, the timings sane, the replayed pair's speedups and
-the results files written; what its budget leaves out is skipped with the reason, and a part that fails is named."""
+"""tools/gpu_check.py: its build mode exports the tiny artifacts (a Gemma 2 and a Granite 4.0-H hybrid among them) and
+onnxruntime-genai's build of the tiny target, and its run mode, with the CPU standing in for CUDA, finds greedy
+speculative decoding exact for every drafter on a ragged batch, a second turn reusing the first's K/V (a hybrid's
+states resumed), exact mode exact, a verification rolled back to every length, the imported build driven alike, every
+node placed, the cache (and recurrent states) where the session computes, the timings sane, the replayed pair's
+speedups and the results files written; what its budget leaves out is skipped with the reason, and a part that fails
+is named."""
 
 from __future__ import annotations
 
@@ -16,8 +18,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # the explicit form's tracing takes ~30 s a pair: left to the device run
-BUILT = ["fused-fp16", "fused-int4", "gemma2-fused-fp16"]
+BUILT = ["fused-fp16", "fused-int4", "gemma2-fused-fp16", "granite4h-fused-fp16"]
 QWEN2 = ["fused-fp16", "fused-int4"]
+HYBRID = "granite4h-fused-fp16"  # its case list: the draft model and the suffix index at K 4
+
+
+def _cases(name: str) -> list[str]:
+    """The speculative cases the check runs for artifact ``name`` (``ARTIFACTS``' case list)."""
+    from tools.gpu_check import ARTIFACTS
+    from tools.gpu_decoding import SPECULATIVE
+
+    return list(ARTIFACTS[name].get("cases", SPECULATIVE))
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess:
@@ -50,14 +61,15 @@ def test_greedy_speculative_decoding_is_exact_and_accepts_drafts(report):
     for name, record in artifacts.items():
         assert record["manifest"]["graph"] == "fused" and record["load"]["device"]["via"] == "Pipeline.load"
         assert "stage" not in record  # every part ran to its end
+        assert set(record["seconds"]) == {"exactness", "prefix", "exact", "rollback", "placement", "cache", "latency"}
         cases = record["exactness"]
-        assert set(cases) == {"plain cpu vs cpu (2nd pipeline)", "spec k4 cpu (2nd pipeline) vs plain",
-                              "spec k2 cpu (2nd pipeline) vs plain", "spec k4-batch1 cpu (2nd pipeline) vs plain",
-                              "spec suffix-k4 cpu (2nd pipeline) vs plain", "spec hybrid-k4 cpu (2nd pipeline) vs plain",
-                              "spec default cpu (2nd pipeline) vs plain", "spec k4 cpu vs plain"}, name
+        assert set(cases) == {"plain cpu vs cpu (2nd pipeline)", "spec k4 cpu vs plain"} | {
+            f"spec {case} cpu (2nd pipeline) vs plain" for case in _cases(name)}, name
         for case, result in cases.items():
             assert (result["equal"], result["of"], result["diverged"]) == (3, 3, []), (name, case, result)
             assert [len(t) for t in result["tokens"]] == [24, 24, 24]
+        if name == HYBRID:
+            continue  # its drafters: its own test
         for k in (2, 4):  # the perturbed draft is accepted in part: drafts kept, yet not all of them
             accepted = cases[f"spec k{k} cpu (2nd pipeline) vs plain"]["mean_accepted_length"]
             assert 1.2 < accepted < k + 1, (name, k, accepted)
@@ -91,10 +103,47 @@ def test_a_second_turn_reuses_the_first_turns_kv_and_decodes_as_a_cold_one(repor
 def test_exact_mode_drafted_is_exact_mode_plain_for_every_drafter(report):
     for name, record in report[0]["artifacts"].items():
         cases = record["exact"]
-        assert set(cases) == {"plain exact vs plain default"} | {f"spec {c} exact vs plain" for c in (
-            "k4", "k2", "k4-batch1", "suffix-k4", "hybrid-k4", "default")}, name
+        assert set(cases) == {"plain exact vs plain default"} | {f"spec {c} exact vs plain" for c in _cases(name)}, name
         for case, result in cases.items():
             assert (result["equal"], result["of"]) == (3, 3), (name, case, result)
+
+
+def test_the_hybrid_decodes_exactly_resumes_its_states_and_rolls_back_to_every_length(built, report):
+    """Granite 4.0-H's Mamba-2 states in rings the engine owns: speculative == plain for the draft model (every accepted
+    length 0-4 reached) and the suffix index at K 4 on the ragged batch, a second turn resuming the first turn's states
+    (plainly, then speculatively: the turn asked again), exact mode, the states after a prefill and a verification
+    equal to the CPU's, every node placed with no copy inside a call, and T = 1, 5, 9 timed."""
+    import onnx
+
+    record = report[0]["artifacts"][HYBRID]
+    assert record["manifest"]["dtype"] == "float16" and record["manifest"]["graph"] == "fused"
+    assert _cases(HYBRID) == ["k4", "suffix-k4"]
+    drafted = record["exactness"]["spec k4 cpu (2nd pipeline) vs plain"]
+    assert (drafted["equal"], drafted["of"]) == (3, 3) and drafted["cycles"]["model"] > 0
+    assert len(drafted["accepted_counts"]) == 5 and all(drafted["accepted_counts"]), drafted  # each a rollback length
+    assert record["exactness"]["spec suffix-k4 cpu (2nd pipeline) vs plain"]["cycles"]["text"] > 0
+    prefix = record["prefix"]
+    for case in ("plain reused vs cold", "spec model-k4 reused vs cold"):
+        assert prefix[case]["equal"] == 1 and prefix[case]["cached_prompt_tokens"] == prefix["first_turn_tokens"] - 1
+    cache = record["cache"]
+    assert set(cache["states_max_abs_diff"]) == {"conv", "ssm"} and not any(cache["states_max_abs_diff"].values())
+    assert all(cache["states_max_abs"].values())
+    ops = record["placement"]["ops_per_provider"]["CPUExecutionProvider"]
+    assert ops["ScatterND"] == 2 and "GatherND" not in ops and record["placement"]["copies_inside"] == 0
+    inputs = [i.name for i in onnx.load(str(built / HYBRID / "target.onnx"), load_external_data=False).graph.input]
+    assert {"read_slots_conv", "write_slots_conv", "read_slots_ssm", "write_slots_ssm"} <= set(inputs)
+    assert all(record["latency"]["engine"][f"T{t}"]["median_ms"] > 0 for t in (1, 5, 9))
+
+
+def test_a_verification_rolled_back_to_every_length_computes_what_a_fresh_prefill_does(report):
+    """For every artifact: K = 4 drafts after the longest prompt, rolled back to each of the 5 lengths a cycle can
+    leave, then one token: its logits a fresh prefill's (to rounding), far from the text one position shorter."""
+    for name, record in report[0]["artifacts"].items():
+        rolled = record["rollback"]
+        assert [c["length"] for c in rolled["lengths"]] == [15, 16, 17, 18, 19], name
+        for case in rolled["lengths"]:
+            assert case["argmax"][0] == case["argmax"][1] and "margin" not in case, (name, case)
+            assert case["max_abs_diff"] < 0.01 * case["max_abs"] < case["one_behind_diff"], (name, case)
 
 
 def test_the_gemma2_artifact_soft_caps_attention_on_group_query_attention_and_windows_a_layer(built, report):
@@ -255,8 +304,24 @@ def test_a_spent_budget_skips_every_part_with_the_reason_and_still_writes_the_re
                            "--out", str(out)])
     report = json.loads(out.read_text())
     assert code == 0 and report["imported"] == {"skipped": "budget of 0 s spent"}
-    assert all(r == {"skipped": "budget of 0 s spent"} for r in report["artifacts"].values()) and len(report["artifacts"]) == 3
+    assert all(r == {"skipped": "budget of 0 s spent"} for r in report["artifacts"].values()) and len(report["artifacts"]) == 4
     assert report["big"]["test"] == report["peer"]["test"] == {"skipped": "budget spent: 0 s left, test needs 0 s"}
+    # a budget that has some seconds left, fewer than an artifact needs: not begun, with the seconds left and needed
+    code = gpu_check.main(["--run", str(built), "--provider", "cpu", "--only", HYBRID, "--budget", "5", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["artifacts"][HYBRID]["skipped"].endswith(f"s left, {HYBRID} needs {gpu_check.NEEDS['artifact']} s")
+    assert report["imported"]["skipped"].endswith(f"s left, the import needs {gpu_check.NEEDS['imported']} s")
+
+
+def test_only_none_runs_neither_the_artifacts_nor_the_import(built, tmp_path, monkeypatch):
+    """A rerun of the big shapes and the peer (what a first run's budget skipped) checks nothing else."""
+    from tools import gpu_check
+
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "rerun.json"
+    assert gpu_check.main(["--run", str(built), "--provider", "cpu", "--only", "none", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["artifacts"] == {} and report["imported"] == {"skipped": "--only none"}
 
 
 def test_a_big_shape_is_not_begun_with_less_of_the_budget_left_than_it_needs(tmp_path, monkeypatch):
@@ -295,3 +360,12 @@ def test_a_case_that_parts_where_it_must_not_is_named_as_a_failure():
     record["placement"] = {"error": "RuntimeError: no CUDA"}
     assert sorted(_failures(record)) == ["exact: spec default exact vs plain", "placement",
                                          "prefix: plain reused vs cold", "prefix: spec model-k4 reused vs cold"]
+    # a rollback whose argmax parts beyond a near-tie, or whose logits lie as near the text a position shorter; a copy
+    # inside a call of a fused fp16 graph on CUDA (allowed elsewhere)
+    length = {"length": 15, "max_abs_diff": 0.01, "max_abs": 8.0, "one_behind_diff": 3.0, "argmax": [4, 4]}
+    record = {"rollback": {"lengths": [length, length | {"length": 16, "argmax": [4, 5], "margin": 2 * NEAR_TIE},
+                                       length | {"length": 17, "max_abs_diff": 1.6}]},
+              "placement": {"copies_inside": 2, "copies_allowed": False}}
+    assert _failures(record) == ["rollback: length 16", "rollback: length 17", "placement: 2 copies inside a call"]
+    record["placement"]["copies_allowed"] = True
+    assert _failures(record) == ["rollback: length 16", "rollback: length 17"]
