@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import declared
 from . import expert_weights
 from .errors import ExportError
 from .feed_forward import (
@@ -139,24 +140,29 @@ class RoutedExperts:
     clamped_swiglu: bool = False
     dense: DenseMLP = DenseMLP()
 
+    optional: bool = False  # 0 experts is a dense model: every layer is the shared expert alone (Granite 4.0-H's)
+
+    @property
+    def rules(self) -> tuple:
+        """The rules of the config fields this slot reads (``declared.experts``), under its family's names: the checks
+        (exporter/checks.py) refuse a config that breaks them before ``settings`` reads it."""
+        return declared.experts(self.count, self.width, self.shared.width if self.shared else None,
+                                self.normalized if isinstance(self.normalized, str) else None, self.clamped_swiglu,
+                                self.optional)
+
     def settings(self, config, layers: int) -> tuple[LayerSettings, ...]:
-        kind = config.model_type
+        """Each layer's numbers, from a config its ``rules`` passed."""
         count, width = _spelled(config, self.count), _spelled(config, self.width)  # as its config.json spells them
-        experts, top_k = _positive(config, count), _positive(config, "num_experts_per_tok")
-        if top_k > experts:
-            raise ExportError(f"{kind}: num_experts_per_tok {top_k} exceeds {count} {experts}; expected at most "
-                              f"{experts}")
+        experts, top_k = getattr(config, count), config.num_experts_per_tok
         activation = config_activation(config)
         if self.clamped_swiglu:
             activation = Activation("silu", float(config.swiglu_alpha), 1.0, float(config.swiglu_limit))
         normalized = getattr(config, self.normalized) if isinstance(self.normalized, str) else self.normalized
-        shared = None
-        if self.shared is not None:
-            size = getattr(config, self.shared.width, 0)
-            if size is None or size < 0:
-                raise ExportError(f"{kind}: {self.shared.width} {size!r}; expected a size >= 0 (0: no shared expert)")
-            shared = DenseSettings(self.shared.mlp, activation, size, self.shared.width) if size else None
-        routed = RoutedSettings(self, experts, top_k, bool(normalized), activation, _positive(config, width), shared,
+        size = getattr(config, self.shared.width, 0) if self.shared is not None else 0
+        shared = DenseSettings(self.shared.mlp, activation, size, self.shared.width) if size else None
+        if self.optional and experts == 0:  # no routed experts: the shared MLP is each layer's dense MLP
+            return (DenseSettings(self.shared.mlp, activation),) * layers
+        routed = RoutedSettings(self, experts, top_k, bool(normalized), activation, getattr(config, width), shared,
                                 (count, width))
         only = set(getattr(config, "mlp_only_layers", None) or ())
         step = getattr(config, "decoder_sparse_step", None) or 1
@@ -389,12 +395,3 @@ def _chosen(weight: torch.Tensor, flat: torch.Tensor, top_k: int) -> torch.Tenso
 def _spelled(config, name: str) -> str:
     """A config field's name as the config stores it (transformers maps Qwen3-MoE's num_experts to num_local_experts)."""
     return getattr(config, "attribute_map", {}).get(name, name)
-
-
-def _positive(config, name: str) -> int:
-    value = getattr(config, name, None)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ExportError(f"{config.model_type}: {name} {value!r}; expected a positive integer")
-    return value
-
-

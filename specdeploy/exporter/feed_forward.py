@@ -45,7 +45,10 @@ class LayerSettings(Protocol):
 
 
 class FeedForward(Protocol):
-    """A family's feed-forward slot (``DenseMLP``, ``experts.RoutedExperts``)."""
+    """A family's feed-forward slot (``DenseMLP``, ``experts.RoutedExperts``). ``rules``: the declared rules
+    (``specdeploy.declared``) of the config fields it reads beyond a decoder's, which exporter/checks.py applies."""
+
+    rules: tuple
 
     def settings(self, config, layers: int) -> tuple[LayerSettings, ...]:
         """Each layer's numbers from ``config``, a config that cannot be refused in one line naming its field."""
@@ -119,6 +122,8 @@ class DenseMLP:
     down: str = "down_proj"
     gate: str = "gate_proj"
     up: str = "up_proj"
+
+    rules = ()  # its width is DECODER's intermediate_size (declared.py), its activation read by config_activation
 
     def settings(self, config, layers: int) -> tuple[DenseSettings, ...]:
         return (DenseSettings(self, config_activation(config)),) * layers

@@ -36,11 +36,21 @@ def _export_refused(tmp_path, checkpoint, *options) -> list[str]:
 
 
 @pytest.mark.parametrize("case,edit,refusal", [
-    ("qwen3_moe", {"num_local_experts": 0}, "qwen3_moe: num_local_experts 0; expected a positive integer"),
-    ("mixtral", {"num_experts_per_tok": 5}, "mixtral: num_experts_per_tok 5 exceeds num_local_experts 4"),
+    ("qwen3_moe", {"num_local_experts": 0}, "config.json: num_local_experts: got 0; expected an integer >= 1"),
+    ("olmoe", {"num_experts": 0}, "config.json: num_experts: got 0; expected an integer >= 1"),
+    ("mixtral", {"num_experts_per_tok": 5},
+     "config.json: num_experts_per_tok: got 5; expected an integer >= 1, at most num_local_experts (4)"),
+    ("qwen3_moe", {"moe_intermediate_size": 0}, "config.json: moe_intermediate_size: got 0; expected an integer >= 1"),
+    ("qwen3_moe", {"mlp_only_layers": [3]},
+     "config.json: mlp_only_layers: got [3]; expected a list of layer indices, each in [0, num_hidden_layers = 3)"),
+    ("qwen2_moe", {"decoder_sparse_step": 0}, "config.json: decoder_sparse_step: got 0; expected an integer >= 1"),
+    ("qwen2_moe", {"shared_expert_intermediate_size": -1},
+     "config.json: shared_expert_intermediate_size: got -1; expected an integer >= 1, or 0 (no shared expert)"),
+    ("qwen2_moe", {"norm_topk_prob": "yes"}, "config.json: norm_topk_prob: got 'yes'; expected one of true or false"),
+    ("gpt_oss", {"swiglu_limit": 0}, "config.json: swiglu_limit: got 0; expected a finite number > 0"),
     ("qwen2_moe", {"shared_expert_intermediate_size": 40},
-     "disagrees with its weights: model.layers.1.mlp.shared_expert."),
-    ("olmoe", {"num_experts": 6}, "disagrees with its weights: model.layers.0.mlp.gate.weight holds [4, 64]"),
+     "model.layers.1.mlp.shared_expert.gate_proj.weight holds [48, 64], and the config's shared_expert_intermediate_size 40"),
+    ("olmoe", {"num_experts": 6}, "model.layers.0.mlp.gate.weight holds [4, 64], and the config's num_experts 6"),
 ])
 def test_a_malformed_mixture_config_is_refused_in_one_line_naming_the_field(tmp_path, case, edit, refusal):
     """A checkpoint whose config.json says no experts, more chosen experts than there are, or sizes its weights do not
