@@ -34,11 +34,11 @@ MIXTRAL = Family("mixtral", ("mixtral",), feed_forward=RoutedExperts(
     "block_sparse_moe.", stored=PerExpert("w1", "w3", "w2"), count="num_local_experts", width="intermediate_size",
     normalized=True))
 OLMOE = Family("olmoe", ("olmoe",), qk_norm="projection", feed_forward=RoutedExperts(width="intermediate_size"))
-_GRANITE_EXPERTS = dict(prefix="block_sparse_moe.", router="router.layer", stored=StackedHalves(),
+GRANITE_EXPERTS = dict(prefix="block_sparse_moe.", router="router.layer", stored=StackedHalves(),
                         count="num_local_experts", width="intermediate_size", normalized=True)  # softmax of the top-k
-GRANITE_MOE = Family("granitemoe", ("granitemoe",), multipliers=True, feed_forward=RoutedExperts(**_GRANITE_EXPERTS))
+GRANITE_MOE = Family("granitemoe", ("granitemoe",), multipliers=True, feed_forward=RoutedExperts(**GRANITE_EXPERTS))
 GRANITE_MOE_SHARED = Family("granitemoeshared", ("granitemoeshared",), multipliers=True, feed_forward=RoutedExperts(
-    **_GRANITE_EXPERTS, shared=SharedExpert(DenseMLP("shared_mlp.", gate_up="input_linear", down="output_linear"),
+    **GRANITE_EXPERTS, shared=SharedExpert(DenseMLP("shared_mlp.", gate_up="input_linear", down="output_linear"),
                                             "shared_intermediate_size")))
 GPT_OSS = Family("gpt_oss", ("gpt_oss",), attention_sinks=True, feed_forward=RoutedExperts(
     router="router", stored=Interleaved(), count="num_local_experts", width="intermediate_size", normalized=True,

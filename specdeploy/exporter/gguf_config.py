@@ -57,8 +57,10 @@ def _granite_hybrid(meta: dict, names: set, layers: int, head_dim: int) -> dict:
     multipliers; which layers are Mamba-2 and which attention, from the K/V head count it writes per layer (0: Mamba-2);
     Mamba-2's sizes from its ssm.* keys (heads as ``ssm.time_step_rank``, head size = inner size / heads); RoPE only
     where ``rope.scaling.finetuned`` says the model uses it (Granite 4.0-H: no position embedding); biases where the
-    file has their tensors; the dense shared MLP's width (routed experts, ``expert_count`` > 0, are refused by the
-    family)."""
+    file has their tensors; the dense shared MLP's width (a file's routed experts, ``expert_count`` > 0, are refused)."""
+    if meta.get("expert_count"):  # llama.cpp writes them as GraniteMoE's; no file of them was tested here
+        raise ExportError(f"granitehybrid: expert_count: got {meta['expert_count']}; a Granite 4.0-H file's routed "
+                          "experts are not read (its Hugging Face checkpoint's are); expected 0")
     kv = meta.get("attention.head_count_kv")
     if not isinstance(kv, list) or len(kv) != layers or not all(isinstance(n, int) and n >= 0 for n in kv):
         raise ExportError(f"granitehybrid: attention.head_count_kv: got {kv!r}; expected one K/V head count a layer "

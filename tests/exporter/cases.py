@@ -116,6 +116,12 @@ PARITY_CASES = {
         mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, shared_intermediate_size=48,
         position_embedding_type=None, embedding_multiplier=6.0, attention_multiplier=0.05, residual_multiplier=0.3,
         logits_scaling=4.0),
+    # the same with Granite MoE's routed experts beside the shared MLP on every layer (4, top-2, 32 wide)
+    "granitemoehybrid-experts": lambda: tiny.llama_config(
+        "granitemoehybrid", **APART, layer_types=["mamba", "attention"], num_local_experts=4, num_experts_per_tok=2,
+        intermediate_size=32, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4,
+        mamba_expand=2, shared_intermediate_size=48, position_embedding_type=None, embedding_multiplier=6.0,
+        attention_multiplier=0.05, residual_multiplier=0.3, logits_scaling=4.0),
 }
 MIXTURES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "granitemoeshared", "gpt_oss")
 

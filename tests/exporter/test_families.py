@@ -15,7 +15,7 @@ from tests import tiny
 from tests.exporter.cases import MIXTURES, PARITY_CASES, REFUSED, longrope
 
 NEW_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "phi3", "phi3-partial", "granite", "olmo2", "smollm3", "mistral-window",
-                "llama-rope-yarn", "lfm2", "granitemoehybrid", *MIXTURES)
+                "llama-rope-yarn", "lfm2", "granitemoehybrid", "granitemoehybrid-experts", *MIXTURES)
 PROMPT = list(range(5, 13))  # 8 tokens: with 32 more, past every window and within long-RoPE's 64 positions
 NEW = 32
 
