@@ -128,7 +128,9 @@ class RoutedExperts:
     width (``width``), whether the chosen experts' weights are renormalized (``normalized``: a config field, or the
     family's fixed choice); a ``shared`` expert where the family has one; gpt-oss's ``clamped_swiglu`` (the config's
     ``swiglu_alpha`` and ``swiglu_limit``, up + 1). Layers listed in the config's ``mlp_only_layers``, or off its
-    ``decoder_sparse_step``, are dense (``dense``, ``intermediate_size`` wide), as transformers builds them."""
+    ``decoder_sparse_step``, are dense (``dense``, ``intermediate_size`` wide), as transformers builds them.
+    ``optional``: a config may declare 0 experts, every layer then its shared expert alone (Granite 4.0-H). The config
+    fields it reads have their rules in ``declared.experts`` (``rules``), checked before ``settings`` reads them."""
 
     prefix: str = "mlp."
     router: str = "gate"
@@ -140,7 +142,7 @@ class RoutedExperts:
     clamped_swiglu: bool = False
     dense: DenseMLP = DenseMLP()
 
-    optional: bool = False  # 0 experts is a dense model: every layer is the shared expert alone (Granite 4.0-H's)
+    optional: bool = False
 
     @property
     def rules(self) -> tuple:
