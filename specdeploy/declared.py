@@ -13,7 +13,8 @@ defaults included, so a required field that is missing or null breaks its rule).
 
 The tables: ``DECODER`` for every described decoder family (exporter/family.py), which a family's description
 extends through ``FEATURES`` (a ``Family`` field that is set adds the rules of the config fields that feature reads)
-and ``MIXERS`` (each recurrent mixer kind of its mixer slot adds the rules of the fields that mixer reads);
+and ``MIXERS`` (each recurrent mixer kind of its mixer slot adds the rules of the fields that mixer reads), and by
+``experts`` where its feed-forward slot is routed experts (the fields a mixture reads, under its family's names);
 ``GPT2``; ``GENAI`` and ``OPTIMUM`` for imported folders. A family that reads a new field adds its rule here, and the
 property test (tests/exporter/test_declared_settings.py) feeds random values to it with the rest.
 
@@ -197,6 +198,8 @@ class Window(Field):
         value, kinds = get(self.name), get(self.types)
         if isinstance(kinds, list) and "sliding_attention" in kinds and (value is None or (complete and value is MISSING)):
             return [Finding(self.name, value, f"an integer >= 1: {self.types} has sliding_attention layers")]
+        if value == 0 and value is not False and get("use_sliding_window") is False:
+            return []  # none: Qwen2-MoE's config sets 0 where windows are off
         return super().findings(get, complete)
 
 
@@ -430,17 +433,107 @@ MIXERS: dict[str, tuple[Rule, ...]] = {
 }
 
 
+EXPERT_COUNTS = ("num_local_experts", "num_experts")  # an experts' count, as config.json may spell it (transformers
+# maps one name onto the other: Qwen3-MoE's num_experts is stored as num_local_experts, OLMoE's the other way round)
+
+
+def _experts_of(get: Getter, count: str) -> tuple[str, object]:
+    """(the name the source spells the experts' count by, its value): ``count`` first, then its other spelling."""
+    for name in (count, *(n for n in EXPERT_COUNTS if n != count)):
+        value = get(name)
+        if value is not MISSING and value is not None:
+            return name, value
+    return count, MISSING
+
+
+class ExpertCount(Field):
+    """The experts' count, required: an integer >= ``least``, under whichever of its spellings the source declares (each
+    one declared is checked and named as the source spells it; ``counted``, the family's own, first)."""
+
+    def __init__(self, counted: str, least: int = 1):
+        super().__init__(counted, f"an integer >= {least}", lambda v, get: is_integer(v) and v >= least, required=True)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return (self.name, *(n for n in EXPERT_COUNTS if n != self.name))
+
+    def findings(self, get: Getter, complete: bool) -> list[Finding]:
+        declared = False
+        for name in self.fields:
+            value = get(name)
+            if value is MISSING:
+                continue
+            declared = True
+            if value is None or not self.test(value, get):
+                return [Finding(name, value, self.expected)]
+        return [] if declared or not complete else [Finding(self.name, MISSING, self.expected)]
+
+
+class TopK(Field):
+    """The experts chosen a token (``num_experts_per_tok``): an integer >= 1 and at most the experts' count (``count``;
+    none asked where the count is 0: a family whose experts are optional has none)."""
+
+    def __init__(self, count: str):
+        super().__init__("num_experts_per_tok", "an integer >= 1", lambda v, get: is_integer(v) and v >= 1,
+                         required=True)
+        object.__setattr__(self, "count", count)
+
+    def findings(self, get: Getter, complete: bool) -> list[Finding]:
+        name, experts = _experts_of(get, self.count)
+        if experts == 0 and is_integer(experts):
+            return []
+        found = super().findings(get, complete)
+        value = get(self.name)
+        if not found and is_integer(experts) and experts >= 1 and is_integer(value) and value > experts:
+            return [Finding(self.name, value, f"an integer >= 1, at most {name} ({experts})")]
+        return found
+
+
+class LayerIndices(Field):
+    """A list of layer indices, each in [0, ``layers``) (Qwen-MoE's ``mlp_only_layers``: the layers kept dense)."""
+
+    def __init__(self, name: str, layers: str = "num_hidden_layers"):
+        def test(value, get) -> bool:
+            size = _int_of(get, layers)
+            return isinstance(value, list) and len(value) <= (size or len(value)) and all(
+                is_integer(i) and 0 <= i and (size is None or i < size) for i in value)
+
+        super().__init__(name, f"a list of layer indices, each in [0, {layers} = {{{layers}}})", test)
+
+
+def experts(counted: str, width: str, shared: str | None = None, normalized: str | None = None, clamped: bool = False,
+            optional: bool = False) -> tuple[Rule, ...]:
+    """The rules of the config fields routed experts read (exporter/experts.py's ``RoutedExperts``), under the names its
+    family's config gives them: the experts' count (``counted``, in either spelling, ``EXPERT_COUNTS``; ``optional``: 0 is no
+    experts, Granite 4.0-H's dense layers), top-k, each expert's ``width``, a ``shared`` expert's width (0: none), the
+    router's renormalization switch (``normalized``), the sparse layers' step and the dense ones' list, gpt-oss's
+    ``clamped`` SwiGLU (alpha and limit)."""
+    least = 0 if optional else 1
+    rules: list[Rule] = [
+        ExpertCount(counted, least),
+        TopK(counted), count(width), count("decoder_sparse_step", required=False), LayerIndices("mlp_only_layers"),
+    ]
+    if shared:
+        rules.append(Field(shared, "an integer >= 1, or 0 (no shared expert)", lambda v, get: is_integer(v) and v >= 0))
+    if normalized:
+        rules.append(choice(normalized, (True, False)))
+    if clamped:
+        rules += [number("swiglu_alpha", required=True), number("swiglu_limit", required=True)]
+    return tuple(rules)
+
+
 def decoder_rules(features: Iterable[str], layer_types: tuple[str, ...] = LAYER_TYPES,
-                  mixers: Iterable[str] = ()) -> tuple[Rule, ...]:
+                  mixers: Iterable[str] = (), feed_forward: tuple[Rule, ...] = ()) -> tuple[Rule, ...]:
     """DECODER with the rules of each of ``features`` (the names of a family's Family fields that are set), its
     ``layer_types`` (each entry one of the family's: attention's two, or its mixer slot's layer types) and the fields
-    each recurrent mixer kind of ``mixers`` reads."""
+    each recurrent mixer kind of ``mixers`` reads, then ``feed_forward``: its feed-forward slot's (``experts`` for routed
+    experts; none for a dense MLP, whose width is DECODER's intermediate_size)."""
     rules = [*DECODER, PerLayer("layer_types", tuple(layer_types))]
     for feature in features:
         rules += FEATURES.get(feature, ())
     for kind in mixers:
         rules += MIXERS.get(kind, ())
-    return tuple(rules)
+    return tuple(rules) + tuple(feed_forward)
 
 
 def getter(source) -> Getter:

@@ -26,7 +26,8 @@ PROMPTS = [[1, 5, 9, 33, 17, 8, 90, 4], [1, 40, 41, 42], [1, 7, 7, 7, 7, 7, 7, 7
 FOLDERS = {
     "genai-llama": ("llama", "genai", "fp32"), "genai-llama-int4": ("llama", "genai", "int4"),
     "genai-llama-draft": ("llama-draft", "genai", "fp32"), "genai-qwen3": ("qwen3", "genai", "fp32"),
-    "genai-qwen3-int4": ("qwen3", "genai", "int4"),
+    "genai-qwen3-int4": ("qwen3", "genai", "int4"), "genai-gpt_oss": ("gpt_oss", "genai", "fp32"),
+    "genai-gpt_oss-int4": ("gpt_oss", "genai", "int4"),
     "optimum-llama": ("llama", "optimum", "fp32"), "optimum-llama-draft": ("llama-draft", "optimum", "fp32"),
     "optimum-qwen3": ("qwen3", "optimum", "fp32"),
 }
@@ -34,6 +35,7 @@ FOLDERS = {
 ARTIFACTS = {
     "genai-llama": ("genai-llama", "genai-llama-draft"), "genai-llama-int4": ("genai-llama-int4", None),
     "genai-qwen3": ("genai-qwen3", None), "genai-qwen3-int4": ("genai-qwen3-int4", None),
+    "genai-gpt_oss": ("genai-gpt_oss", None), "genai-gpt_oss-int4": ("genai-gpt_oss-int4", None),
     "optimum-llama": ("optimum-llama", "optimum-llama-draft"), "optimum-qwen3": ("optimum-qwen3", None),
 }
 
@@ -41,7 +43,9 @@ ARTIFACTS = {
 def _checkpoints(root: Path) -> dict[str, Path]:
     """Tiny llama (a target and a perturbed copy as its draft) and qwen3 (q/k norms: a family the exporter does not
     take) checkpoints; head_dim 16, the least GroupQueryAttention rotates, and hidden_size / heads (optimum's generate
-    makes its first, empty past from that quotient, whatever head_dim says)."""
+    makes its first, empty past from that quotient, whatever head_dim says). A gpt-oss mixture of experts with its
+    experts in MXFP4, as gpt-oss checkpoints store them (onnxruntime-genai's int4 build reads them), head_dim 64 and
+    its own YaRN (the builder's YaRN asserts corrections a smaller head or a shorter context does not meet)."""
     from transformers import Qwen3Config
 
     target = tiny.build_model(tiny.llama_config(hidden_size=64), seed=0)
@@ -50,8 +54,12 @@ def _checkpoints(root: Path) -> dict[str, Path]:
                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=48,
                                          max_position_embeddings=256, eos_token_id=tiny.EOS, bos_token_id=1,
                                          tie_word_embeddings=False), seed=3)
-    return {name: tiny.save_checkpoint(model, root / f"{name}-hf")
-            for name, model in (("llama", target), ("llama-draft", draft), ("qwen3", qwen3))}
+    gpt_oss = tiny.build_model(tiny.llama_config("gpt_oss", hidden_size=64, head_dim=64, num_local_experts=4,
+                                                 num_experts_per_tok=2, intermediate_size=64, sliding_window=4,
+                                                 max_position_embeddings=131072), seed=3)
+    saved = {name: tiny.save_checkpoint(model, root / f"{name}-hf")
+             for name, model in (("llama", target), ("llama-draft", draft), ("qwen3", qwen3))}
+    return saved | {"gpt_oss": tiny.save_mxfp4_checkpoint(gpt_oss, root / "gpt_oss-hf")}
 
 
 def _start_peer(tool: str, python: Path, job: dict, root: Path) -> subprocess.Popen:

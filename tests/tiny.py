@@ -74,6 +74,37 @@ def build_model(config, seed: int = 0, perturb_from=None, noise: float = 0.0, co
     return model
 
 
+def save_mxfp4_checkpoint(model, directory: Path, seed: int = 5) -> Path:
+    """A gpt-oss ``model``'s checkpoint with its experts as gpt-oss checkpoints store them, MXFP4 ``*_blocks`` and
+    ``*_scales`` (the config's quantization_config says mxfp4): random codes and scales, which ``model``'s experts are
+    set to the values of (transformers' own ``convert_moe_packed_tensors`` decodes them)."""
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    rng, packed = np.random.default_rng(seed), {}
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            for name in ("gate_up_proj", "down_proj"):
+                experts = getattr(layer.mlp.experts, name)  # [experts, in, out]; blocks of 32 inputs a row of out
+                count, inputs, outputs = experts.shape
+                blocks = torch.from_numpy(rng.integers(0, 256, (count, outputs, inputs // 32, 16), dtype=np.uint8))
+                scales = torch.from_numpy(rng.integers(124, 128, (count, outputs, inputs // 32), dtype=np.uint8))
+                experts.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+                packed[f"model.layers.{i}.mlp.experts.{name}_blocks"] = blocks
+                packed[f"model.layers.{i}.mlp.experts.{name}_scales"] = scales
+    directory = save_checkpoint(model, directory)
+    weights = {name: tensor for name, tensor in load_file(directory / "model.safetensors").items()
+               if not name.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    save_file(weights | packed, directory / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                                         "model.layers.*.mlp.router"]}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
 def save_checkpoint(model, directory: Path, tokenizer=None) -> Path:
     directory = Path(directory)
     model.save_pretrained(directory, safe_serialization=True)

@@ -6,9 +6,10 @@
 
 (docs/results/gpu/README.md: the whole procedure.) ``--build`` exports one tiny Qwen2-shaped target with a perturbed
 copy as its draft (partial, ragged acceptance) in each graph form and weight format, a tiny Gemma 2 (soft-capped
-attention on GroupQueryAttention, a windowed layer) and a tiny Granite 4.0-H (a hybrid: Mamba-2's states in rings the
-engine owns) in the fused fp16 form (``ARTIFACTS``, one entry a case), with specdeploy's own exporter; and the Qwen2
-target as onnxruntime-genai's builder writes it, fp16 for CUDA and fp32 for the CPU (``--genai``; tools/gpu_imported.py).
+attention on GroupQueryAttention, a windowed layer), a tiny Granite 4.0-H (a hybrid: Mamba-2's states in rings the
+engine owns) and a tiny Qwen3-MoE (routed experts on ONNX Runtime's MoE op) in the fused fp16 form (``ARTIFACTS``, one
+entry a case), with specdeploy's own exporter; and the Qwen2 target as onnxruntime-genai's builder writes it, fp16 for
+CUDA and fp32 for the CPU (``--genai``; tools/gpu_imported.py).
 ``--run`` needs only numpy, onnx and onnxruntime(-gpu) (and torch for ``--big``, CuPy for CUDA): per artifact it
 reports (tools/gpu_decoding.py)
 - exactness through the public API: greedy plain decoding on the CPU against ``--provider`` token for token, then
@@ -108,7 +109,9 @@ ARTIFACTS = {  # name -> export options ("family": the tiny model's, FAMILIES, d
     # the suffix index at K 4 on the ragged batch
     "granite4h-fused-fp16": {"graph": "fused", "dtype": "float16", "family": "granitemoehybrid",
                              "cases": ("k4", "suffix-k4")},
-    # a mixture-of-experts target (#68 item 1) joins as one entry here and one in FAMILIES
+    # a mixture of experts (#68): Qwen3-MoE's routed experts (8, top-2, renormalized) on ONNX Runtime's MoE op, whose
+    # verification routes each of its K + 1 tokens apart; the draft model and the suffix index at K 4 on the ragged batch
+    "qwen3moe-fused-fp16": {"graph": "fused", "dtype": "float16", "family": "qwen3_moe", "cases": ("k4", "suffix-k4")},
 }
 WINDOW = 8  # the tiny Gemma 2's window: shorter than the check's texts (5-14 prompt tokens + 24)
 FAMILIES = {  # family -> (model_type, config overrides, the draft's noise: partial, ragged acceptance); head_dim 64, as
@@ -122,6 +125,9 @@ FAMILIES = {  # family -> (model_type, config overrides, the draft's noise: part
                                               "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 2,
                                               "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
                                               "shared_intermediate_size": 128, "position_embedding_type": None}, 0.01),
+    # 8 experts of 64, top-2, renormalized, on both layers (Qwen3's per-head q/k norms with them)
+    "qwen3_moe": ("qwen3_moe", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                                "norm_topk_prob": True, "mlp_only_layers": []}, 0.01),
 }
 SPEC_FIELDS = ("graph", "dtype", "weights", "num_layers", "num_heads", "kv_heads", "head_dim", "vocab_size", "capacity")
 PAIRS = {"1.5b": "0.5b", "7b": "0.5b", "test": "test"}  # target -> draft of the replayed pairs

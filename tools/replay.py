@@ -276,10 +276,14 @@ def guesses(engine, sequence: list[int], chunk: int = 64) -> list[int]:
 
 
 def measure(pipeline, rounds: int = 5, log=print) -> dict:
-    """Median seconds of one batch-1 call of each model at each of ``FULL`` (every position's logits) and
-    ``TRIMMED`` (the last position's) token counts after each of ``PASTS`` (those the models hold), every call
-    once a round in a shuffled order, after a first unmeasured round."""
-    engines = {"target": pipeline.target, "draft": pipeline.draft}
+    """Median seconds of one batch-1 call of the pipeline's target and draft (``measure_engines``)."""
+    return measure_engines({"target": pipeline.target, "draft": pipeline.draft}, rounds, log)
+
+
+def measure_engines(engines: dict, rounds: int = 5, log=print, statistic=statistics.median) -> dict:
+    """Median (or ``statistic``'s) seconds of one batch-1 call of each engine (role -> engine) at each of ``FULL``
+    (every position's logits) and ``TRIMMED`` (the last position's) token counts after each of ``PASTS`` (those the
+    models hold), every call once a round in a shuffled order, after a first unmeasured round."""
     capacity = min(engine.spec.capacity for engine in engines.values())
     pasts = [p for p in PASTS if p + PREFILL_CHUNK <= capacity] or [min(8, capacity // 4), capacity // 3]
     full = [t for t in FULL if t + max(pasts) <= capacity]
@@ -306,7 +310,7 @@ def measure(pipeline, rounds: int = 5, log=print) -> dict:
         log(f"cost table: round {round_}/{rounds} measured" if round_ else "cost table: warm-up round done")
     table: dict = {"pasts": pasts} | {role: {"full": {}, "trimmed": {}} for role in engines}
     for (role, kind, tokens, _past), (*_, seconds) in times.items():  # in PASTS order: a row per past
-        table[role][kind].setdefault(str(tokens), []).append(statistics.median(seconds))
+        table[role][kind].setdefault(str(tokens), []).append(statistic(seconds))
     return table
 
 

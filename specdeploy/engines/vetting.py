@@ -210,11 +210,12 @@ def _int(text: str | None) -> int:
 
 def _shape_facts(graph) -> dict:
     """Heads of the fused form's attention nodes, and the position tables of the main graph: a
-    GroupQueryAttention's cos cache (input 7), or a 2-D initializer gathered by anything but the token ids
-    (a learned position embedding)."""
+    GroupQueryAttention's cos cache (input 7), or a 2-D initializer gathered by anything but the token ids or a
+    mixture's chosen experts (a learned position embedding)."""
     from onnx import helper
 
     initializers = {tensor.name: list(tensor.dims) for tensor in graph.initializer}
+    producers = {output: node for node in graph.node for output in node.output}
     attention, tables = [], []
     for node in graph.node:
         if node.op_type == "GroupQueryAttention":
@@ -224,11 +225,19 @@ def _shape_facts(graph) -> dict:
                 tables.append((node.input[7], initializers[node.input[7]][0]))
         elif node.op_type == "Gather" and len(node.input) == 2 and node.input[1] != "input_ids":
             dims = initializers.get(node.input[0])
-            if dims is not None and len(dims) == 2:
+            if dims is not None and len(dims) == 2 and not _chosen_experts(node.input[1], producers):
                 tables.append((node.input[0], dims[0]))
     name, rows = min(tables, key=lambda table: table[1], default=(None, None))
     return {"attention": attention, "positions": None if name is None else {"name": name, "rows": rows},
             "views": _head_views(graph)}
+
+
+def _chosen_experts(index: str, producers: dict) -> bool:
+    """Whether a Gather's index is a TopK's choice (a mixture's experts: their biases are gathered by it), reshaped."""
+    node = producers.get(index)
+    while node is not None and node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Cast"):
+        node = producers.get(node.input[0])
+    return node is not None and node.op_type == "TopK"
 
 
 def _head_views(graph) -> list[tuple[int, int]]:

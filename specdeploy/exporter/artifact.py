@@ -19,6 +19,7 @@ from ..version import __version__
 from . import onnx_graph
 from .checkpoint import Checkpoint, gguf_vocabulary_digest, load_checkpoint, load_tokenizer_and_config
 from .dims import Dims
+from .expert_weights import is_router, quantize_gathered_experts
 from .filled import read_filled_slots
 from .fused import FusedGraph
 from .int8 import Int8Error, to_int8_per_row
@@ -87,7 +88,7 @@ def _export_model(role: str, source, staging: Path, options: ExportOptions, prog
     fmt = options.weights_of(role)
     written = "full" if form.int4 else fmt  # a fused int4 graph is quantized as it is written
     _compress(role, path, options.dtype, written, (options.block_size, options.accuracy_level), progress,
-              converted=form.dtype != options.dtype)
+              converted=form.dtype != options.dtype, experts=fmt)
     if form.filled_slots:
         progress(f"{role}: reading only the filled slots (rounded up to {form.filled_slots}), the head over the kept "
                  "positions only")
@@ -171,7 +172,8 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         "slot_attention": not fused,  # layers.cached_attention
     }
     progress(f"{role}: building the verify graph ({arch.name}, {dims.num_layers} layers)")
-    _write_graph(role, arch, checkpoint, dims, capacity, form, staging / f"{role}.onnx", progress)
+    notes = _write_graph(role, arch, checkpoint, dims, capacity, form, staging / f"{role}.onnx", progress)
+    facts["features"] = (*facts["features"], *notes)  # how this form computes what the family's features name
     large = checkpoint.parameters >= COLLECT_FROM_PARAMETERS
     del checkpoint
     if large:  # the traced modules' cycles hold gigabytes until collected; a tiny model's, nothing worth a full pass
@@ -194,9 +196,10 @@ def _capacity(role: str, capacity: int | None, dims: Dims) -> int:
 
 
 def _write_graph(role: str, arch: Architecture, checkpoint: Checkpoint, dims: Dims, capacity: int, form: Form, path: Path,
-                 progress: Progress) -> None:
+                 progress: Progress) -> tuple[str, ...]:
     """Write ``checkpoint``'s verify graph at ``path`` in ``form``: the fused form written layer by layer, each built
-    from the checkpoint as it is reached; the explicit form traced by torch.onnx."""
+    from the checkpoint as it is reached; the explicit form traced by torch.onnx. Returns what the graph says of how it
+    computes (``FusedGraph.note``: which op runs a mixture's experts)."""
     import torch
 
     with torch.no_grad():
@@ -204,12 +207,13 @@ def _write_graph(role: str, arch: Architecture, checkpoint: Checkpoint, dims: Di
         if form.graph == "fused":
             progress(f"{role}: writing the fused graph" + (" (int4 weights)" if form.int4 else ""))
             graph = FusedGraph(path, dims, dtype=form.dtype, int4=form.int4, vocab_kept=form.vocab_kept,
-                               progress=lambda step: progress(f"{role}: {step}"))
+                               progress=lambda step: progress(f"{role}: {step}"), int8=form.int8)
             graph.save(module.write_fused(graph, capacity))
-        else:
-            checkpoint.weights.clear()  # the module holds its own (transposed) copies
-            progress(f"{role}: exporting to ONNX")
-            onnx_graph.export_graph(module, dims, path)
+            return tuple(graph.notes)
+        checkpoint.weights.clear()  # the module holds its own (transposed) copies
+        progress(f"{role}: exporting to ONNX")
+        onnx_graph.export_graph(module, dims, path)
+        return ()
 
 
 def _trace_in_child(role: str, source, staging: Path, capacity: int | None, progress: Progress, form: Form) -> dict:
@@ -262,13 +266,21 @@ def _is_large(source) -> bool:
 
 
 def _compress(role: str, path: Path, dtype: str, fmt: str, quant: tuple[int, int], progress: Progress,
-              converted: bool = True) -> None:
+              converted: bool = True, experts: str | None = None) -> None:
     """int8 / int4 weights and fp16, rewriting the traced graph at ``path`` in place. ``converted``: the graph was
-    written in float32 and float16 comes from converting it (false where it was written in float16)."""
+    written in float32 and float16 comes from converting it (false where it was written in float16). ``experts``: the
+    format of a mixture's gathered experts (the explicit form's, and a fused graph's written in standard ops), which
+    the MatMul rewrites do not reach (default: ``fmt``)."""
+    experts = fmt if experts is None else experts
+    if experts in ("int8", "int4"):
+        bits = 8 if experts == "int8" else 4
+        if quantize_gathered_experts(path, bits, quant[0], onnx_graph.EXTERNAL_DATA_BYTES):
+            progress(f"{role}: quantized the experts to int{bits}")
     if fmt == "int8":
         progress(f"{role}: quantizing MatMul weights to int8 (per column; activations per row)")
         try:
-            to_int8_per_row(path, onnx_graph.EXTERNAL_DATA_BYTES, lambda message: progress(f"{role}: {message}"))
+            to_int8_per_row(path, onnx_graph.EXTERNAL_DATA_BYTES, lambda message: progress(f"{role}: {message}"),
+                            kept=is_router)
         except Int8Error as exc:
             raise ExportError(f"{role}: {exc}") from None
     to_float16 = dtype == "float16" and converted

@@ -323,7 +323,7 @@ def _read_gguf(path: Path, tokenizer: bool = True):
     check_declared(declared, arch, str(path), names, tensors=len(reader.tensors))
     gguf_config.check_blocks(reader, path)
     try:
-        if gguf_config.architecture_of(reader) in gguf_config.GGUF_FAMILIES:
+        if gguf_config.claims(reader):  # ours (a llama only where it has experts: Mixtral)
             model_config = gguf_config.read_config(reader)
         else:
             with fast_gguf_parsing():
@@ -337,7 +337,7 @@ def _read_gguf(path: Path, tokenizer: bool = True):
     if not tokenizer:
         return model_config, None, None, None, reader
     try:
-        if gguf_config.architecture_of(reader) in gguf_config.GGUF_FAMILIES:
+        if gguf_config.claims(reader):  # ours (a llama only where it has experts: Mixtral)
             built, settings = gguf_config.read_tokenizer(path)
             eos = built.token_to_id(settings["eos_token"]) if settings.get("eos_token") else None
             config = tokenizer_config(settings.get("chat_template"), settings.get("bos_token"),

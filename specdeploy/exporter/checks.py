@@ -33,7 +33,8 @@ LAYER = re.compile(r"\.(\d+)\.")  # a tensor name's first index: its layer's (mo
 
 def rules_of(arch) -> tuple[tuple[Rule, ...], str]:
     """(the rules of ``arch``'s config, the attribute of the config they read: "" for the config itself, "text_config"
-    for a multimodal checkpoint's language model). A described family's are DECODER with its features' rules; an
+    for a multimodal checkpoint's language model). A described family's are DECODER with its features', its mixers' and
+    its feed-forward slot's rules (routed experts: ``declared.experts``); an
     architecture that is not a described family brings its own table (``OWN_TABLES``, or its ``declared``
     attribute), else the sizes every decoder declares (SIZES)."""
     if arch.name in OWN_TABLES:
@@ -46,7 +47,7 @@ def rules_of(arch) -> tuple[tuple[Rule, ...], str]:
         return SIZES, ""
     features = [f.name for f in dataclasses.fields(family) if f.name in FEATURES and getattr(family, f.name)]
     kinds = dict(family.mixers)  # a hybrid's layer types are its mixer slot's; attention's two otherwise
-    rules = decoder_rules(features, tuple(kinds) or LAYER_TYPES, dict.fromkeys(kinds.values()))
+    rules = decoder_rules(features, tuple(kinds) or LAYER_TYPES, dict.fromkeys(kinds.values()), family.feed_forward.rules)
     return rules, "text_config" if text is not None else ""
 
 

@@ -9,7 +9,9 @@ import copy
 from collections.abc import MutableMapping
 
 from .dims import Dims
+from .experts import Interleaved, PerExpert, RoutedExperts, SharedExpert, StackedHalves
 from .family import GEMMA_NORMS, POST_NORMS, Family
+from .feed_forward import DenseMLP
 from .llama import DecoderVerify, DescribedArchitecture
 from .registry import register
 
@@ -19,12 +21,31 @@ GEMMA2 = Family("gemma2", ("gemma2",), norms=GEMMA_NORMS, norm_offset=1.0, scale
 # transformers' Gemma 3 reads no attn_logit_softcapping (its attention is never passed one): neither do we
 GEMMA3 = Family("gemma3", ("gemma3_text",), norms=GEMMA_NORMS, norm_offset=1.0, qk_norm="head", scaled_embedding=True,
                 query_pre_attn_scalar=True, final_softcap=True)
-PHI3 = Family("phi3", ("phi3",), fused_projections=True)
+PHI3 = Family("phi3", ("phi3",), fused_projections=True, feed_forward=DenseMLP(gate_up="gate_up_proj"))
 GRANITE = Family("granite", ("granite",), multipliers=True)
 OLMO2 = Family("olmo2", ("olmo2",), norms=POST_NORMS, qk_norm="projection")
 SMOLLM3 = Family("smollm3", ("smollm3",), rope_layers=True)
 
-for family in (QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, SMOLLM3):
+# Mixtures of experts: a family's routed experts as its checkpoints store them (experts.RoutedExperts)
+QWEN2_MOE = Family("qwen2_moe", ("qwen2_moe",), feed_forward=RoutedExperts(
+    shared=SharedExpert(DenseMLP("mlp.shared_expert."), "shared_expert_intermediate_size", gate="mlp.shared_expert_gate")))
+QWEN3_MOE = Family("qwen3_moe", ("qwen3_moe",), qk_norm="head", feed_forward=RoutedExperts())
+MIXTRAL = Family("mixtral", ("mixtral",), feed_forward=RoutedExperts(
+    "block_sparse_moe.", stored=PerExpert("w1", "w3", "w2"), count="num_local_experts", width="intermediate_size",
+    normalized=True))
+OLMOE = Family("olmoe", ("olmoe",), qk_norm="projection", feed_forward=RoutedExperts(width="intermediate_size"))
+GRANITE_EXPERTS = dict(prefix="block_sparse_moe.", router="router.layer", stored=StackedHalves(),
+                        count="num_local_experts", width="intermediate_size", normalized=True)  # softmax of the top-k
+GRANITE_MOE = Family("granitemoe", ("granitemoe",), multipliers=True, feed_forward=RoutedExperts(**GRANITE_EXPERTS))
+GRANITE_MOE_SHARED = Family("granitemoeshared", ("granitemoeshared",), multipliers=True, feed_forward=RoutedExperts(
+    **GRANITE_EXPERTS, shared=SharedExpert(DenseMLP("shared_mlp.", gate_up="input_linear", down="output_linear"),
+                                            "shared_intermediate_size")))
+GPT_OSS = Family("gpt_oss", ("gpt_oss",), attention_sinks=True, feed_forward=RoutedExperts(
+    router="router", stored=Interleaved(), count="num_local_experts", width="intermediate_size", normalized=True,
+    clamped_swiglu=True))
+
+for family in (QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, SMOLLM3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, OLMOE, GRANITE_MOE,
+               GRANITE_MOE_SHARED, GPT_OSS):
     register(DescribedArchitecture(family))
 
 

@@ -1,8 +1,9 @@
 """A decoder family as a description of how it differs from Llama, and the settings a config gives it.
 
-``Family`` is what a family declares once (which norms sit where, whether q and k are normed, which of the config's
-fields mean what); ``Settings`` is what one config makes of it (epsilon, activation, scales, soft-caps, each layer's
-window and RoPE). The one block builder (``llama.DecoderVerify``) reads both and branches on nothing else.
+``Family`` is what a family declares once (which norms sit where, whether q and k are normed, its feed-forward slot,
+which of the config's fields mean what); ``Settings`` is what one config makes of it (epsilon, scales, soft-caps, each
+layer's window, RoPE and feed-forward). The one block builder (``llama.DecoderVerify``) reads both and branches on
+nothing else.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import math
 from dataclasses import dataclass
 
 from ..contract import StateSpec
-from ..declared import ACTIVATIONS
 from .dims import Dims
 from .errors import ExportError
+from .feed_forward import DenseMLP, FeedForward, LayerSettings
 from .recurrent import RECURRENT
 from .rope import Rope, ropes
 
@@ -44,11 +45,13 @@ class Family:
     ``attn_logit_softcapping`` / ``final_logit_softcapping`` are applied (cap * tanh(x / cap)). ``multipliers``:
     Granite's embedding, attention, residual and logits multipliers. ``rope_layers``: the config's
     ``no_rope_layers`` says which layers rotate (SmolLM3: 0 = no RoPE). ``fused_projections``: the checkpoint holds
-    ``qkv_proj`` and ``gate_up_proj`` (Phi-3), taken as the one MatMul each that the graph computes anyway.
-    ``mixers``: the mixer slot, (layer type, mixer kind) pairs saying which layers of ``layer_types`` run attention
-    ("attention") and which a recurrent mixer (``recurrent.RECURRENT``: LFM2's "short_conv", Granite 4's "mamba2");
-    empty: attention on every layer. The activation, biases, head_dim, tied embeddings, sliding windows
-    (``layer_types`` or one ``sliding_window``) and RoPE scaling are read from every config alike."""
+    ``qkv_proj`` (Phi-3), taken as the one MatMul the graph computes anyway. ``attention_sinks``: a learned logit per
+    head (``self_attn.sinks``) joins each attention softmax's denominator (gpt-oss). ``feed_forward``: the block's
+    feed-forward slot (``feed_forward.DenseMLP``, the default, or ``experts.RoutedExperts``), which reads its own
+    config fields and weights. ``mixers``: the mixer slot, (layer type, mixer kind) pairs saying which layers of
+    ``layer_types`` run attention ("attention") and which a recurrent mixer (``recurrent.RECURRENT``: LFM2's
+    "short_conv", Granite 4's "mamba2"); empty: attention on every layer. The biases, head_dim, tied embeddings, sliding
+    windows (``layer_types`` or one ``sliding_window``) and RoPE scaling are read from every config alike."""
 
     name: str
     model_types: tuple[str, ...]
@@ -62,6 +65,8 @@ class Family:
     multipliers: bool = False
     rope_layers: bool = False
     fused_projections: bool = False
+    attention_sinks: bool = False
+    feed_forward: FeedForward = DenseMLP()
     mixers: tuple[tuple[str, str], ...] = ()
 
     def mixer_kinds(self, config, layers: int) -> tuple[str, ...]:
@@ -88,10 +93,8 @@ class Family:
 
     def settings(self, config, dims: Dims) -> Settings:
         """What ``config`` makes of this family: every number the block builder reads."""
-        activation = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
-        if activation not in ACTIVATIONS:
-            raise ExportError(f"{config.model_type}: activation {activation!r} is not supported; "
-                              f"supported: {', '.join(ACTIVATIONS)}")
+        if getattr(config, "clip_qkv", None) is not None:  # OLMo's clamp of q, k and v: not built
+            raise ExportError(f"{config.model_type}: clip_qkv {config.clip_qkv!r} is not supported; expected none")
         embedding_scale, attention_scale = 1.0, dims.head_dim ** -0.5
         residual_scale, logits_scale = 1.0, 1.0
         if self.scaled_embedding:
@@ -112,7 +115,7 @@ class Family:
         rope_keys = tuple((t if t in table else None) if rotates[i] else NO_ROPE for i, t in enumerate(types))
         return Settings(
             eps=float(getattr(config, "rms_norm_eps", 1e-6)),
-            activation=activation,
+            feed_forward=self.feed_forward.settings(config, dims.num_layers),
             embedding_scale=float(embedding_scale),
             attention_scale=float(attention_scale),
             residual_scale=float(residual_scale),
@@ -132,11 +135,12 @@ NO_ROPE = "no_rope"  # a layer's rope key where it does not rotate (SmolLM3)
 @dataclass(frozen=True)
 class Settings:
     """One config's numbers: ``rope_keys[i]`` names layer i's entry of ``ropes`` (NO_ROPE: none), ``windows[i]`` its
-    sliding window (None: full attention), ``mixers[i]`` its mixer ("attention" or a recurrent kind); scores are scaled
-    by ``attention_scale``, the residual branches by ``residual_scale``, the logits by ``logits_scale``."""
+    sliding window (None: full attention), ``feed_forward[i]`` its feed-forward slot's numbers (a dense MLP's or a
+    sparse layer's), ``mixers[i]`` its mixer ("attention" or a recurrent kind); scores are scaled by
+    ``attention_scale``, the residual branches by ``residual_scale``, the logits by ``logits_scale``."""
 
     eps: float
-    activation: str
+    feed_forward: tuple[LayerSettings, ...]
     embedding_scale: float
     attention_scale: float
     residual_scale: float
@@ -163,8 +167,9 @@ def features(family: Family, settings: Settings, dims: Dims, tied: bool) -> tupl
         found.append(f"norm weight + {family.norm_offset:g}")
     if family.qk_norm:
         found.append(f"q/k norm per {family.qk_norm}")
-    if settings.activation != "silu":
-        found.append(settings.activation)
+    found += family.feed_forward.features(settings.feed_forward)
+    if family.attention_sinks:
+        found.append("attention sinks")
     for name, value in (("embedding scale", settings.embedding_scale), ("residual scale", settings.residual_scale),
                         ("logits scale", settings.logits_scale)):
         if value != 1.0:

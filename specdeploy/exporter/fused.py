@@ -40,8 +40,12 @@ class FusedGraph:
     """Collects nodes and streams initializers to ``path``'s external-data file; ``save`` writes the graph."""
 
     def __init__(self, path: Path, dims: Dims, dtype=np.float32, int4: tuple[int, int] | None = None,
-                 vocab_kept: int | None = None, progress=lambda step: None):
-        self.path, self.dims, self.dtype, self.int4 = Path(path), dims, np.dtype(dtype), int4
+                 vocab_kept: int | None = None, progress=lambda step: None, int8: bool = False):
+        """``int4``: (block_size, accuracy_level) of int4 weights, quantized as written. ``int8``: an int8 export, whose
+        MatMuls are rewritten after writing (``int8.to_int8_per_row``) but whose experts, most of a mixture's weights,
+        are written as int8 now (``feed_forward``)."""
+        self.path, self.dims, self.dtype, self.int4, self.int8 = Path(path), dims, np.dtype(dtype), int4, int8
+        self.notes: dict[str, None] = {}  # what the graph does that its family's features do not say, in order
         self.progress = progress
         self.vocab_kept = vocab_kept
         self.data_path = self.path.with_name(self.path.name + ".data")
@@ -140,6 +144,10 @@ class FusedGraph:
         inputs = [x, self.constant(f"{name}_Q4", packed), self.constant(f"{name}_scales", scales)]
         return self.node("MatMulNBits", inputs, domain=MS, label=name, **attributes)[0]
 
+    def note(self, words: str) -> None:
+        """Say once how this graph computes something (the manifest's features: "experts on ONNX Runtime's MoE")."""
+        self.notes[words] = None
+
     def layer_written(self, layer: int) -> None:
         """Report progress at each quarter of the layers: a 1.5B's dequantized, quantized layers take ~45 s."""
         layers = self.dims.num_layers
@@ -183,8 +191,9 @@ class FusedGraph:
         return self._shared[key]
 
     def attention(self, qkv: str, layer: int, lengths: tuple[str, str], rotary: tuple[str, str] | None,
-                  **attributes) -> str:
+                  sinks: str | None = None, **attributes) -> str:
         """GroupQueryAttention over packed q/k/v [batch, T, (heads + 2 kv_heads) * head_dim], cache in place;
+        ``sinks``: a logit per head joining each softmax's denominator (gpt-oss), the op's ``head_sink``;
         ``attributes``: the op's ``scale``, ``softcap``, ``local_window_size``."""
         dims = self.dims
         inputs = [qkv, "", "", f"cache_key.{layer}", f"cache_value.{layer}", *lengths]
@@ -192,6 +201,8 @@ class FusedGraph:
         if rotary is not None:
             inputs += list(rotary)
             attributes.update(do_rotary=1, rotary_interleaved=0)
+        if sinks is not None:  # inputs 7 .. 10 (cos, sin, position_ids, attention_bias) as given, then head_sink
+            inputs += [""] * (11 - len(inputs)) + [sinks]
         outputs = [self.name(f"/attn.{layer}"), f"present_key.{layer}", f"present_value.{layer}"]
         return self.node("GroupQueryAttention", inputs, outputs, domain=MS, label=f"layers.{layer}.attention", **attributes)[0]
 

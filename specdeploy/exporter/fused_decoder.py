@@ -6,8 +6,10 @@ attention multiplier), ``softcap`` (Gemma 2), ``local_window_size`` (sliding win
 cos/sin caches (two RoPE bases; long-RoPE's factors chosen per position in the cache rows; partial rotary, Phi-4-mini's,
 as caches rotary_dim / 2 wide: the op rotates twice its caches' width of each head and passes the rest through) or
 none (rope-less layers); norms after attention and MLP as SimplifiedLayerNormalization, a norm over the whole q or k
-projection (OLMo 2) on the packed projection's slices, multipliers and soft-capped logits as plain Mul / Tanh. What the ops
-cannot express is refused in one line naming the family, the feature and ``--graph explicit``.
+projection (OLMo 2) on the packed projection's slices, multipliers and soft-capped logits as plain Mul / Tanh, attention
+sinks (gpt-oss) as its ``head_sink``; the feed-forward slot writes itself (``feed_forward.py``: MatMuls for a dense MLP,
+ONNX Runtime's MoE / QMoE for routed experts). What the ops cannot express is refused in one line naming the family, the
+feature and ``--graph explicit``.
 """
 
 from __future__ import annotations
@@ -44,17 +46,9 @@ def write_fused(model, graph: FusedGraph, capacity: int) -> str:
             out = write_mixer(graph, layer.mixer, i, h)
         added = _branch(graph, out, layer.after_attention, f"layers.{i}.after_attention", s.residual_scale, eps)
         h, residual = _norm(graph, residual, added, layer.before_mlp, f"layers.{i}.before_mlp", eps)
-        up = _biased(graph, graph.matmul(h, layer.gate_up, f"layers.{i}.gate_up"), layer.gate_up_bias,
-                     f"layers.{i}.gate_up_bias")
-        gate, up = graph.node("Split", [up], 2, axis=-1, num_outputs=2)
-        if s.activation == "silu":
-            act = graph.node("Mul", [gate, graph.node("Sigmoid", [gate])[0]])[0]
-        else:
-            act = graph.node("FastGelu", [gate], domain=MS)[0]  # gelu with the tanh approximation
-        out = _biased(graph, graph.matmul(graph.node("Mul", [act, up])[0], layer.down, f"layers.{i}.down"),
-                      layer.down_bias, f"layers.{i}.down_bias")
+        out = layer.feed_forward.write_fused(graph, h, f"layers.{i}")  # the family's slot: a dense MLP or experts
         added = _branch(graph, out, layer.after_mlp, f"layers.{i}.after_mlp", s.residual_scale, eps)
-        del layer.gate_up, layer.down, layer.mixer  # on disk now: the next layer's copies replace them
+        del layer.feed_forward, layer.mixer  # on disk now: the next layer's copies replace them
         if s.mixers[i] == "attention":
             del layer.qkv, layer.o
         graph.layer_written(i)
@@ -75,7 +69,8 @@ def _attention(model, graph: FusedGraph, h: str, layer, i: int, lengths, rotary:
         attributes["softcap"] = s.attention_softcap
     if s.windows[i]:
         attributes["local_window_size"] = s.windows[i]
-    attn = graph.attention(qkv, i, lengths, None if rope is None else rotary[s.rope_keys[i]], **attributes)
+    sinks = None if layer.sinks is None else graph.constant(f"layers.{i}.sinks", layer.sinks)
+    attn = graph.attention(qkv, i, lengths, None if rope is None else rotary[s.rope_keys[i]], sinks, **attributes)
     return _biased(graph, graph.matmul(attn, layer.o, f"layers.{i}.o"), layer.o_bias, f"layers.{i}.o_bias")
 
 

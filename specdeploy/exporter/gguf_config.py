@@ -1,11 +1,17 @@
 """The config and tokenizer of a GGUF file whose architecture transformers cannot load from GGUF (granite, olmo2,
-smollm3 and Granite 4.0-H's granitehybrid in transformers 5.25), read from the file's metadata under the key names
-llama.cpp's converter (convert_hf_to_gguf.py) writes, one function per architecture, as transformers' own
+smollm3, Granite 4.0-H's granitehybrid, olmoe, granitemoe and Mixtral, which the converter writes as a llama with
+experts, in transformers 5.25), or loads without the mixture's sizes (its qwen2moe, qwen3moe and gpt-oss readers drop
+the experts' width, which the converter writes as ``expert_feed_forward_length``), read from the file's metadata under
+the key names llama.cpp's converter (convert_hf_to_gguf.py) writes, one function per architecture, as transformers' own
 ``GGUF_CONFIG_ARCHS`` does. (Their tensors: gguf_weights.py, with gguf_layouts.py where the converter reshaped them.)
 
 What a file does not say is what llama.cpp assumes when it runs the file, not transformers' config defaults: a Granite
-file without ``attention.scale`` scales scores by head_dim^-1/2 (GraniteConfig's default would be 1), and SmolLM3's
-rope-less layers are every fourth (llama.cpp's fixed ``n_no_rope_layer_step``; the converter writes no key for them).
+file without ``attention.scale`` scales scores by head_dim^-1/2 (GraniteConfig's default would be 1), SmolLM3's
+rope-less layers are every fourth (llama.cpp's fixed ``n_no_rope_layer_step``; the converter writes no key for them),
+a qwen3moe, Mixtral, GraniteMoE or gpt-oss file renormalizes its chosen experts' weights and a qwen2moe or OLMoE file
+does not (llama.cpp's per-architecture choice; no key says it), gpt-oss's SwiGLU is clamped at 7 with alpha 1.702 and
+its windowed layers alternate with full ones, and every sparse layer is sparse (llama.cpp builds these mixtures with no
+dense layer between them).
 What cannot be read back is refused in one line rather than exported as a different model.
 """
 
@@ -30,6 +36,11 @@ class GgufReader:
     extra: Callable[[dict, set, int, int], dict]
     processor: str | None = None
     keys: tuple[tuple[str, str], ...] = ()  # (metadata key, config field) ``extra`` reads beyond KEYS, for the checks
+    claims: Callable[[dict], bool] = lambda meta: True  # whether a file of the architecture is ours to read
+
+    def model_type_of(self, fields: dict) -> str:
+        """The model type a file's fields make (granitemoe with a shared expert: granitemoeshared)."""
+        return fields.pop("model_type", self.model_type)
 
 
 def _granite(meta: dict, names: set, layers: int, head_dim: int) -> dict:
@@ -46,8 +57,10 @@ def _granite_hybrid(meta: dict, names: set, layers: int, head_dim: int) -> dict:
     multipliers; which layers are Mamba-2 and which attention, from the K/V head count it writes per layer (0: Mamba-2);
     Mamba-2's sizes from its ssm.* keys (heads as ``ssm.time_step_rank``, head size = inner size / heads); RoPE only
     where ``rope.scaling.finetuned`` says the model uses it (Granite 4.0-H: no position embedding); biases where the
-    file has their tensors; the dense shared MLP's width (routed experts, ``expert_count`` > 0, are refused by the
-    family)."""
+    file has their tensors; the dense shared MLP's width (a file's routed experts, ``expert_count`` > 0, are refused)."""
+    if meta.get("expert_count"):  # llama.cpp writes them as GraniteMoE's; no file of them was tested here
+        raise ExportError(f"granitehybrid: expert_count: got {meta['expert_count']}; a Granite 4.0-H file's routed "
+                          "experts are not read (its Hugging Face checkpoint's are); expected 0")
     kv = meta.get("attention.head_count_kv")
     if not isinstance(kv, list) or len(kv) != layers or not all(isinstance(n, int) and n >= 0 for n in kv):
         raise ExportError(f"granitehybrid: attention.head_count_kv: got {kv!r}; expected one K/V head count a layer "
@@ -86,14 +99,77 @@ def _smollm3(meta: dict, names: set, layers: int, head_dim: int) -> dict:
     return {"no_rope_layers": [int((i + 1) % NO_ROPE_LAYER_STEP != 0) for i in range(layers)], "use_sliding_window": False}
 
 
+def _experts(arch: str, count: str, normalized: bool | None, width: str = "intermediate_size"):
+    """The fields of a mixture's experts (``arch``: the file's architecture): their count under the config field
+    ``count``, top-k, each expert's width under ``width`` (from ``expert_feed_forward_length``, or the dense
+    ``feed_forward_length``), renormalization where the config has a field for it (``normalized`` None: the family fixes
+    it)."""
+
+    def fields(meta: dict) -> dict:
+        found = {count: _need(meta, arch, "expert_count"), "num_experts_per_tok": _need(meta, arch, "expert_used_count"),
+                 width: meta.get("expert_feed_forward_length", meta.get("feed_forward_length"))}
+        return found | ({} if normalized is None else {"norm_topk_prob": normalized})
+
+    return fields
+
+
+def _expert_keys(count: str, width: str = "intermediate_size", shared: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The metadata keys a mixture's reader reads beyond KEYS, and the config fields they become (the checks name the
+    key)."""
+    keys = (("expert_count", count), ("expert_used_count", "num_experts_per_tok"))
+    keys += (("expert_feed_forward_length", width),) if width != "intermediate_size" else ()
+    return keys + ((("expert_shared_feed_forward_length", shared),) if shared else ())
+
+
+def _qwen3moe(meta: dict, names: set, layers: int, head_dim: int) -> dict:
+    return _experts("qwen3moe", "num_experts", True, "moe_intermediate_size")(meta)
+
+
+def _qwen2moe(meta: dict, names: set, layers: int, head_dim: int) -> dict:
+    return _experts("qwen2moe", "num_experts", False, "moe_intermediate_size")(meta) | {
+        "shared_expert_intermediate_size": meta.get("expert_shared_feed_forward_length", 0)}
+
+
+def _olmoe(meta: dict, names: set, layers: int, head_dim: int) -> dict:
+    return _experts("olmoe", "num_experts", False)(meta) | {"clip_qkv": meta.get("attention.clamp_kqv")}
+
+
+def _granitemoe(meta: dict, names: set, layers: int, head_dim: int) -> dict:
+    shared = meta.get("expert_shared_feed_forward_length", 0)
+    return _granite(meta, names, layers, head_dim) | _experts("granitemoe", "num_local_experts", None)(meta) | (
+        {"model_type": "granitemoeshared", "shared_intermediate_size": shared} if shared else {})
+
+
+def _mixtral(meta: dict, names: set, layers: int, head_dim: int) -> dict:
+    return _experts("llama", "num_local_experts", None)(meta) | {"sliding_window": meta.get("attention.sliding_window")}
+
+
+GPT_OSS_ROPE = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}  # gpt-oss's YaRN, which no key says
+
+
+def _gpt_oss(meta: dict, names: set, layers: int, head_dim: int) -> dict:
+    return _experts("gpt-oss", "num_local_experts", None)(meta) | {
+        "sliding_window": _need(meta, "gpt-oss", "attention.sliding_window"), "attention_bias": True}
+
+
+GRANITE_KEYS = (("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
+                ("logit_scale", "logits_scaling"), ("attention.scale", "attention_multiplier"))
 GGUF_FAMILIES = {
-    "granite": GgufReader("granite", _granite, processor="llama",
-                          keys=(("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
-                                ("logit_scale", "logits_scaling"), ("attention.scale", "attention_multiplier"))),
+    "granite": GgufReader("granite", _granite, processor="llama", keys=GRANITE_KEYS),
     "olmo2": GgufReader("olmo2", _olmo2),
     "smollm3": GgufReader("smollm3", _smollm3, processor="llama"),
     # the converter permutes attention's q and k as for a Llama (its undo_permute), though Granite 4.0-H rotates nothing
     "granitehybrid": GgufReader("granitemoehybrid", _granite_hybrid, processor="llama"),
+    "qwen3moe": GgufReader("qwen3_moe", _qwen3moe, keys=_expert_keys("num_experts", "moe_intermediate_size")),
+    "qwen2moe": GgufReader("qwen2_moe", _qwen2moe, keys=_expert_keys("num_experts", "moe_intermediate_size",
+                                                                    "shared_expert_intermediate_size")),
+    "olmoe": GgufReader("olmoe", _olmoe, keys=_expert_keys("num_experts")),
+    "granitemoe": GgufReader("granitemoe", _granitemoe, processor="llama",
+                             keys=GRANITE_KEYS + _expert_keys("num_local_experts", shared="shared_intermediate_size")),
+    "gpt-oss": GgufReader("gpt_oss", _gpt_oss, keys=_expert_keys("num_local_experts")),
+    # Mixtral: a llama with experts (a llama without is transformers' to read)
+    "llama": GgufReader("mixtral", _mixtral, processor="llama", keys=_expert_keys("num_local_experts"),
+                        claims=lambda meta: bool(meta.get("llama.expert_count"))),
 }
 ROPE_SCALING = ("none", "linear", "yarn")
 
@@ -118,7 +194,7 @@ def declared(reader) -> tuple[str, dict, dict[str, str]]:
     its reader reads: ours (``KEYS`` and a family's own), or transformers' ``GGUF_CONFIG_MAPPING`` for the
     architectures transformers reads."""
     arch = architecture_of(reader)
-    own = GGUF_FAMILIES.get(arch)
+    own = ours(reader)
     if own is not None:
         keys, model_type = {**KEYS, **dict(own.keys)}, own.model_type
     else:
@@ -163,6 +239,21 @@ def check_blocks(reader, path) -> None:
                           f"{blocks}: expected one per block held")
 
 
+def ours(reader) -> GgufReader | None:
+    """The reader of a GGUF file (``reader``: gguf-py's GGUFReader over it) where ``read_config`` reads it (its
+    architecture is in GGUF_FAMILIES and claims the file: a llama with experts is Mixtral, one without transformers'),
+    else None."""
+    family = GGUF_FAMILIES.get(architecture_of(reader))
+    claimed = family is not None and family.claims({key: field.contents() for key, field in reader.fields.items()
+                                                    if key.endswith(".expert_count")})
+    return family if claimed else None
+
+
+def claims(reader) -> bool:
+    """Whether a GGUF file (``reader``: gguf-py's GGUFReader over it) is one ``read_config`` reads."""
+    return ours(reader) is not None
+
+
 def read_config(reader):
     """The transformers config of a GGUF file (``reader``: gguf-py's GGUFReader over it) of an architecture in
     ``GGUF_FAMILIES``."""
@@ -189,6 +280,8 @@ def read_config(reader):
         rope |= {"rope_type": scaling, "factor": float(need("rope.scaling.factor"))}
         if scaling == "yarn":
             rope["original_max_position_embeddings"] = int(need("rope.scaling.original_context_length"))
+            if family.model_type == "gpt_oss":
+                rope |= GPT_OSS_ROPE
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = meta.get("vocab_size", len(tokens.data) if tokens is not None else None)
     if vocab is None:
@@ -216,10 +309,11 @@ def read_config(reader):
         "pad_token_id": token("padding_token_id"),
         **family.extra(meta, names, layers, head_dim),
     }
+    model_type = family.model_type_of(fields)
     try:
-        return AutoConfig.for_model(family.model_type, **fields)
+        return AutoConfig.for_model(model_type, **fields)
     except (ValueError, TypeError, KeyError) as exc:
-        raise ExportError(f"{arch}: the GGUF metadata makes no valid {family.model_type} config ({exc})") from exc
+        raise ExportError(f"{arch}: the GGUF metadata makes no valid {model_type} config ({exc})") from exc
 
 
 def _need(meta: dict, arch: str, key: str):

@@ -12,6 +12,7 @@ says which tensors make it and how.
 from __future__ import annotations
 
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import cache
@@ -27,6 +28,9 @@ from .lazy_weights import LazyWeights
 
 ROWS_PER_CHUNK = 4096  # dequantize large tensors in slices: gguf-py's temporaries are several times the output
 THREADS = min(4, os.cpu_count() or 1)  # slices dequantized at once: each holds ~100 MB of temporaries
+# a mixture's router, experts and shared expert, as llama.cpp's converter names them for every architecture
+EXPERT_TENSORS = re.compile(r"blk\.(\d+)\.(ffn_gate_inp(?:_shexp)?|ffn_(?:gate|up|down|gate_up)_(?:exps|shexp))\."
+                            r"(weight|bias)$")
 
 
 @cache
@@ -102,21 +106,31 @@ class GgufWeights(LazyWeights):
             if found is not None:
                 sources[hf_name] = found
                 self._expected[hf_name] = tuple(parameter.shape)  # what the file's own metadata makes of it
+            elif (gguf_name := table.get_name(hf_name)) is not None:  # a bare parameter (gpt-oss's self_attn.sinks)
+                sources[hf_name] = (f"{gguf_name}.weight",)
+                self._expected[hf_name] = tuple(parameter.shape)
+        # a mixture's router, experts and shared expert under llama.cpp's names below the layer, whatever the family
+        # (experts.GgufStacked reads them; the slot checks their shapes against the config)
+        experts = {t.name: f"model.layers.{m[1]}.{m[2]}.{m[3]}" for t in self.reader.tensors
+                   if (m := EXPERT_TENSORS.match(t.name)) is not None}
+        sources = {name: found for name, found in sources.items() if not set(found) & experts.keys()}
+        sources |= {ours: (theirs,) for theirs, ours in experts.items()}
         stored = {t.name: t for t in self.reader.tensors}
         self._tensors = {name: [stored[s] for s in found] for name, found in sources.items()
                          if all(s in stored for s in found)}
-        self._shapes = {name: self._expected[name] for name in self._tensors}
+        self._shapes = {name: self._expected.get(name) or tuple(int(n) for n in reversed(self._tensors[name][0].shape))
+                        for name in self._tensors}
         self.path = path
         for name, shape in self._shapes.items():  # sizes the metadata declares against the values the file holds
-            if prod(shape) != prod(self._expected[name]):
-                tensor = self._tensors[name]
+            if prod(shape) != prod(self._expected.get(name, shape)):
+                tensor = self._tensors[name][0]
                 raise ExportError(f"{path}: tensor {tensor.name} ({name}) has shape {shape}; the file's metadata (heads, "
                                   f"sizes) makes it {self._expected[name]}")
 
     def _read(self, name: str) -> torch.Tensor:
         tensors = self._tensors[name]
         result = self.layout.put_back(name, [self._dequantized(tensor) for tensor in tensors])
-        if result.shape != self._expected[name]:  # a file whose tensors disagree with its metadata
+        if result.shape != self._expected.get(name, result.shape):  # a file whose tensors disagree with its metadata
             stored = ", ".join(tensor.name for tensor in tensors)
             raise ExportError(f"{self.path}: tensor {stored} ({name}) has shape {tuple(result.shape)}; the file's "
                               f"metadata (heads, sizes) makes it {self._expected[name]}")

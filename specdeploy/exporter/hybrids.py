@@ -6,8 +6,9 @@
   (``operator_norm``, ``feed_forward.w1``, ``out_proj``, ``embedding_norm``); they are read under the builder's names
   (``Renamed``), and its ``norm_eps`` is the builder's epsilon.
 - Granite 4.0-H (``granitemoehybrid``): Mamba-2 layers and attention, Granite's four multipliers, RoPE only where
-  ``position_embedding_type`` is "rope", a dense shared MLP (``shared_mlp``: gate and up in one tensor). Its routed
-  experts (``num_local_experts`` > 0) need the mixture-of-experts slot and are refused until it is built.
+  ``position_embedding_type`` is "rope", a shared MLP (``shared_mlp``: gate and up in one tensor) and, where
+  ``num_local_experts`` > 0, Granite MoE's routed experts beside it (its feed-forward slot: ``experts.RoutedExperts``
+  with the shared MLP as its shared expert; 0 experts, the shared MLP alone).
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ import copy
 from collections.abc import MutableMapping
 
 from .dims import Dims
+from .experts import RoutedExperts, SharedExpert
+from .families import GRANITE_EXPERTS
 from .family import Family
+from .feed_forward import DenseMLP
 from .llama import DecoderVerify, DescribedArchitecture
 from .registry import ExportError, register
 
 LFM2 = Family("lfm2", ("lfm2",), qk_norm="head", mixers=(("conv", "short_conv"), ("full_attention", "attention")))
 GRANITE_HYBRID = Family("granitemoehybrid", ("granitemoehybrid",), multipliers=True, rope_layers=True,
-                        mixers=(("linear_attention", "mamba2"), ("full_attention", "attention")))
+                        mixers=(("linear_attention", "mamba2"), ("full_attention", "attention")),
+                        feed_forward=RoutedExperts(**GRANITE_EXPERTS, optional=True, shared=SharedExpert(
+                            DenseMLP(), "shared_intermediate_size")))  # shared_mlp, read as mlp (GRANITE_HYBRID_NAMES)
 
 # (a dotted part of the checkpoint's names, the builder's: one name, or several that split the tensor's rows evenly)
 LFM2_NAMES = (("operator_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
@@ -61,12 +67,7 @@ def lfm2_config(config):
 
 def granite_hybrid_config(config):
     """Granite 4.0-H's config as the builder reads it: RoPE on no layer unless ``position_embedding_type`` is "rope"
-    (SmolLM3's ``no_rope_layers``), and only the dense shared MLP (routed experts refused)."""
-    experts = getattr(config, "num_local_experts", 0) or 0
-    if experts > 0:
-        raise ExportError(f"{config.model_type}: num_local_experts: got {experts}; routed experts need the "
-                          "mixture-of-experts slot, which is not built yet (a checkpoint with 0, a dense shared MLP, "
-                          "exports)")
+    (SmolLM3's ``no_rope_layers``)."""
     adapted = copy.copy(config)
     rope = getattr(config, "position_embedding_type", None) == "rope"
     adapted.no_rope_layers = [int(rope)] * config.num_hidden_layers

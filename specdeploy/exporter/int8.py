@@ -36,16 +36,18 @@ class Int8Error(ValueError):
 
 COLLECT_FROM_BYTES = 200_000_000  # weights below this free too little to pay a full garbage collection for
 
-def to_int8_per_row(path: Path, external_data_bytes: int, progress=lambda message: None, reduce_range: bool = True) -> None:
+def to_int8_per_row(path: Path, external_data_bytes: int, progress=lambda message: None, reduce_range: bool = True,
+                    kept=lambda name: False) -> None:
     """Rewrite the graph at ``path`` (and its external data) in place with int8 MatMuls. ``reduce_range=False``:
-    full-range weights, as exporters before 0.3.3 wrote them (``tools/bench_int8_range.py`` compares the two)."""
+    full-range weights, as exporters before 0.3.3 wrote them (``tools/bench_int8_range.py`` compares the two).
+    ``kept(name)``: a weight left in full precision (a mixture's routers: ``expert_weights.is_router``)."""
     import onnx_ir as ir
 
     model = ir.load(path)
     graph = model.graph
     constants = {name: _initializer(graph, name, value) for name, value in PER_ROW_CONSTANTS.items()}
     rows: dict[str, tuple] = {}  # activation name -> (uint8 value, its row scale, scale 1.0, zero point 128)
-    matmuls = [node for node in graph if node.op_type == "MatMul" and node.domain == "" and _constant_weight(node)]
+    matmuls = [node for node in graph if node.op_type == "MatMul" and node.domain == "" and _constant_weight(node, kept)]
     if not matmuls:
         raise Int8Error("int8 quantization rewrote no MatMul; the graph has no constant MatMul weights")
     for done, node in enumerate(matmuls):
@@ -78,12 +80,12 @@ def to_int8_per_row(path: Path, external_data_bytes: int, progress=lambda messag
     _save(model, path, external_data_bytes)
 
 
-def _constant_weight(node) -> bool:
+def _constant_weight(node, kept) -> bool:
     import onnx_ir as ir
 
     weight = node.inputs[1]
     return (weight is not None and weight.const_value is not None and not weight.is_graph_input()
-            and weight.dtype == ir.DataType.FLOAT and len(weight.shape) == 2)
+            and weight.dtype == ir.DataType.FLOAT and len(weight.shape) == 2 and not kept(weight.name))
 
 
 def _quantize_columns(weights: np.ndarray, reduce_range: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -48,6 +48,7 @@ def cached_attention(
     past_len: torch.Tensor,
     window: int | None = None,
     cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the new tokens over the valid cache prefix and, causally, over each other.
 
@@ -56,7 +57,8 @@ def cached_attention(
     Returns [batch, tokens, heads * head_dim]. ``window``: a sliding window, as transformers masks it: the
     query at position p sees keys at p - window + 1 .. p, each query's bound computed from its own position, so
     a verification of K + 1 tokens, a rollback and a ragged row are as exact as with full attention.
-    ``cap``: scores soft-capped (``softcap``) before the mask.
+    ``cap``: scores soft-capped (``softcap``) before the mask. ``sinks`` [heads]: a logit per head that joins each
+    softmax's denominator and nothing else (gpt-oss's attention sinks: a query may attend to nothing).
 
     The new tokens' K/V are written into a copy of the cache at their own slots (past_len[b] + j) and one MatMul,
     one softmax and one MatMul run over every slot: a key sits in the same column, and its score and value join
@@ -85,7 +87,13 @@ def cached_attention(
     if window is not None:
         seen = seen & (slots[None, None, :] > query_pos[:, :, None] - window)
     scores = torch.where(seen.repeat(1, group, 1)[:, None], scores, torch.finfo(scores.dtype).min)
-    out = torch.softmax(scores, dim=-1) @ values  # [batch, kv_heads, group * tokens, head_dim]
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:  # one more column per row, its head's sink (row g * tokens + t is head kv * group + g), dropped after
+        sink = sinks.reshape(1, kv_heads, group, 1, 1).expand(batch, kv_heads, group, tokens, 1)
+        probs = torch.softmax(torch.cat([scores, sink.reshape(batch, kv_heads, group * tokens, 1)], dim=-1), dim=-1)
+        probs = probs[..., :capacity]
+    out = probs @ values  # [batch, kv_heads, group * tokens, head_dim]
     out = out.reshape(batch, heads, tokens, head_dim).transpose(1, 2)
     return out.reshape(batch, tokens, heads * head_dim)
 

@@ -1,10 +1,10 @@
 """The one decoder-block builder, Llama's block with what a family's description (``family.Family``) changes, and
 the Llama family itself: Llama, Mistral, Qwen2 (q/k/v bias); covers SmolLM, TinyLlama and Qwen2.5.
 
-Grouped-query attention, rotate-half RoPE (default, linear, llama3, YaRN and long-RoPE scaling), RMSNorm, a gated
-MLP, tied or untied embeddings; per family: norms before and after attention and MLP, q/k norms, GELU-tanh, scaled
-embeddings, multipliers, soft-caps, sliding windows per layer, RoPE per layer type, layers without RoPE. The
-other families' descriptions are in families.py.
+Grouped-query attention, rotate-half RoPE (default, linear, llama3, YaRN and long-RoPE scaling), RMSNorm, a
+feed-forward slot (a gated MLP or routed experts: ``feed_forward.py``), tied or untied embeddings; per family: norms
+before and after attention and MLP, q/k norms, scaled embeddings, multipliers, soft-caps, attention sinks, sliding
+windows per layer, RoPE per layer type, layers without RoPE. The other families' descriptions are in families.py.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class DecoderVerify(nn.Module):
         """Layer ``i`` built from its checkpoint tensors, which then leave ``weights``: the module holds its own
         (transposed, fused) copies, so building layer by layer never holds two copies of the whole model."""
         prefix = f"model.layers.{i}."
-        layer = _Layer(self.family, weights, prefix, self.settings.mixers[i], self.config, self.eps)
+        layer = _Layer(self.family, weights, prefix, self.settings.feed_forward[i], self.settings.mixers[i], self.config,
+                       self.eps)
         for name in [name for name in weights if name.startswith(prefix)]:
             del weights[name]
         return layer
@@ -70,10 +71,7 @@ class DecoderVerify(nn.Module):
                 new_states[i] = new
             x = x + _scaled(self._norm(attn, layer.after_attention), s.residual_scale)
             h = self._norm(x, layer.before_mlp)
-            gate, up = _biased(h @ layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            act = nn.functional.silu(gate) if s.activation == "silu" else nn.functional.gelu(gate, approximate="tanh")
-            mlp = _biased((act * up) @ layer.down, layer.down_bias)
-            x = x + _scaled(self._norm(mlp, layer.after_mlp), s.residual_scale)
+            x = x + _scaled(self._norm(layer.feed_forward(h), layer.after_mlp), s.residual_scale)
         logits = _scaled(rms_norm(x, self.norm, self.eps) @ self.lm_head, s.logits_scale)
         if s.final_softcap:
             logits = softcap(logits, s.final_softcap)
@@ -102,7 +100,8 @@ class DecoderVerify(nn.Module):
         if s.rope(i) is not None:
             cos, sin = tables[s.rope_keys[i]]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        attn = cached_attention(q * s.attention_scale, k, v, cache_k, cache_v, past_len, s.windows[i], s.attention_softcap)
+        attn = cached_attention(q * s.attention_scale, k, v, cache_k, cache_v, past_len, s.windows[i], s.attention_softcap,
+                                layer.sinks)
         return _biased(attn @ layer.o, layer.o_bias), k, v
 
     def write_fused(self, graph: FusedGraph, capacity: int) -> str:
@@ -139,30 +138,25 @@ def _biased(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 
 class _Layer(nn.Module):
-    def __init__(self, family: Family, weights: dict[str, torch.Tensor], prefix: str, mixer: str = "attention",
-                 config=None, eps: float = 1e-6):
+    def __init__(self, family: Family, weights: dict[str, torch.Tensor], prefix: str, feed_forward,
+                 mixer: str = "attention", config=None, eps: float = 1e-6):
         super().__init__()
-        attn, mlp = prefix + "self_attn.", prefix + "mlp."
+        attn = prefix + "self_attn."
         # the mixer slot: a recurrent layer (recurrent.RECURRENT) holds its own weights; attention's are these
         self.mixer = None if mixer == "attention" else RECURRENT[mixer](weights, prefix, config, eps)
-        # q, k, v (and gate, up) are fused into one MatMul each: fewer, larger kernels per layer. A checkpoint that
-        # stores them fused (Phi-3: rows q, k, v and gate, up) is taken as it is.
+        # q, k and v are fused into one MatMul: fewer, larger kernels per layer. A checkpoint that stores them fused
+        # (Phi-3: rows q, k, v) is taken as it is.
         if family.fused_projections:
             self.qkv = transposed(take(weights, f"{attn}qkv_proj.weight"))
             self.qkv_bias = _bias(weights, f"{attn}qkv_proj.bias")
-            self.gate_up = transposed(take(weights, f"{mlp}gate_up_proj.weight"))
-            self.gate_up_bias = _bias(weights, f"{mlp}gate_up_proj.bias")
-        else:
-            if self.mixer is None:
-                self.qkv = transposed(torch.cat([take(weights, f"{attn}{p}_proj.weight") for p in "qkv"], dim=0))
-                self.qkv_bias = _joined_bias(weights, [f"{attn}{p}_proj" for p in "qkv"])
-            gate, up = take(weights, f"{mlp}gate_proj.weight"), take(weights, f"{mlp}up_proj.weight")
-            self.gate_up = transposed(torch.cat([gate, up], dim=0))
-            self.gate_up_bias = _joined_bias(weights, [f"{mlp}gate_proj", f"{mlp}up_proj"])
+        elif self.mixer is None:
+            self.qkv = transposed(torch.cat([take(weights, f"{attn}{p}_proj.weight") for p in "qkv"], dim=0))
+            self.qkv_bias = _joined_bias(weights, [f"{attn}{p}_proj" for p in "qkv"])
         if self.mixer is None:
             self.o, self.o_bias = transposed(take(weights, f"{attn}o_proj.weight")), _bias(weights, f"{attn}o_proj.bias")
-        self.down = transposed(take(weights, f"{mlp}down_proj.weight"))
-        self.down_bias = _bias(weights, f"{mlp}down_proj.bias")
+            self.sinks = frozen(take(weights, f"{attn}sinks")) if family.attention_sinks else None
+        # the family's feed-forward slot: a dense MLP or routed experts
+        self.feed_forward = feed_forward.build(weights, prefix, config.model_type)
         for slot in NORM_SLOTS:
             name = getattr(family.norms, slot)
             setattr(self, slot, None if name is None else frozen(take(weights, f"{prefix}{name}.weight") + family.norm_offset))

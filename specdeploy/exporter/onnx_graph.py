@@ -12,6 +12,7 @@ import torch
 from ..contract import input_names, kv_layers, output_names, state_names
 from .dims import Dims
 from .errors import ExportError
+from .expert_weights import is_router
 
 OPSET = 18
 # Models past this size keep their weights as ONNX external data. Protobuf caps a file at 2 GB, and
@@ -119,7 +120,9 @@ def quantize_weights(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
 
     config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level,
                                           bits=bits)
-    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+    # a mixture's routers stay in full precision (expert_weights.is_router): the quantizer skips nodes by name
+    routers = [node.name for node in model.graph.node if node.op_type == "MatMul" and node.name and is_router(node.input[1])]
+    quantizer = MatMulNBitsQuantizer(model, algo_config=config, nodes_to_exclude=routers)
     with _quiet():
         quantizer.process()
     quantized = quantizer.model.model

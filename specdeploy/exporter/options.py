@@ -93,18 +93,21 @@ class ExportOptions:
         return Form(graph=self.graph, int4=(self.block_size, self.accuracy_level) if fused and fmt == "int4" else None,
                     vocab_kept=self.draft_vocab if role == "draft" else None,
                     dtype=self.dtype if fused and fmt != "int8" else "float32",
+                    int8=fused and fmt == "int8",
                     filled_slots=OPENVINO_FILLED_SLOTS if self.provider == "openvino" else 0)
 
 
 @dataclass(frozen=True)
 class Form:
     """Which graph a model is written as: "explicit" or "fused", and for a fused int4 graph the quantizer's
-    (block_size, accuracy_level), applied as the weights are written."""
+    (block_size, accuracy_level), applied as the weights are written; ``int8``: a fused int8 graph, whose experts are
+    written as int8 (its MatMuls are rewritten after)."""
 
     graph: str = "explicit"
     int4: tuple[int, int] | None = None
     vocab_kept: int | None = None  # a draft's head cut to the first tokens (``draft_vocab``)
     dtype: str = "float32"  # what a fused graph is written in (an explicit graph is traced in float32)
+    int8: bool = False
     # an explicit graph whose attention reads its filled slots alone, rounded up to this many (``exporter.filled``),
     # and whose head runs over the kept positions only: OpenVINO's form; 0: every slot, every position
     filled_slots: int = 0

@@ -9,6 +9,7 @@ APART = {"head_dim": 16}
 WINDOW = 4  # shorter than every text the parity tests run (7 to 14 tokens) and the greedy tests (40)
 # each layer's kind: the first windowed, the second full
 LAYER_TYPES = ["sliding_attention", "full_attention"]
+EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2}
 
 
 def longrope(rotary_dim: int) -> dict:
@@ -81,6 +82,31 @@ PARITY_CASES = {
     "smollm3": lambda: tiny.llama_config("smollm3", **APART, no_rope_layers=[1, 0], use_sliding_window=True,
                                          sliding_window=WINDOW, pad_token_id=None),
     "gpt2": lambda: tiny.gpt2_config(),
+    # mixtures of experts: 4 experts, top-2, experts as wide as head_dim 16's fused form needs
+    # unrenormalized weights; layer 1 of 3 dense (mlp_only_layers); every layer windowed
+    "qwen3_moe": lambda: tiny.llama_config("qwen3_moe", **APART, num_hidden_layers=3, mlp_only_layers=[1], **EXPERTS,
+                                           moe_intermediate_size=32, use_sliding_window=True, sliding_window=WINDOW),
+    # renormalized; a sigmoid-gated shared expert; layer 0 dense (decoder_sparse_step 2); q/k/v biases; the first
+    # layer windowed
+    "qwen2_moe": lambda: tiny.llama_config("qwen2_moe", **FUSED_READY, **EXPERTS, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=2,
+                                           use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "mixtral": lambda: tiny.llama_config("mixtral", **FUSED_READY, num_local_experts=4, num_experts_per_tok=2,
+                                         sliding_window=WINDOW),
+    "olmoe": lambda: tiny.llama_config("olmoe", **FUSED_READY, **EXPERTS, pad_token_id=0),  # q/k norms per projection
+    "granitemoe": lambda: tiny.llama_config("granitemoe", **FUSED_READY, num_local_experts=4, num_experts_per_tok=2,
+                                            embedding_multiplier=6.0, attention_multiplier=0.05, residual_multiplier=0.3,
+                                            logits_scaling=4.0),
+    "granitemoeshared": lambda: tiny.llama_config("granitemoeshared", **FUSED_READY, num_local_experts=4,
+                                                  num_experts_per_tok=2, shared_intermediate_size=32,
+                                                  residual_multiplier=0.3, attention_multiplier=0.25),
+    # attention sinks, windowed and full layers alternating, YaRN (attention factor 1.14), router bias, expert biases,
+    # SwiGLU clamped at 1 (alpha 1.702, up + 1)
+    "gpt_oss": lambda: tiny.llama_config("gpt_oss", **FUSED_READY, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                         intermediate_size=32, sliding_window=WINDOW, swiglu_limit=1.0,
+                                         rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                          "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                                          "beta_slow": 1.0, "truncate": False}),
     # hybrids (recurrent layers beside attention): a short convolution before an attention layer with per-head q/k norms
     "lfm2": lambda: tiny.llama_config("lfm2", **APART, layer_types=["conv", "full_attention"], conv_L_cache=3,
                                       norm_eps=1e-5, tie_word_embeddings=True),
@@ -90,7 +116,14 @@ PARITY_CASES = {
         mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, shared_intermediate_size=48,
         position_embedding_type=None, embedding_multiplier=6.0, attention_multiplier=0.05, residual_multiplier=0.3,
         logits_scaling=4.0),
+    # the same with Granite MoE's routed experts beside the shared MLP on every layer (4, top-2, 32 wide)
+    "granitemoehybrid-experts": lambda: tiny.llama_config(
+        "granitemoehybrid", **APART, layer_types=["mamba", "attention"], num_local_experts=4, num_experts_per_tok=2,
+        intermediate_size=32, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4,
+        mamba_expand=2, shared_intermediate_size=48, position_embedding_type=None, embedding_multiplier=6.0,
+        attention_multiplier=0.05, residual_multiplier=0.3, logits_scaling=4.0),
 }
+MIXTURES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "granitemoeshared", "gpt_oss")
 
 # cases one graph form refuses, with why (tests/exporter/test_families.py checks the refusal)
 REFUSED = {("phi3-partial8", "fused"): "rotary dimension to be a multiple of 16"}

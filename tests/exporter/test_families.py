@@ -12,10 +12,10 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import Manifest
 from specdeploy.engines import load_engine
 from tests import tiny
-from tests.exporter.cases import PARITY_CASES, REFUSED, longrope
+from tests.exporter.cases import MIXTURES, PARITY_CASES, REFUSED, longrope
 
 NEW_FAMILIES = ("qwen3", "gemma2", "gemma3_text", "phi3", "phi3-partial", "granite", "olmo2", "smollm3", "mistral-window",
-                "llama-rope-yarn", "lfm2", "granitemoehybrid")
+                "llama-rope-yarn", "lfm2", "granitemoehybrid", "granitemoehybrid-experts", *MIXTURES)
 PROMPT = list(range(5, 13))  # 8 tokens: with 32 more, past every window and within long-RoPE's 64 positions
 NEW = 32
 
@@ -55,6 +55,10 @@ SETTINGS_THAT_BITE = {
                                                                               "rope_theta": 1e6}}}),
     "YaRN": ("llama-rope-yarn", {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}),
     "long-RoPE": ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "experts per token": ("mixtral", {"num_experts_per_tok": 1}),
+    "renormalized expert weights": ("qwen3_moe", {"norm_topk_prob": True}),
+    "clamped SwiGLU's limit": ("gpt_oss", {"swiglu_limit": 7.0}),
+    "clamped SwiGLU's alpha": ("gpt_oss", {"swiglu_alpha": 1.0}),
     # every dim of each head rotated (its long-RoPE given a factor per frequency)
     "partial rotary": ("phi3-partial", {"rope_parameters": {**longrope(64), "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
                                                             "original_max_position_embeddings": 64}}),
@@ -169,8 +173,9 @@ RAGGED = [PROMPT, [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5]]  # batch 2 of two len
 @pytest.mark.parametrize("form", ["explicit", "fused"])
 @pytest.mark.parametrize("name", NEW_FAMILIES)
 def test_speculative_greedy_equals_plain_and_seeded_sampling_repeats(exported_architecture, name, form):
-    """Each family's graph under the runtime: suffix-index drafts verified K + 1 at a time over a ragged batch of 2 give
-    plain decoding's tokens, and a seeded sampled request's text is the same whether or not anything drafts."""
+    """Each family's graph under the runtime: suffix-index drafts verified K + 1 at a time over a ragged batch of 2, some
+    rejected (and for a mixture some kept), give plain decoding's tokens, and a seeded sampled request's text is the same
+    whether or not anything drafts."""
     _, directory = exported_architecture(name, form)
     pipeline = Pipeline.load(directory)
     plain = GenerationConfig(drafter="none", max_new_tokens=24, ignore_eos=True)
@@ -180,6 +185,8 @@ def test_speculative_greedy_equals_plain_and_seeded_sampling_repeats(exported_ar
     assert [r.token_ids for r in speculative] == expected, f"{name} ({form})"
     records = [record for result in speculative for record in result.records]
     assert any(record.drafted for record in records) and any(record.rejected_at for record in records)  # and some rejected
+    if name in MIXTURES:  # a mixture's verification routes each of its tokens apart: kept drafts too
+        assert any(record.accepted for record in records), f"{name} ({form})"
     sampled = [GenerationConfig(drafter=drafter, policy="fixed", k=4, temperature=0.9, seed=11, max_new_tokens=16,
                                 ignore_eos=True) for drafter in ("none", "suffix", "none")]
     texts = [[r.token_ids for r in pipeline.generate(RAGGED, config, scope=None)] for config in sampled]

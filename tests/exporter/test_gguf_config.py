@@ -46,9 +46,10 @@ def permuted(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_gguf(path, model, architecture: str, permute: bool, extra=None) -> None:
+def write_gguf(path, model, architecture: str, permute: bool, extra=None, tensors=None) -> None:
     """``model`` as llama.cpp's converter writes a file of ``architecture``, with a byte-level BPE tokenizer of VOCAB
-    tokens (``add_tokenizer``)."""
+    tokens (``add_tokenizer``). ``tensors``: (GGUF name, array) pairs written instead of the model's own, each under its
+    converter's name (a mixture's experts stacked, test_gguf_mixtures)."""
     import gguf
 
     config = model.config
@@ -67,10 +68,24 @@ def write_gguf(path, model, architecture: str, permute: bool, extra=None) -> Non
     if extra is not None:
         extra(writer, config)
     add_tokenizer(writer)
+    for name, array in (tensors if tensors is not None else converted(model, architecture, permute)):
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def converted(model, architecture: str, permute: bool, state: dict | None = None):
+    """(GGUF name, array) of each of ``state``'s tensors (default: ``model``'s own, under their Hugging Face names) as the
+    converter names them, q and k rows permuted where ``permute``; a tied head is left out."""
+    import gguf
+
+    config = model.config
     arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == architecture)
     table = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     kv_heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in (model.state_dict() if state is None else state).items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue  # a tied head is the embedding: no output tensor
         stem, _, suffix = name.rpartition(".")
@@ -78,11 +93,7 @@ def write_gguf(path, model, architecture: str, permute: bool, extra=None) -> Non
         projection = stem.rpartition(".")[2]
         if permute and projection in kv_heads:
             array = permuted(array, kv_heads[projection])
-        writer.add_tensor(f"{table.get_name(stem)}.{suffix}", array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        yield f"{table.get_name(stem)}.{suffix}", array
 
 
 def add_tokenizer(writer, vocab: int = VOCAB) -> None:

@@ -253,12 +253,13 @@ def test_a_granite_hybrid_file_exports_with_the_models_logits_and_greedy_tokens(
 
 
 @pytest.mark.parametrize("extra,refusal", [
-    (lambda w: w.add_expert_count(4), "num_local_experts: got 4; routed experts need the mixture-of-experts slot"),
+    (lambda w: w.add_expert_count(4), "granitehybrid: expert_count: got 4; a Granite 4.0-H file's routed experts are "
+                                      "not read (its Hugging Face checkpoint's are); expected 0"),
     (lambda w: w.add_ssm_inner_size(100), "granitehybrid: ssm.inner_size 100: expected a multiple of ssm.time_step_rank "
                                           "(4, Mamba-2's heads) and of embedding_length (64)"),
 ])
 def test_what_a_granite_hybrid_file_cannot_export_is_refused_in_one_line(tmp_path, extra, refusal):
-    """Routed experts (the mixture-of-experts slot is not built) and Mamba-2 sizes that do not divide: one line naming
+    """Routed experts (a Granite 4.0-H file's are not read) and Mamba-2 sizes that do not divide: one line naming
     the field, before anything is written."""
     import re
 

@@ -1,6 +1,6 @@
-"""The hybrid families (exporter/hybrids.py) beyond parity (test_parity): a prefill longer than a ring of states, in one
-call and in chunks, against transformers; what the manifest declares of their recurrent state, and a manifest that
-misdeclares it refused; a malformed config refused in one line naming the field."""
+"""The hybrid families (exporter/hybrids.py; Granite 4.0-H with routed experts too) beyond parity (test_parity): a prefill
+longer than a ring of states, in one call and in chunks, against transformers; what the manifest declares of their
+recurrent state, and a manifest that misdeclares it refused; a malformed config refused in one line naming the field."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from specdeploy.engines import base, load_engine
 from tests import tiny
 from tests.exporter.cases import PARITY_CASES
 
-HYBRIDS = ("lfm2", "granitemoehybrid")
+HYBRIDS = ("lfm2", "granitemoehybrid", "granitemoehybrid-experts")
 TEXT = list(np.random.default_rng(5).integers(0, tiny.VOCAB, 48))  # longer than Mamba-2's rings (19 and 21 slots)
 
 
@@ -115,8 +115,11 @@ MALFORMED = {
     "groups not dividing heads": ("granitemoehybrid", {"mamba_n_groups": 3},
                                   "mamba_n_groups: got 3; expected an integer >= 1 that divides mamba_n_heads (4)"),
     "conv kernel 0 (Mamba-2)": ("granitemoehybrid", {"mamba_d_conv": 0}, "mamba_d_conv: got 0; expected an integer >= 2"),
-    "routed experts": ("granitemoehybrid", {"num_local_experts": 4},
-                       "num_local_experts: got 4; routed experts need the mixture-of-experts slot"),
+    "top-k above the experts": ("granitemoehybrid-experts", {"num_experts_per_tok": 5},
+                                "num_experts_per_tok: got 5; expected an integer >= 1, at most num_local_experts (4)"),
+    "experts unlike the weights": ("granitemoehybrid-experts", {"num_local_experts": 6},
+                                   "num_local_experts 6 disagrees with model.layers.0.block_sparse_moe.router.layer."
+                                   "weight [4, 32]; expected 6 rows, one per expert"),
 }
 
 

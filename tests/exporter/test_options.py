@@ -42,7 +42,8 @@ def test_each_roles_form_follows_from_the_options():
                             accuracy_level=1, draft_vocab=64)
     assert options.weights_of("target") == "int4" and options.weights_of("draft") == "int8"
     assert options.form("target") == Form("fused", (64, 1), None, "float16")  # int4 quantized as it is written
-    assert options.form("draft") == Form("fused", None, 64, "float32")  # int8's rewrite reads fp32 graphs
+    # int8's rewrite reads fp32 graphs; a mixture's experts are written int8 (int8=True)
+    assert options.form("draft") == Form("fused", None, 64, "float32", int8=True)
     assert ExportOptions(weights="int4").form("target") == Form("explicit", None, None, "float32")
 
 

@@ -18,8 +18,8 @@ def _until_eos(tokens: list[int], eos: tuple[int, ...]) -> list[int]:
     return next((tokens[:i] for i, t in enumerate(tokens) if t in eos), tokens)
 
 
-@pytest.mark.parametrize("name", ["genai-llama", "genai-llama-int4", "genai-qwen3", "genai-qwen3-int4",
-                                  "optimum-llama", "optimum-qwen3"])
+@pytest.mark.parametrize("name", ["genai-llama", "genai-llama-int4", "genai-qwen3", "genai-qwen3-int4", "genai-gpt_oss",
+                                  "genai-gpt_oss-int4", "optimum-llama", "optimum-qwen3"])
 def test_greedy_output_equals_the_source_tools_own(foreign, name):
     with Pipeline.load(foreign["artifacts"][name], prefix_cache_bytes=0) as pipeline:
         eos = pipeline.manifest.target.eos_token_ids
@@ -36,9 +36,11 @@ SPECULATIVE = {
 }
 
 
-# the llama artifacts carry a draft model imported from a folder of the same kind; the qwen3 ones draft by lookup
+# the llama artifacts carry a draft model imported from a folder of the same kind; the qwen3 and gpt-oss ones (a
+# mixture of experts, MoE / QMoE ops) draft by lookup
 CASES = [(name, drafter) for name in ("genai-llama", "optimum-llama") for drafter in SPECULATIVE] + [
-    (name, drafter) for name in ("genai-qwen3-int4", "optimum-qwen3") for drafter in ("suffix", "default")]
+    (name, drafter) for name in ("genai-qwen3-int4", "optimum-qwen3", "genai-gpt_oss", "genai-gpt_oss-int4")
+    for drafter in ("suffix", "default")]
 
 
 @pytest.mark.parametrize(("name", "drafter"), CASES)

@@ -1,4 +1,5 @@
-"""tools/gpu_check.py: its build mode exports the tiny artifacts (a Gemma 2 and a Granite 4.0-H hybrid among them) and
+"""tools/gpu_check.py: its build mode exports the tiny artifacts (a Gemma 2, a Granite 4.0-H hybrid and a Qwen3-MoE
+mixture among them) and
 onnxruntime-genai's build of the tiny target, and its run mode, with the CPU standing in for CUDA, finds greedy
 speculative decoding exact for every drafter on a ragged batch, a second turn reusing the first's K/V (a hybrid's
 states resumed), exact mode exact, a verification rolled back to every length, the imported build driven alike, every
@@ -18,9 +19,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # the explicit form's tracing takes ~30 s a pair: left to the device run
-BUILT = ["fused-fp16", "fused-int4", "gemma2-fused-fp16", "granite4h-fused-fp16"]
+BUILT = ["fused-fp16", "fused-int4", "gemma2-fused-fp16", "granite4h-fused-fp16", "qwen3moe-fused-fp16"]
 QWEN2 = ["fused-fp16", "fused-int4"]
 HYBRID = "granite4h-fused-fp16"  # its case list: the draft model and the suffix index at K 4
+MIXTURE = "qwen3moe-fused-fp16"  # its case list too
 
 
 def _cases(name: str) -> list[str]:
@@ -68,7 +70,7 @@ def test_greedy_speculative_decoding_is_exact_and_accepts_drafts(report):
         for case, result in cases.items():
             assert (result["equal"], result["of"], result["diverged"]) == (3, 3, []), (name, case, result)
             assert [len(t) for t in result["tokens"]] == [24, 24, 24]
-        if name == HYBRID:
+        if name in (HYBRID, MIXTURE):
             continue  # its drafters: its own test
         for k in (2, 4):  # the perturbed draft is accepted in part: drafts kept, yet not all of them
             accepted = cases[f"spec k{k} cpu (2nd pipeline) vs plain"]["mean_accepted_length"]
@@ -133,6 +135,25 @@ def test_the_hybrid_decodes_exactly_resumes_its_states_and_rolls_back_to_every_l
     inputs = [i.name for i in onnx.load(str(built / HYBRID / "target.onnx"), load_external_data=False).graph.input]
     assert {"read_slots_conv", "write_slots_conv", "read_slots_ssm", "write_slots_ssm"} <= set(inputs)
     assert all(record["latency"]["engine"][f"T{t}"]["median_ms"] > 0 for t in (1, 5, 9))
+
+
+def test_the_mixture_runs_its_experts_on_the_moe_op_and_decodes_exactly(built, report):
+    """Qwen3-MoE's routed experts on ONNX Runtime's MoE op in the fused fp16 form: speculative == plain for the draft
+    model (drafts verified, some kept: a verification routes each token apart) and the suffix index at K 4 on the ragged
+    batch, a second turn reusing the first's K/V, exact mode, and the op placed with the rest."""
+    import onnx
+
+    record = report[0]["artifacts"][MIXTURE]
+    assert record["manifest"]["dtype"] == "float16" and record["manifest"]["graph"] == "fused"
+    assert _cases(MIXTURE) == ["k4", "suffix-k4"]
+    ops = [n.op_type for n in onnx.load(str(built / MIXTURE / "target.onnx"), load_external_data=False).graph.node]
+    assert ops.count("MoE") == 2  # one a layer, every layer sparse
+    drafted = record["exactness"]["spec k4 cpu (2nd pipeline) vs plain"]
+    assert (drafted["equal"], drafted["of"]) == (3, 3) and drafted["cycles"]["model"] > 0
+    assert 1.0 < drafted["mean_accepted_length"] < 5, drafted  # drafts kept, yet not all of them
+    assert record["exactness"]["spec suffix-k4 cpu (2nd pipeline) vs plain"]["cycles"]["text"] > 0
+    assert record["prefix"]["plain reused vs cold"]["equal"] == 1
+    assert record["placement"]["ops_per_provider"]["CPUExecutionProvider"]["MoE"] == 2
 
 
 def test_a_verification_rolled_back_to_every_length_computes_what_a_fresh_prefill_does(report):
@@ -304,7 +325,8 @@ def test_a_spent_budget_skips_every_part_with_the_reason_and_still_writes_the_re
                            "--out", str(out)])
     report = json.loads(out.read_text())
     assert code == 0 and report["imported"] == {"skipped": "budget of 0 s spent"}
-    assert all(r == {"skipped": "budget of 0 s spent"} for r in report["artifacts"].values()) and len(report["artifacts"]) == 4
+    assert all(r == {"skipped": "budget of 0 s spent"} for r in report["artifacts"].values())
+    assert len(report["artifacts"]) == len(BUILT)
     assert report["big"]["test"] == report["peer"]["test"] == {"skipped": "budget spent: 0 s left, test needs 0 s"}
     # a budget that has some seconds left, fewer than an artifact needs: not begun, with the seconds left and needed
     code = gpu_check.main(["--run", str(built), "--provider", "cpu", "--only", HYBRID, "--budget", "5", "--out", str(out)])
