@@ -365,7 +365,7 @@ def _json(value) -> str:
 
 Rule = Field | Rope
 
-# What every described decoder family reads of its config (DecoderFamily.dims, Family.settings, rope.ropes)
+# What every described decoder family reads of its config (DescribedArchitecture.dims, Family.settings, rope.ropes)
 SIZES: tuple[Rule, ...] = (
     count("vocab_size"), count("hidden_size"), count("num_hidden_layers"),
     Heads("num_attention_heads", "hidden_size", "head_dim"),

@@ -72,10 +72,11 @@ _lock = threading.Lock()  # one read-modify-write of the record at a time in thi
 
 
 def _remember(path: Path, field: str, compute):
-    path = Path(path).resolve()
+    path = Path(path)  # as given, so that a refusal names the artifact's file, not where a link leads
+    key = str(path.resolve())  # one entry per file, however it is reached
     record = cache_dir() / RECORD
     identity = _identity(path)
-    entry = read_record(record).get(str(path))
+    entry = read_record(record).get(key)
     if isinstance(entry, dict) and entry.get("identity") == identity and field in entry:
         return entry[field]
     value = compute(path)
@@ -83,11 +84,11 @@ def _remember(path: Path, field: str, compute):
         return value
     with _lock:
         entries = read_record(record)
-        entry = entries.pop(str(path), None)
+        entry = entries.pop(key, None)
         if not isinstance(entry, dict) or entry.get("identity") != identity:
             entry = {"identity": identity}  # another file now, or never seen: what was known of it is void
         entry[field] = value
-        entries[str(path)] = entry  # last in the record: the most recently used
+        entries[key] = entry  # last in the record: the most recently used
         for old in list(entries)[: max(0, len(entries) - KEPT)]:
             del entries[old]
         write_record(record, entries)  # a read-only home: the file is read again next time

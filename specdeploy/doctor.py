@@ -89,7 +89,7 @@ def diagnose_pair(target: str, draft: str | None) -> list[tuple[str, str]]:
     """(problem, fix) pairs for checkpoints about to be exported together."""
     from .exporter import ExportError
     from .exporter.checkpoint import load_checkpoint
-    from .exporter.registry import lookup
+    from .exporter.registry import architecture_of
     from .exporter.tokenizer import differences
 
     loaded = {}
@@ -99,7 +99,7 @@ def diagnose_pair(target: str, draft: str | None) -> list[tuple[str, str]]:
             continue
         try:
             loaded[role] = load_checkpoint(path)
-            lookup(loaded[role].config.model_type)
+            architecture_of(loaded[role].config.model_type)
         except ExportError as exc:
             problems.append((f"{role}: {exc}", "fix the checkpoint, or pick a supported one"))
     if len(loaded) == 2:
@@ -118,13 +118,13 @@ def describe(directory: Path | None, target: str | None = None, draft: str | Non
         manifest = Manifest.read(directory)
         return [described(spec.role, spec.family or spec.architecture, spec.features) for spec in manifest.models.values()]
     from .exporter.checkpoint import load_tokenizer_and_config
-    from .exporter.registry import lookup
+    from .exporter.registry import architecture_of
 
     lines = []
     for role, path in (("target", target), ("draft", draft)):
         if path is not None:
             config = load_tokenizer_and_config(path, tokenizer=False)[1]
-            arch = lookup(config.model_type)
+            arch = architecture_of(config.model_type)
             lines.append(described(role, arch.name, arch.features(config)))
     return lines
 

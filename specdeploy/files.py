@@ -52,11 +52,6 @@ def regular_stat(path: Path) -> os.stat_result:
     return info
 
 
-def regular_size(path: Path) -> int:
-    """The size of the regular file at ``path``; FileRefused for anything else."""
-    return regular_stat(path).st_size
-
-
 def open_regular(path: Path, limit: int | None = None) -> BinaryIO:
     """``path`` opened for reading in binary, once it is known to be a regular file of at most ``limit`` bytes.
 

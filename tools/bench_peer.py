@@ -202,16 +202,13 @@ PEER_GRAPHS = "specdeploy (the peer's graphs)"
 class SpecdeployWorker:
     def __init__(self, artifact: str, threads: int, k: int):
         from specdeploy import Pipeline
-        from specdeploy.runtime.suffix import SuffixIndex
-        from specdeploy.runtime.suffix_store import DEFAULT_SEQUENCES, DEFAULT_TOKENS
-
         began = time.perf_counter()
         self.pipeline = Pipeline.load(artifact, threads=threads)
         self.load_s = {"artifact": time.perf_counter() - began}
         self.configs = configurations(k)
-        # each configuration drafts from its own index of the answers it gave before, empty at the start: none may
-        # draft from another's answer to the same prompt (that would measure a copy of the answer)
-        self.indexes = {name: SuffixIndex(DEFAULT_TOKENS, DEFAULT_SEQUENCES) for name in self.configs}
+        # each configuration is a scope of its own (named after it): it drafts from the answers it gave before, and
+        # reuses the K/V of its own texts, empty at the start; none may draft from another's answer to the same prompt
+        # (that would measure a copy of the answer) or start from its prompt's K/V
         self.plain = {}
 
     def run(self, config: str, ids: list[int], max_tokens: int, measured: bool = True,
@@ -221,7 +218,7 @@ class SpecdeployWorker:
         settings = replace(self.configs[config], max_new_tokens=max_tokens)
         began = time.perf_counter()
         first, result = None, None
-        for chunk in self.pipeline.stream(ids, settings, suffix_index=self.indexes[config] if measured else None):
+        for chunk in self.pipeline.stream(ids, settings, **({"scope": config} if measured else {"suffix_index": None})):
             first = first or (time.perf_counter() if chunk.token_ids else None)
             result = chunk.result or result
         ended = time.perf_counter()

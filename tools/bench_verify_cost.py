@@ -39,7 +39,7 @@ def build(size: str, weights: str, capacity: int, workdir: Path, block_size: int
 
     from specdeploy.contract import ModelSpec
     from specdeploy.exporter import onnx_graph
-    from specdeploy.exporter.llama import LLAMA, DecoderFamily
+    from specdeploy.exporter.llama import LLAMA, DescribedArchitecture
 
     hidden, layers, heads, kv, inter, vocab = SIZES[size]
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -48,7 +48,7 @@ def build(size: str, weights: str, capacity: int, workdir: Path, block_size: int
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     params = sum(p.numel() for p in model.parameters())
-    family = DecoderFamily(LLAMA)
+    family = DescribedArchitecture(LLAMA)
     with torch.no_grad():
         proto = onnx_graph.export_graph(family.build(config, model.state_dict(), capacity), family.dims(config), None)
     if weights == "int4":

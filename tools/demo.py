@@ -69,7 +69,7 @@ class Case:
 
 CASES = (Case("code completion: new code, which only the draft model can guess", CODE_PROMPT, chat=False),
          Case("code edit: the answer copies most of its input", EDIT_PROMPT, chat=True))
-# The fused int4 pair decodes and speculates fastest on this CPU, end to end (README, Measuring)
+# The fused int4 pair decodes and speculates fastest on this CPU, end to end (docs/benchmarks.md, the results table)
 TARGET_WEIGHTS, DRAFT_WEIGHTS, BLOCK_SIZE, GRAPH = "int4", "int4", "128", "fused"
 PLAIN, DEFAULT, SUFFIX, MODEL = "target alone", "default", "suffix index alone", "draft model alone"
 PAYS, COSTS = 1.10, 0.90  # a shared machine's run-to-run spread is about +-10 %: within it, a run is even

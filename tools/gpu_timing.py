@@ -153,13 +153,18 @@ def dims_of(shape: dict):
 def write_target(shape: dict, path: Path, capacity: int):
     """Write a fused fp16 graph of ``shape`` with random weights through the exporter's own writer; return its spec."""
     import torch
+    from transformers import Qwen2Config
 
     from specdeploy.contract import ModelSpec
     from specdeploy.exporter.fused import FusedGraph
     from specdeploy.exporter.llama import LLAMA, DecoderVerify
 
     dims = dims_of(shape)
-    config = SimpleNamespace(rms_norm_eps=1e-6, rope_theta=1e6)
+    # a config of the family the shapes are, as the exporter reads one (RoPE by the family's own default function)
+    config = Qwen2Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["ffn"],
+                         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                         num_key_value_heads=shape["kv_heads"], rms_norm_eps=1e-6, tie_word_embeddings=shape["tied"],
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     with torch.no_grad():
         module = DecoderVerify(LLAMA, config, random_weights(shape), dims, streamed=True)
         graph = FusedGraph(path, dims, dtype=np.float16)

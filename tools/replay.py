@@ -15,7 +15,7 @@ load of 10 on 2 cores), and a change to a policy is judged on many prompts in se
 paired wall-clock run (``tools/bench_peer.py``) then confirms what the replay chose.
 
 What a replay leaves out: near-ties that a verification's arithmetic tips (a real speculative run can leave
-the plain text there, README: Exactness), a machine's drift, and the first calls of a process at each shape,
+the plain text there: docs/runtime.md, Exact mode), a machine's drift, and the first calls of a process at each shape,
 which ONNX Runtime runs cold (``--cold`` prices them at a multiple of the table's cost). Greedy only.
 
     python -m tools.replay record --artifact DIR --out traces.json [--humaneval 8] [--humaneval-from 8]
@@ -234,8 +234,17 @@ class _Remembered:
             return None
         return Costs.from_dict(json.loads(json.dumps(self.record[table])))  # as on disk
 
-    def remember(self, costs, exact_costs) -> None:
+    def recall_answers(self):
+        from specdeploy.runtime.answer_lengths import AnswerLengths
+
+        if self.record is None or "answers" not in self.record:
+            return None
+        return AnswerLengths.from_list(json.loads(json.dumps(self.record["answers"])))
+
+    def remember(self, costs, exact_costs, answers=None) -> None:
         self.record = {"costs": costs.to_dict(), "exact_costs": exact_costs.to_dict()}
+        if answers is not None:
+            self.record["answers"] = answers.to_list()
 
 
 def record(pipeline, prompts, max_new_tokens: int, log=print) -> list[Trace]:
@@ -517,9 +526,13 @@ def _record_traces(args: argparse.Namespace) -> None:
 def _replay_configurations(args: argparse.Namespace, data: dict) -> None:
     """``run``: every configuration replayed at each length (and seed) over the traces; the summary printed."""
     lengths = args.lengths
-    longest = min(len(t["output"]) for t in data["traces"] if len(t["output"]) == max(len(u["output"]) for u in data["traces"]))
-    if max(lengths) > longest:
-        raise SystemExit(f"--lengths: {max(lengths)} new tokens, but the traces hold at most {longest}")
+    # a trace that ends in EOS is a whole answer, replayed at any length; one cut at its recording's length is not
+    eos = set(data["models"]["target"]["eos_token_ids"])
+    cut = [len(t["output"]) for t in data["traces"]
+           if len(t["output"]) < max(lengths) and (not t["output"] or t["output"][-1] not in eos)]
+    if cut:
+        raise SystemExit(f"--lengths: {max(lengths)} new tokens, but {len(cut)} traces were recorded to {min(cut)} "
+                         "tokens and cut there (they end without EOS); expected lengths up to that")
     runs = {name: [] for name in configurations(args.ks)}
     for tokens in lengths:
         for name, config in configurations(args.ks).items():

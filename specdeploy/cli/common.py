@@ -92,27 +92,8 @@ def speculation_options(k_help: str):
 
 
 def suffix_file_option(help_text: str):
-    """--suffix-file (``help_text``), and --suffix-cache, its name before 0.5: hidden, said to be deprecated when given
-    (``given_suffix_file``), as the file is the suffix index's, no cache's."""
-    path = click.Path(path_type=Path, dir_okay=False)
-
-    def apply(command):
-        command = click.option("--suffix-cache", "old_suffix_file", type=path, default=None, hidden=True,
-                               help="Deprecated since 0.5: --suffix-file.")(command)
-        return click.option("--suffix-file", type=path, default=None, help=help_text)(command)
-
-    return apply
-
-
-def given_suffix_file(given: Path | None, old: Path | None) -> Path | None:
-    """The --suffix-file a command was given, under either name; the old one is told deprecated on stderr."""
-    if old is None:
-        return given
-    if given is not None:
-        raise click.UsageError("--suffix-cache and --suffix-file: got both; expected one (--suffix-cache is the "
-                               "deprecated name of --suffix-file)")
-    click.echo("warning: --suffix-cache is deprecated: use --suffix-file", err=True)
-    return old
+    """--suffix-file (``help_text``): a file of the suffix indexes, kept across runs."""
+    return click.option("--suffix-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help=help_text)
 
 
 def provider_options(default: str | None = "cpu", draft: bool = False):

@@ -12,7 +12,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from .common import CliConsole, given_suffix_file, provider_options, speculation_options, suffix_file_option, threads_option
+from .common import CliConsole, provider_options, speculation_options, suffix_file_option, threads_option
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -66,8 +66,7 @@ def read_prompts(path: Path) -> list[str]:
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
              seed, k, policy, drafter, confidence_threshold, exact, stop, stop_token_ids, ignore_eos, batch_size,
-             provider, draft_provider, threads, remember_costs, suffix_file, old_suffix_file, chat, system, as_json,
-             compare):
+             provider, draft_provider, threads, remember_costs, suffix_file, chat, system, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -76,7 +75,6 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
     from ..runtime.chat import ChatTemplateError
     from ..runtime.config import ConfigError
 
-    suffix_file = given_suffix_file(suffix_file, old_suffix_file)
     prompts = list(prompts) + (read_prompts(prompt_file) if prompt_file else [])
     if not prompts:
         raise click.UsageError("give --prompt or --prompt-file")
@@ -172,7 +170,8 @@ def _show(pipeline, headings, inputs, config, batch_size):
                     out.print(chunk.text, end="", markup=False)
                 results.append(chunk.result)
             except GenerationError as exc:  # this prompt failed; the others still run
-                results.append(GenerationResult("", [], summarize([]), FinishReason.ERROR, error=str(exc)))
+                results.append(GenerationResult(text="", token_ids=[], stats=summarize([]), finish_reason=FinishReason.ERROR,
+                                                error=str(exc)))
             out.print()
         return results
     results = pipeline.generate(inputs, config, batch_size=batch_size)
@@ -222,7 +221,7 @@ def _comparison(spec, plain, config, as_json: bool, divergences: list[dict]) -> 
     elif divergences:
         CliConsole(stderr=True).print("A small margin is a near-tie the compressed target's arithmetic tipped (verifying "
                                    "K + 1 tokens at once is not bit-identical to decoding one; --exact makes it so): see "
-                                   "README, Exactness.")
+                                   "docs/runtime.md, Exact mode.")
 
 
 def _stats_table(results) -> None:

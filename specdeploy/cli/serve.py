@@ -18,7 +18,8 @@ import click
 from ..runtime.prefix_cache import DEFAULT_BYTES as DEFAULT_PREFIX_BYTES
 from ..runtime.suffix_store import BYTES_PER_TOKEN_IN_MEMORY, DEFAULT_SCOPES, DEFAULT_TOKENS, max_tokens_for
 from ..values import short
-from .common import given_suffix_file, provider_options, speculation_options, suffix_file_option, threads_option
+from .common import provider_options, speculation_options, suffix_file_option, threads_option
+from .ray_serve import ray_options, serve_on_ray, serving_on_ray
 from .settings import check_environment, networks_form, origins_form, root_path_form, text_setting
 
 TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a template
@@ -75,9 +76,10 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
               help="The CPU time a chat template may use before the request fails with 500 (a busy machine's waiting is "
                    "not counted; the wall clock stops a render only at 10 times this plus 5 s).")
 @click.option("--suffix-scope", type=click.Choice(["key", "global", "none"]), default="key", show_default=True,
-              help="Whose earlier answers a request drafts from, and whose texts' K/V it reuses: those under its own "
-                   "API key (the bearer token it sends), everyone's (global), or none but its own text. Neither "
-                   "changes a text; their speed could tell one client what another's held (docs/serving.md).")
+              help="Whose earlier answers a request drafts from: those under its own API key (the bearer token it "
+                   "sends), everyone's (global), or none but its own text. The texts' K/V it reuses are its key's, "
+                   "everyone's under global. Neither changes a text; their speed could tell one client what another's "
+                   "held (docs/serving.md).")
 @suffix_file_option("Keep the suffix indexes in this file: loaded at start, written atomically when the server stops "
                     "(through a symlink, to the file it names). A corrupt, foreign or oversized file is refused in one "
                     "line, left as it is and never written: the server starts empty and saves nothing.")
@@ -88,17 +90,17 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
                    f"goes), so at most what {DEFAULT_SCOPES} indexes of {BYTES_PER_TOKEN_IN_MEMORY:,} bytes a token "
                    f"fit in half of this machine's memory.")
 @click.option("--prefix-cache-bytes", type=click.IntRange(min=0), default=DEFAULT_PREFIX_BYTES, show_default=True,
-              help="Memory for the K/V of finished requests' texts: a later prompt of the same --suffix-scope that "
+              help="Memory for the K/V of finished requests' texts: a later prompt of the same scope that "
                    "starts alike (a conversation's next turn, a shared system prompt) reuses it instead of prefilling "
                    "(usage.prompt_tokens_details.cached_tokens says how much); the least recently used goes first. "
                    "0: none.")
-@click.option("--ray-replicas", type=click.IntRange(min=1), default=None,
-              help="Run this many replicas under Ray Serve (a local Ray instance; needs ray[serve]), same API.")
+@ray_options
 def serve(directory, host, port, model_name, provider, draft_provider, threads, max_batch, max_queue, context,
           max_cache_bytes, prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, exact,
           max_body_bytes, api_key, chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins,
-          forwarded_allow_ips, drain_seconds, access_log, template_seconds, suffix_scope, suffix_file, old_suffix_file,
-          suffix_tokens, prefix_cache_bytes, ray_replicas):
+          forwarded_allow_ips, drain_seconds, access_log, template_seconds, suffix_scope, suffix_file, suffix_tokens,
+          prefix_cache_bytes, ray_replicas, ray_min_replicas, ray_max_replicas, ray_target_ongoing_requests, ray_router,
+          ray_address, ray_cpus_per_replica, ray_max_replicas_per_node, ray_proxy_location, ray_metrics_port):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
     not), /v1/models, /health (readiness), /health/live and /metrics."""
     try:
@@ -114,7 +116,6 @@ def serve(directory, host, port, model_name, provider, draft_provider, threads, 
     from ..serve.scheduler import Scheduler, context_slots
 
     check_environment("SPECDEPLOY_CACHE")
-    suffix_file = given_suffix_file(suffix_file, old_suffix_file)
     if bool(ssl_keyfile) != bool(ssl_certfile):
         raise click.ClickException("--ssl-keyfile and --ssl-certfile: got one of them; expected both, or neither")
     root_path = root_path or ""
@@ -130,7 +131,7 @@ def serve(directory, host, port, model_name, provider, draft_provider, threads, 
         pipeline.check_config(config)  # a drafter that needs a draft model the artifact lacks, exact mode where the
         # target cannot give it: refused now
         if chat_template is not None:
-            pipeline.chat_template = _chat_template(pipeline.chat_template, chat_template)
+            pipeline.codec.template = _chat_template(pipeline.chat_template, chat_template)
         context = context_slots(pipeline, context, config.max_drafts)
         sizes = pipeline.cache_bytes(max_batch, context, speculative=config.speculative)
         if max_cache_bytes is not None and sizes["total"] > max_cache_bytes:
@@ -142,11 +143,20 @@ def serve(directory, host, port, model_name, provider, draft_provider, threads, 
     name = model_name or directory.resolve().name
     app_settings = dict(default_max_tokens=default_max_tokens, max_body_bytes=max_body_bytes, api_key=api_key,
                         allowed_origins=origins, template_seconds=template_seconds)
-    if ray_replicas:
+    if serving_on_ray(ray_replicas, ray_max_replicas, ray_address):
         del pipeline  # each replica loads its own
-        _serve_on_ray(directory, name, host, port, threads, ray_replicas, config,
-                      dict(max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk, context=context,
-                           seed=seed, **app_settings))
+        serve_on_ray(directory, name, host, port, threads, config,
+                     dict(max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk, context=context,
+                          seed=seed, suffix_scope=suffix_scope, **app_settings),
+                     dict(provider=provider, draft_provider=draft_provider, prefix_cache_bytes=prefix_cache_bytes,
+                          suffix_tokens=suffix_tokens),
+                     dict(replicas=ray_replicas, min_replicas=ray_min_replicas, max_replicas=ray_max_replicas,
+                          target_ongoing_requests=ray_target_ongoing_requests, router=ray_router,
+                          cpus_per_replica=ray_cpus_per_replica, max_replicas_per_node=ray_max_replicas_per_node,
+                          drain_seconds=drain_seconds, metrics_port=ray_metrics_port, address=ray_address,
+                          proxy_location=ray_proxy_location),
+                     dict(chat_template=chat_template, suffix_file=suffix_file, ssl_keyfile=ssl_keyfile,
+                          ssl_certfile=ssl_certfile, root_path=root_path, forwarded_allow_ips=forwarded_allow_ips))
         return
     _log_to_stderr(access_log)
     scheduler = Scheduler(pipeline, config, context, max_batch=max_batch, max_queue=max_queue,
@@ -255,19 +265,3 @@ def _log_to_stderr(access: bool) -> None:
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logging.getLogger("specdeploy.serve.access").setLevel(logging.INFO if access else logging.WARNING)
-
-
-def _serve_on_ray(directory, name, host, port, threads, replicas, config, options) -> None:
-    try:
-        import ray
-        from ray import serve as ray_serve
-    except ImportError as exc:
-        raise click.ClickException(f"--ray-replicas needs Ray Serve: pip install 'ray[serve]' ({exc})") from exc
-    from ..serve.ray_app import application
-
-    ray.init(include_dashboard=False)
-    ray_serve.start(http_options={"host": host, "port": port})
-    settings = dict(k=config.k, policy=config.policy, drafter=config.drafter,
-                    confidence_threshold=config.confidence_threshold, exact=config.exact)
-    click.echo(f"serving {directory} as {name!r} on http://{host}:{port}/v1 with {replicas} Ray Serve replicas", err=True)
-    ray_serve.run(application(directory, replicas, name, threads, options=options, config=settings), blocking=True)

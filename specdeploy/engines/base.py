@@ -211,9 +211,10 @@ class KVCache:
         return joined
 
 
-class ExplicitCalls:
-    """How a checked call runs and keeps the cache current in the explicit form: the backend returns the new tokens'
-    K/V, then written into the cache at each row's past_len. Each engine chooses its form's way once (``call_form``)."""
+class StagedCalls:
+    """How a checked call runs and keeps the cache current where the graph returns the new tokens' K/V (our explicit
+    form, an optimum import): the engine writes them into the cache at each row's past_len. Each engine chooses its
+    way once (``call_form``)."""
 
     rows_alone = False  # a call of several rows runs as one
 
@@ -229,8 +230,9 @@ class ExplicitCalls:
         return EngineOutput(logits, new_kv, ran - start, time.perf_counter() - ran, ids, new_states)
 
 
-class FusedCalls:
-    """The fused form: the graph writes the new tokens' K/V into the cache itself, nothing to stage.
+class InPlaceCalls:
+    """Where the graph writes the new tokens' K/V into the cache itself (our fused form, an onnxruntime-genai import),
+    nothing to stage.
     GroupQueryAttention takes several new tokens after a past only at batch 1, so such calls at a larger batch run
     row by row, on views of the rows' buffers (each row of a layer's cache is one contiguous block)."""
 
@@ -289,9 +291,9 @@ class Engine(ABC):
         return False
 
     @cached_property
-    def call_form(self) -> ExplicitCalls | FusedCalls | ClosedCalls:
+    def call_form(self) -> StagedCalls | InPlaceCalls | ClosedCalls:
         """How this engine's calls run and write the cache, chosen once from its graph's form."""
-        return FusedCalls() if self.spec.writes_cache else ExplicitCalls()
+        return InPlaceCalls() if self.spec.writes_cache else StagedCalls()
 
     def allocate_cache(self, batch: int, capacity: int) -> KVCache:
         """Zero-filled key/value buffers [k0, v0, k1, v1, ...], each [batch, kv_heads, capacity, head_dim], and each
@@ -468,7 +470,7 @@ def _rows_alone(engine: Engine, lags: list[int]) -> bool:
 
 def _feed_rows(engine: Engine, cache: KVCache, tokens: np.ndarray, ends: list[int]) -> np.ndarray:
     """``feed`` one row at a time, each row its own tokens: a graph that writes its cache itself runs such a
-    call row by row anyway (``FusedCalls``), and padded to the longest row, a draft's catch-up
+    call row by row anyway (``InPlaceCalls``), and padded to the longest row, a draft's catch-up
     of one joining row at a batch of 4 computed its prompt 4 times. A row with nothing new re-feeds its last
     token, for its logits; one brought to 0 tokens (a one-token prompt's prefill stops at length - 1 = 0) has no
     token to re-feed and no next-token distribution: it is not fed, its logits are NaN."""

@@ -5,7 +5,7 @@ The cache is [batch, kv_heads, capacity, head_dim] per layer, fed as ``past_key_
 lengths: it computes GroupQueryAttention's ``seqlens_k`` (ones - 1) and ``total_sequence_length`` (the mask's width)
 from ``attention_mask``. Row b's mask is ones over its past_len[b] + tokens slots and zeros after, as wide as the
 cache: rollback is a shorter mask, that is, a smaller past_len. Several new tokens after a past run at batch 1 only,
-so such calls run row by row (``FusedCalls``), as our fused form's do.
+so such calls run row by row (``InPlaceCalls``), as our fused form's do.
 """
 
 from __future__ import annotations

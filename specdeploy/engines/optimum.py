@@ -3,7 +3,7 @@ followed by the new tokens.
 
 The engine keeps each layer's cache as a buffer of capacity slots, as for our graphs, and feeds its first
 max(past_len) slots as past; the new tokens' K/V, present's last ``tokens`` positions, are returned to be written
-at each row's past_len (``ExplicitCalls``), so rollback is still a length. Rows of a ragged batch are padded to the
+at each row's past_len (``StagedCalls``), so rollback is still a length. Rows of a ragged batch are padded to the
 longest past: a row's slots between its own past_len and the longest are masked out of the attention mask, and its
 positions come from ``position_ids``. Feeding the past copies it (the graph copies it into present anyway): that is
 the cost of this layout, paid on every call.

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..contract import PREFILL_CHUNK, ContractError, Manifest, ModelSpec, sha256_file
-from .base import EngineInputError
+from ..contract import PREFILL_CHUNK, Manifest, ModelSpec, sha256_file
 
 
 class BuildError(RuntimeError):
@@ -54,17 +53,6 @@ class Profile:
                                                            for b, c in zip(self.batch, self.capacity))
         return out
 
-    def admits(self, spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> str | None:
-        """None if every shape is within [min, max]; else a message naming the tensor and the profile's range."""
-        for name, (low, opt, high) in self.shapes(spec).items():
-            got = shapes.get(name)
-            if got is None:
-                continue
-            if len(got) != len(low) or any(g < lo or g > hi for g, lo, hi in zip(got, low, high)):
-                return (f"input tensor {name} | shape {tuple(got)} is outside optimization profile {self.name!r}: "
-                        f"[min {low}, opt {opt}, max {high}]")
-        return None
-
 
 def plan_profiles(spec: ModelSpec, max_batch: int, max_draft: int, capacity: int | None = None,
                   opt_capacity: int | None = None) -> list[Profile]:
@@ -80,17 +68,6 @@ def plan_profiles(spec: ModelSpec, max_batch: int, max_draft: int, capacity: int
     chunk = min(PREFILL_CHUNK, capacity)
     prefill = Profile("prefill", (1, 1, max_batch), (1, chunk, chunk), caps)
     return [verify] if chunk <= max_draft + 1 else [verify, prefill]
-
-
-def check_shapes(profiles: list[Profile], spec: ModelSpec, shapes: dict[str, tuple[int, ...]]) -> Profile:
-    """The first profile that admits ``shapes``; EngineInputError naming the tensor and ranges otherwise."""
-    problems = []
-    for profile in profiles:
-        problem = profile.admits(spec, shapes)
-        if problem is None:
-            return profile
-        problems.append(problem)
-    raise EngineInputError(f"{spec.role}: " + "; ".join(problems))
 
 
 def build_engines(directory: Path, max_batch: int = 1, max_draft: int = 8, capacity: int | None = None,
@@ -178,20 +155,3 @@ def device_facts() -> dict:
     except ImportError:
         pass
     return {"gpu": "none (ahead-of-time build without a GPU)", "compute_capability": "any"}
-
-
-def check_plan(entry: dict, role: str, trt_module: str, trt_version: str, device: dict) -> None:
-    """Refuse a plan built by another TensorRT, or for another GPU, saying which and how to rebuild."""
-    rebuild = "rebuild it on this machine with `specdeploy build DIR --trt`"
-    built = f"{entry.get('module')} {entry.get('tensorrt_version')}"
-    if (entry.get("module"), entry.get("tensorrt_version")) != (trt_module, trt_version):
-        raise ContractError(f"{role}: {entry.get('file')} was built by {built}; this process has {trt_module} "
-                            f"{trt_version}: {rebuild}")
-    wanted = entry.get("compute_capability")
-    if wanted != "any" and wanted != device.get("compute_capability"):
-        raise ContractError(f"{role}: {entry.get('file')} was built for {entry.get('gpu')} (compute capability {wanted}); "
-                            f"this machine has {device.get('gpu')} ({device.get('compute_capability')}): {rebuild}")
-
-
-def profiles_of(entry: dict) -> list[Profile]:
-    return [Profile(p["name"], tuple(p["batch"]), tuple(p["tokens"]), tuple(p["capacity"])) for p in entry["profiles"]]

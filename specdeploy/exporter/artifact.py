@@ -23,7 +23,7 @@ from .filled import read_filled_slots
 from .fused import FusedGraph
 from .int8 import Int8Error, to_int8_per_row
 from .options import ExportOptions, Form
-from .registry import Architecture, ExportError, lookup
+from .registry import Architecture, ExportError, architecture_of
 from .tokenizer import differences
 
 DEFAULT_CAPACITY = 2048  # cache slots when the model allows as many and no capacity is given
@@ -150,7 +150,7 @@ def _trace(role: str, source, staging: Path, capacity: int | None, progress: Pro
         checkpoint.tokenizer.save(str(staging / "tokenizer.json"))
         if checkpoint.tokenizer_config is not None:  # chat template, BOS/EOS, add_bos_token: hashed like the rest
             (staging / "tokenizer_config.json").write_text(json.dumps(checkpoint.tokenizer_config, indent=2))
-    arch = lookup(checkpoint.config.model_type)
+    arch = architecture_of(checkpoint.config.model_type)
     dims = arch.dims(checkpoint.config)
     capacity = _capacity(role, capacity, dims)
     fused = form.graph == "fused"

@@ -119,13 +119,13 @@ def _json_object(path: Path, what: str = "a model config") -> dict:
 
 def _architecture(model_type, where: Path):
     """The registered architecture of a declared ``model_type``: refused before transformers reads anything else."""
-    from .registry import ARCHITECTURES, lookup
+    from .registry import ARCHITECTURES, architecture_of
 
     if not isinstance(model_type, str):
         raise ExportError(f"{where}: model_type: got {short(model_type)}; expected one of "
                           f"{', '.join(sorted(ARCHITECTURES))}")
     try:
-        return lookup(model_type)
+        return architecture_of(model_type)
     except ExportError as exc:
         raise ExportError(f"{where}: {exc}") from None
 

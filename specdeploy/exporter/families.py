@@ -10,7 +10,7 @@ from collections.abc import MutableMapping
 
 from .dims import Dims
 from .family import GEMMA_NORMS, POST_NORMS, Family
-from .llama import DecoderFamily, DecoderVerify
+from .llama import DecoderVerify, DescribedArchitecture
 from .registry import register
 
 QWEN3 = Family("qwen3", ("qwen3",), qk_norm="head")
@@ -25,7 +25,7 @@ OLMO2 = Family("olmo2", ("olmo2",), norms=POST_NORMS, qk_norm="projection")
 SMOLLM3 = Family("smollm3", ("smollm3",), rope_layers=True)
 
 for family in (QWEN3, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2, SMOLLM3):
-    register(DecoderFamily(family))
+    register(DescribedArchitecture(family))
 
 
 class LanguageModelOf:
@@ -37,7 +37,7 @@ class LanguageModelOf:
     PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                 ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
 
-    def __init__(self, text: DecoderFamily, model_types: tuple[str, ...]):
+    def __init__(self, text: DescribedArchitecture, model_types: tuple[str, ...]):
         self.text, self.name, self.model_types = text, text.name, model_types
 
     def dims(self, config) -> Dims:
@@ -89,4 +89,4 @@ class TextWeights(MutableMapping):
         return len(self.names)
 
 
-register(LanguageModelOf(DecoderFamily(GEMMA3), ("gemma3",)))
+register(LanguageModelOf(DescribedArchitecture(GEMMA3), ("gemma3",)))

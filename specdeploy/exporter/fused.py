@@ -149,7 +149,8 @@ class FusedGraph:
     def lm_head(self, x: str, weight, then=lambda logits: logits) -> str:
         """Logits: x @ weight ([hidden, vocab]). With ``vocab_kept`` (a draft), only the first vocab_kept columns
         are computed and the rest are -inf: the head is a quarter of a 0.5B draft's weights, and a drafter never
-        proposes what it scores -inf, so the target's verification stays exact (README, Draft vocabulary).
+        proposes what it scores -inf, so the target's verification stays exact (``export --draft-vocab``;
+        tests/runtime/test_draft_vocab.py).
 
         Only each row's last ``num_logits`` positions reach the head: a prefill chunk needs none of its logits
         and a catch-up one position's (``ModelSpec.trims_logits``). ``then`` writes what follows the head on the

@@ -19,10 +19,11 @@ from .errors import ExportError
 
 
 @dataclass(frozen=True)
-class GgufFamily:
-    """An architecture we read ourselves: its transformers ``model_type``, the config fields its metadata gives beyond
-    the common ones, and the transformers tensor processor its tensors need (``"llama"``: q and k rows un-permuted
-    from llama.cpp's interleaved rotary order, for files converted as a Llama is)."""
+class GgufReader:
+    """How we read an architecture's config from GGUF metadata ourselves: its transformers ``model_type``, the config
+    fields its metadata gives beyond the common ones, and the transformers tensor processor its tensors need
+    (``"llama"``: q and k rows un-permuted from llama.cpp's interleaved rotary order, for files converted as a Llama
+    is)."""
 
     model_type: str
     # (metadata, the file's tensor names, layers, head_dim) -> fields, which win over the common ones
@@ -86,13 +87,13 @@ def _smollm3(meta: dict, names: set, layers: int, head_dim: int) -> dict:
 
 
 GGUF_FAMILIES = {
-    "granite": GgufFamily("granite", _granite, processor="llama",
+    "granite": GgufReader("granite", _granite, processor="llama",
                           keys=(("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
                                 ("logit_scale", "logits_scaling"), ("attention.scale", "attention_multiplier"))),
-    "olmo2": GgufFamily("olmo2", _olmo2),
-    "smollm3": GgufFamily("smollm3", _smollm3, processor="llama"),
+    "olmo2": GgufReader("olmo2", _olmo2),
+    "smollm3": GgufReader("smollm3", _smollm3, processor="llama"),
     # the converter permutes attention's q and k as for a Llama (its undo_permute), though Granite 4.0-H rotates nothing
-    "granitehybrid": GgufFamily("granitemoehybrid", _granite_hybrid, processor="llama"),
+    "granitehybrid": GgufReader("granitemoehybrid", _granite_hybrid, processor="llama"),
 }
 ROPE_SCALING = ("none", "linear", "yarn")
 
@@ -129,6 +130,10 @@ def declared(reader) -> tuple[str, dict, dict[str, str]]:
     for key, field in keys.items():
         if f"{arch}.{key}" in reader.fields:
             values[field], names[field] = reader.fields[f"{arch}.{key}"].contents(), f"{arch}.{key}"
+    kv_heads = values.get("num_key_value_heads")
+    if isinstance(kv_heads, list):  # a hybrid's, per layer (llama.cpp's converter writes 0 on its recurrent layers)
+        counts = set(kv_heads) - {0}
+        values["num_key_value_heads"] = counts.pop() if len(counts) == 1 else kv_heads  # one attention size, or refused
     scaling = reader.fields.get(f"{arch}.rope.scaling.type")
     if own is not None and scaling is not None and scaling.contents() in ("linear", "yarn"):  # read back: its numbers
         rope = {"rope_type": scaling.contents()}

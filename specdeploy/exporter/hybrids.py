@@ -17,7 +17,7 @@ from collections.abc import MutableMapping
 
 from .dims import Dims
 from .family import Family
-from .llama import DecoderFamily, DecoderVerify
+from .llama import DecoderVerify, DescribedArchitecture
 from .registry import ExportError, register
 
 LFM2 = Family("lfm2", ("lfm2",), qk_norm="head", mixers=(("conv", "short_conv"), ("full_attention", "attention")))
@@ -34,7 +34,7 @@ GRANITE_HYBRID_NAMES = (("shared_mlp.input_linear", ("mlp.gate_proj", "mlp.up_pr
                         ("shared_mlp.output_linear", "mlp.down_proj"))
 
 
-class HybridFamily(DecoderFamily):
+class HybridArchitecture(DescribedArchitecture):
     """A hybrid family as the registry's ``Architecture``: the builder's family over the checkpoint's weights under the
     builder's names (``names``) and the config as the builder reads it (``adapted``)."""
 
@@ -119,5 +119,5 @@ class Renamed(MutableMapping):
         return len(self.names)
 
 
-register(HybridFamily(LFM2, LFM2_NAMES, lfm2_config))
-register(HybridFamily(GRANITE_HYBRID, GRANITE_HYBRID_NAMES, granite_hybrid_config))
+register(HybridArchitecture(LFM2, LFM2_NAMES, lfm2_config))
+register(HybridArchitecture(GRANITE_HYBRID, GRANITE_HYBRID_NAMES, granite_hybrid_config))

@@ -184,7 +184,7 @@ def _joined_bias(weights: dict[str, torch.Tensor], projections: list[str]) -> nn
     return frozen(torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]))
 
 
-class DecoderFamily:
+class DescribedArchitecture:
     """A described family as the registry's ``Architecture``: its sizes and its verify model."""
 
     def __init__(self, family: Family):
@@ -212,6 +212,6 @@ class DecoderFamily:
 
 LLAMA = Family("llama", ("llama", "mistral", "qwen2"))
 
-register(DecoderFamily(LLAMA))
+register(DescribedArchitecture(LLAMA))
 
-__all__ = ["LLAMA", "DecoderFamily", "DecoderVerify", "ExportError", "Settings"]
+__all__ = ["LLAMA", "DescribedArchitecture", "DecoderVerify", "ExportError", "Settings"]

@@ -49,7 +49,7 @@ class Architecture(Protocol):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-__all__ = ["ARCHITECTURES", "Architecture", "ExportError", "VerifyModel", "lookup", "register", "take"]
+__all__ = ["ARCHITECTURES", "Architecture", "ExportError", "VerifyModel", "architecture_of", "register", "take"]
 
 
 def register(arch: Architecture) -> Architecture:
@@ -58,7 +58,8 @@ def register(arch: Architecture) -> Architecture:
     return arch
 
 
-def lookup(model_type: str) -> Architecture:
+def architecture_of(model_type: str) -> Architecture:
+    """The architecture registered for ``model_type``; ExportError naming the supported ones otherwise."""
     if model_type not in ARCHITECTURES:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise ExportError(f"model_type {model_type!r} is not supported; supported: {supported}")

@@ -25,11 +25,6 @@ def expected_tokens(rates: Sequence[float], k: int | None = None) -> float:
     return total
 
 
-def expected_tokens_iid(a: float, k: int) -> float:
-    """(1 - a^(K+1)) / (1 - a), and K + 1 when a = 1."""
-    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
-
-
 def predicted_speedup(rates: Sequence[float], k: int, draft_step_s: float, verify_s: float, plain_step_s: float) -> float:
     """E[tokens | k] * v(1) / (k * c_d + v(k + 1)); 1 for k = 0 when verify_s equals plain_step_s."""
     return expected_tokens(rates, k) * plain_step_s / (k * draft_step_s + verify_s)

@@ -99,8 +99,9 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
         raise GridError(f"the grid runs on artifacts {missing} that no pipeline was given for")
     inputs = {label: _inputs(label, pipeline, prompts) for label, pipeline in pipelines.items()}
     _warm_up(pipelines, grid, inputs)
-    # each setting drafts from its own index of the answers it gave earlier in the round, empty at each round's start:
-    # none may draft from another's answer to the same prompt, nor from its own of an earlier round
+    # each setting drafts from its own index of the answers it gave earlier in the round, empty at each round's start,
+    # and reuses the K/V of those texts alone (its scope): none may draft from another's answer to the same prompt, nor
+    # from its own of an earlier round, nor start from another's prompt K/V
     indexes = {(setting.name, rep): SuffixIndex(DEFAULT_TOKENS, DEFAULT_SEQUENCES) for setting in grid
                for rep in range(repeat)}
     records_path = out / "records.jsonl"
@@ -113,7 +114,8 @@ def run_bench(pipelines: Mapping[str, Pipeline], grid: list[Setting], prompts: l
                 pipeline = pipelines[setting.artifact]
                 results[setting.name] = pipeline.generate(inputs[setting.artifact][first : first + batch_size],
                                                           setting.config, batch_size=batch_size,
-                                                          suffix_index=indexes[setting.name, rep])
+                                                          suffix_index=indexes[setting.name, rep],
+                                                          scope=f"bench:{setting.name}:{rep}")
                 advance()
             _write_batch(sink, pipelines, grid, inputs, batch, first, rep, results)
     summary = summarize(read_records(records_path))

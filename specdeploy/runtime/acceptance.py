@@ -45,17 +45,6 @@ def greedy_accept_row(target_argmax: list[int], drafts: list[int]) -> int:
     return accepted
 
 
-def greedy_accept(target_argmax: np.ndarray, drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``greedy_accept_row`` over a batch, in vLLM's array form.
-
-    target_argmax: [batch, K + 1] int; drafts: [batch, K] int.
-    Returns accepted [batch] and emitted [batch, K + 1] (-1 padded).
-    """
-    accepted = np.array([greedy_accept_row(t, d) for t, d in zip(target_argmax.tolist(), drafts.tolist())], np.int64)
-    keep = np.arange(drafts.shape[1] + 1) <= accepted[:, None]  # [batch, K + 1]
-    return accepted, np.where(keep, target_argmax, PAD)
-
-
 def speculative_accept(
     p: np.ndarray,
     q: np.ndarray | None,

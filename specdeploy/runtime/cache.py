@@ -16,7 +16,12 @@ from .rows import RowSettings
 
 
 class CapacityError(ValueError):
-    """A request that cannot fit in the cache capacity."""
+    """A request that cannot fit in the cache capacity; ``field`` names what to change: ``prompt`` where it leaves no
+    room for a new token, else ``max_new_tokens``."""
+
+    def __init__(self, message: str, field: str = "max_new_tokens"):
+        super().__init__(message)
+        self.field = field
 
 
 EXPORTED = "the artifact was exported with capacity {limit}"
@@ -33,11 +38,17 @@ def plan_capacity(prompt_lengths: list[int], max_new_tokens: int, k: int, limit:
                   why: str = EXPORTED) -> int:
     """Slots a batch needs: ``slots_needed`` of its longest prompt; refused above ``limit`` (``why`` says
     where the limit comes from)."""
-    needed = slots_needed(max(prompt_lengths), max_new_tokens, k)
+    longest = max(prompt_lengths)
+    needed = slots_needed(longest, max_new_tokens, k)
     if needed > limit:
         advice = ADVICE if why == EXPORTED else ADVICE.split(", or")[0]
+        if slots_needed(longest, 1, k) > limit:  # no answer fits: the prompt (or k) is what to change
+            larger = ", or re-export with a larger --capacity" if why == EXPORTED else ""
+            raise CapacityError(f"{role}: prompt ({longest} tokens) + k ({k}) + 1 = {slots_needed(longest, 0, k)} cache "
+                                f"slots leave no room for a new token: {why.format(limit=limit)}; shorten the prompt or "
+                                f"lower k{larger}", field="prompt")
         raise CapacityError(
-            f"{role}: prompt ({max(prompt_lengths)} tokens) + max_new_tokens ({max_new_tokens}) + k ({k}) + 1 = "
+            f"{role}: prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) + k ({k}) + 1 = "
             f"{needed} cache slots, but {why.format(limit=limit)}; {advice}"
         )
     return needed

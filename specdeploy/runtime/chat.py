@@ -1,4 +1,10 @@
-"""Chat templates: messages rendered to a prompt as transformers' ``apply_chat_template`` renders them.
+"""Prompts to token ids and back (``TextCodec``), and chat templates: messages rendered to a prompt as transformers'
+``apply_chat_template`` renders them.
+
+A prompt is text (tokenized, BOS first where the tokenizer config says so), token ids (checked against the vocabulary)
+or a conversation (rendered by the chat template, then tokenized). A text is bounded before it is tokenized: past
+``CHARS_PER_TOKEN_BOUND`` characters a slot of the capacity it is measured from its start, as tokenizing holds the
+interpreter (a server's event loop included).
 
 A template comes from the artifact's tokenizer_config.json (kept, and hashed, by the exporter) and is
 untrusted code: it runs in Jinja's immutable sandbox, with the globals and filters transformers gives it
@@ -28,16 +34,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ..artifact_checks import DEFAULT_TEMPLATE, read_tokenizer_config, template_of, token_of
 from ..contract import ContractError
 from ..values import short
-from .config import ConfigError, check_unicode
+from .config import ConfigError, check_unicode, checked_token_ids
 
 MAX_MESSAGES = 1024
 TIME_LIMIT = 2.0  # CPU seconds a render may take: real templates take a millisecond or less
 WALL_FACTOR, WALL_GRACE = 10.0, 5.0  # the wall-clock backstop: WALL_FACTOR x the CPU limit + WALL_GRACE seconds
 MAX_RENDERED_CHARS = 16 * 2**20  # output characters; far beyond any prompt an artifact's capacity takes
 WORKERS = 4  # child processes rendering at once; more requests wait for one
+CHARS_PER_TOKEN_BOUND = 64  # beyond this many characters a token each, a text's start is measured first
 
 
 class ChatTemplateError(RuntimeError):
@@ -73,7 +82,8 @@ class ChatTemplate:
         self.eos_token = token_of(config.get("eos_token"), "eos_token", source)
         add_bos = config.get("add_bos_token", False)
         if not isinstance(add_bos, bool):
-            raise ContractError(f"{source}: add_bos_token: got {add_bos!r} ({type(add_bos).__name__}); expected true or false")
+            raise ContractError(f"{source}: add_bos_token: got {short(add_bos)} ({type(add_bos).__name__}); expected true "
+                                "or false")
         self.add_bos_token = add_bos
 
     @classmethod
@@ -133,6 +143,76 @@ class ChatTemplate:
         except ConfigError as exc:  # a surrogate the messages did not bring: the template's own text has it
             raise ChatTemplateError(f"{self.source}: the chat template's output is not valid Unicode ({exc})") from exc
         return answer["text"]
+
+
+class TextCodec:
+    """An artifact's tokenizer and chat template: a prompt (text or ids) or a conversation to token ids inside the
+    vocabulary (``vocab_size``), and ids back to text. Prompts longer than ``capacity`` slots could ever hold are refused
+    from their start. Plain prompts start with BOS exactly when the tokenizer config says so (transformers'
+    ``add_bos_token``)."""
+
+    def __init__(self, tokenizer, template: ChatTemplate, vocab_size: int, capacity: int):
+        self.tokenizer, self.template, self.vocab_size, self.capacity = tokenizer, template, vocab_size, capacity
+        bos = template.bos_token
+        self.bos = tokenizer.token_to_id(bos) if template.add_bos_token and bos else None
+
+    def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
+        """Token ids of a prompt: text, or a flat sequence of integer ids inside the vocabulary. Returns [tokens] int64.
+
+        Text must be valid Unicode (a lone surrogate is refused, naming where), and every id it encodes to must
+        be inside the model's vocabulary: a tokenizer that maps a word beyond it is refused here, before any engine
+        call, rather than failing the batch the prompt joins."""
+        vocab = self.vocab_size
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ConfigError("prompt: got an empty string; expected at least one token")
+            check_unicode(prompt, "prompt")
+            ids = self._tokenize(prompt)
+            if self.bos is not None and ids[:1] != [self.bos]:
+                ids = [self.bos, *ids]
+            ids = np.array(ids, np.int64)
+            if ids.size and ids.max() >= vocab:
+                outside = int(ids[ids >= vocab][0])
+                raise ConfigError(f"prompt: encodes to token id {outside} ({short(self.tokenizer.id_to_token(outside))}), "
+                                  f"outside the model's vocabulary [0, {vocab}): the artifact's tokenizer does not fit its "
+                                  "models")
+        elif isinstance(prompt, bytes) or not isinstance(prompt, (Sequence, np.ndarray)):
+            raise ConfigError(f"prompt: got {short(prompt)}; expected a string or a list of token ids")
+        else:
+            ids = checked_token_ids(prompt, vocab, "prompt ids")
+        if ids.size == 0:
+            raise ConfigError("prompt: encodes to no tokens; expected at least one")
+        return ids
+
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                    time_limit: float | None = None) -> list[int]:
+        """Token ids of ``messages`` rendered with the chat template, as transformers'
+        ``apply_chat_template(messages, tools=tools, tokenize=True)`` gives them (the template places BOS itself).
+        ``time_limit``: CPU seconds the render may take (the template's own limit when None). The rendered text is
+        bounded by what the capacity could ever hold (``CHARS_PER_TOKEN_BOUND`` a slot), before it is tokenized."""
+        text = self.template.render(messages, add_generation_prompt, tools, time_limit=time_limit,
+                                    max_chars=CHARS_PER_TOKEN_BOUND * self.capacity)
+        return self._tokenize(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids`` (integers inside the vocabulary; ConfigError otherwise), special tokens skipped."""
+        ids = checked_token_ids(token_ids, self.vocab_size, "token_ids")
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+
+    def _tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text``; a text longer than ``CHARS_PER_TOKEN_BOUND`` characters a slot of the capacity is
+        refused having tokenized no more than that much of it (a 12 MB prompt, or one enormous word, costs no more than
+        its first part)."""
+        capacity = self.capacity
+        head = CHARS_PER_TOKEN_BOUND * capacity
+        if len(text) > head:
+            tokens = len(self.tokenizer.encode(text[:head], add_special_tokens=False).ids)
+            if tokens >= capacity:
+                raise ConfigError(f"prompt: {len(text):,} characters, and its first {head:,} alone are {tokens:,} "
+                                  f"tokens, over the artifact's capacity of {capacity} tokens")
+            raise ConfigError(f"prompt: {len(text):,} characters; expected at most {head:,} ({CHARS_PER_TOKEN_BOUND} "
+                              f"a token of the artifact's capacity of {capacity}: no text that fits is longer)")
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def _check_size(messages: list[dict], tools, chars: int) -> None:

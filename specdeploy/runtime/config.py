@@ -163,7 +163,7 @@ def _checked_stops(given) -> tuple[str, ...]:
     """``stop`` as a tuple of non-empty strings, bounded in number and length (a cycle's matching costs with them)."""
     stop = (given,) if isinstance(given, str) else given
     if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
-        raise ConfigError(f"stop: got {given!r}; expected a string or a list of non-empty strings")
+        raise ConfigError(f"stop: got {short(given)}; expected a string or a list of non-empty strings")
     if len(stop) > MAX_STOP_STRINGS:
         raise ConfigError(f"stop: got {len(stop):,} strings; expected at most {MAX_STOP_STRINGS}")
     longest = max(stop, key=len, default="")
@@ -177,7 +177,7 @@ def _checked_stops(given) -> tuple[str, ...]:
 def _checked_stop_ids(ids) -> tuple[int, ...]:
     """``stop_token_ids`` as a tuple of non-negative int64 integers."""
     if not isinstance(ids, (list, tuple)) or any(not is_integer(t) or not 0 <= t <= INT64_MAX for t in ids):
-        raise ConfigError(f"stop_token_ids: got {ids!r}; expected a list of non-negative integers")
+        raise ConfigError(f"stop_token_ids: got {short(ids)}; expected a list of non-negative integers")
     return tuple(int(t) for t in ids)
 
 

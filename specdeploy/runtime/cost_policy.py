@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..values import short
 from .policies import CycleOutcome, Policy
 
 # Each chosen by replaying recorded real-pair traces at three cost tables (tools/replay.py; docs/runtime.md).
@@ -81,7 +82,7 @@ class Costs:
             table = {}
             for entry in entries:
                 if not isinstance(entry, list) or len(entry) != 3:
-                    raise ValueError(f"costs.{name}: expected [batch, tokens, seconds], got {entry!r}")
+                    raise ValueError(f"costs.{name}: got {short(entry)}; expected [batch, tokens, seconds]")
                 table[_count(entry[0]), _count(entry[1])] = _seconds(entry[2])
             tables.append(table)
         return cls(*tables)
@@ -222,7 +223,7 @@ class CostPolicy(Policy):
         best = best_k(rates)
         return best if best and rates[best] >= otherwise else 0
 
-    def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
+    def catchup_pays(self, batch: int, behind: int, to_come: float) -> bool:
         rates = self.rates("model", batch)
         price = self.costs.catchup_cost(batch, behind)
         if behind <= 0 or price is None or rates is None:
@@ -301,13 +302,15 @@ def _line(points: dict[int, float], tokens: int) -> float:
 
 
 def _count(value) -> int:
-    text = str(value)
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not text.isdigit() or int(text) < 1:
-        raise ValueError(f"expected a positive integer, got {value!r}")
-    return int(text)
+    """A positive integer, or its digits (at most 18: a count, never a number too long to read)."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= 18:
+        value = int(value)
+    if type(value) is not int or value < 1:  # a bool is no count
+        raise ValueError(f"costs: got {short(value)}; expected a positive integer")
+    return value
 
 
 def _seconds(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"expected a positive finite time in seconds, got {value!r}")
+        raise ValueError(f"costs: got {short(value)}; expected a positive finite time in seconds")
     return float(value)

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..engines.base import Engine, EngineOutput, KVCache
 from .acceptance import accept_rows
+from .answer_lengths import AnswerLengths
 from .batching import RowCaches
 from .cache import rows_slots
 from .config import GenerationConfig
@@ -41,8 +42,10 @@ from .prefix_cache import PrefixCache
 from .rows import Request, Roster, RowResult, RowSettings
 from .telemetry import CycleRecord, FinalToken, FinishReason
 
+# how an answer ends whose length tells how long answers run: by itself, or at its budget (not cancelled, not failed)
+_ANSWERED = (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH)
 # () -> (rows about to join: a server's staged and queued requests, tokens the draft lacks of them, tokens to come)
-Joining = Callable[[], tuple[int, int, int]]
+Joining = Callable[[], tuple[int, int, float]]
 # (logits [batch, K + 1, vocab] of a verification, (request number, tokens) each row committed), after the commit and
 # before the next call reuses the buffer: token j of row b was drawn from logits[b, j]
 Verified = Callable[[np.ndarray, list[tuple[int, list[int]]]], None]
@@ -147,9 +150,12 @@ class Generation:
     def __init__(self, target: Engine, drafter: Drafter, policy: Policy, config: GenerationConfig,
                  prompts: list[np.ndarray], request_ids: list[str], capacity: int | None = None,
                  settings: Sequence[RowSettings] | None = None, *, joining: Joining | None = None,
-                 on_verified: Verified | None = None, prefixes: PrefixCache | None = None):
+                 on_verified: Verified | None = None, prefixes: PrefixCache | None = None,
+                 answers: AnswerLengths | None = None):
         """``config`` sets the batch's speculation and, unless ``settings`` gives each prompt its own, every row's
-        settings. Listeners: ``joining`` (``Joining``; default: none join), ``on_verified`` (``Verified``)."""
+        settings. Listeners: ``joining`` (``Joining``; default: none join), ``on_verified`` (``Verified``).
+        ``answers``: how long the pipeline's answers run, which the rows' finished lengths join and a catch-up is
+        judged by (``to_come``; None: each row runs to its budget)."""
         self.target, self.drafter, self.policy, self.config = target, drafter, policy, config
         self.k = config.max_drafts
         if capacity is None:
@@ -165,6 +171,7 @@ class Generation:
         self._draft_prefills: bool | None = None  # ``prefill_chunk(draft=None)``'s judgement, made once
         self.joining = joining or (lambda: (0, 0, 0))
         self.on_verified = on_verified
+        self.answers = answers
 
     results = property(lambda self: self.state.results)  # list[RowResult], by request number (None once released)
     requests = property(lambda self: self.state.requests)  # list[Request], by request number (None once released)
@@ -178,9 +185,17 @@ class Generation:
     lengths = property(lambda self: np.array(self.state.lengths, np.int64))
     active = property(lambda self: np.array(self.state.active, np.int64))
 
-    def outlook(self) -> tuple[int, int, int]:
-        """(rows, tokens the draft lacks of them: its lag, ``Drafter.behind``; their new tokens still to come)."""
-        return self.state.batch, self.drafter.behind(self.state, self.draft_cache), sum(self.state.budgets()[0])
+    def outlook(self) -> tuple[int, int, float]:
+        """(rows, tokens the draft lacks of them: its lag, ``Drafter.behind``; their new tokens still to come, expected:
+        ``to_come``)."""
+        return self.state.batch, self.drafter.behind(self.state, self.draft_cache), self.to_come(self.state.budgets()[0])
+
+    def to_come(self, left: list[int]) -> float:
+        """The new tokens the active rows are expected to make still, ``left[b]`` at most for row b (``budgets``): as
+        long as the pipeline's answers ran (``AnswerLengths.to_come``), or their budgets without ``answers``."""
+        if self.answers is None:
+            return sum(left)
+        return sum(self.answers.to_come(len(request.result.token_ids), n) for request, n in zip(self.state.live, left))
 
     def release(self, number: int) -> None:
         """Forget finished request ``number`` once its result has been handed on (``BatchState.release``)."""
@@ -254,10 +269,10 @@ class Generation:
         if most <= 0:
             return 0, 0
         batch, drafter, policy = len(left), self.drafter, self.policy
-        free = policy.index_k(batch) if drafter.indexes else policy.next_k(batch, lookup=True) if drafter.finds_free else 0
+        free = policy.index_k(batch) if drafter.uses_index else policy.next_k(batch, lookup=True) if drafter.finds_free else 0
         k = min(policy.next_k(batch), most) if drafter.uses_model else 0
         behind = drafter.behind(state, draft_cache) if k and not self.draft_caught_up else 0
-        if behind and not self._catchup_pays(batch, behind, sum(left)):
+        if behind and not self._catchup_pays(batch, behind, self.to_come(left)):
             k = 0
         return k, min(free, most)
 
@@ -272,7 +287,7 @@ class Generation:
             found = found.kept([price(batch, row, model) if len(row) else 0 for row in found.estimates])
         return drafter.propose(state, draft_cache, k, found, caps)
 
-    def _catchup_pays(self, rows: int, lag: int, to_come: int) -> bool:
+    def _catchup_pays(self, rows: int, lag: int, to_come: float) -> bool:
         """Does feeding the draft the ``lag`` tokens it lacks of ``rows`` rows (with ``to_come`` new tokens left) pay,
         in the batch they make with the rows about to join (``joining``)? The policy's call, made here alone: for a
         cycle's catch-up and for the draft's prefill of staged rows (``prefill_chunk(draft=None)``)."""
@@ -307,7 +322,7 @@ class Generation:
             return True
         if draft is None and self._draft_prefills is None and caches.draft_cache is not None and self.k:
             lag = self.drafter.behind(state, caches.draft_cache)
-            self._draft_prefills = not lag or self._catchup_pays(state.batch, lag, sum(state.budgets()[0]))
+            self._draft_prefills = not lag or self._catchup_pays(state.batch, lag, self.to_come(state.budgets()[0]))
         if caches.draft_cache is not None and self.k and (self._draft_prefills if draft is None else draft):
             spent, widest = caches.prefill_draft(state.tokens)
             self.prefill_spent += spent
@@ -351,8 +366,12 @@ class Generation:
 
     @one_thread
     def leave(self, finished: list[int]) -> None:
-        """Batch rows ``finished`` leave, with their cache rows; each one's text joins its scope's suffix index."""
+        """Batch rows ``finished`` leave, with their cache rows; each one's text joins its scope's suffix index, and the
+        length of an answer that ended (by itself or at its budget) joins ``answers``."""
         for b in finished:
+            row = self.state.live[b].result
+            if self.answers is not None and row.finish_reason in _ANSWERED:
+                self.answers.add(len(row.token_ids), row.finish_reason != FinishReason.LENGTH)
             self.state.live[b].publish()
             self.caches.keep(b, self.state.tokens[b], self.state.live[b])
         self.caches.select(self.state.leave(finished))

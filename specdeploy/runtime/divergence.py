@@ -20,7 +20,7 @@ def first_divergence(target: Engine, prompt_ids: np.ndarray, reference: Sequence
     in a cache of the capacity the request planned: compressed kernels give slightly different
     logits for other call shapes and capacities) up to the position. A small margin is a near-tie
     that the engine's arithmetic can tip (verifying K + 1 tokens at once is not bit-identical to
-    decoding one: README, Exactness); a large one points at a bug. None when neither leaves the other.
+    decoding one: docs/runtime.md, Exact mode); a large one points at a bug. None when neither leaves the other.
     ``reference`` and ``other`` must be token ids inside the vocabulary (ConfigError naming them otherwise).
     """
     if not isinstance(config, GenerationConfig):

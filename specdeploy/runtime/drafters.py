@@ -13,7 +13,7 @@ decoder asks the policy how many drafts each source makes and passes the counts,
    ``k`` drafts by the draft model for the others (``caps[b]``: row b's own k and tokens left bound both).
 
 What a drafter can do is declared: ``uses_model`` (it has a draft model and its cache), ``finds_free`` (it finds drafts
-without a model call), ``indexes`` (from a suffix index, with estimates). The default, ``HybridDrafter``, is composed
+without a model call), ``uses_index`` (from a suffix index, with estimates). The default, ``HybridDrafter``, is composed
 of a ``SuffixDrafter`` and a ``ModelDrafter``: index drafts where the policy keeps some, the draft model elsewhere.
 """
 
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engines.base import Engine, KVCache, feed
-from .errors import ConfigError
 from .rows import BatchView, RowResult
 from .sampling import keyed_token, penalize, row_probabilities, sample
 from .suffix import LEVELS, SuffixIndex, propose
@@ -34,9 +33,10 @@ MAX_NGRAM, MIN_NGRAM = 3, 1  # prompt lookup continues the latest earlier match 
 _NONE = np.zeros(0, np.int64)  # a row that found nothing (never written)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Proposal:
-    """One cycle's drafts. A row's drafts beyond ``drafted[b]`` only fill its row (never kept)."""
+    """One cycle's drafts, by keyword (nine fields, several of one type). A row's drafts beyond ``drafted[b]`` only fill
+    its row (never kept)."""
 
     drafts: np.ndarray  # [batch, width] int64; a model drafter's: a view of its buffer, valid until its next proposal
     q: np.ndarray | None  # [batch, width, vocab] proposal distributions; None: deterministic (one-hot)
@@ -53,7 +53,8 @@ class Proposal:
     @classmethod
     def none(cls, batch: int, seconds: float = 0.0) -> Proposal:
         """No drafts: the cycle is a plain decoding step (``seconds``: spent finding none)."""
-        return cls(np.zeros((batch, 0), np.int64), None, [0] * batch, [False] * batch, seconds)
+        return cls(drafts=np.zeros((batch, 0), np.int64), q=None, drafted=[0] * batch, free=[False] * batch,
+                   seconds=seconds)
 
 
 @dataclass(slots=True)
@@ -85,8 +86,9 @@ class Found:
         drafts = np.empty((state.batch, width), np.int64)
         for b, row in enumerate(self.drafts):
             _fill(drafts[b], row, state.tokens[b, state.lengths[b] - 1])
-        return Proposal(drafts, None, list(map(len, self.drafts)), [len(row) > 0 for row in self.drafts],
-                        self.seconds + time.perf_counter() - began, estimates=self.estimates, origins=self.origins)
+        return Proposal(drafts=drafts, q=None, drafted=list(map(len, self.drafts)),
+                        free=[len(row) > 0 for row in self.drafts], seconds=self.seconds + time.perf_counter() - began,
+                        estimates=self.estimates, origins=self.origins)
 
 
 class Drafter:
@@ -94,7 +96,7 @@ class Drafter:
 
     uses_model = False
     finds_free = False
-    indexes = False
+    uses_index = False
     engine: Engine | None = None  # the draft model, where ``uses_model``
 
     def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
@@ -144,7 +146,7 @@ class SuffixDrafter(Drafter):
     drafts are deterministic (q one-hot), and a row's read its own text and its scope alone, never its batch mates'.
     Each row's drafts carry the index's estimate of each, from which the policy prices how many to verify."""
 
-    finds_free = indexes = True
+    finds_free = uses_index = True
 
     def __init__(self):
         self._own: dict[int, tuple] = {}  # (a request's result, an index of its text), by id(result)
@@ -152,18 +154,18 @@ class SuffixDrafter(Drafter):
     def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
         began = time.perf_counter()
         found, estimates, origins = [], [], []
-        for b, (length, cap, (row, shared)) in enumerate(zip(state.lengths, caps, state.scopes)):
+        for b, (length, cap, (row, earlier)) in enumerate(zip(state.lengths, caps, state.texts)):
             own = self._own_text(state, b, row, length)
             context = state.tokens[b, max(0, length - LEVELS[0]) : length].tolist()
-            drafts, estimate, origin = propose((own, shared) if shared is not None else (own,), context,
+            drafts, estimate, origin = propose((own, earlier) if earlier is not None else (own,), context,
                                                min(free_k, cap))
-            if shared is not None and origin is not None:
-                shared.touch(origin)  # drafted from: the last of the shared texts to be evicted
+            if earlier is not None and origin is not None:
+                earlier.touch(origin)  # drafted from: the last of the earlier texts to be evicted
             found.append(np.array(drafts, np.int64))
             estimates.append(estimate)
             origins.append(origin)
         if len(self._own) > 2 * state.batch + 8:  # requests that left: their text goes with them
-            live = {id(row) for row, _ in state.scopes}
+            live = {id(row) for row, _ in state.texts}
             self._own = {key: index for key, index in self._own.items() if key in live}
         return Found(found, estimates, origins, time.perf_counter() - began)
 
@@ -184,11 +186,7 @@ class ModelDrafter(Drafter):
 
     uses_model = True
 
-    def __init__(self, engine: Engine | None, stop_below: float | None = None):
-        if engine is None:
-            raise ConfigError(f"drafter: {type(self).__name__} needs a draft model, and this artifact has none; use "
-                              "drafter='hybrid' (the suffix index alone without one), 'suffix', 'prompt-lookup' or "
-                              "'none', or export with --draft")
+    def __init__(self, engine: Engine, stop_below: float | None = None):
         # stop_below: a row stops drafting once the draft's top probability falls below it (None: never)
         self.engine, self.stop_below = engine, stop_below
         self._buffer: tuple | None = None  # the drafts' columns, kept from one cycle to the next (``_columns``)
@@ -227,8 +225,9 @@ class ModelDrafter(Drafter):
                                                      [min(k, cap) for cap in caps])
         cache.commit([at + steps for at in lengths])  # the catch-up saw x[:L], each later call one draft more
         ended = time.perf_counter()
-        return Proposal(columns[:made].T, qs, drafted, [False] * batch, ended - began, caught_up - began, width,
-                        steps, ended - caught_up)
+        return Proposal(drafts=columns[:made].T, q=qs, drafted=drafted, free=[False] * batch, seconds=ended - began,
+                        first_call_seconds=caught_up - began, first_call_tokens=width, later_calls=steps,
+                        later_call_seconds=ended - caught_up)
 
     def _columns(self, most: int, batch: int) -> tuple[np.ndarray, list[np.ndarray]]:
         """A [most, batch] buffer for the drafts, and its rows as [batch, 1] views: draft i of every row is row i,
@@ -267,20 +266,20 @@ class ModelDrafter(Drafter):
 
 class HybridDrafter(Drafter):
     """A suffix index's drafts for the rows where the policy keeps some, the draft model's for the others, in one
-    cycle (``found`` empty: no index drafts; ``k`` 0: no model drafts); composed of the two sources (``index``,
+    cycle (``found`` empty: no index drafts; ``k`` 0: no model drafts); composed of the two sources (``suffix``,
     ``model``). A row's choice reads its own text and its scope's index alone, and index rows draw nothing, so no row's
     proposal depends on its batch mates'. Without a draft model (a target-only artifact), it drafts from the index
     alone."""
 
-    finds_free = indexes = True
+    finds_free = uses_index = True
 
-    def __init__(self, index: SuffixDrafter, model: ModelDrafter | None):
-        self.index, self.model = index, model
+    def __init__(self, suffix: SuffixDrafter, model: ModelDrafter | None):
+        self.suffix, self.model = suffix, model
         self.uses_model = model is not None
         self.engine = model.engine if model is not None else None
 
     def find(self, state: BatchView, free_k: int, caps: list[int]) -> Found:
-        return self.index.find(state, free_k, caps)
+        return self.suffix.find(state, free_k, caps)
 
     def propose(self, state: BatchView, cache: KVCache | None, k: int, found: Found, caps: list[int]) -> Proposal:
         modelling = bool(k) and self.model is not None

@@ -1,29 +1,16 @@
-"""Exact mode (``GenerationConfig.exact``): the target a request's calls run on, the costs its policy prices by, and
-the check of whether a target can give it.
+"""Exact mode (``GenerationConfig.exact``): the check of whether a target can give it.
 
 Exact mode pads every target call to an even number of tokens a row (``engines.even.EvenTokens``), so that greedy
 speculative output is exact-mode plain output bit for bit. Its calls cost otherwise (a plain step is a two-token call),
 so its requests' policies price by a cost table of their own, remembered across processes beside the default's
-(``calibration``). A target whose provider computes a position alike in calls of any size (``Engine.rows_alike``:
-OpenVINO's CPU kernels at FP32) has nothing to pad: there exact mode runs the target as it is, at the default's cost,
-and the default mode's greedy output is already exact (docs/results/openvino/).
+(``calibration.Calibration``). A target whose provider computes a position alike in calls of any size
+(``Engine.rows_alike``: OpenVINO's CPU kernels at FP32) has nothing to pad: there exact mode runs the target as it is,
+at the default's cost, and the default mode's greedy output is already exact (docs/results/openvino/).
 """
 
 from __future__ import annotations
 
-from ..engines.base import Engine
-from ..engines.even import EvenTokens
 from .config import ConfigError
-from .cost_policy import Costs
-
-
-class ExactMode:
-    """Exact mode's target (``target`` with every call padded: ``EvenTokens``; ``target`` itself where its calls compute
-    a position alike whatever their size, ``Engine.rows_alike``) and its cost table."""
-
-    def __init__(self, target: Engine, costs: Costs | None = None):
-        self.padded = not target.rows_alike
-        self.target, self.costs = (EvenTokens(target) if self.padded else target), costs or Costs()
 
 
 def check_exact(spec) -> None:

@@ -67,9 +67,10 @@ class Policy(ABC):
         draft model drafts the batch's other rows, and would this one); 0: none. By default, all it found."""
         return len(estimates)
 
-    def catchup_pays(self, batch: int, behind: int, to_come: int) -> bool:
-        """Would drafting by the model for ``batch`` rows, which still make ``to_come`` tokens, repay the draft
-        catching up on ``behind`` tokens (all rows together) first?"""
+    def catchup_pays(self, batch: int, behind: int, to_come: float) -> bool:
+        """Would drafting by the model for ``batch`` rows, which are expected to make ``to_come`` tokens still (as long
+        as the pipeline's answers ran: ``AnswerLengths``), repay the draft catching up on ``behind`` tokens (all rows
+        together) first?"""
         return True
 
 

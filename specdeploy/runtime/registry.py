@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..engines.base import Engine
+from ..values import short
 from .config import GenerationConfig
 from .cost_policy import CostPolicy, Costs
 from .drafters import Drafter, HybridDrafter, ModelDrafter, NoDrafter, PromptLookup, SuffixDrafter
+from .errors import ConfigError
 from .policies import ConfidenceStop, FixedK, Heuristic, Policy
 
 # name -> (k, confidence threshold, the pipeline's cost table) -> policy
@@ -32,20 +34,35 @@ DRAFTERS: dict[str, Callable[[Engine | None, float | None], Drafter]] = {
     "prompt-lookup": lambda engine, stop_below: PromptLookup(),
     "none": lambda engine, stop_below: NoDrafter(),
 }
+NEEDS_DRAFT_MODEL = ("model",)  # the drafters that cannot run without the artifact's draft model
+USE_A_MODEL = ("model", "hybrid")  # the drafters that draft with the artifact's draft model where it has one
 
 
 def make_policy(name: str, k: int, confidence_threshold: float = 0.4, costs: Costs | None = None) -> Policy:
     """The policy called ``name`` with at most ``k`` drafts a cycle, pricing by ``costs`` (the pipeline's table)."""
     if name not in POLICIES:
-        raise ValueError(f"policy {name!r} is unknown; expected one of {', '.join(POLICIES)}")
+        raise ValueError(f"policy {short(name)} is unknown; expected one of {', '.join(POLICIES)}")
     return POLICIES[name](k, confidence_threshold, costs if costs is not None else Costs())
 
 
+def check_drafter(name: str, has_draft_model: bool) -> None:
+    """ConfigError where the drafter called ``name`` needs the draft model an artifact lacks; builds nothing."""
+    if name in NEEDS_DRAFT_MODEL and not has_draft_model:
+        raise ConfigError(f"drafter: {name!r} needs a draft model, and this artifact has none; use drafter='hybrid' (the "
+                          "suffix index alone without one), 'suffix', 'prompt-lookup' or 'none', or export with --draft")
+
+
 def make_drafter(name: str, engine: Engine | None, stop_below: float | None = None) -> Drafter:
-    """The drafter called ``name`` over the draft model ``engine`` (None: the artifact has none)."""
+    """The drafter called ``name`` over the draft model ``engine`` (None: the artifact has none; ``check_drafter``)."""
     if name not in DRAFTERS:
-        raise ValueError(f"drafter {name!r} is unknown; expected one of {', '.join(DRAFTERS)}")
+        raise ValueError(f"drafter {short(name)} is unknown; expected one of {', '.join(DRAFTERS)}")
+    check_drafter(name, engine is not None)
     return DRAFTERS[name](engine, stop_below)
+
+
+def drafter_name(config: GenerationConfig) -> str:
+    """The drafter a config's batch drafts with: the one it names, ``none`` where it does not speculate."""
+    return config.drafter if config.speculative else "none"
 
 
 def policy_of(config: GenerationConfig, costs: Costs) -> Policy:
@@ -58,4 +75,4 @@ def speculation(config: GenerationConfig, draft: Engine | None, costs: Costs,
     """``config``'s policy (``policy`` when given: a server's, which outlives a batch) and its drafter over the draft
     model ``draft``, with the policy's confidence stop; a config that does not speculate drafts nothing."""
     policy = policy if policy is not None else policy_of(config, costs)
-    return policy, make_drafter(config.drafter if config.speculative else "none", draft, policy.stop_below)
+    return policy, make_drafter(drafter_name(config), draft, policy.stop_below)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -34,8 +34,9 @@ class RowResult:
 StopCheck = Callable[[list[int], list[int]], "int | None"]
 
 
-class RowSettings(NamedTuple):
-    """What one request decodes with, whatever shares its batch."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowSettings:
+    """What one request decodes with, whatever shares its batch (by keyword: fields of one type side by side)."""
 
     config: GenerationConfig  # sampling, length, stop tokens, seed; ``k`` caps its drafts below the batch's
     stop_check: StopCheck | None = None
@@ -84,9 +85,9 @@ class Request:
     def publish(self) -> None:
         """Its prompt and answer join its scope's suffix index (``RowSettings.index``), for the requests that follow:
         only committed tokens, never drafts; a failed request's are left out."""
-        row, shared = self.result, self.settings.index
-        if shared is not None and row.finish_reason != FinishReason.ERROR:
-            shared.add(row.request_id, [*row.prompt_ids.tolist(), *row.token_ids])
+        row, index = self.result, self.settings.index
+        if index is not None and row.finish_reason != FinishReason.ERROR:
+            index.add(row.request_id, [*row.prompt_ids.tolist(), *row.token_ids])
 
 
 class Roster:
@@ -107,7 +108,7 @@ class Roster:
         """What every cycle reads of the active records, made when rows come or go rather than at each read."""
         live = self.live = [self.requests[i] for i in self.active]  # [batch] the rows' records
         configs = self.configs = [request.settings.config for request in live]  # [batch]
-        self.scopes = [(request.result, request.settings.index) for request in live]  # [batch] whose text, its index
+        self.texts = [(request.result, request.settings.index) for request in live]  # [batch] its own text, its index
         self._rngs = [request.generator for request in live]
         self.greedy = all(config.greedy for config in configs)  # acceptance and drafting need no distribution
         self.sampling = not self.greedy  # the generators' states are part of a snapshot
@@ -121,7 +122,7 @@ class Roster:
         """Add requests as new rows at the end of the batch, each with its own settings (``settings``; default:
         the batch's config without stop strings, prompt i drawing from seed stream i of the batch)."""
         if settings is None:
-            settings = [RowSettings(self.config, None, len(self.requests) + i) for i in range(len(prompts))]
+            settings = [RowSettings(config=self.config, seed_stream=len(self.requests) + i) for i in range(len(prompts))]
         added = np.zeros((len(prompts), self.capacity), np.int64)
         for b, prompt in enumerate(prompts):
             added[b, : len(prompt)] = prompt
@@ -187,7 +188,7 @@ class BatchView(Protocol):
     greedy: bool  # every row decodes greedily: no distribution is needed
     penalized: bool  # some row has a repetition penalty
     configs: list[GenerationConfig]  # [batch] each row's settings
-    scopes: list[tuple[RowResult, SuffixIndex | None]]  # [batch] each row's result so far and its scope's suffix index
+    texts: list[tuple[RowResult, SuffixIndex | None]]  # [batch] each row's own text so far (its result) and its suffix index
 
     @property
     def batch(self) -> int: ...

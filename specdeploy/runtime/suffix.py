@@ -16,7 +16,6 @@ share between threads. A hash collision can only make a draft wrong, never the t
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -26,7 +25,6 @@ MAX_OCCURRENCES = 32  # per anchor, the latest kept: a common pair ("):\n") need
 MIN_ESTIMATE = 0.05  # a proposal stops where its running estimate falls below this (the policy trims further)
 _SHIFT = 32  # an occurrence is one int: sequence number << _SHIFT | position
 _POSITION = (1 << _SHIFT) - 1
-_PRIVATE = itertools.count()  # names of indexes made outside a store
 
 
 def estimate(agree: int, occurrences: int, matched: int) -> float:
@@ -38,13 +36,10 @@ def estimate(agree: int, occurrences: int, matched: int) -> float:
 
 class SuffixIndex:
     """Token sequences by key, with their anchors. ``max_tokens`` / ``max_sequences`` bound it (None: unbounded,
-    for one request's own text); ``extend`` appends to a sequence, ``add`` replaces one. ``scope``: the name of the
-    scope it serves (a ``SuffixStore``'s name for it; an index made alone gets a name no other has), which names what
-    else the scope keeps (its texts' K/V in ``PrefixCache``) without holding the index."""
+    for one request's own text); ``extend`` appends to a sequence, ``add`` replaces one."""
 
-    def __init__(self, max_tokens: int | None = None, max_sequences: int | None = None, scope: str | None = None):
+    def __init__(self, max_tokens: int | None = None, max_sequences: int | None = None):
         self.max_tokens, self.max_sequences = max_tokens, max_sequences
-        self.scope = scope if scope is not None else f"private:{next(_PRIVATE)}"
         self._sequences: OrderedDict[Hashable, tuple[int, list[int]]] = OrderedDict()  # key -> (number, tokens), LRU first
         self._by_number: dict[int, Hashable] = {}
         self._anchors: tuple[dict[int, list[int]], ...] = tuple({} for _ in LEVELS)

@@ -1,6 +1,6 @@
-"""Shared suffix indexes by scope, and their file.
+"""Suffix indexes by scope, and their file (``SuffixFile``).
 
-A pipeline keeps one index of the requests it finished (scope ``"shared"``); a server keeps one per API key by
+A pipeline keeps one index of the requests it finished (scope ``"default"``); a server keeps one per API key by
 default, since a draft never changes a text but its speed could tell one client whether another's answer held a
 phrase (docs/serving.md). ``SuffixStore`` bounds each scope's index (tokens and sequences) and the number of scopes
 (the least recently used scope goes first; what else a scope keeps, its texts' K/V, is told to go with it through
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +37,7 @@ BYTES_PER_TOKEN_IN_FILE = 8  # a token id in JSON: up to six digits, a comma and
 # an index's worst case a token (``SuffixIndex.nbytes``: 236 bytes a token, and 170 for each of its 5 anchors when
 # every one is new); the scopes' full indexes together may take half of the machine's memory at most
 BYTES_PER_TOKEN_IN_MEMORY = 1_100
-SHARED_SCOPE = "shared"  # a pipeline's own index, in its store
+DEFAULT_SCOPE = "default"  # the scope of a pipeline's requests unless they name another
 
 
 def memory_bytes() -> int:
@@ -53,15 +54,15 @@ def max_tokens_for(scopes: int) -> int:
     return max(1, memory_bytes() // 2 // (scopes * BYTES_PER_TOKEN_IN_MEMORY))
 
 
-class Shared:
-    """The default of ``Pipeline.start``'s ``suffix_index`` and ``scope``: the pipeline's shared index and scope, or
-    what the other names (None means none)."""
+class FromScope:
+    """The default of ``Pipeline.start``'s ``suffix_index``: the index of the request's scope in the store (the default
+    scope's where its scope is None)."""
 
     def __repr__(self) -> str:
-        return "the pipeline's shared index"
+        return "its scope's index"
 
 
-SHARED = Shared()
+FROM_SCOPE = FromScope()
 
 
 class SuffixFileError(ValueError):
@@ -88,21 +89,28 @@ class SuffixStore:
 
     def on_evict(self, forget: Callable[[str], None]) -> None:
         """Call ``forget(name)`` whenever scope ``name`` is evicted: what else keeps things for a scope (the prefix
-        cache's K/V) lets them go with its index."""
-        self._evicted.append(forget)
+        cache's K/V) lets them go with its index. ``off_evict`` stops it."""
+        with self._lock:
+            self._evicted.append(forget)
 
-    def scope(self, name: str) -> SuffixIndex:
+    def off_evict(self, forget: Callable[[str], None]) -> None:
+        """Call ``forget`` no more (one that ``on_evict`` was given; its owner is closing): the store no longer holds it."""
+        with self._lock:
+            self._evicted = [f for f in self._evicted if f != forget]
+
+    def index(self, name: str) -> SuffixIndex:
         """The index of scope ``name`` (made on first use; the least recently used scope evicted past the bound)."""
         evicted = []
         with self._lock:
             index = self._scopes.get(name)
             if index is None:
-                index = self._scopes[name] = SuffixIndex(self.max_tokens, self.max_sequences, scope=name)
+                index = self._scopes[name] = SuffixIndex(self.max_tokens, self.max_sequences)
                 while len(self._scopes) > self.max_scopes:
                     evicted.append(self._scopes.popitem(last=False)[0])
             self._scopes.move_to_end(name)
+            listeners = list(self._evicted)
         for gone in evicted:  # outside the lock: a listener may take its own
-            for forget in self._evicted:
+            for forget in listeners:
                 forget(gone)
         return index
 
@@ -147,7 +155,7 @@ class SuffixStore:
                                   "deep); expected a file `--suffix-file` wrote") from None
         scopes = _checked(data, path, tokenizer, vocab_size)
         for name, sequences in list(scopes.items())[-self.max_scopes :]:
-            index = self.scope(name)
+            index = self.index(name)
             first = len(sequences) - len(kept := self._kept(sequences))
             for number, tokens in enumerate(kept, first):
                 index.add(f"saved-{name}-{number}", tokens)  # drafted from "saved-...": a text of an earlier process
@@ -166,25 +174,53 @@ class SuffixStore:
         return kept[::-1]
 
 
+class SuffixFile:
+    """The file a store's indexes are kept in between processes (``--suffix-file``, ``Pipeline.load(suffix_file=)``),
+    for one tokenizer (``tokenizer``: its fingerprint, ``vocab_size``): ``read`` at start, ``write`` at the end. A file
+    refused when read is the user's (a larger index, another artifact's, a file named by mistake): it is left as it was
+    and never written."""
+
+    def __init__(self, store: SuffixStore, path: str | Path, tokenizer: str, vocab_size: int):
+        self.store, self.path, self.tokenizer, self.vocab_size = store, Path(path), tokenizer, vocab_size
+        self.refused = False
+
+    def read(self, log: Callable[[str], None] | None = None) -> int:
+        """Add the file's texts to the store (a missing file: none, created by ``write``); returns the sequences read.
+        A refused file is told in one line to ``log`` (default: ``warnings.warn``) and leaves the store as it was."""
+        try:
+            return self.store.load(self.path, self.tokenizer, self.vocab_size)
+        except SuffixFileError as exc:
+            self.refused = True
+            (log or (lambda message: warnings.warn(message, stacklevel=4)))(
+                f"{exc}; starting with an empty index, which will not be saved ({self.path} is left as it is)")
+            return 0
+
+    def write(self) -> Path | None:
+        """Write the store's indexes to the file, atomically; returns its path, or None where it was refused (nothing
+        written)."""
+        if self.refused:
+            return None
+        self.store.save(self.path, self.tokenizer, self.vocab_size)
+        return self.path
+
+
 def row_scopes(store: SuffixStore, indexes, scopes, rows: int) -> list[tuple[SuffixIndex | None, str | None]]:
     """``Pipeline.start``'s ``suffix_index`` and ``scope`` as (index, scope name) per row; ConfigError for anything
-    else. A scope name given, and no index, drafts from that scope's index in ``store``; an index given, and no scope
-    name, keeps K/V under the index's own scope; neither: the store's shared scope. ``suffix_index=None`` drafts from
-    the row's own text alone and still reuses its scope's K/V; ``scope=None`` reuses none."""
-    given = [SHARED] * rows if indexes is SHARED else list(indexes) if isinstance(indexes, (list, tuple)) else [indexes] * rows
-    if len(given) != rows or not all(i is SHARED or i is None or isinstance(i, SuffixIndex) for i in given):
+    else. The scope name is whose K/V a row reuses and keeps (None: none); the index is what it drafts from and adds
+    its text to (``FROM_SCOPE``: its scope's index in ``store``, the default scope's where the name is None; None: the
+    row's own text alone). Each is the caller's to give: an index never names a scope."""
+    given = list(indexes) if isinstance(indexes, (list, tuple)) else [indexes] * rows
+    if len(given) != rows or not all(i is FROM_SCOPE or i is None or isinstance(i, SuffixIndex) for i in given):
         raise ConfigError(f"suffix_index: got {short(indexes)}; expected a SuffixIndex, None for none, or one of "
                           f"either per prompt ({rows})")
     names = list(scopes) if isinstance(scopes, (list, tuple)) else [scopes] * rows
-    if len(names) != rows or not all(n is SHARED or n is None or (isinstance(n, str) and n) for n in names):
+    if len(names) != rows or not all(n is None or (isinstance(n, str) and n) for n in names):
         raise ConfigError(f"scope: got {short(scopes)}; expected a scope name, None for no K/V reuse, or one of "
                           f"either per prompt ({rows})")
     rows_scopes = []
     for index, name in zip(given, names):
-        if index is SHARED:
-            index = store.scope(name if isinstance(name, str) else SHARED_SCOPE)
-        if name is SHARED:
-            name = index.scope if index is not None else SHARED_SCOPE
+        if index is FROM_SCOPE:
+            index = store.index(name if name is not None else DEFAULT_SCOPE)
         rows_scopes.append((index, name))
     return rows_scopes
 

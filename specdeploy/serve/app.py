@@ -12,6 +12,7 @@ its cache rows are freed on the scheduler's next turn.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,13 +34,13 @@ from . import errors
 from .breaker import Breaker, TemplateBroken
 from .errors import ApiError
 from .lifecycle import Lifecycle
-from .metrics import ServerMetrics
+from .metrics import METRIC_LABELS, ServerMetrics
 from .middleware import ApiKey, BodyLimit, RequestLog
 from .prompts import PromptTimeout, PromptWorkers
 from .protocol import ChatRequest, CompletionRequest, Sampling
 from .responses import Reply, refusal
 from .scheduler import Overloaded, Scheduler, ShuttingDown
-from .scopes import key_scope, suffix_scopes
+from .scopes import ScopeOf, key_scope, suffix_scopes
 from .sse import EventStream, watch_disconnect
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/health/live", "/health/ready", "/metrics")
@@ -47,14 +48,21 @@ ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/
 
 def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: int | None = None,
                max_body_bytes: int = 4 * 2**20, api_key: str | None = None, allowed_origins: Sequence[str] = (),
-               template_seconds: float = 10.0, suffix_scope: str = "key") -> FastAPI:
+               template_seconds: float = 10.0, suffix_scope: str = "key",
+               identity: dict[str, str] | None = None) -> FastAPI:
     """The server's ASGI app. ``default_max_tokens``: a request without max_tokens gets this many at most (None:
     the room its prompt leaves in the context); ``api_key``: every route but the probes and /metrics needs it;
     ``allowed_origins``: browsers' cross-origin requests allowed from these (CORS); ``template_seconds``: the CPU
     time a chat template may use before the request is answered with a 500 (wall time only as a backstop);
-    ``suffix_scope``: whose earlier answers a request drafts from (``scopes.SCOPES``: per API key by default)."""
+    ``suffix_scope``: whose earlier answers a request drafts from (``scopes.SCOPES``: per API key by default; its K/V
+    are kept per key unless ``global``);
+    ``identity``: who answers, one of several replicas (``ray_app.replica_identity``: replica, node, ...): the probes
+    say it, and every metric is labelled with its ``replica`` and ``node``. Without one, the probes give this host's
+    name as ``node`` and the metrics have no such labels (a scraper labels its one target itself)."""
     app = FastAPI(title="specdeploy", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = ServerMetrics(scheduler, model, ROUTES)
+    labels = {name: identity[name] for name in METRIC_LABELS if name in identity} if identity is not None else {}
+    identity = identity if identity is not None else {"node": socket.gethostname()}
+    metrics = ServerMetrics(scheduler, model, ROUTES, labels)
     scheduler.on_finish = metrics.finished
     lifecycle = Lifecycle(scheduler, _warm_template(pipeline))
     app.state.scheduler, app.state.metrics, app.state.lifecycle = scheduler, metrics, lifecycle
@@ -65,9 +73,9 @@ def create_app(pipeline, scheduler: Scheduler, model: str, default_max_tokens: i
     app.add_middleware(RequestLog, observe=metrics.responded)
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"], allow_headers=["*"])
-    app.router.routes.append(Route("/metrics", _Asgi(make_asgi_app(metrics.registry)), methods=["GET"]))
+    app.router.routes.append(Route("/metrics", _Asgi(make_asgi_app(metrics.served)), methods=["GET"]))
     api = Api(pipeline, scheduler, lifecycle, model, default_max_tokens, PromptWorkers(template_seconds),
-              suffix_scopes(pipeline.suffix_store, suffix_scope), template_seconds)
+              suffix_scopes(pipeline.suffix_store, suffix_scope), template_seconds, identity)
     for path in ("/health", "/health/ready"):
         app.get(path)(api.ready)
     app.get("/health/live")(api.live)
@@ -81,21 +89,22 @@ class Api:
     """The routes' handlers over one scheduler: probes, the model list, completions and chat completions."""
 
     def __init__(self, pipeline, scheduler: Scheduler, lifecycle: Lifecycle, model: str, default_max_tokens: int | None,
-                 workers: PromptWorkers, scope_of: Callable, template_seconds: float):
+                 workers: PromptWorkers, scope_of: ScopeOf, template_seconds: float, identity: dict[str, str]):
         self.pipeline, self.scheduler, self.lifecycle, self.model = pipeline, scheduler, lifecycle, model
         self.default_max_tokens, self.workers, self.scope_of = default_max_tokens, workers, scope_of
         self.template_seconds = template_seconds
         self.template_breaker = Breaker()  # renders of a template that keeps running past its limit: refused at once
         self.server_id = uuid.uuid4().hex[:12]  # tells replicas apart behind a load balancer
+        self.identity = identity  # read at each probe: a replica adds where its metrics are served once it knows
 
     async def ready(self):
         status = self.lifecycle.status()
         body = {"status": status, "rows": self.scheduler.row_count, "queued": len(self.scheduler.queue),
-                "server": self.server_id}
+                "server": self.server_id, **self.identity}
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def live(self):
-        return {"status": "alive", "server": self.server_id}
+        return {"status": "alive", "server": self.server_id, **self.identity}
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "specdeploy",
@@ -118,41 +127,35 @@ class Api:
         return await self._serve(request, body, [prompt], chat=True)
 
     def _check(self, body: Sampling) -> None:
-        """What can be refused before any prompt is made: the model's name, what this server does not do, a drain."""
+        """What can be refused before any prompt is made: the model's name, what this server does not do (a drain,
+        and whether a prompt fits, the intake refuses: ``Intake.submit_choices``)."""
         if body.model != self.model:
             raise ApiError(404, f"model: got {short(body.model)}; this server serves {self.model!r} (GET /v1/models)",
                            "model", code="model_not_found")
         refused = body.unsupported(self.scheduler.config)
         if refused is not None:
             raise ApiError(400, f"{refused[0]}: {refused[1]}", refused[0])
-        if self.lifecycle.draining:
-            raise ApiError(503, "the server is shutting down: it takes no new requests; retry on another replica",
-                           code="shutting_down")
 
-    def _choices(self, body: Sampling, prompts: list[np.ndarray], chat: bool) -> list:
+    def _choices(self, body: Sampling, prompts: list[np.ndarray]) -> list:
         """(prompt, settings) of each choice of the request: as many new tokens as asked, else the room each prompt
-        leaves (at most ``default_max_tokens``), as vLLM does; a prompt that leaves no room is refused."""
+        leaves (at most ``default_max_tokens``), as vLLM does; at least one, so that a prompt that leaves no room is
+        refused where every request's room is checked (the intake's runtime check)."""
         scheduler, asked = self.scheduler, body.requested_max_tokens()
         seed = body.seed if body.seed is not None else scheduler.intake.next_seed()
         choices = []
         for prompt in prompts:
             room = scheduler.intake.room(len(prompt))
-            if room < 1:
-                raise ApiError(400, f"{'messages' if chat else 'prompt'}: {len(prompt)} tokens, and this server's "
-                               f"context is {scheduler.capacity} tokens per request with {scheduler.intake.speculative_slots} "
-                               "of them speculative slots: no room for a new token; shorten it",
-                               "messages" if chat else "prompt", code="context_length_exceeded")
-            new = asked or min(room, self.default_max_tokens or room)
+            new = asked or max(1, min(room, self.default_max_tokens or room))
             choices += [(prompt, config) for config in body.generation_configs(scheduler.config, new, seed)]
         return choices
 
     async def _serve(self, request: Request, body: Sampling, prompts: list[np.ndarray], chat: bool):
         scheduler, lifecycle = self.scheduler, self.lifecycle
         try:
-            tickets = scheduler.intake.submit_choices(self._choices(body, prompts, chat), asyncio.get_running_loop(),
-                                               body.top_logprobs_count(), self.scope_of(request.headers))
+            tickets = scheduler.intake.submit_choices(self._choices(body, prompts), asyncio.get_running_loop(),
+                                                      body.top_logprobs_count(), *self.scope_of(request.headers))
         except (ConfigError, CapacityError, Overloaded, ShuttingDown) as exc:
-            raise refusal(exc) from None
+            raise refusal(exc, "messages" if chat else "prompt") from None
         lifecycle.open += 1
 
         def closed(unfinished) -> None:
@@ -160,7 +163,7 @@ class Api:
             if unfinished:  # a stream that failed, or a client that left: nobody will read them
                 scheduler.intake.cancel(unfinished)
 
-        reply = Reply(self.pipeline, body, tickets, chat, self.model, request.scope.get("specdeploy.request_id", ""),
+        reply = Reply(self.pipeline, body, tickets, chat, self.model, getattr(request.state, "request_id", ""),
                       closed)
         if body.stream:
             return EventStream(reply.chunks(), lambda: scheduler.intake.cancel(tickets))
@@ -266,5 +269,5 @@ class _Asgi:
     def __init__(self, app):
         self.app = app
 
-    async def __call__(self, scope, receive, send):
-        await self.app(scope, receive, send)
+    async def __call__(self, connection, receive, send):
+        await self.app(connection, receive, send)

@@ -52,11 +52,6 @@ class Intake:
         """Requests are queued or running."""
         return bool(self.queue or self.tickets)
 
-    @property
-    def speculative_slots(self) -> int:
-        """Slots a verification writes beyond a request's tokens (``cache.slots_needed``)."""
-        return slots_needed(0, 0, self.k)
-
     def room(self, prompt_tokens: int) -> int:
         """New tokens a prompt of ``prompt_tokens`` leaves room for in this server's context (< 1: it does not fit)."""
         return self.capacity - slots_needed(prompt_tokens, 0, self.k)
@@ -74,16 +69,17 @@ class Intake:
         return self.submit_choices([(prompt, config)], loop)[0]
 
     def submit_choices(self, requests: Sequence[tuple[np.ndarray, GenerationConfig]], loop: asyncio.AbstractEventLoop,
-                       top_logprobs: int | None = None, index: SuffixIndex | None = None) -> list[Ticket]:
-        """Queue the choices of one request, (prompt ids, settings) each, all or none; they share one events queue
-        and draft from ``index`` (its scope's suffix index) besides their own text.
+                       top_logprobs: int | None = None, scope: str | None = None,
+                       index: SuffixIndex | None = None) -> list[Ticket]:
+        """Queue the choices of one request, (prompt ids, settings) each, all or none; they share one events queue,
+        reuse and keep K/V in ``scope`` and draft from ``index`` (a suffix index) besides their own text.
         Raises what the runtime refuses one with (``check``: ``ConfigError``, ``CapacityError`` when it cannot fit a
         row), ``Overloaded`` when ``max_queue`` requests would be waiting, ``ShuttingDown`` once the server stops
         admitting."""
         requests = [(self.check(prompt, config), config) for prompt, config in requests]
         events: asyncio.Queue = asyncio.Queue()
-        tickets = [Ticket(prompt, config, loop, events, choice, top_logprobs, f"cmpl-{next(self._ids)}", index=index)
-                   for choice, (prompt, config) in enumerate(requests)]
+        tickets = [Ticket(prompt, config, loop, events, choice, top_logprobs, f"cmpl-{next(self._ids)}", scope=scope,
+                          index=index) for choice, (prompt, config) in enumerate(requests)]
         with self._wake:
             if self._closed or self._stopping:
                 raise ShuttingDown("the server is shutting down: it takes no new requests; retry on another replica")

@@ -7,6 +7,8 @@ is the mean accepted length), request counts by finish reason, token counters, t
 inter-token (one per cycle that committed tokens), queue, prefill, decode, inference and end-to-end
 histograms, running and waiting requests, KV-cache usage. specdeploy's: the per-cycle counters and phase
 times (``reports.prometheus``), requests by finish reason, HTTP responses by route and status (apart).
+One of several replicas labels every sample with the replica and node it comes from (``served``), so that the
+series of replicas scraped through one address stay apart.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import Counter as Tally
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.registry import Collector
 
 from ..reports.prometheus import SpecDecodingMetrics
 
@@ -28,17 +31,23 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    960.0, 1920.0, 7680.0)
 # a row's finish reason as OpenAI (and vLLM's request_success) name it; "abort": ended by the server's drain
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort", "error": "error", "abort": "abort"}
+METRIC_LABELS = ("replica", "node")  # what tells replicas' series apart (``ServerMetrics``' constant labels)
 
 
 class ServerMetrics:
     """The server's registry; ``finished`` is the scheduler's ``on_finish``, ``responded`` the access log's count."""
 
-    def __init__(self, scheduler, model_name: str, routes: tuple[str, ...] = ()):
+    def __init__(self, scheduler, model_name: str, routes: tuple[str, ...] = (), labels: dict[str, str] | None = None):
         self.registry = CollectorRegistry()
         self.routes = set(routes)
         self.decoding = SpecDecodingMetrics(self.registry)
         self._declare_own(scheduler)
         self._declare_vllm(scheduler, model_name)
+        # what /metrics serves: the registry, every sample labelled with ``labels`` (a replica's, under Ray)
+        self.served = self.registry
+        if labels:
+            self.served = CollectorRegistry()
+            self.served.register(Labelled(self.registry, labels))
 
     def _declare_own(self, scheduler) -> None:
         """specdeploy's own metrics: requests, HTTP responses, latency, rows, queue, suffix indexes, prefix cache."""
@@ -147,6 +156,18 @@ class ServerMetrics:
 
     def responded(self, path: str, status: int) -> None:
         self.http.labels(route=path if path in self.routes else "other", status=str(status)).inc()
+
+
+class Labelled(Collector):
+    """Every sample of ``registry`` with ``labels`` added (prometheus_client has no registry-wide constant labels)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]):
+        self.registry, self.labels = registry, dict(labels)
+
+    def collect(self):
+        for family in self.registry.collect():
+            family.samples = [sample._replace(labels={**sample.labels, **self.labels}) for sample in family.samples]
+            yield family
 
 
 def _one_two_five(limit: int) -> list[int]:

@@ -1,7 +1,8 @@
 """Pure ASGI middleware in front of the routes: request ids and the access log, the API key, the body limit.
 
 Pure ASGI (not Starlette's BaseHTTPMiddleware) so that each counts and refuses before anything reads the
-body, and so that a route still sees the client's disconnect on ``receive``.
+body, and so that a route still sees the client's disconnect on ``receive``. ASGI's first argument (its "scope": one
+connection's dict) is called ``connection`` here; a scope in this package is whose texts a request shares.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # a client's X-Request-Id i
 OPEN_PATHS = ("/health", "/health/live", "/health/ready", "/metrics")  # probes and scrapers need no key
 
 
-def route_path(scope) -> str:
+def route_path(connection) -> str:
     """The path the routes see: without the --root-path prefix a proxy may have left on it."""
-    path, root = scope["path"], scope.get("root_path", "")
+    path, root = connection["path"], connection.get("root_path", "")
     return path[len(root):] or "/" if root and path.startswith(root) else path
 
 
@@ -36,8 +37,8 @@ def log_field(value, limit: int = 200) -> str:
     return cut if len(text) <= limit else f"{cut}...({len(text):,}chars)"
 
 
-def header(scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
+def header(connection, name: bytes) -> str | None:
+    for key, value in connection["headers"]:
         if key == name:
             return value.decode("latin-1")
     return None
@@ -51,12 +52,12 @@ class RequestLog:
     def __init__(self, app, observe: Callable[[str, int], None]):
         self.app, self.observe = app, observe
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        asked = header(scope, b"x-request-id")
+    async def __call__(self, connection, receive, send):
+        if connection["type"] != "http":
+            return await self.app(connection, receive, send)
+        asked = header(connection, b"x-request-id")
         request_id = asked if asked and REQUEST_ID.fullmatch(asked) else uuid.uuid4().hex
-        scope["specdeploy.request_id"] = request_id
+        connection.setdefault("state", {})["request_id"] = request_id  # the route's request.state
         began, status = time.perf_counter(), 500
 
         async def sending(message):
@@ -67,13 +68,13 @@ class RequestLog:
             await send(message)
 
         try:
-            await self.app(scope, receive, sending)
+            await self.app(connection, receive, sending)
         finally:
-            path = route_path(scope)
+            path = route_path(connection)
             self.observe(path, status)
-            client = scope.get("client") or ("-", 0)
+            client = connection.get("client") or ("-", 0)
             access_log.info('%s:%s "%s %s HTTP/%s" %d %.3fs request_id=%s', log_field(client[0], 64), log_field(client[1]),
-                            log_field(scope["method"], 16), log_field(path), log_field(scope.get("http_version", "1.1")),
+                            log_field(connection["method"], 16), log_field(path), log_field(connection.get("http_version", "1.1")),
                             status, time.perf_counter() - began, request_id)
 
 
@@ -84,10 +85,10 @@ class ApiKey:
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or route_path(scope) in OPEN_PATHS:
-            return await self.app(scope, receive, send)
-        given = header(scope, b"authorization") or ""
+    async def __call__(self, connection, receive, send):
+        if connection["type"] != "http" or route_path(connection) in OPEN_PATHS:
+            return await self.app(connection, receive, send)
+        given = header(connection, b"authorization") or ""
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("latin-1"), self.key):
             said = "no Authorization header" if not given else "a wrong key" if scheme.lower() == "bearer" else \
@@ -95,7 +96,7 @@ class ApiKey:
             error = ApiError(401, f"Authorization: got {said}; expected 'Bearer <this server's --api-key>'",
                              code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             return await error.send(send)
-        await self.app(scope, receive, send)
+        await self.app(connection, receive, send)
 
 
 class BodyLimit:
@@ -113,12 +114,12 @@ class BodyLimit:
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
-            return await self.app(scope, receive, send)
-        declared = header(scope, b"content-length")
+    async def __call__(self, connection, receive, send):
+        if connection["type"] != "http" or connection["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(connection, receive, send)
+        declared = header(connection, b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            if (header(scope, b"expect") or "").lower() != "100-continue":
+            if (header(connection, b"expect") or "").lower() != "100-continue":
                 await self._drain(receive, 0)
             return await self._refuse(send, f"Content-Length: got {short(declared, 40, quoted=False)} bytes")
         body, more = bytearray(), True
@@ -141,7 +142,7 @@ class BodyLimit:
             replayed = True
             return {"type": "http.request", "body": bytes(body), "more_body": False}
 
-        await self.app(scope, replay, send)
+        await self.app(connection, replay, send)
 
     async def _drain(self, receive, read: int) -> None:
         while read <= self.DRAIN_LIMIT:

@@ -31,14 +31,15 @@ from .tickets import Event, Overloaded, ShuttingDown, Ticket
 FINISH = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
 
-def refusal(exc: Exception) -> ApiError:
-    """The answer to a request the server or the runtime refused with ``exc``."""
+def refusal(exc: Exception, prompt: str = "prompt") -> ApiError:
+    """The answer to a request the server or the runtime refused with ``exc``; ``prompt``: the field the request's
+    prompt came in (``messages`` for a chat)."""
     if isinstance(exc, ShuttingDown):
         return ApiError(503, str(exc), code="shutting_down")
     if isinstance(exc, Overloaded):
         return ApiError(429, str(exc), code="overloaded", headers={"Retry-After": str(int(np.ceil(exc.retry_after)))})
-    if isinstance(exc, CapacityError):
-        return ApiError(400, str(exc), "max_tokens", code="context_length_exceeded")
+    if isinstance(exc, CapacityError):  # the prompt alone leaves no room, or the answer asked for does not fit
+        return ApiError(400, str(exc), prompt if exc.field == "prompt" else "max_tokens", code="context_length_exceeded")
     if isinstance(exc, ConfigError):
         field = str(exc).split(":", 1)[0]
         name = OPENAI_NAMES.get(field, field.split(" ")[0])

@@ -190,14 +190,13 @@ class Scheduler:
         rows about to join it and for the logprobs of its committed tokens."""
         staged = self.pipeline.start(
             [t.prompt for t in tickets], self.config, [t.config for t in tickets], capacity=self.capacity,
-            # K/V reused within the index's scope; a request without one (--suffix-scope none) reuses none
-            suffix_index=[t.index for t in tickets], scope=[t.index.scope if t.index is not None else None for t in tickets],
+            suffix_index=[t.index for t in tickets], scope=[t.scope for t in tickets],
             policy=self.policy, request_ids=[t.request_id for t in tickets],
             joining=lambda: self._joining(staged),
             on_verified=lambda logits, committed: self.logprobs.keep(staged, logits, committed))
         return staged
 
-    def _joining(self, generation: Generation) -> tuple[int, int, int]:
+    def _joining(self, generation: Generation) -> tuple[int, int, float]:
         """What joins ``generation``'s rows in the batch they make (``Generation.joining``): the other batch (the running
         one of a staging batch, the staging one of the running batch) and the queued requests that fit. Their rows, the
         tokens the draft lacks of them, and their tokens to come."""
@@ -206,7 +205,7 @@ class Scheduler:
         queued = self.intake.queued(self.max_batch - self.row_count)
         rows += len(queued)
         lacking += sum(max(0, len(t.prompt) - 2) for t in queued)  # as ``Drafter.behind`` counts a fresh row
-        to_come += sum(t.config.max_new_tokens for t in queued)
+        to_come += sum(self.pipeline.answers.to_come(0, t.config.max_new_tokens) for t in queued)  # as long as answers run
         return rows, lacking, to_come
 
     def _finish(self, row: RowResult) -> None:

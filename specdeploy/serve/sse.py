@@ -49,7 +49,7 @@ class EventStream(StreamingResponse):
                          media_type="text/event-stream")
         self.events, self.gone = events, gone
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, connection, receive, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async with watch_disconnect(receive, self.gone):
             try:

@@ -53,7 +53,8 @@ class Ticket:
     token_times: list[float] = field(default_factory=list)  # when each cycle's new tokens were committed
     cancelled: bool = False
     ended_by: str = ""  # why the server ended it early (a drain's deadline); empty when it ran its course
-    index: SuffixIndex | None = None  # its scope's suffix index (per API key by default); None: its own text alone
+    scope: str | None = None  # the scope whose kept K/V it reuses and keeps its own in (per API key by default)
+    index: SuffixIndex | None = None  # the suffix index it drafts from (its scope's by default); None: its own text alone
 
     def put(self, event: Event) -> None:
         if not self.loop.is_closed():  # a server that has stopped listens no more

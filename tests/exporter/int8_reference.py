@@ -16,7 +16,7 @@ def to_int8_dynamic(path: Path) -> None:
 
     ONNX Runtime's dynamic quantizer (MatMulInteger on MLAS's int8 GEMM): on this project's CPUs its
     cost grows far more slowly with the tokens per call than MatMulNBits', which is what verifying
-    K + 1 tokens at once needs (see README, Measuring). Its activation scale is then made per row
+    K + 1 tokens at once needs (docs/benchmarks.md, Verify cost). Its activation scale is then made per row
     (:func:`per_row_activations`), so that a verified token's int8 MatMuls do not depend on the drafts
     beside it.
     """
@@ -43,8 +43,8 @@ def per_row_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     leaves in the cache depends on drafts that were then rejected. Per row (per token), symmetric:
     scale = max|x| / 127, zero point 128 as uint8 (MatMulInteger's zero point must be a scalar). The
     integer GEMM is exact, so each token's int8 MatMuls no longer depend on the call. (fp32 attention
-    still sums 5 rows in another order than 1, and int8 rounding can amplify that noise: README,
-    Measuring.) Accuracy improves too: one outlier token no longer coarsens the whole call
+    still sums 5 rows in another order than 1, and int8 rounding can amplify that noise:
+    docs/results/exactness.) Accuracy improves too: one outlier token no longer coarsens the whole call
     (Qwen2.5-Coder 1.5B, top-1 agreement with fp32 over 168 positions: 0.98 against 0.95).
 
     The row scale multiplies the rescaled output in a Mul of its own, and the quantizer's scale

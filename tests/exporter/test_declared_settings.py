@@ -23,7 +23,7 @@ from specdeploy.declared import Rope
 from specdeploy.exporter import ARCHITECTURES, ExportError, ExportOptions, export_artifact
 from specdeploy.exporter.checkpoint import load_tokenizer_and_config
 from specdeploy.exporter.checks import rules_of
-from specdeploy.exporter.registry import lookup
+from specdeploy.exporter.registry import architecture_of
 from tests import tiny
 from tests.exporter.cases import PARITY_CASES
 
@@ -56,7 +56,7 @@ def candidates(value) -> list:
 
 def settings(model_type: str, config: dict) -> list[tuple[str, ...]]:
     """The paths (keys into config.json) of every setting the family's rules read, RoPE's keys inside its dict."""
-    rules, part = rules_of(lookup(model_type))
+    rules, part = rules_of(architecture_of(model_type))
     prefix = (part,) if part else ()
     own = config[part] if part else config
     paths = []

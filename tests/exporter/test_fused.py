@@ -361,7 +361,7 @@ def test_an_older_fused_hybrid_with_its_slots_computed_in_the_graph_still_loads_
     for directory in (new, old):
         engine = load_engine(directory, Manifest.read(directory), "target")
         cache = engine.allocate_cache(2, 32)
-        base = engine.infer(ids[:, :16], np.zeros(2, np.int64), cache).logits.copy()  # rows alone: FusedCalls
+        base = engine.infer(ids[:, :16], np.zeros(2, np.int64), cache).logits.copy()  # rows alone: InPlaceCalls
         ragged = engine.infer(ids[:, 16:17], np.array([16, 12], np.int64), cache).logits.copy()
         wrapped = engine.infer(ids[:1, 17:23], np.array([17], np.int64), cache.rows(0, 1)).logits.copy()  # positions 17-22
         logits.append((base, ragged, wrapped))

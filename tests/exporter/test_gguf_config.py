@@ -21,7 +21,7 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.exporter import export_artifact
 from specdeploy.exporter.checkpoint import load_checkpoint, load_tokenizer_and_config
 from specdeploy.exporter.errors import ExportError
-from specdeploy.exporter.registry import lookup
+from specdeploy.exporter.registry import architecture_of
 from tests import tiny
 
 VOCAB = 300
@@ -133,7 +133,8 @@ def test_the_config_read_from_the_metadata_is_the_models(family):
                   "embedding_multiplier", "residual_multiplier", "logits_scaling", "attention_multiplier",
                   "no_rope_layers"):
         assert getattr(config, field, None) == pytest.approx(getattr(expected, field, None)), field
-    assert lookup(name).dims(config) == lookup(name).dims(expected)  # head_dim among them, where a config has none
+    described = architecture_of(name)
+    assert described.dims(config) == described.dims(expected)  # head_dim among them, where a config has none
     checkpoint = load_checkpoint(path)
     assert set(checkpoint.weights) == set(model.state_dict()) - ({"lm_head.weight"} if expected.tie_word_embeddings else set())
     for weight, value in model.state_dict().items():

@@ -117,7 +117,7 @@ def test_int8_per_row_scales_compute_each_token_as_if_alone(tmp_path, per_row):
 
     ONNX Runtime's own scale spans the call, so a verified token's result depends on the drafts
     beside it (the negative control). What stays: fp32 attention sums 5 rows in another order than
-    1, and int8 rounding can amplify that noise (measured on the real pair, README).
+    1, and int8 rounding can amplify that noise (measured on the real pair: docs/results/exactness).
     """
 
     session = tiny.ort_session(_one_matmul(tmp_path, per_row).SerializeToString())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdeploy.reports.analytic import expected_tokens, expected_tokens_iid, predicted_speedup
+from specdeploy.reports.analytic import expected_tokens, predicted_speedup
 
 
 def test_expected_tokens_hand_values():
@@ -15,8 +15,9 @@ def test_expected_tokens_hand_values():
 
 
 @pytest.mark.parametrize("a,k", [(0.0, 3), (0.3, 1), (0.7, 4), (0.9, 8), (1.0, 5)])
-def test_iid_closed_form_equals_per_position(a, k):
-    assert expected_tokens_iid(a, k) == pytest.approx(expected_tokens([a] * k, k))
+def test_per_position_equals_the_iid_closed_form(a, k):
+    closed = float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)  # Leviathan et al.'s (1 - a^(K+1)) / (1 - a)
+    assert expected_tokens([a] * k, k) == pytest.approx(closed)
 
 
 def test_predicted_speedup():

@@ -228,12 +228,12 @@ class _Scripted:
     def __init__(self, outputs: dict[str, list[int]]):
         self.outputs, self.located, self.indexes = outputs, [], []
 
-    def generate(self, prompts, config, batch_size=1, suffix_index=None):
+    def generate(self, prompts, config, batch_size=1, suffix_index=None, scope="shared"):
         from specdeploy.runtime.pipeline import GenerationResult
 
-        self.indexes.append((config.drafter, config.max_new_tokens > 4, suffix_index))
+        self.indexes.append((config.drafter, config.max_new_tokens > 4, suffix_index, scope))
         ids = self.outputs[config.drafter] if config.max_new_tokens > 4 else [0]
-        return [GenerationResult("", list(ids), {"tokens": len(ids), "seconds": 0.5}) for _ in prompts]
+        return [GenerationResult(text="", token_ids=list(ids), stats={"tokens": len(ids), "seconds": 0.5}) for _ in prompts]
 
     def first_divergence(self, prompt, reference, other, config):
         self.located.append((prompt, reference, other, config.drafter))
@@ -263,18 +263,20 @@ def test_a_greedy_run_that_leaves_plain_decoding_is_located_with_the_plain_margi
 
 
 def test_each_setting_drafts_from_its_own_index_fresh_each_round(tmp_path):
-    """No setting drafts from another's answer to the same prompt, nor from its own of an earlier round; warm-ups
-    draft from none."""
+    """No setting drafts from another's answer to the same prompt, nor from its own of an earlier round, nor reuses
+    another's K/V (each index its own scope); warm-ups draft from none."""
     from specdeploy.reports.bench import build_grid, run_bench
     from specdeploy.workloads import Prompt
 
     pipeline = _Scripted({"none": [5, 6], "model": [5, 6], "suffix": [5, 6]})
     grid = build_grid([0, 2], ["fixed"], ["model", "suffix"], [0.0], 8, artifacts=["a"])
     run_bench({"a": pipeline}, grid, [Prompt("p1", "w5"), Prompt("p2", "w6")], tmp_path, repeat=2)
-    assert all(index is None for _, measured, index in pipeline.indexes if not measured)
-    runs = [(drafter, index) for drafter, measured, index in pipeline.indexes if measured]
-    assert len(runs) == 2 * 2 * 3 and all(index is not None for _, index in runs)
-    by_index = {}
-    for drafter, index in runs:
+    assert all(index is None for _, measured, index, _ in pipeline.indexes if not measured)
+    runs = [(drafter, index, scope) for drafter, measured, index, scope in pipeline.indexes if measured]
+    assert len(runs) == 2 * 2 * 3 and all(index is not None for _, index, _ in runs)
+    by_index, scopes = {}, {}
+    for drafter, index, scope in runs:
         by_index.setdefault(id(index), set()).add(drafter)
+        scopes.setdefault(id(index), set()).add(scope)
     assert len(by_index) == 3 * 2 and all(len(drafters) == 1 for drafters in by_index.values())
+    assert all(len(names) == 1 for names in scopes.values()) and len(set().union(*scopes.values())) == 3 * 2

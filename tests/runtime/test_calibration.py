@@ -1,4 +1,4 @@
-"""Engine costs remembered from one process to the next (``Pipeline.load(..., remember_costs=True)``)."""
+"""Engine costs measured at warm-up and remembered across processes (``Calibration``, ``remember_costs=True``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
-from specdeploy.runtime.calibration import FOLDER, RememberedCosts, machine_key
+from specdeploy.runtime.calibration import CATCHUP_TOKENS, FOLDER, RememberedCosts, machine_key
 from specdeploy.runtime.cost_policy import Costs
+from tests.runtime.stubs import Judge
 
 CONFIG = GenerationConfig(max_new_tokens=24, ignore_eos=True, k=4)
 
@@ -80,12 +81,12 @@ def test_exact_modes_costs_are_remembered_beside_the_defaults_and_kept_by_a_proc
     monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
     first = Pipeline.load(pair_dir, remember_costs=True)
     first.generate(["w5 w6"], GenerationConfig(max_new_tokens=24, ignore_eos=True, k=4, exact=True))
-    exact = first._exact.costs.to_dict()
+    exact = first.calibration.exact_costs.to_dict()
     assert exact["verify"] and first.costs == Costs()  # exact mode measured its own table alone
-    assert _record(tmp_path) == {"costs": Costs().to_dict(), "exact_costs": exact}
+    assert _record(tmp_path) == {"costs": Costs().to_dict(), "exact_costs": exact, "answers": [[24, False]]}
 
     second = Pipeline.load(pair_dir, remember_costs=True)  # a new process
-    assert second._exact.costs.to_dict() == exact and second.costs == Costs()
+    assert second.calibration.exact_costs.to_dict() == exact and second.costs == Costs()
     second.generate(["w5 w6"], CONFIG)  # the default mode alone
     assert _record(tmp_path)["exact_costs"] == exact and _record(tmp_path)["costs"] == second.costs.to_dict() != {}
     assert Pipeline.load(pair_dir, remember_costs=True).costs == second.costs
@@ -98,4 +99,74 @@ def test_a_record_from_before_exact_mode_starts_exact_mode_cold(pair_dir, tmp_pa
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"costs": kept.to_dict()}))
     pipeline = Pipeline.load(pair_dir, remember_costs=True)
-    assert pipeline.costs == kept and pipeline._exact.costs == Costs()
+    assert pipeline.costs == kept and pipeline.calibration.exact_costs == Costs()
+
+
+def test_a_catch_up_is_judged_by_how_long_the_latest_answers_ran_and_a_new_process_recalls_them(
+        pair_dir, tmp_path, monkeypatch):
+    """An answer that ends long before its budget (a translation: 10-60 tokens of 128) never repays the draft's
+    catch-up on its prompt: the catch-up is judged against the tokens the pipeline's latest answers made, remembered
+    with the costs, not against the budget."""
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
+    first = Pipeline.load(pair_dir, remember_costs=True)
+    assert first.answers.to_list() == []
+    plain = first.generate(["w5 w6"], GenerationConfig(drafter="none", max_new_tokens=24, ignore_eos=True))[0]
+    ends = plain.token_ids.index(plain.token_ids[3]) + 1  # a stop id: the answer ends there by itself
+    short = GenerationConfig(drafter="none", max_new_tokens=24, ignore_eos=True, stop_token_ids=(plain.token_ids[3],))
+    assert [r.finish_reason for r in first.generate(["w5 w6"] * 2, short, batch_size=1)] == ["eos"] * 2  # stop ids end as EOS
+    answers = [[24, False], [ends, True], [ends, True]]  # cut at its budget, then two that ended by themselves
+    assert first.answers.to_list() == _record(tmp_path)["answers"] == answers
+
+    second = Pipeline.load(pair_dir, remember_costs=True)  # a new process
+    assert second.answers.to_list() == answers
+    judge = Judge(True)
+    run = second.start(["w5 w6 w7 w8"], GenerationConfig(k=3, max_new_tokens=24), policy=judge)
+    run.step()
+    behind = len(second.encode("w5 w6 w7 w8")) - 2
+    assert judge.asked[0] == (1, behind, pytest.approx((24 + 2 * ends) / 3))  # not the budget, 24
+    assert Pipeline.load(pair_dir).answers.to_list() == []  # the Python API's default: a process learns its own
+
+
+def test_unreadable_answers_mean_starting_from_each_requests_budget(pair_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEPLOY_CACHE", str(tmp_path))
+    kept = Costs.from_dict({"verify": [[1, 1, 0.01]]})
+    record = RememberedCosts(machine_key(pair_dir, "cpu", None)).path
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"costs": kept.to_dict(), "answers": [[3, "yes"]]}))
+    pipeline = Pipeline.load(pair_dir, remember_costs=True)
+    assert pipeline.costs == kept and pipeline.answers.to_list() == []
+
+
+def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_quicker(pair_dir):
+    """T = 1 .. k + 1 in the target, then T = 1, 2 and a catch-up in the draft, each twice (the first call at a shape is
+    cold), on throwaway caches, after a prefill of ``prompt_tokens`` in each; the quicker of the two calls is the cost
+    table's first entry (a call stalled by a busy host, here every other one, is not); a shape the table has is not
+    called again; the next request's output is the same as without it."""
+    alone = Pipeline.load(pair_dir).generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids
+    loaded, calls, seconds = Pipeline.load(pair_dir), [], {}
+    for name, engine in (("target", loaded.target), ("draft", loaded.draft)):
+        infer = engine.infer
+
+        def recorded(input_ids, past_len, cache, last=None, widths=None, name=name, infer=infer):
+            calls.append((name, input_ids.shape[1], int(past_len[0]), last))
+            done = infer(input_ids, past_len, cache, last, widths)
+            if len(calls) % 2:  # stalled: a second's wait in the first or the second call of each shape
+                done.seconds += 1.0
+            seconds.setdefault((name, input_ids.shape[1]), []).append(done.seconds)
+            return done
+
+        engine.infer = recorded
+    assert loaded.warm_up(3, prompt_tokens=20) > 0
+    twice = [call for call in [*(("target", t, 20, None) for t in range(1, 5)),
+                               *(("draft", t, 20, 1) for t in (1, 2, CATCHUP_TOKENS))] for _ in range(2)]
+    assert calls == [("target", 20, 0, 1), *twice[:8], ("draft", 20, 0, 1), *twice[8:]]
+    costs = loaded.costs
+    assert costs.verify == {(1, t): min(seconds["target", t][-2:]) for t in range(1, 5)}
+    assert costs.draft == {(1, t): min(seconds["draft", t][-2:]) for t in (1, 2, CATCHUP_TOKENS)}
+    assert max(costs.verify.values()) < 1.0 and max(costs.draft.values()) < 1.0
+    calls.clear()
+    loaded.warm_up(4)  # only what the table lacks: a verification of 5
+    assert calls == [("target", 5, 0, None)] * 2 and (1, 5) in costs.verify
+    calls.clear()
+    assert loaded.generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids == alone
+    assert ("target", 1, 20, None) not in calls  # k = 3 is warm: a request does not warm it again

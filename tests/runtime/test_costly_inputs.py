@@ -35,7 +35,7 @@ class CountingTokenizer:
 @pytest.fixture
 def counted(pair_dir):
     pipeline = Pipeline.load(pair_dir)
-    pipeline.tokenizer = CountingTokenizer(pipeline.tokenizer)
+    pipeline.codec.tokenizer = CountingTokenizer(pipeline.tokenizer)
     return pipeline
 
 
@@ -50,7 +50,7 @@ def test_one_enormous_word_is_refused_having_tokenized_no_more_than_the_context_
 
 def test_a_chat_templates_output_is_bounded_by_the_context_not_16_mib(counted):
     bound = 64 * counted.target.spec.capacity
-    counted.chat_template = ChatTemplate({"chat_template": "{% for i in range(5000) %}{{ messages[0]['content'] }} "
+    counted.codec.template = ChatTemplate({"chat_template": "{% for i in range(5000) %}{{ messages[0]['content'] }} "
                                                            "{% endfor %}"}, source="art/tokenizer_config.json")
     with pytest.raises(ChatTemplateError, match=f"OutputLimit: its output passed {bound:,} characters"):
         counted.chat_prompt(USER)

@@ -21,13 +21,13 @@ class Arrays:
 
     tokens: np.ndarray
     lengths: list[int]
-    scopes: list = field(default_factory=list)
+    texts: list = field(default_factory=list)
     greedy: bool = True
     penalized: bool = False
 
     def __post_init__(self):
         self.configs = [GenerationConfig()] * len(self.lengths)
-        self.scopes = self.scopes or [(RowResult(f"r{b}", self.tokens[b, :n]), None) for b, n in enumerate(self.lengths)]
+        self.texts = self.texts or [(RowResult(f"r{b}", self.tokens[b, :n]), None) for b, n in enumerate(self.lengths)]
 
     @property
     def batch(self) -> int:
@@ -60,9 +60,9 @@ def test_prompt_lookup_on_arrays_proposes_as_on_a_batch_state():
 
 def test_the_suffix_drafter_on_arrays_reads_each_rows_own_text_and_its_scope():
     tokens = _tokens()
-    scope = SuffixIndex()
-    scope.add("earlier", [4, 5, 6, 7, 8])  # an earlier answer in row 1's scope continues "4 5 6" with "7 8"
-    view = Arrays(tokens, [6, 3], [(RowResult("r0", tokens[0, :6]), None), (RowResult("r1", tokens[1, :3]), scope)])
+    earlier = SuffixIndex()
+    earlier.add("earlier", [4, 5, 6, 7, 8])  # an earlier answer in row 1's scope continues "4 5 6" with "7 8"
+    view = Arrays(tokens, [6, 3], [(RowResult("r0", tokens[0, :6]), None), (RowResult("r1", tokens[1, :3]), earlier)])
     proposal = _propose(SuffixDrafter(), view, None, 0, 2, [2, 2])
     np.testing.assert_array_equal(proposal.drafts[0], [3, 9])  # its own text
     np.testing.assert_array_equal(proposal.drafts[1], [7, 8])  # its scope's

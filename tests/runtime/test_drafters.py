@@ -204,8 +204,12 @@ def test_hybrid_without_a_draft_model_drafts_by_the_index_alone():
     assert proposal.drafted == [3, 0] and proposal.later_calls == 0
 
 
-def test_the_model_drafter_without_a_draft_model_is_refused():
+def test_the_model_drafter_without_a_draft_model_is_refused_before_anything_is_built():
     from specdeploy.runtime.errors import ConfigError
+    from specdeploy.runtime.registry import check_drafter, make_drafter
 
-    with pytest.raises(ConfigError, match="needs a draft model"):
-        ModelDrafter(None)
+    with pytest.raises(ConfigError, match="'model' needs a draft model"):
+        make_drafter("model", None)
+    with pytest.raises(ConfigError, match="'model' needs a draft model"):
+        check_drafter("model", has_draft_model=False)
+    check_drafter("hybrid", has_draft_model=False)  # the suffix index alone

@@ -13,6 +13,7 @@ import pytest
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import ContractError, sha256_file, tokenizer_fingerprint
 from specdeploy.runtime.config import MAX_STOP_CHARS, MAX_STOP_STRINGS, ConfigError
+from specdeploy.runtime.cost_policy import Costs
 from specdeploy.runtime.sampling import DistributionError, probabilities, sample
 
 GOOD = GenerationConfig(max_new_tokens=4, ignore_eos=True, k=2)
@@ -85,6 +86,18 @@ def test_stop_strings_are_bounded_in_number_and_length():
         GenerationConfig(stop=["ab" * 80_000])
     with pytest.raises(ConfigError, match=r"stop\[1\]: a lone surrogate \(U\+D800\) at character 2"):
         GenerationConfig(stop=["ok", "ab\ud800"])
+
+
+@pytest.mark.parametrize("make", [lambda: GenerationConfig(stop=[1] * 1_000_000),
+                                  lambda: GenerationConfig(stop_token_ids=["7"] * 1_000_000),
+                                  lambda: Costs.from_dict({"verify": [[1] * 1_000_000]}),
+                                  lambda: Costs.from_dict({"draft": [["1" * 1_000_000, 1, 0.1]]})])
+def test_a_huge_bad_value_is_repeated_cut_short(make):
+    """A client's stop list or a remembered cost table of a million entries is refused in one short line (the value was
+    repeated whole: megabytes of message)."""
+    with pytest.raises(ValueError) as refused:
+        make()
+    assert len(str(refused.value)) < 200 and "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("field,value", [("drafter", ["model"]), ("policy", ["fixed"]), ("drafter", {"model": 1})])
@@ -161,7 +174,7 @@ def test_a_tokenizer_mapping_a_word_beyond_the_vocabulary_is_refused(pair_dir, t
 
     calls = []
     good.target = type("Counting", (), {"spec": good.target.spec, "infer": lambda *a: calls.append(a)})()
-    good.tokenizer = Tokenizer.from_file(str(art / "tokenizer.json"))
+    good.codec.tokenizer = Tokenizer.from_file(str(art / "tokenizer.json"))
     with pytest.raises(ConfigError, match=r"prompt: encodes to token id 5000 \('w7'\), outside the model's vocabulary"):
         good.generate(["w5 w7"], GOOD)
     assert calls == []

@@ -69,7 +69,7 @@ def test_a_cancelled_request_leaves_and_frees_its_rows(pipeline, alone):
 def test_a_request_that_cannot_fit_is_refused_and_the_batch_goes_on(pipeline, alone):
     run = pipeline.start(PROMPTS[:1], CONFIG)
     run.step()
-    with pytest.raises(CapacityError, match="max_new_tokens"):
+    with pytest.raises(CapacityError, match=r"prompt \(40 tokens\) \+ k \(3\) \+ 1 = 44 cache slots leave no room for a new token"):
         run.join([pipeline.encode("w5 " * 40)], ["too-long"])
     while not run.done:
         run.step()
@@ -124,7 +124,7 @@ def test_rows_prefilled_without_the_draft_decode_plainly_or_catch_up_as_the_poli
         pass
     assert staging.draft_cache.past_len.tolist() == [0, 0] and judge.fed == fed and judge.asked == []
     run.merge(staging)
-    merged_at, lengths, to_come = run.cycle, run.state.lengths, sum(run.state.budgets()[0])
+    merged_at, lengths, to_come = run.cycle, run.state.lengths, run.to_come(run.state.budgets()[0])
     behind = sum(max(0, n - 2 - past) for n, past in zip(lengths, run.draft_cache.past_len.tolist()))
     while not run.done:
         run.step()

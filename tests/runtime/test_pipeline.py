@@ -11,7 +11,6 @@ from specdeploy import GenerationConfig, Pipeline
 from specdeploy.contract import ContractError
 from specdeploy.runtime.cache import CapacityError
 from specdeploy.runtime.config import ConfigError
-from specdeploy.runtime.decoder import Generation
 from specdeploy.runtime.policies import FixedK, Policy
 from tests import tiny
 
@@ -177,8 +176,7 @@ class _Recording(Policy):
 
 def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
     policy = _Recording()
-    run = Generation(pipeline.target, pipeline.drafter_for(GOOD), policy, GOOD,
-                     [pipeline.encode("w5 w6 w7"), pipeline.encode("w9")], ["a", "b"])
+    run = pipeline.start(["w5 w6 w7", "w9"], GOOD, suffix_index=None, scope=None, policy=policy, request_ids=["a", "b"])
     while not run.done:
         run.step()
     by_cycle = {}  # cycle -> records of the rows it served, in batch order
@@ -193,8 +191,8 @@ def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
 def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):
     """Every field of a cycle record against what the cycle did (records are built by keyword, in one place)."""
     hybrid = GenerationConfig(k=3, max_new_tokens=14, ignore_eos=True, policy="fixed", drafter="hybrid")
-    run = Generation(pipeline.target, pipeline.drafter_for(hybrid), FixedK(3), hybrid,
-                     [pipeline.encode("w5 w6 w7 w5 w6"), pipeline.encode("w9")], ["first", "second"])
+    run = pipeline.start(["w5 w6 w7 w5 w6", "w9"], hybrid, suffix_index=None, scope=None, policy=FixedK(3),
+                         request_ids=["first", "second"])
     sizes = []
     while not run.done:
         sizes.append(run.state.batch)
@@ -282,43 +280,6 @@ def test_a_huge_prompt_is_refused_from_its_first_part(pipeline):
     assert len(pipeline.generate("w5 " * 20, GOOD)[0].token_ids) == 12  # a long but fitting prompt still runs
 
 
-def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_quicker(pair_dir):
-    """T = 1 .. k + 1 in the target, then T = 1, 2 and a catch-up in the draft, each twice (the first call at a shape is
-    cold), on throwaway caches, after a prefill of ``prompt_tokens`` in each; the quicker of the two calls is the cost
-    table's first entry (a call stalled by a busy host, here every other one, is not); a shape the table has is not
-    called again; the next request's output is the same as without it."""
-    from specdeploy.runtime.pipeline import CATCHUP_TOKENS
-
-    alone = Pipeline.load(pair_dir).generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids
-    loaded, calls, seconds = Pipeline.load(pair_dir), [], {}
-    for name, engine in (("target", loaded.target), ("draft", loaded.draft)):
-        infer = engine.infer
-
-        def recorded(input_ids, past_len, cache, last=None, widths=None, name=name, infer=infer):
-            calls.append((name, input_ids.shape[1], int(past_len[0]), last))
-            done = infer(input_ids, past_len, cache, last, widths)
-            if len(calls) % 2:  # stalled: a second's wait in the first or the second call of each shape
-                done.seconds += 1.0
-            seconds.setdefault((name, input_ids.shape[1]), []).append(done.seconds)
-            return done
-
-        engine.infer = recorded
-    assert loaded.warm_up(3, prompt_tokens=20) > 0
-    twice = [call for call in [*(("target", t, 20, None) for t in range(1, 5)),
-                               *(("draft", t, 20, 1) for t in (1, 2, CATCHUP_TOKENS))] for _ in range(2)]
-    assert calls == [("target", 20, 0, 1), *twice[:8], ("draft", 20, 0, 1), *twice[8:]]
-    costs = loaded.costs
-    assert costs.verify == {(1, t): min(seconds["target", t][-2:]) for t in range(1, 5)}
-    assert costs.draft == {(1, t): min(seconds["draft", t][-2:]) for t in (1, 2, CATCHUP_TOKENS)}
-    assert max(costs.verify.values()) < 1.0 and max(costs.draft.values()) < 1.0
-    calls.clear()
-    loaded.warm_up(4)  # only what the table lacks: a verification of 5
-    assert calls == [("target", 5, 0, None)] * 2 and (1, 5) in costs.verify
-    calls.clear()
-    assert loaded.generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids == alone
-    assert ("target", 1, 20, None) not in calls  # k = 3 is warm: a request does not warm it again
-
-
 def test_a_target_only_artifact_decodes_by_default_with_the_index_or_plainly(checkpoints, tmp_path):
     """The default speculation drafts by the suffix index alone where the artifact has no draft model, instead of failing;
     asking for the draft model there is refused, naming what to do."""
@@ -349,7 +310,7 @@ def test_closing_a_pipeline_closes_its_engines(pair_dir):
 def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pair_dir, chat_target_dir, tmp_path):
     """One check of a config alone, as the serve CLI and the intake call it: exact mode on an explicit-form target
     without slot attention (an older export's), a drafter that needs the draft model an artifact lacks, a stop id
-    outside the vocabulary; the old check_mode stays a deprecated name of its exact-mode part."""
+    outside the vocabulary."""
     import json
     import shutil
 
@@ -369,6 +330,20 @@ def test_check_config_refuses_what_the_artifact_cannot_decode_before_any_work(pa
         pair.check_config(GenerationConfig(stop_token_ids=[100000]))
     with pytest.raises(ConfigError, match="config: got dict; expected a GenerationConfig"):
         pair.check_config({"k": 3})
-    with pytest.warns(DeprecationWarning, match="check_mode is deprecated: use check_config"):
-        with pytest.raises(ConfigError, match="exact: the target's graph is an older exporter's explicit form"):
-            older.check_mode(GenerationConfig(exact=True))
+
+
+def test_admission_builds_nothing_and_a_batch_builds_its_policy_and_drafter_once(pipeline, monkeypatch):
+    """check_config and check_request check a config and a request without building a policy or a drafter (they
+    built both once per call: N + 1 times per start of N prompts); start builds one of each for its batch."""
+    from specdeploy.runtime import registry
+
+    built = []
+    for table, name in ((registry.POLICIES, "fixed"), (registry.DRAFTERS, "hybrid")):
+        make = table[name]
+        monkeypatch.setitem(table, name, lambda *args, make=make, name=name: built.append(name) or make(*args))
+    config = GenerationConfig(k=3, max_new_tokens=4, policy="fixed")
+    pipeline.check_config(config)
+    pipeline.check_request("w5 w6", config)
+    assert built == []
+    run = pipeline.start(["w5 w6", "w7", "w8 w9 w10"], config)
+    assert built == ["fixed", "hybrid"] and run.batch == 3

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from specdeploy.runtime.answer_lengths import KEPT, AnswerLengths
 from specdeploy.runtime.cost_policy import (
     EXPLORE_SHARE,
     PRIOR,
@@ -174,6 +175,39 @@ def test_a_catch_up_is_paid_when_what_drafting_saves_over_the_tokens_to_come_rep
     assert not policy.catchup_pays(1, 10_000, 10)  # 10 s to catch up for 10 tokens
     assert CostPolicy(4, _costs()).catchup_pays(1, 10_000, 10)  # the rate never measured: drafting measures it
     assert policy.catchup_pays(1, 0, 10)  # nothing to catch up on
+
+
+def test_tokens_to_come_are_what_the_latest_answers_made_beyond_this_ones():
+    """A request's budget bounds its tokens to come; the pipeline's latest answers tell how many it will make."""
+    assert AnswerLengths().to_come(0, 127) == 127  # nothing known: the budget
+    answers = AnswerLengths([(20, True), (30, True), (40, True)])  # answers that ended by themselves (EOS, a stop)
+    assert answers.to_come(0, 127) == pytest.approx(30)  # (20 + 30 + 40) / 3
+    assert answers.to_come(25, 102) == pytest.approx(10)  # of those that went on past 25: (5 + 15) / 2
+    assert answers.to_come(0, 10) == pytest.approx(10)  # never more than the budget
+    assert answers.to_come(50, 77) == 50  # it outlived them all: as long again as it ran
+    assert answers.to_come(100, 27) == 27  # ... within its budget
+    answers.add(128, ended=False)  # cut at its budget: it did not end by itself, so it counts as running to this one's
+    assert answers.to_come(50, 77) == 77 and answers.to_come(0, 127) == pytest.approx((20 + 30 + 40 + 127) / 4)
+    for _ in range(KEPT):  # the latest KEPT answers: a workload that changes is learnt again
+        answers.add(5, ended=True)
+    assert answers.to_come(0, 127) == 5
+    assert AnswerLengths.from_list(answers.to_list()).to_list() == answers.to_list() == [[5, True]] * KEPT
+    for bad in ([[5]], [[-1, True]], [[5, 1]], [[True, True]], {"5": True}, [[5.0, True]]):
+        with pytest.raises(ValueError, match="answers: expected"):
+            AnswerLengths.from_list(bad)
+
+
+def test_a_catch_up_is_not_paid_for_answers_that_end_long_before_their_budget():
+    """A translation's answer ends after 10-60 of its 128 tokens: its draft's catch-up on the prompt, priced against
+    the budget, was paid on every request and never repaid (docs/results/spec_bench_groups). Priced against the
+    tokens the latest answers made, it is paid where answers run long and refused where they end early."""
+    policy = CostPolicy(4, _costs(verify_ms=(10, 10.5, 11, 11.5, 12), first_ms=1, later_ms=1, catchup_ms=1))
+    prompt = 100  # a 100-token catch-up: 0.1 s; drafting at the prior's acceptance saves ~4 ms a token
+    assert policy.catchup_pays(1, prompt, 127)  # the budget: paid
+    short = AnswerLengths([(12, True), (20, True), (9, True)])
+    assert not policy.catchup_pays(1, prompt, short.to_come(0, 127))  # the answers end early: not repaid
+    long = AnswerLengths([(128, False), (90, True)])
+    assert policy.catchup_pays(1, prompt, long.to_come(0, 127))
 
 
 def test_the_cost_policy_learns_each_cost_from_what_it_observes():

@@ -68,16 +68,18 @@ def test_a_batch_reuses_per_row(pair_dir, cold):
 
 
 def test_a_scope_never_reuses_another_scopes_text(pair_dir):
-    """Two API keys' indexes are two scopes: the second key's identical prompt prefills from nothing; no scope
-    (scope=None) keeps and reuses nothing."""
+    """Two API keys are two scopes: the second key's identical prompt prefills from nothing; no scope (scope=None)
+    keeps and reuses nothing. The index a request drafts from never names its scope: one of its own still reuses its
+    scope's K/V."""
     pipeline = Pipeline.load(pair_dir)
-    mine, theirs = SuffixIndex(), SuffixIndex()
-    pipeline.generate([PROMPT], GREEDY, suffix_index=mine)
-    assert pipeline.generate([PROMPT], GREEDY, suffix_index=theirs)[0].stats["cached_prompt_tokens"] == 0
+    pipeline.generate([PROMPT], GREEDY, scope="key:mine")
+    assert pipeline.generate([PROMPT], GREEDY, scope="key:theirs")[0].stats["cached_prompt_tokens"] == 0
     assert pipeline.generate([PROMPT], GREEDY, suffix_index=None, scope=None)[0].stats["cached_prompt_tokens"] == 0
-    assert pipeline.generate([PROMPT], GREEDY, suffix_index=mine)[0].stats["cached_prompt_tokens"] > 0
-    assert pipeline.generate([PROMPT], GREEDY)[0].stats["cached_prompt_tokens"] == 0  # the pipeline's shared scope
-    assert len(pipeline.prefix_cache) == 3  # mine, theirs, shared: nothing from the call without a scope
+    assert pipeline.generate([PROMPT], GREEDY, suffix_index=SuffixIndex(), scope="key:mine")[0].stats[
+        "cached_prompt_tokens"] > 0
+    assert pipeline.generate([PROMPT], GREEDY, suffix_index=SuffixIndex())[0].stats["cached_prompt_tokens"] == 0
+    assert pipeline.generate([PROMPT], GREEDY)[0].stats["cached_prompt_tokens"] > 0  # the pipeline's scope, kept above
+    assert pipeline.prefix_cache.scopes() == {"key:mine", "key:theirs", "default"}
 
 
 def test_the_cache_keeps_its_bound_and_lets_the_least_recently_used_go(pair_dir):
@@ -145,10 +147,8 @@ def test_scopes_cycled_through_a_small_store_leave_nothing_of_the_evicted_alive(
     pipeline = Pipeline.load(pair_dir, suffix_store=SuffixStore(max_scopes=4))
     alive = []
     for i in range(40):
-        index = pipeline.suffix_store.scope(f"key:{i}")
-        assert pipeline.generate([f"w{i} w{i + 1} w{i + 2}"], GREEDY, suffix_index=index)[0].token_ids
-        alive.append(weakref.ref(index))
-    del index
+        assert pipeline.generate([f"w{i} w{i + 1} w{i + 2}"], GREEDY, scope=f"key:{i}")[0].token_ids
+        alive.append(weakref.ref(pipeline.suffix_store.index(f"key:{i}")))
     gc.collect()
     live = {f"key:{i}" for i, ref in enumerate(alive) if ref() is not None}
     assert len(live) <= 4 and live == {f"key:{i}" for i in range(36, 40)}
@@ -159,5 +159,20 @@ def test_a_store_tells_its_listeners_which_scopes_it_evicted():
     store, gone = SuffixStore(max_scopes=2), []
     store.on_evict(gone.append)
     for name in ("a", "b", "a", "c", "d"):
-        store.scope(name)
+        store.index(name)
     assert gone == ["b", "a"]  # "a" was used again after "b": "b" went first
+
+
+def test_a_closed_pipeline_is_let_go_by_the_store_it_shared(pair_dir):
+    """A store outlives the pipelines given it (a replay makes one per process it plays): one closed is no longer told
+    of evictions, so the store does not keep it, its engines and its kept K/V alive."""
+    store = SuffixStore(max_scopes=2)
+    pipeline = Pipeline.load(pair_dir, suffix_store=store)
+    pipeline.generate([PROMPT], GREEDY)
+    kept = weakref.ref(pipeline.prefix_cache)
+    pipeline.close()
+    del pipeline
+    gc.collect()
+    assert kept() is None
+    for name in ("a", "b", "c"):  # evictions tell no one
+        store.index(name)

@@ -95,24 +95,24 @@ def test_memory_is_linear_in_the_tokens_kept():
 
 def test_a_store_keeps_scopes_apart_and_bounds_their_number():
     store = SuffixStore(max_tokens=100, max_sequences=10, max_scopes=2)
-    store.scope("key:a").add("r1", [1, 2, 3])
-    assert propose([store.scope("key:b")], [1, 2], 1)[0] == []  # another scope never sees it
-    store.scope("key:b").add("r2", [4, 5])
-    store.scope("key:c").add("r3", [6])  # a third scope: the least recently used ("key:a") goes
+    store.index("key:a").add("r1", [1, 2, 3])
+    assert propose([store.index("key:b")], [1, 2], 1)[0] == []  # another scope never sees it
+    store.index("key:b").add("r2", [4, 5])
+    store.index("key:c").add("r3", [6])  # a third scope: the least recently used ("key:a") goes
     assert store.stats()["scopes"] == 2 and store.stats()["tokens"] == 3
-    assert propose([store.scope("key:a")], [1, 2], 1)[0] == []  # made anew, empty
+    assert propose([store.index("key:a")], [1, 2], 1)[0] == []  # made anew, empty
 
 
 def test_a_saved_store_round_trips(tmp_path):
     store = SuffixStore()
-    store.scope("shared").add("r1", [1, 2, 3, 4])
-    store.scope("key:x").add("r2", [7, 8, 9])
+    store.index("default").add("r1", [1, 2, 3, 4])
+    store.index("key:x").add("r2", [7, 8, 9])
     path = tmp_path / "suffix.json"
     store.save(path, "fp", 100)
     loaded = SuffixStore()
     assert loaded.load(path, "fp", 100) == 2
-    assert propose([loaded.scope("shared")], [1, 2], 2)[0] == [3, 4]
-    assert propose([loaded.scope("key:x")], [7, 8], 1)[0] == [9]
+    assert propose([loaded.index("default")], [1, 2], 2)[0] == [3, 4]
+    assert propose([loaded.index("key:x")], [7, 8], 1)[0] == [9]
     assert not list(tmp_path.glob(".*tmp"))  # the write left nothing beside the file
     assert SuffixStore().load(tmp_path / "missing.json", "fp", 100) == 0  # no file yet: an empty index
 
@@ -193,9 +193,9 @@ def test_loading_keeps_what_adding_in_order_keeps(tmp_path):
     reference = SuffixIndex(100, 4)
     for number, tokens in enumerate(texts[2:]):
         reference.add(number, tokens)
-    assert store.scope("c").sequences() == reference.sequences() == [[7] * 30, [8, 9] * 10, [], [3, 1] * 5]
-    assert store.scope("b").sequences() == []  # its last text alone is over the bound; "a" was the oldest scope
-    assert "saved-c-1" in store.scope("c") and "saved-c-4" in store.scope("c")  # numbered by place in the file
+    assert store.index("c").sequences() == reference.sequences() == [[7] * 30, [8, 9] * 10, [], [3, 1] * 5]
+    assert store.index("b").sequences() == []  # its last text alone is over the bound; "a" was the oldest scope
+    assert "saved-c-1" in store.index("c") and "saved-c-4" in store.index("c")  # numbered by place in the file
 
 
 @pytest.mark.parametrize("sequences", [[[1] * 100_000], [[1]] * 100_000])
@@ -208,7 +208,7 @@ def test_loading_indexes_no_more_than_the_bound_whatever_the_file_holds(tmp_path
     store = SuffixStore(max_tokens=1000, max_scopes=1)
     store.load(_file(tmp_path / "suffix.json", {"s": sequences}), "fp", 100)
     assert sum(indexed) <= 1000 and len(indexed) <= 1000
-    assert store.scope("s").tokens == (0 if len(sequences) == 1 else 1000)
+    assert store.index("s").tokens == (0 if len(sequences) == 1 else 1000)
 
 
 def test_a_token_bound_beyond_memory_is_refused_in_one_line():
@@ -224,7 +224,7 @@ def test_a_symlinked_file_is_written_through_and_stays_a_link(tmp_path):
     target, link = shared / "suffix.json", tmp_path / "suffix.json"
     link.symlink_to(target)
     store = SuffixStore()
-    store.scope("s").add("r1", [1, 2, 3])
+    store.index("s").add("r1", [1, 2, 3])
     store.save(link, "fp", 100)
     assert link.is_symlink() and json.loads(target.read_text())["scopes"] == {"s": [[1, 2, 3]]}
     assert sorted(p.name for p in shared.iterdir()) == ["suffix.json"]  # no partial file left beside it

@@ -8,6 +8,7 @@ import pytest
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.config import ConfigError
 from specdeploy.runtime.suffix import SuffixIndex
+from specdeploy.runtime.suffix_store import DEFAULT_SCOPE
 
 PROMPT = "w40 w41 w42 w43"
 CONFIG = GenerationConfig(k=4, policy="fixed", drafter="suffix", max_new_tokens=24, ignore_eos=True)
@@ -62,17 +63,17 @@ def _sources_of(row) -> set:
 
 
 def test_the_pipelines_own_index_is_shared_by_generate_stream_and_start(pipeline):
-    before = len(pipeline.suffix_index)
+    before = len(pipeline.suffix_store.index(DEFAULT_SCOPE))
     text = pipeline.generate("w50 w51", CONFIG)[0].token_ids
     chunks = list(pipeline.stream("w50 w51", CONFIG))
     assert chunks[-1].result.token_ids == text
     assert _sources(chunks[-1].result) - {chunks[-1].result.records[0].request_id}  # drafted from generate's answer
-    assert len(pipeline.suffix_index) == before + 2
+    assert len(pipeline.suffix_store.index(DEFAULT_SCOPE)) == before + 2
 
 
 def test_a_failed_or_mistyped_index_is_refused_naming_the_argument(pipeline):
     with pytest.raises(ConfigError, match="suffix_index"):
-        pipeline.start([PROMPT], CONFIG, suffix_index="shared")
+        pipeline.start([PROMPT], CONFIG, suffix_index="default")
     with pytest.raises(ConfigError, match=r"one of either per prompt \(2\)"):
         pipeline.start([PROMPT, PROMPT], CONFIG, suffix_index=[None])
 
@@ -93,7 +94,7 @@ def test_a_corrupt_persisted_index_is_refused_in_one_line_and_the_pipeline_start
     said = []
     pipeline = Pipeline.load(pair_dir, suffix_file=path, log=said.append)
     assert len(said) == 1 and str(path) in said[0] and "not JSON" in said[0] and "\n" not in said[0]
-    assert len(pipeline.suffix_index) == 0 and pipeline.generate(PROMPT, CONFIG)[0].token_ids
+    assert len(pipeline.suffix_store.index(DEFAULT_SCOPE)) == 0 and pipeline.generate(PROMPT, CONFIG)[0].token_ids
 
 
 def test_a_text_drafted_from_is_the_last_to_be_evicted(pipeline):
@@ -104,18 +105,3 @@ def test_a_text_drafted_from_is_the_last_to_be_evicted(pipeline):
     again = pipeline.generate(PROMPT, CONFIG, suffix_index=index)[0]  # drafts from the first: it is used again
     assert first in _sources(again) and len(index) == 2
     assert first in index and again.records[0].request_id in index  # the unused second text went
-
-
-def test_the_suffix_file_names_before_0_5_still_work_with_a_deprecation(pair_dir, tmp_path):
-    path = tmp_path / "suffix.json"
-    with pytest.warns(DeprecationWarning, match=r"Pipeline.load\(suffix_cache=...\) is deprecated: use suffix_file="):
-        writer = Pipeline.load(pair_dir, suffix_cache=path)
-    assert writer.suffix_file == path
-    writer.generate(PROMPT, CONFIG)
-    with pytest.warns(DeprecationWarning, match="save_suffix_cache is deprecated: use save_suffix_file"):
-        assert writer.save_suffix_cache() == path and path.is_file()
-    reader = Pipeline.load(pair_dir)
-    with pytest.warns(DeprecationWarning, match="load_suffix_cache is deprecated: use load_suffix_file"):
-        assert reader.load_suffix_cache(path) == 1 and reader.suffix_file == path
-    with pytest.raises(ConfigError, match="suffix_cache: got it with suffix_file; expected one"):
-        Pipeline.load(pair_dir, suffix_file=path, suffix_cache=path)

@@ -91,7 +91,7 @@ def metrics(url: str) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def pipeline(pair_dir):
     loaded = Pipeline.load(pair_dir)
-    loaded.chat_template = ChatTemplate({"chat_template": CHAT_TEMPLATE})
+    loaded.codec.template = ChatTemplate({"chat_template": CHAT_TEMPLATE})
     return loaded
 
 

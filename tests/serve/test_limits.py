@@ -34,7 +34,7 @@ HOSTILE_TEMPLATE = ("{% if messages[0]['content'] == 'w99' %}" + SLOW + "{% endi
 @pytest.fixture(scope="module")
 def hostile_pipeline(pair_dir):
     loaded = Pipeline.load(pair_dir)
-    loaded.chat_template = ChatTemplate({"chat_template": HOSTILE_TEMPLATE})
+    loaded.codec.template = ChatTemplate({"chat_template": HOSTILE_TEMPLATE})
     return loaded
 
 
@@ -210,7 +210,7 @@ def test_a_request_refused_at_admission_fails_alone_and_its_batch_mates_complete
     """A broken tokenizer maps a word outside the vocabulary: the request with it fails alone (a 4xx naming the
     vocabulary), the six admitted with it in one batch decode as they would alone."""
     broken = Pipeline.load(pair_dir)
-    broken.tokenizer = _broken_tokenizer(broken.tokenizer)
+    broken.codec.tokenizer = _broken_tokenizer(broken.tokenizer)
     prompts = ["w5 w7 w9", *[f"w{10 + i} w{20 + i}" for i in range(6)]]
     answers = {}
     with serving(broken, start_scheduler=False, max_batch=8) as (url, scheduler):
@@ -307,7 +307,7 @@ TOOLS_TEMPLATE = ("{% for t in tools or [] %}{{ t['function']['name'] }}"
 
 def test_tools_a_template_fails_on_are_the_clients_400_naming_tools(pair_dir):
     loaded = Pipeline.load(pair_dir)
-    loaded.chat_template = ChatTemplate({"chat_template": TOOLS_TEMPLATE})
+    loaded.codec.template = ChatTemplate({"chat_template": TOOLS_TEMPLATE})
     body = {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 2,
             "tools": [{"type": "function", "function": {"name": "w9", "parameters": {"properties": {"x": {"n": 7}}}}}]}
     with serving(loaded) as (url, _):

@@ -33,7 +33,7 @@ GREEDY = dict(temperature=0, max_tokens=12, extra_body={"ignore_eos": True})
 @pytest.fixture(scope="module")
 def roles_pipeline(pair_dir):
     loaded = Pipeline.load(pair_dir)
-    loaded.chat_template = ChatTemplate({"chat_template": ROLES_TEMPLATE})
+    loaded.codec.template = ChatTemplate({"chat_template": ROLES_TEMPLATE})
     return loaded
 
 

@@ -1,5 +1,6 @@
-"""The server's suffix index scopes: a request drafts from earlier answers under its own API key alone (by default),
-read from its records; everyone's with --suffix-scope global; none with none. /metrics reports the index's size."""
+"""The server's scopes: a request drafts from earlier answers under its own API key alone (by default), read from its
+records; everyone's with --suffix-scope global; none with none; and reuses the K/V of its key's texts (everyone's
+under global, its key's still under none). /metrics reports the index's size."""
 
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ def test_a_request_drafts_from_earlier_answers_only_within_its_scope(fresh, scop
 
 @pytest.mark.parametrize("scope", ["key", "global", "none"])
 def test_a_prompt_reuses_earlier_k_v_only_within_its_scope(fresh, scope):
-    """The prefix cache follows the same scopes: alice's second request reuses her first prompt's K/V (its usage says
-    how many tokens), bob's only under ``global``; /metrics counts them as vLLM does."""
+    """The prefix cache follows the request's scope: alice's second request reuses her first prompt's K/V (its usage
+    says how many tokens), bob's only under ``global``; ``none`` keeps drafting to a request's own text, not its K/V
+    to itself (a ticket carries its scope, not its index's); /metrics counts them as vLLM does."""
     cached = []
     with serving(fresh, config=SUFFIX, suffix_scope=scope) as (url, _):
         for key in ("alice", "alice", "bob"):
@@ -71,11 +73,11 @@ def test_a_prompt_reuses_earlier_k_v_only_within_its_scope(fresh, scope):
             cached.append(answer.usage.prompt_tokens_details.cached_tokens)
         seen = metrics(url)
     prompt = len(fresh.encode(PROMPT))
-    assert cached == {"key": [0, prompt - 1, 0], "global": [0, prompt - 1, prompt - 1], "none": [0, 0, 0]}[scope]
+    assert cached == {"key": [0, prompt - 1, 0], "global": [0, prompt - 1, prompt - 1], "none": [0, prompt - 1, 0]}[scope]
     labels = '{engine="0",model_name="tiny"}'
     assert seen[f"vllm:prefix_cache_hits_total{labels}"] == sum(cached)
     assert seen[f"vllm:prefix_cache_queries_total{labels}"] == 3 * prompt
-    assert (seen["specdeploy_prefix_cache_texts"] == 0) == (scope == "none")
+    assert seen["specdeploy_prefix_cache_texts"] == {"key": 2, "global": 1, "none": 2}[scope]
 
 
 def test_forty_clients_through_a_store_of_four_leave_nothing_of_the_evicted_alive_and_metrics_agree(pair_dir):
@@ -88,12 +90,13 @@ def test_forty_clients_through_a_store_of_four_leave_nothing_of_the_evicted_aliv
         for i in range(40):
             client = openai.OpenAI(base_url=f"{url}/v1", api_key=f"client-{i}", max_retries=0)
             client.completions.create(model="tiny", prompt=f"w{i} w{i + 1} w{i + 2}", temperature=0, max_tokens=6)
-            refs.append(weakref.ref(pipeline.suffix_store.scope(key_scope(f"Bearer client-{i}"))))
+            name = key_scope(f"Bearer client-{i}")
+            refs.append((name, weakref.ref(pipeline.suffix_store.index(name))))
         gc.collect()
         seen = metrics(url)
-        alive = [ref() for ref in refs if ref() is not None]
+        alive = {name: ref() for name, ref in refs if ref() is not None}
         assert len(alive) <= 4
-        assert pipeline.prefix_cache.scopes() <= {index.scope for index in alive}
+        assert pipeline.prefix_cache.scopes() <= set(alive)
         assert seen["specdeploy_suffix_index_scopes"] == len(alive)
-        assert seen["specdeploy_suffix_index_bytes"] == sum(index.nbytes() for index in alive) > 0
+        assert seen["specdeploy_suffix_index_bytes"] == sum(index.nbytes() for index in alive.values()) > 0
         assert seen["specdeploy_prefix_cache_texts"] == len(pipeline.prefix_cache) <= 4

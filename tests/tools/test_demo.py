@@ -89,7 +89,7 @@ class _Scripted:
         assert suffix_index is None  # each run drafts as a first request would: from its own text alone
         assert scope is None  # and prefills it whole: no K/V kept from another run of the same prompt
         ids = [5, 6, 9, 9] if config.drafter == "model" else [5, 6, 7, 8]
-        return [GenerationResult("", ids, {})]
+        return [GenerationResult(text="", token_ids=ids, stats={})]
 
     def first_divergence(self, prompt, reference, other, config):
         self.located.append((reference, other, config.drafter))

@@ -162,7 +162,17 @@ def test_the_tool_records_and_replays_every_configuration(fused_dirs, tmp_path):
     assert "cost/best K" in done.stdout
     done = subprocess.run([sys.executable, *TOOL, "run", "--traces", str(traces), "--lengths", "40"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode != 0 and "at most 12" in done.stderr
+    assert done.returncode != 0 and "recorded to 12 tokens and cut there" in done.stderr
+    # answers that end in EOS are whole: replayed at any length (chat answers end long before a budget)
+    eos = data["models"]["target"]["eos_token_ids"][0]
+    ended = tmp_path / "ended.json"
+    ended.write_text(json.dumps({**data, "traces": [
+        {**t, "output": t["output"][:5] + [eos], "draft_next": t["draft_next"][: len(t["prompt"]) + 6]}
+        for t in data["traces"]]}))
+    done = subprocess.run([sys.executable, *TOOL, "run", "--traces", str(ended), "--lengths", "40", "--ks", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert {row["tokens"] for rows in json.loads(out.read_text())["runs"].values() for row in rows} == {6}
 
     # record --rounds 0 measures no costs: such traces (the sessions' shipped ones) run at another file's table,
     # and without one they are refused in one line (they were refused even with --costs: "not a cost table")

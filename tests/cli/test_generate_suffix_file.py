@@ -16,29 +16,29 @@ def run(*args):
 
 
 def test_a_run_keeps_its_texts_and_the_next_one_drafts_from_them(pair_dir, tmp_path):
-    cache = tmp_path / "suffix.json"
+    path = tmp_path / "suffix.json"
     options = ["--max-new-tokens", "12", "--drafter", "suffix", "--policy", "fixed", "--k", "4", "--ignore-eos", "--json"]
-    first = run("generate", pair_dir, "--prompt", "w70 w71 w72", *options, "--suffix-file", cache)
+    first = run("generate", pair_dir, "--prompt", "w70 w71 w72", *options, "--suffix-file", path)
     assert first.exit_code == 0, first.output
-    saved = json.loads(cache.read_text())
+    saved = json.loads(path.read_text())
     assert saved["format"] == FORMAT and sum(map(len, saved["scopes"].values())) == 1
-    second = run("generate", pair_dir, "--prompt", "w70 w71 w72", *options, "--suffix-file", cache)
+    second = run("generate", pair_dir, "--prompt", "w70 w71 w72", *options, "--suffix-file", path)
     assert second.exit_code == 0, second.output
     a, b = (json.loads(r.output.splitlines()[-1]) for r in (first, second))
     assert a["token_ids"] == b["token_ids"]
     assert b["stats"]["cycles"] < a["stats"]["cycles"]  # the first run's answer drafted the second's
-    assert sum(map(len, json.loads(cache.read_text())["scopes"].values())) == 2
+    assert sum(map(len, json.loads(path.read_text())["scopes"].values())) == 2
 
 
 def test_a_corrupt_file_is_one_warning_and_the_run_goes_on(pair_dir, tmp_path):
-    cache = tmp_path / "suffix.json"
-    cache.write_text('{"format": "specdeploy.suffix-index", "version": 1, "tokenizer": "someone else\'s"}')
-    result = run("generate", pair_dir, "--prompt", "w5 w6", "--max-new-tokens", "4", "--json", "--suffix-file", cache)
+    path = tmp_path / "suffix.json"
+    path.write_text('{"format": "specdeploy.suffix-index", "version": 1, "tokenizer": "someone else\'s"}')
+    result = run("generate", pair_dir, "--prompt", "w5 w6", "--max-new-tokens", "4", "--json", "--suffix-file", path)
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "another tokenizer" in warnings[0] and str(cache) in warnings[0]
+    assert len(warnings) == 1 and "another tokenizer" in warnings[0] and str(path) in warnings[0]
     assert "will not be saved" in warnings[0]
-    assert json.loads(cache.read_text())["tokenizer"] == "someone else's"  # the user's file, left as it was
+    assert json.loads(path.read_text())["tokenizer"] == "someone else's"  # the user's file, left as it was
 
 
 def _index(scopes, tokenizer="fp", vocab=100):
@@ -50,20 +50,20 @@ def test_a_refused_file_is_left_as_it_was_and_the_run_says_its_index_will_not_be
     """A prompts file named by mistake, another artifact's index, one larger than this run's bound (written under a
     larger one, or pretty-printed), one nested 2,000,000 deep: each is refused in one line and never overwritten at
     exit (they were replaced by this run's index)."""
-    cache = tmp_path / "suffix.json"
+    path = tmp_path / "suffix.json"
     content = {"prompts": '{"prompt": "w5 w6"}\n{"prompt": "w7 w8"}\n',
-               "another artifact's": _index({"shared": [[1, 2, 3]]}),
-               "oversized": _index({"shared": [[1] * 20]}).replace(",", ",  " * 10) + " " * (9 * 2**20),
+               "another artifact's": _index({"default": [[1, 2, 3]]}),
+               "oversized": _index({"default": [[1] * 20]}).replace(",", ",  " * 10) + " " * (9 * 2**20),
                "nested": _index({})[:-3] + "{\"s\": " + "[" * 2_000_000 + "]" * 2_000_000 + "}}"}[kind]
-    cache.write_text(content)
-    result = run("generate", pair_dir, "--prompt", "w5 w6", "--max-new-tokens", "4", "--json", "--suffix-file", cache)
+    path.write_text(content)
+    result = run("generate", pair_dir, "--prompt", "w5 w6", "--max-new-tokens", "4", "--json", "--suffix-file", path)
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
-    assert cache.read_text() == content and not list(tmp_path.glob(".*"))
+    assert path.read_text() == content and not list(tmp_path.glob(".*"))
     warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and str(cache) in warnings[0] and "will not be saved" in warnings[0], result.output
+    assert len(warnings) == 1 and str(path) in warnings[0] and "will not be saved" in warnings[0], result.output
 
 
-def test_a_symlinked_cache_is_written_through_and_stays_a_link(pair_dir, tmp_path):
+def test_a_symlinked_file_is_written_through_and_stays_a_link(pair_dir, tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     target, link = shared / "suffix.json", tmp_path / "suffix.json"
@@ -73,16 +73,3 @@ def test_a_symlinked_cache_is_written_through_and_stays_a_link(pair_dir, tmp_pat
         result = run("generate", pair_dir, *options, "--suffix-file", link)
         assert result.exit_code == 0, result.output
         assert link.is_symlink() and sum(map(len, json.loads(target.read_text())["scopes"].values())) == texts
-
-
-def test_the_options_name_before_0_5_still_works_and_says_it_is_deprecated(pair_dir, tmp_path):
-    """--suffix-cache (before 0.5) is --suffix-file, told deprecated on stderr; both at once are refused."""
-    cache = tmp_path / "suffix.json"
-    options = ["--prompt", "w5 w6", "--max-new-tokens", "4", "--json"]
-    result = run("generate", pair_dir, *options, "--suffix-cache", cache)
-    assert result.exit_code == 0, result.output
-    assert "warning: --suffix-cache is deprecated: use --suffix-file" in result.output
-    assert sum(map(len, json.loads(cache.read_text())["scopes"].values())) == 1  # written, as --suffix-file writes
-    both = run("generate", pair_dir, *options, "--suffix-cache", cache, "--suffix-file", cache)
-    assert both.exit_code == 2 and "got both; expected one" in both.output
-    assert "--suffix-cache" not in run("generate", "--help").output  # hidden: --suffix-file is the one to use
