@@ -156,7 +156,9 @@ def remembered(openvino: str, mixed: str) -> dict:
         ("openvino, draft on openvino", openvino, ("openvino", 2, "openvino")),
         ("mixed, draft on cpu", mixed, ("openvino", 2, "cpu")), ("mixed, one provider", mixed, ("openvino", 2)))}
     recalled = RememberedCosts(keys["openvino"]).recall()
-    return {"files": files, "keys": keys, "recalled": None if recalled is None else recalled.to_dict()}
+    answers = RememberedCosts(keys["mixed, draft on cpu"]).recall_answers()  # kept in the provider pair's record
+    return {"files": files, "keys": keys, "recalled": None if recalled is None else recalled.to_dict(),
+            "mixed answers": None if answers is None else answers.to_list()}
 
 
 def main() -> None:

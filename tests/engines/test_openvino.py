@@ -152,6 +152,10 @@ def test_each_models_calls_are_priced_as_its_own_provider_ran_them(seen):
     keys, files = seen["remembered"]["keys"], seen["remembered"]["files"]
     assert keys["mixed, draft on cpu"] != keys["mixed, one provider"]
     assert files == sorted([f"{keys['openvino']}.json", f"{keys['mixed, draft on cpu']}.json"])
+    # the answers' lengths a catch-up is repaid over are kept in the same record, under the pair's key: the mixed
+    # pipeline's answers (warm-up's are not answers), the last of them the 8-token request it finished
+    answers = seen["remembered"]["mixed answers"]
+    assert answers and answers[-1][0] == 8
 
 
 def test_a_graph_it_would_run_in_pieces_is_refused_in_one_line(seen):
