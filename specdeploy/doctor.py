@@ -20,9 +20,10 @@ def _fixed(problem: str, fix: str) -> tuple[str, str]:
     return (problem, READABLE_FIX) if any(mark in problem for mark in UNREADABLE) else (problem, fix)
 
 
-def diagnose(directory: Path, provider=None) -> list[tuple[str, str]]:
+def diagnose(directory: Path, provider=None, draft_provider=None) -> list[tuple[str, str]]:
     """(problem, fix) pairs for an artifact dir; empty when all is well. ``provider`` (a ``Provider``, default the
-    CPU's): the graphs are loaded on it, so one it lacks or would run only in pieces is a problem."""
+    CPU's): the graphs are loaded on it (the draft's on ``draft_provider`` where given), so one it lacks or would run
+    only in pieces is a problem."""
     from .runtime.artifact import chat_template
 
     try:
@@ -58,20 +59,21 @@ def diagnose(directory: Path, provider=None) -> list[tuple[str, str]]:
             problems.append((f"draft capacity {draft.capacity} < target capacity {target.capacity}: requests are "
                              f"limited to {draft.capacity} slots", "re-export both with the same --capacity"))
     if not problems:
-        problems += _check_graphs(directory, manifest, provider)
+        problems += _check_graphs(directory, manifest, provider, draft_provider)
     return problems
 
 
-def _check_graphs(directory: Path, manifest: Manifest, provider=None) -> list[tuple[str, str]]:
-    """Load each graph into ONNX Runtime on ``provider`` (default the CPU's) and compare its inputs/outputs with the
-    manifest."""
+def _check_graphs(directory: Path, manifest: Manifest, provider=None, draft_provider=None) -> list[tuple[str, str]]:
+    """Load each graph into ONNX Runtime on ``provider`` (default the CPU's; the draft's on ``draft_provider`` where
+    given) and compare its inputs/outputs with the manifest."""
     from .engines import ProviderError, load_engine
     from .engines.vetting import check_graph_facts
 
     problems = []
     for role, spec in manifest.models.items():
         try:
-            load_engine(directory, manifest, role, provider or "cpu").close()
+            own = draft_provider if role == "draft" and draft_provider is not None else provider
+            load_engine(directory, manifest, role, own or "cpu").close()
             check_graph_facts(Path(directory) / spec.file, spec)
         except ProviderError as exc:  # missing, a graph it would run in pieces, or one that disagrees with the manifest
             problems.append((exc.problem, exc.fix) if exc.fix else _fixed(str(exc), "re-export the artifact"))

@@ -12,6 +12,7 @@ child process (``isolate``, GGUF files) traces for itself: the patches live in t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 import threading
@@ -84,7 +85,9 @@ def _key(arch, checkpoint, dims, capacity, form) -> str | None:
     if not source.exists() or not hasattr(checkpoint.config, "to_json_string"):
         return None
     files = sorted(source.rglob("*")) if source.is_dir() else [source]
-    parts = [arch.name, repr(dims), capacity, repr(form), checkpoint.config.to_json_string(use_diff=False)]
+    # OpenVINO's form is the explicit trace rewritten after it (``filled_slots``): one trace serves both
+    traced = dataclasses.replace(form, filled_slots=0)
+    parts = [arch.name, repr(dims), capacity, repr(traced), checkpoint.config.to_json_string(use_diff=False)]
     for file in files:
         if file.is_file() and file.name not in _TOKENIZER_FILES:
             parts += [file.relative_to(source).as_posix() if source.is_dir() else file.name, _file_digest(file)]

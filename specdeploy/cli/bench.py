@@ -60,13 +60,13 @@ def _csv(kind):
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts.")
 @threads_option
-@provider_options()
+@provider_options(draft=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for records.jsonl and summary.json.")
 @click.option("--force", is_flag=True, help="Replace an existing --out directory.")
 def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_count, conversation_count,
           structured_count, ks, policies, drafters, temperatures, max_new_tokens, repeat, batch_size, limit, threads,
-          provider, seed, out, force):
+          provider, draft_provider, seed, out, force):
     """Run the baseline and a grid of configurations on each artifact DIRECTORY in one process, interleaved per
     prompt; record and summarise. With several artifacts, each is also compared with the first."""
     from .. import Pipeline
@@ -89,7 +89,7 @@ def bench(directories, prompts_path, humaneval_count, humaneval_from, specbench_
     prompts = prompts[:limit] if limit else prompts
     written = _bench_output(out, force)
     try:
-        pipelines = {label: Pipeline.load(directory, provider=provider, threads=threads)
+        pipelines = {label: Pipeline.load(directory, provider=provider, draft_provider=draft_provider, threads=threads)
                      for label, directory in zip(labels, directories)}
         for path in written:  # what an earlier bench (and report) wrote; nothing else is there
             path.unlink()

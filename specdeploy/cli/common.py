@@ -96,38 +96,55 @@ def suffix_file_option(help_text: str):
     return click.option("--suffix-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help=help_text)
 
 
-def provider_options(default: str | None = "cpu"):
+def provider_options(default: str | None = "cpu", draft: bool = False):
     """--provider, --device and --precision, given to the command as one ``provider`` (a ``Provider``; None where
     ``default`` is None and no --provider is given): OpenVINO's device and precision are refused with another
-    provider, in one line."""
+    provider, in one line. With ``draft``, also --draft-provider, given as ``draft_provider`` (a ``Provider``; None:
+    the target's); OpenVINO's device and precision then go to whichever model runs on it."""
     from ..engines.providers import OPENVINO_DEVICES, OPENVINO_PRECISIONS, PROVIDERS
 
     options = [
         click.option("--provider", "provider_name", type=click.Choice(list(PROVIDERS)), default=default,
                      show_default=default is not None,
-                     help="ONNX Runtime execution provider. openvino needs onnxruntime-openvino in place of "
-                          "onnxruntime, and a graph it runs whole (specdeploy export --provider openvino)."),
+                     help="ONNX Runtime execution provider" + (" (the target's, and the draft's unless --draft-provider "
+                                                               "says otherwise)" if draft else "")
+                          + ". openvino needs onnxruntime-openvino in place of onnxruntime, and a graph it runs whole "
+                            "(specdeploy export --provider openvino)."),
         click.option("--device", type=click.Choice(OPENVINO_DEVICES), default=None,
                      help="--provider openvino: the device OpenVINO computes on [default: CPU]."),
         click.option("--precision", type=click.Choice(OPENVINO_PRECISIONS), default=None,
                      help="--provider openvino: its inference precision [default: FP32, what the graph says; BF16 and "
                           "FP16 trade accuracy for speed where the device has the units]."),
     ]
+    if draft:
+        options.append(click.option(
+            "--draft-provider", "draft_provider_name", type=click.Choice(list(PROVIDERS)), default=None,
+            help="The draft model's execution provider, where it differs from the target's [default: --provider's]. "
+                 "A draft's calls are mostly one token, where the CPU provider is quicker than OpenVINO, whose "
+                 "verifications scale better: --provider openvino --draft-provider cpu. The cost policy prices each "
+                 "model's calls as its own provider ran them."))
 
     def apply(command):
         import functools
 
         @functools.wraps(command)
-        def run(*args, provider_name, device, precision, **kwargs):
+        def run(*args, provider_name, device, precision, draft_provider_name=None, **kwargs):
             from ..engines.providers import Provider, ProviderError
 
             if provider_name is None and (device or precision):
                 raise click.UsageError("--device and --precision go with --provider openvino")
+            names = (provider_name, draft_provider_name)
             try:
-                provider = None if provider_name is None else Provider(provider_name, device, precision)
+                def provider_of(name):
+                    # OpenVINO's options go to the model on it; with none there, Provider refuses them in one line
+                    own = name == "openvino" or "openvino" not in names
+                    return Provider(name, device if own else None, precision if own else None)
+
+                provider = None if provider_name is None else provider_of(provider_name)
+                draft_provider = None if draft_provider_name is None else provider_of(draft_provider_name)
             except ProviderError as exc:
                 raise click.UsageError(str(exc)) from exc
-            return command(*args, provider=provider, **kwargs)
+            return command(*args, provider=provider, **({"draft_provider": draft_provider} if draft else {}), **kwargs)
 
         for option in reversed(options):
             run = option(run)

@@ -29,9 +29,10 @@ from .common import console
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
               help="int4: MatMulNBits compute type (4: int8 activations, fastest on CPU; 0: fp32).")
 @click.option("--graph", type=click.Choice(["explicit", "fused"]), default="explicit", show_default=True,
-              help="explicit: standard ONNX ops, new K/V as outputs (the reference; what TensorRT parses); fused: "
-                   "ONNX Runtime's fused LLM ops (GroupQueryAttention writing the cache in place, fused norms, "
-                   "MatMulNBits), a dozen nodes a layer, written straight from the weights.")
+              help="The form of the graphs written for the CPU provider (OpenVINO's is its own: --provider). explicit: "
+                   "standard ONNX ops, new K/V as outputs (the reference; what TensorRT parses); fused: ONNX Runtime's "
+                   "fused LLM ops (GroupQueryAttention writing the cache in place, fused norms, MatMulNBits), a dozen "
+                   "nodes a layer, written straight from the weights.")
 @click.option("--draft-vocab", type=click.IntRange(min=1), default=None,
               help="With --graph fused: the draft scores only the first N token ids (BPE ids come in merge order, "
                    "most common first) and -inf for the rest: a smaller head, a faster draft step; output stays "
@@ -41,16 +42,21 @@ from .common import console
                    "reads only the filled cache slots and whose head runs over the kept positions only, which OpenVINO "
                    "runs whole (it refuses the fused form's in-place GroupQueryAttention); it runs on the CPU provider "
                    "too.")
+@click.option("--draft-provider", type=click.Choice(["cpu", "openvino"]), default=None,
+              help="The execution provider the draft's graph is written for, where it differs [default: --provider's]. "
+                   "--provider openvino --draft-provider cpu --graph fused: OpenVINO's form for the target, whose "
+                   "verifications it runs quicker, and the fused form for the draft, whose one-token calls the CPU "
+                   "provider runs quicker (generate --provider openvino --draft-provider cpu).")
 @click.option("--force", is_flag=True, help="Replace an existing output dir.")
 def export(target, draft, out, dtype, weights, draft_weights, capacity, block_size, accuracy_level, graph, draft_vocab,
-           provider, force):
+           provider, draft_provider, force):
     """Export Hugging Face causal LMs to verify-v1 ONNX graphs plus a manifest."""
     from ..exporter import ExportError, ExportOptions, export_artifact
 
     try:
         options = ExportOptions(dtype=dtype, weights=weights, draft_weights=draft_weights, capacity=capacity, graph=graph,
                                 block_size=int(block_size), accuracy_level=accuracy_level, draft_vocab=draft_vocab,
-                                force=force, provider=provider)
+                                force=force, provider=provider, draft_provider=draft_provider)
         with console.status("exporting") as status:
             def progress(step):
                 console.log(step)

@@ -49,7 +49,7 @@ def read_prompts(path: Path) -> list[str]:
               help="Token id that ends a request like EOS does (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (up to --max-new-tokens).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True, help="Prompts decoded together.")
-@provider_options()
+@provider_options(draft=True)
 @threads_option
 @click.option("--remember-costs/--no-remember-costs", default=True, show_default=True,
               help="Start the policy from the engine costs the last run measured on this artifact, provider and "
@@ -66,7 +66,7 @@ def read_prompts(path: Path) -> list[str]:
                    "and whether the outputs are identical.")
 def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty,
              seed, k, policy, drafter, confidence_threshold, exact, stop, stop_token_ids, ignore_eos, batch_size,
-             provider, threads, remember_costs, suffix_file, chat, system, as_json, compare):
+             provider, draft_provider, threads, remember_costs, suffix_file, chat, system, as_json, compare):
     """Generate text with speculative decoding from an exported artifact DIRECTORY."""
     from .. import GenerationConfig, Pipeline
     from ..contract import ContractError
@@ -85,8 +85,9 @@ def generate(directory, prompts, prompt_file, max_new_tokens, temperature, top_k
                                   min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, k=k, policy=policy,
                                   drafter=drafter, stop=tuple(stop), stop_token_ids=stop_token_ids,
                                   confidence_threshold=confidence_threshold, ignore_eos=ignore_eos, exact=exact)
-        pipeline = Pipeline.load(directory, provider=provider, threads=threads, remember_costs=remember_costs,
-                                 suffix_file=suffix_file, log=lambda message: click.echo(f"warning: {message}", err=True))
+        pipeline = Pipeline.load(directory, provider=provider, draft_provider=draft_provider, threads=threads,
+                                 remember_costs=remember_costs, suffix_file=suffix_file,
+                                 log=lambda message: click.echo(f"warning: {message}", err=True))
         # what is generated from: the prompt texts, or their chat renderings as token ids
         opening = [] if system is None else [{"role": "system", "content": system}]
         inputs = [pipeline.chat_prompt([*opening, {"role": "user", "content": p}]) for p in prompts] if chat else prompts

@@ -33,7 +33,7 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
               help="Port to listen on; 0 picks a free one (printed once bound).")
 @click.option("--served-model-name", "--model-name", "model_name", default=None, callback=text_setting(),
               help="The model id clients send (default: the artifact directory's name).")
-@provider_options()
+@provider_options(draft=True)
 @threads_option
 @click.option("--max-num-seqs", "--max-batch", "max_batch", type=click.IntRange(min=1), default=8, show_default=True,
               help="Requests decoded together at most; more wait in the queue.")
@@ -95,12 +95,12 @@ TEMPLATE_FILE_LIMIT = 2**20  # a chat template file larger than this is not a te
                    "(usage.prompt_tokens_details.cached_tokens says how much); the least recently used goes first. "
                    "0: none.")
 @ray_options
-def serve(directory, host, port, model_name, provider, threads, max_batch, max_queue, context, max_cache_bytes,
-          prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, exact, max_body_bytes, api_key,
-          chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins, forwarded_allow_ips, drain_seconds,
-          access_log, template_seconds, suffix_scope, suffix_file, suffix_tokens, prefix_cache_bytes,
-          ray_replicas, ray_min_replicas, ray_max_replicas, ray_target_ongoing_requests, ray_router, ray_address,
-          ray_cpus_per_replica, ray_max_replicas_per_node, ray_proxy_location, ray_metrics_port):
+def serve(directory, host, port, model_name, provider, draft_provider, threads, max_batch, max_queue, context,
+          max_cache_bytes, prefill_chunk, default_max_tokens, k, policy, drafter, confidence_threshold, exact,
+          max_body_bytes, api_key, chat_template, seed, ssl_keyfile, ssl_certfile, root_path, allowed_origins,
+          forwarded_allow_ips, drain_seconds, access_log, template_seconds, suffix_scope, suffix_file, suffix_tokens,
+          prefix_cache_bytes, ray_replicas, ray_min_replicas, ray_max_replicas, ray_target_ongoing_requests, ray_router,
+          ray_address, ray_cpus_per_replica, ray_max_replicas_per_node, ray_proxy_location, ray_metrics_port):
     """Serve an artifact DIRECTORY over the OpenAI API: /v1/completions, /v1/chat/completions (streamed or
     not), /v1/models, /health (readiness), /health/live and /metrics."""
     try:
@@ -124,8 +124,9 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
         config = GenerationConfig(k=k, policy=policy, drafter=drafter, confidence_threshold=confidence_threshold,
                                   exact=exact)
         store = SuffixStore(max_tokens=suffix_tokens)
-        pipeline = Pipeline.load(directory, provider=provider, threads=threads, suffix_file=suffix_file,
-                                 suffix_store=store, log=lambda message: click.echo(f"warning: {message}", err=True),
+        pipeline = Pipeline.load(directory, provider=provider, draft_provider=draft_provider, threads=threads,
+                                 suffix_file=suffix_file, suffix_store=store,
+                                 log=lambda message: click.echo(f"warning: {message}", err=True),
                                  prefix_cache_bytes=prefix_cache_bytes)
         pipeline.check_config(config)  # a drafter that needs a draft model the artifact lacks, exact mode where the
         # target cannot give it: refused now
@@ -147,7 +148,8 @@ def serve(directory, host, port, model_name, provider, threads, max_batch, max_q
         serve_on_ray(directory, name, host, port, threads, config,
                      dict(max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk, context=context,
                           seed=seed, suffix_scope=suffix_scope, **app_settings),
-                     dict(provider=provider, prefix_cache_bytes=prefix_cache_bytes, suffix_tokens=suffix_tokens),
+                     dict(provider=provider, draft_provider=draft_provider, prefix_cache_bytes=prefix_cache_bytes,
+                          suffix_tokens=suffix_tokens),
                      dict(replicas=ray_replicas, min_replicas=ray_min_replicas, max_replicas=ray_max_replicas,
                           target_ongoing_requests=ray_target_ongoing_requests, router=ray_router,
                           cpus_per_replica=ray_cpus_per_replica, max_replicas_per_node=ray_max_replicas_per_node,

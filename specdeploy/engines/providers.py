@@ -194,8 +194,10 @@ def check_whole(session, path: Path, spec, provider: Provider) -> None:
 
 
 def _reexport(spec) -> str:
-    """What to do about a graph a provider would run in pieces: export the checkpoint for it, or run it on the CPU."""
+    """What to do about a graph a provider would run in pieces: export the checkpoint for it, or run it on the CPU
+    (a draft alone: ``--draft-provider cpu``, its target staying where it is)."""
+    on_cpu = "run the draft with --draft-provider cpu" if spec.role == "draft" else "run it with --provider cpu"
     if spec.imported is not None:
         return ("an imported graph is run as it was written: export its checkpoint with "
-                f"`{REEXPORT_FOR_OPENVINO}`, or run it with --provider cpu")
-    return f"re-export it with `{REEXPORT_FOR_OPENVINO}`, or run it with --provider cpu"
+                f"`{REEXPORT_FOR_OPENVINO}`, or {on_cpu}")
+    return f"re-export it with `{REEXPORT_FOR_OPENVINO}`, or {on_cpu}"

@@ -94,7 +94,7 @@ def _export_model(role: str, source, staging: Path, options: ExportOptions, prog
                  "positions only")
         facts = facts | {"filled_slots": form.filled_slots, "trims_logits": _read_filled_slots(path, form.filled_slots)}
     _stamp_role(path, role)
-    return ModelSpec(role=role, file=path.name, dtype=options.dtype, weights=fmt, graph=options.graph, **facts)
+    return ModelSpec(role=role, file=path.name, dtype=options.dtype, weights=fmt, graph=form.graph, **facts)
 
 
 def _write_manifest(staging: Path, specs: dict[str, ModelSpec], capacity: int | None, progress: Progress) -> Manifest:

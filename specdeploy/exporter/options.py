@@ -32,7 +32,9 @@ class ExportOptions:
     an existing artifact directory. ``provider``: the execution provider the graphs are written for: "cpu" (the forms
     above, which CUDA and TensorRT take too) or "openvino": the explicit form whose attention reads only the filled
     slots (``exporter.filled``) and whose head runs over the kept positions only (``num_logits``), which OpenVINO runs
-    whole; it runs on the CPU provider too.
+    whole; it runs on the CPU provider too. ``draft_provider``: the draft's, where it differs (None: ``provider``):
+    OpenVINO's form for the target beside a draft for the CPU provider, whose one-token calls are quicker there
+    (docs/results/openvino/). ``graph`` is the form of the models written for the CPU provider; OpenVINO's is its own.
     """
 
     dtype: str = "float32"
@@ -46,6 +48,7 @@ class ExportOptions:
     isolate: bool | None = None
     force: bool = False
     provider: str = "cpu"
+    draft_provider: str | None = None
 
     def __post_init__(self) -> None:
         _one_of("dtype", self.dtype, DTYPES)
@@ -56,10 +59,12 @@ class ExportOptions:
         _one_of("block_size", self.block_size, BLOCK_SIZES)
         _one_of("accuracy_level", self.accuracy_level, ACCURACY_LEVELS)
         _one_of("provider", self.provider, EXPORT_PROVIDERS)
-        if self.provider == "openvino" and self.graph != "explicit":
+        if self.draft_provider is not None:
+            _one_of("draft_provider", self.draft_provider, EXPORT_PROVIDERS, ", or None (as provider)")
+        if self.graph != "explicit" and "cpu" not in (self.provider, self.provider_of("draft")):
             raise ExportError(f"graph: got {self.graph!r} with provider 'openvino'; expected 'explicit': OpenVINO runs the "
                               "fused form only in pieces (its EP takes no GroupQueryAttention that writes the cache in "
-                              "place); leave --graph out")
+                              "place); leave --graph out, or write the draft for the CPU provider (--draft-provider cpu)")
         if self.capacity is not None and (not is_integer(self.capacity) or self.capacity < 2):
             raise ExportError(f"capacity: got {self.capacity!r}; expected an integer >= 2, or None (the model's "
                               "max_position_embeddings, at most 2048)")
@@ -78,23 +83,31 @@ class ExportOptions:
         if draft is None:
             raise ExportError(f"draft_vocab: got {self.draft_vocab} and no draft; expected a draft: there is no draft "
                               "model to trim (give a draft)")
-        if self.graph != "fused":
-            raise ExportError(f"draft_vocab: got {self.draft_vocab} with graph {self.graph!r}; expected graph 'fused': "
-                              "draft_vocab needs the fused graph form")
+        if self.form("draft").graph != "fused":
+            raise ExportError(f"draft_vocab: got {self.draft_vocab} with the draft's graph "
+                              f"{self.form('draft').graph!r}; expected graph 'fused': draft_vocab needs the fused graph "
+                              "form")
 
     def weights_of(self, role: str) -> str:
         """The weight format of ``role`` ("target" or "draft")."""
         return self.weights if role == "target" else (self.draft_weights or self.weights)
 
+    def provider_of(self, role: str) -> str:
+        """The execution provider ``role``'s graph is written for."""
+        return self.provider if role == "target" else (self.draft_provider or self.provider)
+
     def form(self, role: str) -> Form:
-        """How ``role``'s graph is written. A fused graph is written in its dtype (float16 from the start: no fp32
-        copy of the model, and no converter's casts), but for int8, whose rewrite reads fp32 graphs."""
-        fmt, fused = self.weights_of(role), self.graph == "fused"
-        return Form(graph=self.graph, int4=(self.block_size, self.accuracy_level) if fused and fmt == "int4" else None,
+        """How ``role``'s graph is written: for OpenVINO its own form (explicit, reading the filled slots alone), for
+        the CPU provider ``graph``. A fused graph is written in its dtype (float16 from the start: no fp32 copy of the
+        model, and no converter's casts), but for int8, whose rewrite reads fp32 graphs."""
+        openvino = self.provider_of(role) == "openvino"
+        graph = "explicit" if openvino else self.graph
+        fmt, fused = self.weights_of(role), graph == "fused"
+        return Form(graph=graph, int4=(self.block_size, self.accuracy_level) if fused and fmt == "int4" else None,
                     vocab_kept=self.draft_vocab if role == "draft" else None,
                     dtype=self.dtype if fused and fmt != "int8" else "float32",
                     int8=fused and fmt == "int8",
-                    filled_slots=OPENVINO_FILLED_SLOTS if self.provider == "openvino" else 0)
+                    filled_slots=OPENVINO_FILLED_SLOTS if openvino else 0)
 
 
 @dataclass(frozen=True)

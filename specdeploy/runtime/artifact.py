@@ -8,18 +8,20 @@ from pathlib import Path
 from ..artifact_checks import TOKENIZER_CONFIG, check_bos, read_tokenizer_config
 from ..contract import ContractError, Manifest, read_tokenizer, tokenizer_facts, tokenizer_problems, verify_files
 from ..digests import remembered_fact
-from ..engines import Engine, load_engine
+from ..engines import Engine, Provider, load_engine
 from ..engines.vetting import check_graph_facts
 from .chat import ChatTemplate
 
 SHOWN_PROBLEMS = 10  # file problems listed in full when loading; the rest are counted (`specdeploy doctor` lists more)
 
 
-def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = None,
-                  verify_hashes: bool = True) -> tuple[Manifest, object, ChatTemplate, Engine, Engine | None]:
+def open_artifact(directory: Path, provider: str | Provider = "cpu", threads: int | None = None,
+                  verify_hashes: bool = True, draft_provider: str | Provider | None = None,
+                  ) -> tuple[Manifest, object, ChatTemplate, Engine, Engine | None]:
     """The manifest, tokenizer, chat template, target engine and draft engine (None without a draft) of
-    ``directory``. The chat template (and BOS handling) comes from tokenizer_config.json when the manifest
-    lists it; otherwise there is none, and prompts get no BOS.
+    ``directory``, the target on ``provider`` and the draft on ``draft_provider`` (None: ``provider``). The chat
+    template (and BOS handling) comes from tokenizer_config.json when the manifest lists it; otherwise there is none,
+    and prompts get no BOS.
 
     Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
     unless ``verify_hashes=False``; a file unchanged since this user last hashed it (same device,
@@ -39,13 +41,14 @@ def open_artifact(directory: Path, provider: str = "cpu", threads: int | None = 
     roles = ["target"] if draft_spec is None else ["target", "draft"]
     # ONNX Runtime builds a session without holding the GIL: both models and the tokenizer load at once
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdeploy-load") as pool:
-        engines = [pool.submit(_engine, directory, manifest, role, provider, threads) for role in roles]
+        providers = {"target": provider, "draft": provider if draft_provider is None else draft_provider}
+        engines = [pool.submit(_engine, directory, manifest, role, providers[role], threads) for role in roles]
         tokenizer, chat = _tokenizer(directory, manifest)  # a refused tokenizer is raised once the sessions end
         target, draft = [engine.result() for engine in engines] + [None] * (2 - len(engines))
     return manifest, tokenizer, chat, target, draft
 
 
-def _engine(directory: Path, manifest: Manifest, role: str, provider: str, threads: int | None) -> Engine:
+def _engine(directory: Path, manifest: Manifest, role: str, provider: str | Provider, threads: int | None) -> Engine:
     """The engine of ``role``, once what its graph states of itself agrees with the manifest (heads, positions)."""
     engine = load_engine(directory, manifest, role, provider, threads)
     spec = manifest.models[role]

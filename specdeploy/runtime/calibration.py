@@ -7,12 +7,13 @@ ONNX Runtime grows its buffers at the first call that needs them (on the real pa
 
 A ``specdeploy generate`` run is a fresh process: it warms its shapes up and measures them, but its cycles at other
 batch sizes, its catch-ups and its drift are what an earlier run already learned. The engines' costs belong to the
-models, the execution provider, the thread count and this machine, so they are kept per (artifact manifest, provider,
-threads, ONNX Runtime version, machine) in the user's cache (``$SPECDEPLOY_CACHE``, default ``~/.cache/specdeploy``),
-one record holding both modes' tables: the default's and exact mode's (``GenerationConfig.exact``: every target call
-padded to an even number of tokens, so its calls cost otherwise), and the lengths of the latest answers
-(``AnswerLengths``: what a catch-up is repaid over). A record, or a table in it, that is missing, unreadable or
-malformed only means starting from the warm-up's measurements (and from each request's budget).
+models, the execution providers (each model's own), the thread count and this machine, so they are kept per (artifact
+manifest, providers, threads, ONNX Runtime version, machine) in the user's cache (``$SPECDEPLOY_CACHE``, default
+``~/.cache/specdeploy``), one record holding both modes' tables: the default's and exact mode's
+(``GenerationConfig.exact``: every target call padded to an even number of tokens, so its calls cost otherwise), and
+the lengths of the latest answers (``AnswerLengths``: what a catch-up is repaid over). A record, or a table in it,
+that is missing, unreadable or malformed only means starting from the warm-up's measurements (and from each request's
+budget).
 """
 
 from __future__ import annotations
@@ -41,19 +42,26 @@ CATCHUP_TOKENS = 32  # a draft catch-up long enough to time a rate, not a call
 TABLES = ("costs", "exact_costs")  # the default mode's table, exact mode's (records before exact mode: the first)
 
 
-def machine_key(directory: Path, provider: str | Provider, threads: int | None) -> str:
-    """Who the remembered costs belong to: this artifact (its manifest names every file's digest) on this
-    provider (with its options: OpenVINO's device and precision), thread count, ONNX Runtime and machine."""
+def machine_key(directory: Path, provider: str | Provider, threads: int | None,
+                draft_provider: str | Provider | None = None) -> str:
+    """Who the remembered costs belong to: this artifact (its manifest names every file's digest) with its target on
+    ``provider`` and its draft on ``draft_provider`` (None: the same; each with its options: OpenVINO's device and
+    precision), thread count, ONNX Runtime and machine. The table holds both models' calls, each priced as its own
+    provider ran it, so the key names both (a pair on one provider keeps the key it had before a draft could run
+    elsewhere)."""
     import onnxruntime
 
     manifest = hashlib.sha256((Path(directory) / "manifest.json").read_bytes()).hexdigest()
-    facts = [manifest, Provider.of(provider).key, str(threads), onnxruntime.__version__, platform.machine(), platform.node(),
+    providers = Provider.of(provider).key
+    if draft_provider is not None and Provider.of(draft_provider).key != providers:
+        providers += f" draft:{Provider.of(draft_provider).key}"
+    facts = [manifest, providers, str(threads), onnxruntime.__version__, platform.machine(), platform.node(),
              str(os.cpu_count())]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:32]
 
 
 class RememberedCosts:
-    """The cost table of one (artifact, provider, threads, ONNX Runtime, machine), kept in the user's cache."""
+    """The cost table of one (artifact, providers, threads, ONNX Runtime, machine), kept in the user's cache."""
 
     def __init__(self, key: str):
         self.path = cache_dir() / FOLDER / f"{key}.json"

@@ -82,16 +82,20 @@ class Pipeline:
     def load(cls, directory: str | Path, provider: str | Provider = "cpu", threads: int | None = None,
              verify_hashes: bool = True, max_cache_bytes: int | None = None, remember_costs: bool = False,
              suffix_file: str | Path | None = None, suffix_store: SuffixStore | None = None, log=None,
-             prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES) -> Pipeline:
+             prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES, *,
+             draft_provider: str | Provider | None = None) -> Pipeline:
         """Load an artifact dir written by ``specdeploy export``.
 
         Every file's sha256 is checked against the manifest before any byte reaches ONNX Runtime,
         unless ``verify_hashes=False`` is passed explicitly. ``provider``: the execution provider, a word ("cpu",
         "cuda", "tensorrt", "openvino") or a ``Provider`` with its options (OpenVINO's device and precision);
-        a graph it would run only in pieces is refused (``ProviderError``). ``max_cache_bytes`` caps the KV-cache
+        a graph it would run only in pieces is refused (``ProviderError``). ``draft_provider``: the draft model's, where it
+        differs from the target's (None: ``provider``): a draft whose calls are mostly one token may run quicker on
+        another provider than the target's verifications do (docs/results/openvino/); the cost policy prices each
+        model's calls as its own provider ran them. ``max_cache_bytes`` caps the KV-cache
         memory one batch may allocate (target and draft together); a batch over it is refused.
         ``remember_costs`` starts the first request's policy from what the last process measured on this
-        artifact, provider and thread count, and keeps what this one measures (``calibration``; the default mode's
+        artifact, providers and thread count, and keeps what this one measures (``calibration``; the default mode's
         table and exact mode's): for short-lived processes such as ``specdeploy generate``; a long-lived one learns
         them in its first request.
         ``suffix_file``: a file of earlier requests' texts to draft from (``save_suffix_file`` writes it); one that
@@ -102,8 +106,10 @@ class Pipeline:
         """
         threads = checked_threads(threads)  # before any work: too many abort the process inside ONNX Runtime
         directory = Path(directory)
-        manifest, tokenizer, chat, target, draft = open_artifact(directory, provider, threads, verify_hashes)
-        remembered = RememberedCosts(machine_key(directory, provider, threads)) if remember_costs else None
+        manifest, tokenizer, chat, target, draft = open_artifact(directory, provider, threads, verify_hashes,
+                                                                 draft_provider)
+        remembered = (RememberedCosts(machine_key(directory, provider, threads, draft_provider)) if remember_costs
+                      else None)
         pipeline = cls(manifest, tokenizer, target, draft, directory, max_cache_bytes, chat, remembered, suffix_store,
                        prefix_cache_bytes)
         if suffix_file is not None:

@@ -112,8 +112,8 @@ def application(artifact: str | Path, ray: RayOptions | None = None, model: str 
 
     ``options`` go to each replica's ``Scheduler`` (max_batch, max_queue, prefill_chunk, seed), plus ``context``
     and ``create_app``'s settings (``APP_SETTINGS``: default_max_tokens, api_key, suffix_scope, ...); ``config`` to its
-    ``GenerationConfig`` (k, policy, drafter); ``pipeline`` to ``Pipeline.load`` (provider, prefix_cache_bytes, and
-    suffix_tokens: what each scope's suffix index keeps).
+    ``GenerationConfig`` (k, policy, drafter); ``pipeline`` to ``Pipeline.load`` (provider, draft_provider,
+    prefix_cache_bytes, and suffix_tokens: what each scope's suffix index keeps).
     """
     from ray import serve
 

@@ -4,9 +4,13 @@ build/openvino-venv), never imported by the tests' process, whose onnxruntime ha
 
     python tests/engines/openvino_peer.py JOB.json OUT.json
 
-JOB: {"openvino": artifact dir (exported with --provider openvino), "explicit": one without, "fused": one in the fused
-form, "prompts": [[ids], ...], "tokens": N, "sampled_rows": N, "cache": a SPECDEPLOY_CACHE dir}. OUT: what each check
-saw (``main`` lists them); the tests assert on it.
+JOB: {"openvino": artifact dir (exported with --provider openvino), "mixed": the same pair with its draft written for
+the CPU provider in the fused form (--provider openvino --draft-provider cpu --graph fused), "explicit": one in the plain
+explicit form, "prompts": [[ids], ...], "tokens": N, "sampled_rows": N, "cache": a SPECDEPLOY_CACHE dir}. OUT: what
+each check saw (``main`` lists them); the tests assert on it.
+
+Each artifact's pipeline is loaded once and every check runs on it (a session's first call on OpenVINO prepares its
+kernels, and each new shape costs it a preparation: the checks share them).
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ import json
 import os
 import sys
 from pathlib import Path
+
+# the speculation settings each pairing is held to: (drafter, k, batch size), the default policy after them
+SETTINGS = (("model", 4, 1), ("model", 8, 3), ("hybrid", 4, 2), ("suffix", 1, 2), ("model", 1, 2))
+FEWER_SETTINGS = (("model", 4, 1), ("model", 8, 3), ("hybrid", 4, 2))
 
 
 def decode(pipeline, prompts, config, batch_size: int) -> list[dict]:
@@ -37,16 +45,14 @@ def decode(pipeline, prompts, config, batch_size: int) -> list[dict]:
     return out
 
 
-def greedy(directory: str, prompts, tokens: int, provider: str = "openvino", exact: bool = False) -> dict:
-    """Plain greedy decoding and the default mode's speculation (each drafter, k, batch size) on ``provider``; with
+def greedy(pipeline, prompts, tokens: int, settings=SETTINGS, exact: bool = False) -> dict:
+    """Plain greedy decoding and the default mode's speculation (each of ``settings``, then the default policy); with
     ``exact``, exact mode's too."""
-    from specdeploy import GenerationConfig, Pipeline
+    from specdeploy import GenerationConfig
 
-    pipeline = Pipeline.load(directory, provider=provider, threads=2)
     base = GenerationConfig(max_new_tokens=tokens, ignore_eos=True)
     runs = {"plain": decode(pipeline, prompts, dataclasses.replace(base, drafter="none"), 1)}
-    for drafter, k, batch_size in (("model", 4, 1), ("model", 8, 3), ("hybrid", 4, 2), ("suffix", 1, 2),
-                                   ("model", 1, 2)):
+    for drafter, k, batch_size in settings:
         config = dataclasses.replace(base, drafter=drafter, k=k, policy="fixed")
         runs[f"{drafter} k={k} batch {batch_size}"] = decode(pipeline, prompts, config, batch_size)
     runs["default policy"] = decode(pipeline, prompts, base, 1)
@@ -54,34 +60,54 @@ def greedy(directory: str, prompts, tokens: int, provider: str = "openvino", exa
         runs["exact plain"] = decode(pipeline, prompts, dataclasses.replace(base, drafter="none", exact=True), 1)
         runs["exact model k=4 batch 2"] = decode(pipeline, prompts, dataclasses.replace(
             base, drafter="model", k=4, policy="fixed", exact=True), 2)
-    return {"runs": runs, "provider": pipeline.target.provider.key, "costs": _costs(pipeline),
+    return {"runs": runs, "providers": providers(pipeline), "costs": pipeline.costs.to_dict(),
             "rows_alike": pipeline.target.rows_alike}
 
 
-def _costs(pipeline) -> dict:
-    """The cost table the runs measured: token counts of the target's calls it has seconds for."""
-    table = pipeline.costs.to_dict()
-    return {"table": table}
+def providers(pipeline) -> dict:
+    """Each model's provider, as its cost table is remembered under."""
+    return {"target": pipeline.target.provider.key, "draft": pipeline.draft.provider.key}
 
 
-def sampled(directory: str, prompt, rows: int) -> dict:
-    """The first two tokens of ``rows`` seeded rows, plain and speculative (the draft model, k = 3), on OpenVINO."""
-    from specdeploy import GenerationConfig, Pipeline
+def priced(pipeline, k: int) -> dict:
+    """The calls ``warm_up`` makes on a fresh pipeline, each as its engine timed it (with the engine's provider), and
+    the cost table it left: what the cost policy prices each model's calls by."""
+    calls = []
+    for role, engine in (("target", pipeline.target), ("draft", pipeline.draft)):
+        infer = engine.infer
 
-    pipeline = Pipeline.load(directory, provider="openvino", threads=2)
+        def timed(input_ids, past_len, cache, last=None, widths=None, infer=infer, role=role, engine=engine):
+            out = infer(input_ids, past_len, cache, last, widths)
+            calls.append({"role": role, "provider": engine.provider.key, "tokens": int(input_ids.shape[1]),
+                          "seconds": out.seconds})
+            return out
+
+        engine.infer = timed
+    try:
+        pipeline.warm_up(k)
+    finally:
+        del pipeline.target.infer, pipeline.draft.infer  # the engines' own method again
+    return {"calls": calls, "costs": pipeline.costs.to_dict()}
+
+
+def sampled(pipeline, prompt, rows: int) -> dict:
+    """The first two tokens of ``rows`` seeded rows, plain and speculative (the draft model, k = 3). No K/V or text of
+    earlier requests (``scope=None``): each row is the one prompt alone."""
+    from specdeploy import GenerationConfig
+
     settings = dict(temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=4, ignore_eos=True)
     out = {}
     for name, config in (("plain", GenerationConfig(drafter="none", **settings)),
                          ("speculative", GenerationConfig(drafter="model", k=3, policy="fixed", **settings))):
         # rows without a seed sample by rejection; each row's generator from the process's entropy
-        results = pipeline.generate([prompt] * rows, config, batch_size=rows)
+        results = pipeline.generate([prompt] * rows, config, batch_size=rows, suffix_index=None, scope=None)
         out[name] = [r.token_ids[:2] for r in results]
         out[f"{name} drafted"] = sum(record.drafted for r in results for record in r.records)
     return out
 
 
-def refusals(explicit: str, fused: str) -> dict:
-    """What is said where OpenVINO would run a graph in pieces: the fused form, refused before a session is made; and
+def refusals(explicit: str, mixed: str) -> dict:
+    """What is said where OpenVINO would run a graph in pieces: a fused draft, refused before a session is made; and
     a graph whose nodes it leaves to the CPU provider, refused once the session says where it placed them (the fused
     graph under an explicit graph's name)."""
     from specdeploy.contract import Manifest
@@ -90,16 +116,16 @@ def refusals(explicit: str, fused: str) -> dict:
     from specdeploy.engines.providers import Provider
 
     said = {}
-    manifest = Manifest.read(fused)
+    manifest = Manifest.read(mixed)
     try:
-        load_engine(Path(fused), manifest, "target", provider="openvino")
+        load_engine(Path(mixed), manifest, "draft", provider="openvino")
         said["fused"] = None
     except ProviderError as exc:
         said["fused"] = str(exc)
-    spec = dataclasses.replace(manifest.target, graph="explicit", takes_seqlens_k=False, trims_logits=False,
+    spec = dataclasses.replace(manifest.draft, graph="explicit", takes_seqlens_k=False, trims_logits=False,
                                argmax_ids=False)
     try:
-        OrtEngine(Path(fused) / spec.file, spec, provider="openvino")
+        OrtEngine(Path(mixed) / spec.file, spec, provider="openvino")
         said["in_pieces"] = None
     except ProviderError as exc:
         said["in_pieces"] = str(exc)
@@ -117,34 +143,52 @@ def placement_of(directory: str) -> dict:
     return {role: placement(Path(directory) / spec.file, "openvino") for role, spec in manifest.models.items()}
 
 
-def remembered(directory: str) -> dict:
-    """Where a process remembers the cost table it measured on OpenVINO, against the CPU provider's record."""
-    from specdeploy import GenerationConfig, Pipeline
+def remembered(openvino: str, mixed: str) -> dict:
+    """Which cost tables the processes' pipelines kept (``remember_costs``), against the keys of the providers each
+    pairing names; and the table recalled for the OpenVINO pair."""
     from specdeploy.engines.providers import Provider
     from specdeploy.runtime.calibration import RememberedCosts, machine_key
 
-    pipeline = Pipeline.load(directory, provider="openvino", threads=2, remember_costs=True)
-    pipeline.generate([[5, 17, 33, 9]], GenerationConfig(max_new_tokens=8, ignore_eos=True))
     files = sorted(p.name for p in (Path(os.environ["SPECDEPLOY_CACHE"]) / "costs").glob("*.json"))
-    keys = {name: machine_key(Path(directory), provider, 2) for name, provider in
-            (("openvino", "openvino"), ("openvino object", Provider("openvino")), ("cpu", "cpu"),
-             ("openvino bf16", Provider("openvino", precision="BF16")))}
+    keys = {name: machine_key(Path(directory), *providers) for name, directory, providers in (
+        ("openvino", openvino, ("openvino", 2)), ("openvino object", openvino, (Provider("openvino"), 2)),
+        ("cpu", openvino, ("cpu", 2)), ("openvino bf16", openvino, (Provider("openvino", precision="BF16"), 2)),
+        ("openvino, draft on openvino", openvino, ("openvino", 2, "openvino")),
+        ("mixed, draft on cpu", mixed, ("openvino", 2, "cpu")), ("mixed, one provider", mixed, ("openvino", 2)))}
     recalled = RememberedCosts(keys["openvino"]).recall()
-    return {"files": files, "keys": keys, "recalled": None if recalled is None else recalled.to_dict()}
+    answers = RememberedCosts(keys["mixed, draft on cpu"]).recall_answers()  # kept in the provider pair's record
+    return {"files": files, "keys": keys, "recalled": None if recalled is None else recalled.to_dict(),
+            "mixed answers": None if answers is None else answers.to_list()}
 
 
 def main() -> None:
+    from specdeploy import GenerationConfig, Pipeline
+    from specdeploy.contract import Manifest
+    from specdeploy.engines import load_engine
+
     job = json.loads(Path(sys.argv[1]).read_text())
     os.environ["SPECDEPLOY_CACHE"] = job["cache"]
-    out = {
-        "greedy": greedy(job["openvino"], job["prompts"], job["tokens"], exact=True),
-        # the same artifact on ONNX Runtime's CPU provider: a control, whose int4 kernels compute rows apart
-        "greedy_cpu": greedy(job["openvino"], job["prompts"][:3], job["tokens"], provider="cpu"),
-        "sampled": sampled(job["openvino"], job["prompts"][0], job["sampled_rows"]),
-        "refusals": refusals(job["explicit"], job["fused"]),
+    prompts, tokens = job["prompts"], job["tokens"]
+    openvino = Pipeline.load(job["openvino"], provider="openvino", threads=2, remember_costs=True)
+    # the target on OpenVINO, its draft (the same pair's, in OpenVINO's form) on the CPU provider: the target's session
+    # shared
+    draft_on_cpu = Pipeline(openvino.manifest, openvino.tokenizer, openvino.target,
+                            load_engine(Path(job["openvino"]), Manifest.read(job["openvino"]), "draft", "cpu", 2),
+                            Path(job["openvino"]), chat_template=openvino.chat_template)
+    mixed = Pipeline.load(job["mixed"], provider="openvino", draft_provider="cpu", threads=2, remember_costs=True)
+    out = {"priced": priced(mixed, 4)}  # first: on a fresh pipeline, warm_up measures every shape
+    out |= {
+        "greedy": greedy(openvino, prompts, tokens, exact=True),
+        "greedy_draft_on_cpu": greedy(draft_on_cpu, prompts, tokens, FEWER_SETTINGS),
+        "greedy_mixed": greedy(mixed, prompts, tokens, FEWER_SETTINGS),
+        # the OpenVINO pair on ONNX Runtime's CPU provider: a control, whose int4 kernels compute rows apart
+        "greedy_cpu": greedy(Pipeline.load(job["openvino"], provider="cpu", threads=2), prompts[:3], tokens),
+        "sampled": sampled(openvino, prompts[0], job["sampled_rows"]),
+        "refusals": refusals(job["explicit"], job["mixed"]),
         "placement": placement_of(job["openvino"]),
-        "remembered": remembered(job["openvino"]),
     }
+    mixed.generate([prompts[0]], GenerationConfig(max_new_tokens=8, ignore_eos=True))  # keeps its table
+    out["remembered"] = remembered(job["openvino"], job["mixed"])
     Path(sys.argv[2]).write_text(json.dumps(out))
 
 

@@ -36,22 +36,26 @@ SAMPLED_ROWS = 1500
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
     """A tiny int4 pair (weights as a trained model's, so int4 rounding does not blow up) as ``export --provider
-    openvino`` writes it, in the plain explicit form, and in the fused form. Accuracy level 0 (fp32 compute): ONNX
-    Runtime's CPU kernel then runs a one-row call apart from several rows (docs/results/exactness/), the control."""
+    openvino`` writes it; the same pair with its draft written for the CPU provider in the fused form (``--draft-provider
+    cpu --graph fused``); and the target in the plain explicit form. Accuracy level 0 (fp32 compute): ONNX Runtime's CPU
+    kernel then runs a one-row call apart from several rows (docs/results/exactness/), the control. One trace a model:
+    OpenVINO's form is the explicit trace rewritten (tests/traces.py), the fused draft is written, not traced."""
     root = tmp_path_factory.mktemp("openvino")
     config = tiny.llama_config(head_dim=16, hidden_size=64, intermediate_size=128)  # head_dim 16: the fused form's least
     target = tiny.build_model(config, seed=0, conditioned=True)
     draft = tiny.build_model(config, seed=1, perturb_from=target, noise=0.05)
     saved = tiny.save_checkpoint(target, root / "t"), tiny.save_checkpoint(draft, root / "d")
-    forms = {"explicit": ["--graph", "explicit"], "fused": ["--graph", "fused"], "openvino": ["--provider", "openvino"]}
-    return {name: tiny.export_cli(root / name, *saved, "--weights", "int4", "--accuracy-level", "0", "--capacity", "128",
-                                  *extra)
-            for name, extra in forms.items()}
+    common = ["--weights", "int4", "--accuracy-level", "0", "--capacity", "128"]
+    return {"openvino": tiny.export_cli(root / "openvino", *saved, *common, "--provider", "openvino"),
+            "mixed": tiny.export_cli(root / "mixed", *saved, *common, "--provider", "openvino", "--draft-provider", "cpu",
+                                     "--graph", "fused"),
+            "explicit": tiny.export_cli(root / "explicit", saved[0], None, *common, "--graph", "explicit")}
 
 
 @pytest.fixture(scope="module")
 def seen(artifacts, tmp_path_factory):
-    """What the peer saw on the OpenVINO provider (``openvino_peer.main``)."""
+    """What the peer saw on the OpenVINO provider (``openvino_peer.main``), running this checkout's code whichever
+    checkout made the venv."""
     if not OPENVINO_PYTHON.is_file():
         pytest.fail(f"{OPENVINO_PYTHON}: no OpenVINO venv; `make openvino-venv` makes it (or set "
                     "SPECDEPLOY_OPENVINO_PYTHON)")
@@ -60,7 +64,7 @@ def seen(artifacts, tmp_path_factory):
            "tokens": TOKENS, "sampled_rows": SAMPLED_ROWS, "cache": str(root / "cache")}
     (root / "job.json").write_text(json.dumps(job))
     done = subprocess.run([str(OPENVINO_PYTHON), str(PEER), str(root / "job.json"), str(root / "out.json")],
-                          capture_output=True, text=True, cwd=ROOT)
+                          capture_output=True, text=True, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((root / "out.json").read_text())
 
@@ -72,8 +76,24 @@ def test_greedy_speculation_is_plain_decoding_bit_for_bit_on_openvino(seen):
     same logits to the bit (OpenVINO's CPU kernels compute a position alike whatever the call's size, so nothing needs
     padding: exact mode runs the target as it is), and drafts were verified."""
     greedy = seen["greedy"]
-    assert greedy["provider"] == "openvino/CPU/FP32" and greedy["rows_alike"]
-    runs = dict(greedy["runs"])
+    assert greedy["providers"] == {"target": "openvino/CPU/FP32", "draft": "openvino/CPU/FP32"} and greedy["rows_alike"]
+    _assert_plain_bit_for_bit(greedy["runs"])
+
+
+@pytest.mark.parametrize("pairing", ["greedy_draft_on_cpu", "greedy_mixed"])
+def test_with_the_draft_on_the_cpu_provider_greedy_speculation_is_still_plain_decoding_bit_for_bit(seen, pairing):
+    """The target on OpenVINO, its draft on ONNX Runtime's CPU provider (the pair's draft in OpenVINO's form, or written
+    fused for the CPU provider): the draft's other kernels change which drafts are proposed, never what the target
+    emits, and its rows are computed alike, so speculative output is its plain decoding's to the bit."""
+    greedy = seen[pairing]
+    assert greedy["providers"] == {"target": "openvino/CPU/FP32", "draft": "cpu"} and greedy["rows_alike"]
+    _assert_plain_bit_for_bit(greedy["runs"])
+    # the same target, whichever draft sits beside it: the same plain decoding as the pair on OpenVINO alone
+    assert greedy["runs"]["plain"] == seen["greedy"]["runs"]["plain"]
+
+
+def _assert_plain_bit_for_bit(runs: dict) -> None:
+    runs = dict(runs)
     plain = runs.pop("plain")
     for name, run in runs.items():
         for i, (row, alone) in enumerate(zip(run, plain)):
@@ -105,20 +125,43 @@ def test_sampling_on_openvino_follows_the_targets_distribution(seen):
 
 def test_the_cost_table_is_measured_and_kept_per_provider(seen):
     """The policy prices calls measured on OpenVINO, and a process keeps them under the provider with its options."""
-    table = seen["greedy"]["costs"]["table"]
+    table = seen["greedy"]["costs"]
     assert {t for _, t, _ in table["verify"]} >= {1, 5}
     assert all(seconds > 0 for _, _, seconds in table["verify"] + table["draft"])
     kept = seen["remembered"]
     keys = kept["keys"]
     assert keys["openvino"] == keys["openvino object"]  # the word and the Provider with its defaults are one provider
+    assert keys["openvino"] == keys["openvino, draft on openvino"]  # a draft on the target's provider: the pair's key
     assert len({keys["openvino"], keys["cpu"], keys["openvino bf16"]}) == 3
-    assert kept["files"] == [f"{keys['openvino']}.json"] and kept["recalled"]["verify"]
+    assert kept["recalled"]["verify"]
+
+
+def test_each_models_calls_are_priced_as_its_own_provider_ran_them(seen):
+    """The target on OpenVINO, the draft on the CPU provider: each entry of the cost table warm_up left is the quicker of
+    the two calls of that shape that model's engine timed on its own provider, and the table is kept under a key that
+    names both providers."""
+    priced = seen["priced"]
+    measured = {}
+    for call in priced["calls"]:
+        assert call["provider"] == {"target": "openvino/CPU/FP32", "draft": "cpu"}[call["role"]]
+        measured.setdefault((call["role"], call["tokens"]), []).append(call["seconds"])
+    table = {("target", t): seconds for _, t, seconds in priced["costs"]["verify"]}
+    table |= {("draft", t): seconds for _, t, seconds in priced["costs"]["draft"]}
+    assert set(table) == set(measured) >= {("target", 1), ("target", 5), ("draft", 1), ("draft", 2)}
+    assert all(len(times) == 2 and table[shape] == min(times) for shape, times in measured.items())
+    keys, files = seen["remembered"]["keys"], seen["remembered"]["files"]
+    assert keys["mixed, draft on cpu"] != keys["mixed, one provider"]
+    assert files == sorted([f"{keys['openvino']}.json", f"{keys['mixed, draft on cpu']}.json"])
+    # the answers' lengths a catch-up is repaid over are kept in the same record, under the pair's key: the mixed
+    # pipeline's answers (warm-up's are not answers), the last of them the 8-token request it finished
+    answers = seen["remembered"]["mixed answers"]
+    assert answers and answers[-1][0] == 8
 
 
 def test_a_graph_it_would_run_in_pieces_is_refused_in_one_line(seen):
     said = seen["refusals"]
-    assert "fused graph, which OpenVINO runs only in pieces" in said["fused"]
-    assert "specdeploy export --provider openvino" in said["fused"]
+    assert "the draft model is a fused graph, which OpenVINO runs only in pieces" in said["fused"]
+    assert "specdeploy export --provider openvino" in said["fused"] and "--draft-provider cpu" in said["fused"]
     assert "would run only in pieces on openvino" in said["in_pieces"]
     assert "GroupQueryAttention x2" in said["in_pieces"] and "\n" not in said["in_pieces"]
 
@@ -157,17 +200,45 @@ def test_a_missing_openvino_says_how_to_install_it(artifacts, monkeypatch):
 
 
 def test_the_fused_form_is_refused_before_a_session_is_made(artifacts):
-    spec = Manifest.read(artifacts["fused"]).target
-    with pytest.raises(ProviderError, match="re-export it with `specdeploy export --provider openvino`"):
-        check_graph(artifacts["fused"] / spec.file, spec, Provider("openvino"))
-    check_graph(artifacts["fused"] / spec.file, spec, Provider("cpu"))  # the CPU provider runs it whole
+    spec = Manifest.read(artifacts["mixed"]).draft
+    with pytest.raises(ProviderError, match="re-export it with `specdeploy export --provider openvino`, or run the "
+                                            "draft with --draft-provider cpu"):
+        check_graph(artifacts["mixed"] / spec.file, spec, Provider("openvino"))
+    check_graph(artifacts["mixed"] / spec.file, spec, Provider("cpu"))  # the CPU provider runs it whole
 
 
-def test_the_cost_key_names_the_provider_and_its_options(artifacts):
-    keys = {machine_key(artifacts["explicit"], provider, 2) for provider in
-            ("cpu", "openvino", Provider("openvino", precision="BF16"), Provider("openvino", device="GPU"))}
-    assert len(keys) == 4
-    assert machine_key(artifacts["explicit"], "openvino", 2) == machine_key(artifacts["explicit"], Provider("openvino"), 2)
+def test_export_writes_each_model_for_its_own_provider(artifacts):
+    """--provider openvino --draft-provider cpu --graph fused: OpenVINO's form for the target, the fused form for the
+    draft; --provider openvino alone: OpenVINO's form for both."""
+    mixed, openvino = Manifest.read(artifacts["mixed"]), Manifest.read(artifacts["openvino"])
+    assert (mixed.target.graph, mixed.target.filled_slots, mixed.target.trims_logits) == ("explicit", 64, True)
+    assert (mixed.draft.graph, mixed.draft.filled_slots, mixed.draft.takes_seqlens_k) == ("fused", 0, True)
+    assert [(spec.graph, spec.filled_slots) for spec in openvino.models.values()] == [("explicit", 64)] * 2
+
+
+def test_the_cost_key_names_each_models_provider_and_its_options(artifacts):
+    directory = artifacts["openvino"]
+    keys = {machine_key(directory, *providers) for providers in
+            (("cpu", 2), ("openvino", 2), (Provider("openvino", precision="BF16"), 2), (Provider("openvino", device="GPU"), 2),
+             ("openvino", 2, "cpu"), ("cpu", 2, "openvino"), ("openvino", 2, Provider("openvino", precision="BF16")))}
+    assert len(keys) == 7
+    assert machine_key(directory, "openvino", 2) == machine_key(directory, Provider("openvino"), 2)
+    assert machine_key(directory, "openvino", 2) == machine_key(directory, "openvino", 2, Provider("openvino"))
+
+
+def test_the_draft_provider_reaches_the_draft(artifacts, monkeypatch):
+    """generate --draft-provider openvino loads the draft on OpenVINO (missing here: refused in one line), the target
+    on --provider's; without a draft model in the artifact there is nothing to place, and nothing is refused."""
+    import onnxruntime
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    args = ["--prompt", "w5", "--max-new-tokens", "2", "--draft-provider", "openvino"]
+    result = CliRunner().invoke(cli, ["generate", str(artifacts["openvino"]), "--provider", "cpu", *args])
+    assert result.exit_code == 1
+    assert "provider 'openvino' (OpenVINOExecutionProvider) is not available" in result.output
+    assert "\n" not in result.output.strip().removeprefix("Error: ")
+    result = CliRunner().invoke(cli, ["generate", str(artifacts["explicit"]), "--provider", "cpu", *args, "--json"])
+    assert result.exit_code == 0, result.output
 
 
 @pytest.mark.parametrize("command", ["generate", "doctor", "bench"])

@@ -32,9 +32,10 @@ def test_a_bad_option_is_refused_when_made_naming_it(fields, match):
 def test_a_draft_vocab_needs_a_draft_then_the_fused_form():
     with pytest.raises(ExportError, match="there is no draft model to trim"):
         ExportOptions(draft_vocab=64).check_draft(None)
-    with pytest.raises(ExportError, match=r"draft_vocab: got 64 with graph 'explicit'; expected graph 'fused'"):
+    with pytest.raises(ExportError, match=r"draft_vocab: got 64 with the draft's graph 'explicit'; expected graph 'fused'"):
         ExportOptions(draft_vocab=64).check_draft("draft")
     ExportOptions(draft_vocab=64, graph="fused").check_draft("draft")
+    ExportOptions(draft_vocab=64, graph="fused", provider="openvino", draft_provider="cpu").check_draft("draft")
 
 
 def test_each_roles_form_follows_from_the_options():
@@ -45,6 +46,20 @@ def test_each_roles_form_follows_from_the_options():
     # int8's rewrite reads fp32 graphs; a mixture's experts are written int8 (int8=True)
     assert options.form("draft") == Form("fused", None, 64, "float32", int8=True)
     assert ExportOptions(weights="int4").form("target") == Form("explicit", None, None, "float32")
+
+
+def test_each_model_is_written_for_its_own_provider():
+    """OpenVINO's form (explicit, reading the filled slots) for a model written for it; --graph for the CPU provider's."""
+    options = ExportOptions(weights="int4", graph="fused", provider="openvino", draft_provider="cpu", block_size=128)
+    assert options.provider_of("target") == "openvino" and options.provider_of("draft") == "cpu"
+    assert options.form("target") == Form("explicit", None, None, "float32", filled_slots=64)
+    assert options.form("draft") == Form("fused", (128, 4), None, "float32")
+    assert ExportOptions(provider="openvino").form("draft").filled_slots == 64  # the draft follows the target's
+    with pytest.raises(ExportError, match=r"graph: got 'fused' with provider 'openvino'; expected 'explicit'.*"
+                                          r"--draft-provider cpu"):
+        ExportOptions(graph="fused", provider="openvino")
+    with pytest.raises(ExportError, match=r"draft_provider: got 'cuda'; expected one of cpu, openvino, or None"):
+        ExportOptions(draft_provider="cuda")
 
 
 def test_export_artifact_takes_the_options_or_their_fields_and_refuses_before_writing(tmp_path):
