@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 
 from tools import arguments
-from tools.provenance import header, provenance
+from tools.provenance import provenance, write_page
 from tools.ray_cluster import LocalCluster
 
 SETUPS = ("scope", "default", "one")
@@ -63,9 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     table = report(runs)
     print(table)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(header("Ray Serve: routing by scope", facts) + "\n" + table + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps({"provenance": facts, "runs": runs}, indent=1) + "\n")
+        write_page(args.out, "Ray Serve: routing by scope", facts, table, {"runs": runs})
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,3 +44,10 @@ def header(title: str, facts: dict) -> str:
     """A result page's first lines: its title with the date, the command, then the machine and the commit."""
     return (f"# {title} ({facts['date']})\n\n`{facts['command']}`\n\n"
             f"{facts['machine']}; commit {facts['commit'] or 'unknown'}.\n")
+
+
+def write_page(out: Path, title: str, facts: dict, text: str, record: dict) -> None:
+    """A result page: OUT.md (``header`` and ``text``, what the tool printed) and OUT.json (the facts and the record)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(header(title, facts) + "\n" + text + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"provenance": facts, **record}, indent=1) + "\n")

@@ -19,7 +19,6 @@ requests in flight when a replica began draining, with their outcomes.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import threading
@@ -28,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tools import arguments
-from tools.provenance import header, provenance
+from tools.provenance import provenance, write_page
 from tools.ray_cluster import LocalCluster
 from tools.ray_load import MODEL, Tenants, accounted, free_port
 
@@ -54,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(record)
     print(text)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(header("Ray Serve: autoscaling and draining", facts) + "\n" + text + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps({"provenance": facts, **record}, indent=1) + "\n")
+        write_page(args.out, "Ray Serve: autoscaling and draining", facts, text, record)
     return 0
 
 

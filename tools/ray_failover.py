@@ -18,14 +18,13 @@ while the node was down, and after it rejoined.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
 from tools import arguments
-from tools.provenance import header, provenance
+from tools.provenance import provenance, write_page
 from tools.ray_cluster import LocalCluster
 from tools.ray_load import MODEL, Tenants, accounted, free_port, placement
 
@@ -47,9 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(record)
     print(text)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(header("Ray Serve: a node killed under load", facts) + "\n" + text + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps({"provenance": facts, **record}, indent=1) + "\n")
+        write_page(args.out, "Ray Serve: a node killed under load", facts, text, record)
     return 0
 
 

@@ -3,6 +3,8 @@ from pooled figures (running them starts Ray clusters: tests/serve/test_ray.py d
 
 from __future__ import annotations
 
+import json
+
 from tools.bench_ray_routing import figures
 from tools.bench_ray_routing import report as routing_report
 from tools.ray_failover import report as failover_report
@@ -48,3 +50,13 @@ def test_failover_report_accounts_for_every_request_and_the_times():
     assert "answered again (a retry, or its next request) 2.5 s after the kill" in text
     assert "its replica answered 4.0 s later" in text
     assert "| before the kill | 10.0 | 1 | 48 | 4.8 |" in text
+
+
+def test_a_result_page_is_the_printed_text_under_its_provenance_and_the_record_beside_it(tmp_path):
+    from tools.provenance import header, provenance, write_page
+
+    facts = provenance("tools.ray_failover")
+    write_page(tmp_path / "ray" / "failover", "Ray Serve: a node killed under load", facts, "| a | b |", {"requests": [1]})
+    assert (tmp_path / "ray" / "failover.md").read_text() == header("Ray Serve: a node killed under load", facts) + \
+        "\n| a | b |\n"
+    assert json.loads((tmp_path / "ray" / "failover.json").read_text()) == {"provenance": facts, "requests": [1]}
