@@ -79,7 +79,26 @@ class LanguageModelOf:
         return text
 
 
-class TextWeights(MutableMapping):
+class WeightsView(MutableMapping):
+    """A checkpoint's weights under other names, read only when taken: ``names`` maps ours to what a subclass's
+    ``__getitem__`` and ``__delitem__`` read of ``weights``. Read-only; listing or testing a name reads no tensor."""
+
+    names: dict
+
+    def __setitem__(self, name, value) -> None:
+        raise TypeError("checkpoint weights are read-only")
+
+    def __contains__(self, name) -> bool:  # without reading the tensor, as Mapping's own would
+        return name in self.names
+
+    def __iter__(self):
+        return iter(list(self.names))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+class TextWeights(WeightsView):
     """``weights`` (a checkpoint's, read as taken) under the names ``prefixes`` map them to; the others are hidden
     and never read. Deleting a name deletes (releases) the checkpoint's tensor."""
 
@@ -96,18 +115,6 @@ class TextWeights(MutableMapping):
 
     def __delitem__(self, name: str) -> None:
         del self.weights[self.names.pop(name)]
-
-    def __setitem__(self, name, value) -> None:
-        raise TypeError("checkpoint weights are read-only")
-
-    def __contains__(self, name) -> bool:  # without reading the tensor, as Mapping's own would
-        return name in self.names
-
-    def __iter__(self):
-        return iter(list(self.names))
-
-    def __len__(self) -> int:
-        return len(self.names)
 
 
 register(LanguageModelOf(DescribedArchitecture(GEMMA3), ("gemma3",)))

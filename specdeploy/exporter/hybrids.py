@@ -14,11 +14,10 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import MutableMapping
 
 from .dims import Dims
 from .experts import RoutedExperts, SharedExpert
-from .families import GRANITE_EXPERTS
+from .families import GRANITE_EXPERTS, WeightsView
 from .family import Family
 from .feed_forward import DenseMLP
 from .llama import DecoderVerify, DescribedArchitecture
@@ -74,7 +73,7 @@ def granite_hybrid_config(config):
     return adapted
 
 
-class Renamed(MutableMapping):
+class Renamed(WeightsView):
     """A checkpoint's weights under the builder's (Llama's) names. Each rule maps a dotted part of a checkpoint name to
     the builder's (LFM2's ``feed_forward.w1`` -> ``mlp.gate_proj``), or to several, which split the tensor's rows into
     as many equal parts (Granite's ``shared_mlp.input_linear`` -> gate and up, as its MLP chunks them); other names
@@ -106,18 +105,6 @@ class Renamed(MutableMapping):
         theirs = self.names.pop(name)[0]
         if all(other != theirs for other, _, _ in self.names.values()):
             del self.weights[theirs]
-
-    def __setitem__(self, name, value) -> None:
-        raise TypeError("checkpoint weights are read-only")
-
-    def __contains__(self, name) -> bool:  # without reading the tensor, as Mapping's own would
-        return name in self.names
-
-    def __iter__(self):
-        return iter(list(self.names))
-
-    def __len__(self) -> int:
-        return len(self.names)
 
 
 register(HybridArchitecture(LFM2, LFM2_NAMES, lfm2_config))
