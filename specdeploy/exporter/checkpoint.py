@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,14 +292,21 @@ def _load_gguf(path: Path) -> Checkpoint:
 
     check_gguf_header(path)
     model_config, tokenizer, config, eos, reader = _read_gguf(path)
-    try:
+    with _one_line(path, "cannot be loaded as GGUF"):  # gguf-py's and transformers' errors on a file they cannot map
         weights = GgufWeights(path, model_config, reader)
-    except ExportError:
-        raise
-    except Exception as exc:  # gguf-py's and transformers' errors on a file they cannot map
-        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {one_line(exc)})") from exc
     eos = _eos_ids(None, model_config) or tuple(t for t in [eos] if isinstance(t, int))
     return Checkpoint(str(path), model_config, weights, tokenizer, eos, config)
+
+
+@contextmanager
+def _one_line(path: Path, what: str):
+    """Whatever a library raises inside, as one ExportError naming ``path`` and ``what`` failed (ours pass as raised)."""
+    try:
+        yield
+    except ExportError:
+        raise
+    except Exception as exc:
+        raise ExportError(f"{path}: {what} ({type(exc).__name__}: {one_line(exc)})") from exc
 
 
 def _read_gguf(path: Path, tokenizer: bool = True):
@@ -314,30 +322,25 @@ def _read_gguf(path: Path, tokenizer: bool = True):
     from .checks import check_config, check_declared, unread_dropped
     from .gguf_weights import fast_gguf_parsing, reader_class
 
-    try:
+    with _one_line(path, "cannot be loaded as GGUF"):  # a truncated file, absurd array lengths: IndexError, ...
         reader = reader_class()(str(path))
         model_type, declared, names = gguf_config.declared(reader)
-    except Exception as exc:  # a truncated file, absurd array lengths: gguf-py's IndexError, struct.error, ...
-        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {one_line(exc)})") from exc
     arch = _architecture(model_type, path)
     check_declared(declared, arch, str(path), names, tensors=len(reader.tensors))
     gguf_config.check_blocks(reader, path)
-    try:
-        if gguf_config.claims(reader):  # ours (a llama only where it has experts: Mixtral)
+    ours = gguf_config.claims(reader)  # read by us (a llama only where it has experts: Mixtral), not by transformers
+    with _one_line(path, "cannot be loaded as GGUF"):
+        if ours:
             model_config = gguf_config.read_config(reader)
         else:
             with fast_gguf_parsing():
                 model_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    except ExportError:
-        raise
-    except Exception as exc:
-        raise ExportError(f"{path}: cannot be loaded as GGUF ({type(exc).__name__}: {one_line(exc)})") from exc
     unread_dropped(model_config, arch)
     check_config(model_config, arch, str(path), declared, names)
     if not tokenizer:
         return model_config, None, None, None, reader
-    try:
-        if gguf_config.claims(reader):  # ours (a llama only where it has experts: Mixtral)
+    with _one_line(path, "its tokenizer cannot be built"):
+        if ours:
             built, settings = gguf_config.read_tokenizer(path)
             eos = built.token_to_id(settings["eos_token"]) if settings.get("eos_token") else None
             config = tokenizer_config(settings.get("chat_template"), settings.get("bos_token"),
@@ -345,10 +348,6 @@ def _read_gguf(path: Path, tokenizer: bool = True):
             return model_config, built, config, eos, reader
         with fast_gguf_parsing():
             built = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except ExportError:
-        raise
-    except Exception as exc:
-        raise ExportError(f"{path}: its tokenizer cannot be built ({type(exc).__name__}: {one_line(exc)})") from exc
     config = tokenizer_config(getattr(built, "chat_template", None), built.bos_token, built.eos_token,
                               getattr(built, "add_bos_token", False), path)
     return model_config, built.backend_tokenizer, config, getattr(built, "eos_token_id", None), reader
