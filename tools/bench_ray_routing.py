@@ -27,36 +27,30 @@ every request accounted for. Goals (issue 71): scope's hit rate at least
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from tools import arguments
 from tools.provenance import provenance, write_page
 from tools.ray_cluster import LocalCluster
+from tools.ray_load import MODEL, free_port, placement, replica_options
 
 SETUPS = ("scope", "default", "one")
-MODEL = "pair"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = arguments.parser(__doc__)
-    parser.add_argument("--artifact", type=arguments.artifact, required=True, help="an artifact dir")
+    replica_options(parser, context=1024)
     parser.add_argument("--setups", type=arguments.names(SETUPS), default=list(SETUPS), help="comma list, in order")
     parser.add_argument("--rounds", type=arguments.integer(1), default=1, help="rounds of every setup")
     parser.add_argument("--tenants", type=arguments.integer(1, 8), default=8, help="conversations at once (<= 8)")
     parser.add_argument("--max-tokens", type=arguments.integer(1), default=64, help="new tokens a turn at most")
-    parser.add_argument("--threads", type=arguments.integer(1), default=1, help="ONNX Runtime threads a replica")
     parser.add_argument("--max-batch", type=arguments.integer(1), default=8, help="--max-num-seqs of a replica")
-    parser.add_argument("--context", type=arguments.integer(16), default=1024, help="--max-model-len of a replica")
     parser.add_argument("--prefer-local-node", action="store_true",
                         help="let Ray's default router prefer the replicas on its proxy's node (Ray's default)")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json (a results page)")
     args = parser.parse_args(argv)
     facts = provenance("tools.bench_ray_routing")
     runs = run(args)
@@ -85,7 +79,7 @@ def run(args) -> list[dict]:
         from ray import serve
 
         ray.init(address=cluster.address, log_to_driver=False)
-        port = _free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
         url = f"http://127.0.0.1:{port}"
         runs = []
@@ -194,24 +188,13 @@ def report(runs: list[dict]) -> str:
 
 def _wait_ready(url: str, replicas: int, seconds: float = 900) -> None:
     """Until ``replicas`` replicas answer /health with 200 (keys spread the probes over them)."""
-    deadline, seen = time.monotonic() + seconds, set()
+    deadline, seen, keys = time.monotonic() + seconds, set(), [f"probe-{number}" for number in range(16)]
     while len(seen) < replicas:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{len(seen)} of {replicas} replicas ready after {seconds:.0f} s")
-        for number in range(16):
-            request = urllib.request.Request(f"{url}/health", headers={"Authorization": f"Bearer probe-{number}"})
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    seen.add(json.load(response)["replica"])
-            except OSError:
-                time.sleep(1)
-                break
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        seen |= {replica for replica, _node in placement(url, keys).values()}
+        if len(seen) < replicas:
+            time.sleep(1)
 
 
 if __name__ == "__main__":

@@ -29,14 +29,14 @@ from pathlib import Path
 from tools import arguments
 from tools.provenance import provenance, write_page
 from tools.ray_cluster import LocalCluster
-from tools.ray_load import MODEL, Tenants, accounted, free_port
+from tools.ray_load import MODEL, Tenants, accounted, free_port, replica_options
 
 APP = "autoscale"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = arguments.parser(__doc__)
-    parser.add_argument("--artifact", type=arguments.artifact, required=True, help="an artifact dir")
+    replica_options(parser, context=256)
     parser.add_argument("--tenants", type=arguments.integer(2), default=6, help="clients at once while busy")
     parser.add_argument("--calm", type=arguments.number(1), default=30, help="seconds of one client, before and after")
     parser.add_argument("--busy", type=arguments.number(1), default=60, help="seconds of --tenants clients")
@@ -44,9 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-seconds", type=arguments.number(0), default=25, help="a removed replica's drain")
     parser.add_argument("--upscale-delay", type=arguments.number(0), default=2, help="Ray Serve's upscale_delay_s")
     parser.add_argument("--downscale-delay", type=arguments.number(0), default=5, help="its downscale_delay_s")
-    parser.add_argument("--threads", type=arguments.integer(1), default=1, help="ONNX Runtime threads a replica")
-    parser.add_argument("--context", type=arguments.integer(16), default=256, help="--max-model-len of a replica")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json (a results page)")
     args = parser.parse_args(argv)
     facts = provenance("tools.ray_autoscale")
     record = run(args)

@@ -26,20 +26,17 @@ from pathlib import Path
 from tools import arguments
 from tools.provenance import provenance, write_page
 from tools.ray_cluster import LocalCluster
-from tools.ray_load import MODEL, Tenants, accounted, free_port, placement
+from tools.ray_load import MODEL, Tenants, accounted, free_port, placement, replica_options
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = arguments.parser(__doc__)
-    parser.add_argument("--artifact", type=arguments.artifact, required=True, help="an artifact dir")
+    replica_options(parser, context=256)
     parser.add_argument("--tenants", type=arguments.integer(1), default=6, help="clients at once, an API key each")
     parser.add_argument("--seconds", type=arguments.number(1), default=150, help="how long the clients send")
     parser.add_argument("--kill-after", type=arguments.number(0), default=20, help="seconds of load before the kill")
     parser.add_argument("--down", type=arguments.number(0), default=20, help="seconds the node stays down")
     parser.add_argument("--max-tokens", type=arguments.integer(1), default=48, help="new tokens a request")
-    parser.add_argument("--threads", type=arguments.integer(1), default=1, help="ONNX Runtime threads a replica")
-    parser.add_argument("--context", type=arguments.integer(16), default=256, help="--max-model-len of a replica")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json (a results page)")
     args = parser.parse_args(argv)
     facts = provenance("tools.ray_failover")
     record = run(args)

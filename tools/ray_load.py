@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 MODEL = "pair"
 PROMPTS = ("def fibonacci(n):", "Write a haiku about the sea.", "SELECT name FROM users WHERE", "The capital of France")
@@ -98,3 +99,13 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def replica_options(parser, context: int) -> None:
+    """The options every Ray tool takes: the artifact its replicas serve, their threads and context, and its page."""
+    from tools import arguments
+
+    parser.add_argument("--artifact", type=arguments.artifact, required=True, help="an artifact dir")
+    parser.add_argument("--threads", type=arguments.integer(1), default=1, help="ONNX Runtime threads a replica")
+    parser.add_argument("--context", type=arguments.integer(16), default=context, help="--max-model-len of a replica")
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json (a results page)")
