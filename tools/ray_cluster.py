@@ -34,6 +34,8 @@ RAY = str(Path(sys.executable).with_name("ray"))
 HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1000",
           "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
 
+LOG_LINES = 20  # of a failed `ray start`'s log, in its error (the log is removed with the cluster)
+
 
 @dataclass
 class Node:
@@ -151,9 +153,11 @@ class LocalCluster:
             status = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             status = None
-        if status != 0:
+        if status != 0:  # the log goes with the cluster's files: its last lines go in the message
+            path = self.root / f"{node.name}.log"
+            tail = path.read_text(errors="replace").strip().splitlines()[-LOG_LINES:] if path.is_file() else []
             raise RuntimeError(f"{node.name}: `ray start` {'timed out' if status is None else f'exited {status}'}; "
-                               f"its log: {self.root / f'{node.name}.log'}")
+                               f"its log ({path}) ends:\n" + "\n".join(tail))
         return node
 
     def clean(self) -> None:
