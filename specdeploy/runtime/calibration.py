@@ -154,8 +154,8 @@ class Calibration:
                         continue
                     seconds = min(engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache,
                                                last).seconds for _ in range(2))
-                    policy.observe(CycleOutcome(1, verify_seconds=seconds, verify_tokens=tokens) if last is None else
-                                   CycleOutcome(1, first_call_seconds=seconds, first_call_tokens=tokens) if tokens > 1 else
-                                   CycleOutcome(1, later_call_seconds=seconds, later_calls=1))
+                    policy.observe(CycleOutcome(1, verify_seconds=seconds, verify_tokens=tokens, past=past) if last is None else
+                                   CycleOutcome(1, first_call_seconds=seconds, first_call_tokens=tokens, past=past)
+                                   if tokens > 1 else CycleOutcome(1, later_call_seconds=seconds, later_calls=1, past=past))
             self._warmed.add((k, exact))
             return time.perf_counter() - began

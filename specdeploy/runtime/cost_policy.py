@@ -1,14 +1,14 @@
 """The cost policy: the draft length with the most expected tokens per second, plain decoding included.
 
-It prices a cycle of K drafts with a table of what each call costs on this machine (``Costs``, by batch size and
-tokens a row: measured when the pipeline warms its shapes up, then as it runs) and the acceptance the text has
-shown (``acceptance``), for each source of drafts apart: the draft model, whose drafts cost calls, and the sources
-whose drafts cost only a longer verification: a suffix index, whose drafts each carry an estimate and are priced
-row by row (``free_drafts``: the default, the hybrid drafter, weighs them against the draft model's), and prompt
-lookup (``next_k(lookup=True)``). Before the draft model drafts, it may have a prompt to catch up on:
-``catchup_pays`` weighs that against what drafting would save over the tokens to come. What it refuses it
-re-measures now and then from one exploration budget: a share of the time decoded without that source, halved
-each time a "no" is confirmed.
+It prices a cycle of K drafts with a table of what each call costs on this machine (``Costs``, by batch size, tokens
+a row and the past the calls attend over: measured when the pipeline warms its shapes up, then as it runs) and the
+acceptance the text has shown (``acceptance``), for each source of drafts apart: the draft model, whose drafts cost
+calls, and the sources whose drafts cost only a longer verification: a suffix index, whose drafts each carry an
+estimate and are priced row by row (``free_drafts``: the default, the hybrid drafter, weighs them against the draft
+model's), and prompt lookup (``next_k(lookup=True)``). Before the draft model drafts, it may have a prompt to catch
+up on: ``catchup_pays`` weighs that against what drafting would save over the tokens to come. What it refuses it
+re-measures now and then from one exploration budget: a share of the time decoded without that source, halved each
+time a "no" is confirmed.
 
 Each step of the pricing is a pure function below; ``tools/replay.py`` judges the whole on recorded traces.
 """
@@ -31,6 +31,10 @@ BLEND = 0.1  # of each new measurement of a cost, what enters its running value:
 EXPLORE_SHARE = 0.05  # of the time decoded without a source, at most this spent re-measuring it; halved per "no"
 # a suffix index's estimate of a draft, in buckets (upper edges) that each learn how often the target keeps one
 ESTIMATE_EDGES = (0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.95)
+# a call's cost by the past it attends over, in bands that double from this width (0-63, 64-127, 128-255, ...): how
+# much a longer verification adds depends on it (a mixture's T = 3 costs 2.2x its T = 1 after 10 tokens, 1.4x after
+# 384), and a request starting after a long one would otherwise price its first cycles at the long one's costs
+PAST_BAND = 64
 
 # whose acceptance is counted by position: the draft model, or prompt lookup (no model call, no estimates; a suffix
 # index's drafts are counted by their estimates instead: ``calibrated``)
@@ -39,53 +43,77 @@ SOURCES = ("model", "lookup")
 
 @dataclass
 class Costs:
-    """Seconds of each call on this machine by (batch, tokens a row): what the cost policy prices a cycle with. One
-    table per pipeline (its engines' costs), shared by its requests and kept across processes (``to_dict``)."""
+    """Seconds of each call on this machine by (batch, tokens a row), at every past together and by past band
+    (``band``): what the cost policy prices a cycle with. One table per pipeline (its engines' costs), shared by its
+    requests and kept across processes (``to_dict``)."""
 
     verify: dict[tuple[int, int], float] = field(default_factory=dict)  # target calls keeping every position's logits
     draft: dict[tuple[int, int], float] = field(default_factory=dict)  # draft calls keeping the last position's:
     # 1 token (a cycle's later drafts), 2 (its first call, after a drafting cycle), many (a catch-up)
+    by_past: dict[tuple[str, int], dict[tuple[int, int], float]] = field(default_factory=dict)  # ("verify" or
+    # "draft", band): the same calls measured at that band's pasts
 
-    def learn(self, table: dict, key: tuple[int, int], seconds: float) -> None:
-        """Blend a measurement into ``table[key]`` (the first is taken whole)."""
-        table[key] = seconds if key not in table else (1 - BLEND) * table[key] + BLEND * seconds
+    def learn(self, name: str, key: tuple[int, int], seconds: float, past: int | None = None) -> None:
+        """Blend a measurement of a ``name`` ("verify" or "draft") call into its table (the first is taken whole), and
+        into its band's table where the call's ``past`` is known."""
+        tables = [getattr(self, name)] + ([self.by_past.setdefault((name, band(past)), {})] if past is not None else [])
+        for table in tables:
+            table[key] = seconds if key not in table else (1 - BLEND) * table[key] + BLEND * seconds
 
-    def verify_cost(self, batch: int, tokens: int) -> float | None:
-        """A target call of ``tokens`` a row at ``batch`` rows (``call_seconds``); None: nothing measured."""
-        return call_seconds(self.verify, batch, tokens)
+    def table(self, name: str, batch: int, past: int | None) -> dict[tuple[int, int], float]:
+        """The ``name`` calls to price ``batch`` rows at ``past`` by: the nearest band to the past's (its own first)
+        that has measured two sizes at that batch (a line through them is that band's cost), else every past's."""
+        if past is None:
+            return getattr(self, name)
+        shaped = [b for (kind, b), table in self.by_past.items()
+                  if kind == name and sum(rows == batch for rows, _ in table) >= 2]
+        here = band(past)
+        return self.by_past[name, min(shaped, key=lambda b: (abs(b - here), b))] if shaped else getattr(self, name)
 
-    def draft_cost(self, batch: int, k: int) -> float | None:
+    def verify_cost(self, batch: int, tokens: int, past: int | None = None) -> float | None:
+        """A target call of ``tokens`` a row at ``batch`` rows after ``past`` (``call_seconds``; None: whatever the
+        past); None: nothing measured."""
+        return call_seconds(self.table("verify", batch, past), batch, tokens)
+
+    def draft_cost(self, batch: int, k: int, past: int | None = None) -> float | None:
         """The draft calls of a cycle of ``k`` drafts: a first call of two tokens, then k - 1 of one."""
         if k == 0:
             return 0.0
-        first, later = call_seconds(self.draft, batch, 2), call_seconds(self.draft, batch, 1)
+        table = self.table("draft", batch, past)
+        first, later = call_seconds(table, batch, 2), call_seconds(table, batch, 1)
         return None if first is None else first + (k - 1) * later
 
-    def catchup_cost(self, batch: int, tokens: int) -> float | None:
+    def catchup_cost(self, batch: int, tokens: int, past: int | None = None) -> float | None:
         """The draft catching up on ``tokens`` (all ``batch`` rows together), as one call of their share a row."""
-        return call_seconds(self.draft, batch, max(1, -(-tokens // batch)))
+        return call_seconds(self.table("draft", batch, past), batch, max(1, -(-tokens // batch)))
 
     def to_dict(self) -> dict:
-        return {name: [[b, t, v] for (b, t), v in sorted(table.items())]
-                for name, table in (("verify", self.verify), ("draft", self.draft))}
+        return {name: _entries(table) for name, table in (("verify", self.verify), ("draft", self.draft))} | {
+            "by_past": [[name, b, _entries(table)] for (name, b), table in sorted(self.by_past.items())]}
 
     @classmethod
     def from_dict(cls, data) -> Costs:
-        """The table ``to_dict`` wrote; ValueError naming what is malformed (a hand-edited or foreign record)."""
+        """The table ``to_dict`` wrote (one without ``by_past``, as before 0.6, too); ValueError naming what is
+        malformed (a hand-edited or foreign record)."""
         if not isinstance(data, dict):
             raise ValueError(f"costs: expected an object, got {type(data).__name__}")
-        tables = []
-        for name in ("verify", "draft"):
-            entries = data.get(name, [])
-            if not isinstance(entries, list):
-                raise ValueError(f"costs.{name}: expected a list, got {type(entries).__name__}")
-            table = {}
-            for entry in entries:
-                if not isinstance(entry, list) or len(entry) != 3:
-                    raise ValueError(f"costs.{name}: got {short(entry)}; expected [batch, tokens, seconds]")
-                table[_count(entry[0]), _count(entry[1])] = _seconds(entry[2])
-            tables.append(table)
-        return cls(*tables)
+        tables = [_table(f"costs.{name}", data.get(name, [])) for name in ("verify", "draft")]
+        by_past = data.get("by_past", [])
+        if not isinstance(by_past, list):
+            raise ValueError(f"costs.by_past: expected a list, got {type(by_past).__name__}")
+        bands = {}
+        for entry in by_past:
+            if (not isinstance(entry, list) or len(entry) != 3 or entry[0] not in ("verify", "draft")
+                    or type(entry[1]) is not int or not 0 <= entry[1] <= 64):
+                raise ValueError(f"costs.by_past: got {short(entry)}; expected [\"verify\" or \"draft\", band 0-64, "
+                                 "[[batch, tokens, seconds], ...]]")
+            bands[entry[0], entry[1]] = _table(f"costs.by_past.{entry[0]}", entry[2])
+        return cls(*tables, bands)
+
+
+def band(past: int) -> int:
+    """The band of a call after ``past`` tokens: 0 below PAST_BAND, then one more each time the past doubles."""
+    return max(0, past // PAST_BAND).bit_length()
 
 
 def call_seconds(table: dict[tuple[int, int], float], batch: int, tokens: int) -> float | None:
@@ -126,12 +154,14 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return sum(math.prod(rates[:j]) for j in range(k + 1))
 
 
-def cycle_prices(costs: Costs, batch: int, k: int, model: bool) -> list[float] | None:
-    """Seconds of a cycle of K = 0..k drafts at ``batch`` rows: the draft calls (``model``: the drafts cost draft
-    calls, prompt lookup's and the index's none) and a verification of K + 1. None: a cost is not measured."""
+def cycle_prices(costs: Costs, batch: int, k: int, model: bool, past: int | None = None) -> list[float] | None:
+    """Seconds of a cycle of K = 0..k drafts at ``batch`` rows after ``past`` tokens (None: whatever the past): the
+    draft calls (``model``: the drafts cost draft calls, prompt lookup's and the index's none) and a verification of
+    K + 1. None: a cost is not measured."""
     out = []
     for drafts in range(k + 1):
-        verify, draft = costs.verify_cost(batch, drafts + 1), costs.draft_cost(batch, drafts) if model else 0.0
+        verify = costs.verify_cost(batch, drafts + 1, past)
+        draft = costs.draft_cost(batch, drafts, past) if model else 0.0
         if verify is None or draft is None:
             return None
         out.append(draft + verify)
@@ -170,6 +200,7 @@ class CostPolicy(Policy):
         self._prices: dict[tuple[int, bool], list[float] | None] = {}  # ``cycle_prices`` until then: a batch's rows share them
         self.index_tried = [0.0] * (len(ESTIMATE_EDGES) + 1)  # decayed suffix drafts verified, by estimate bucket
         self.index_kept = [0.0] * (len(ESTIMATE_EDGES) + 1)
+        self.past: int | None = None  # the past the next cycle's calls attend over (``at_past``); None: not told
 
     def acceptance(self, source: str) -> list[float]:
         return acceptance(self.tried[source], self.kept[source])
@@ -186,8 +217,14 @@ class CostPolicy(Policy):
         """``cycle_prices`` for K = 0..k at ``batch``, priced once a cycle (the costs learn at each observation)."""
         key = (batch, model)
         if key not in self._prices:
-            self._prices[key] = cycle_prices(self.costs, batch, self.k, model)
+            self._prices[key] = cycle_prices(self.costs, batch, self.k, model, self.past)
         return self._prices[key]
+
+    def at_past(self, past: int) -> None:
+        if self.past is None or band(past) != band(self.past):  # priced at another band's costs until now
+            self._rates.clear()
+            self._prices.clear()
+        self.past = past
 
     def next_k(self, batch: int, lookup: bool = False) -> int:
         source = SOURCES[lookup]
@@ -225,7 +262,7 @@ class CostPolicy(Policy):
 
     def catchup_pays(self, batch: int, behind: int, to_come: float) -> bool:
         rates = self.rates("model", batch)
-        price = self.costs.catchup_cost(batch, behind)
+        price = self.costs.catchup_cost(batch, behind, self.past)
         if behind <= 0 or price is None or rates is None:
             return True  # nothing to pay, or its price unknown: drafting is how it gets measured
         saving = to_come / batch * (1 / rates[0] - 1 / max(rates))  # a batch's token takes 1 / (rate * rows) s
@@ -287,11 +324,11 @@ class CostPolicy(Policy):
     def _learn_costs(self, outcome: CycleOutcome) -> None:
         costs, batch = self.costs, outcome.batch
         if outcome.first_call_tokens:
-            costs.learn(costs.draft, (batch, outcome.first_call_tokens), outcome.first_call_seconds)
+            costs.learn("draft", (batch, outcome.first_call_tokens), outcome.first_call_seconds, outcome.past)
         if outcome.later_calls:
-            costs.learn(costs.draft, (batch, 1), outcome.later_call_seconds / outcome.later_calls)
+            costs.learn("draft", (batch, 1), outcome.later_call_seconds / outcome.later_calls, outcome.past)
         if outcome.verify_tokens:
-            costs.learn(costs.verify, (batch, outcome.verify_tokens), outcome.verify_seconds)
+            costs.learn("verify", (batch, outcome.verify_tokens), outcome.verify_seconds, outcome.past)
 
 
 def _line(points: dict[int, float], tokens: int) -> float:
@@ -299,6 +336,22 @@ def _line(points: dict[int, float], tokens: int) -> float:
     mean_t, mean_v = sum(points) / len(points), sum(points.values()) / len(points)
     slope = sum((t - mean_t) * (v - mean_v) for t, v in points.items()) / sum((t - mean_t) ** 2 for t in points)
     return max(mean_v + slope * (tokens - mean_t), min(points.values()))
+
+
+def _entries(table: dict[tuple[int, int], float]) -> list[list]:
+    return [[b, t, v] for (b, t), v in sorted(table.items())]
+
+
+def _table(where: str, entries) -> dict[tuple[int, int], float]:
+    """A table ``_entries`` wrote; ValueError naming ``where`` it is malformed."""
+    if not isinstance(entries, list):
+        raise ValueError(f"{where}: expected a list, got {type(entries).__name__}")
+    table = {}
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise ValueError(f"{where}: got {short(entry)}; expected [batch, tokens, seconds]")
+        table[_count(entry[0]), _count(entry[1])] = _seconds(entry[2])
+    return table
 
 
 def _count(value) -> int:

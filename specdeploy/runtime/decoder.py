@@ -241,6 +241,8 @@ class Generation:
     def cycle_rows(self, state: BatchState, cache: KVCache, draft_cache: KVCache | None):
         """One cycle, as the module's docstring has it; the policy hears what it cost and what it kept."""
         left, caps = state.budgets()
+        past = max(state.lengths) - 1  # what the target has seen of the longest row: its calls attend over that
+        self.policy.at_past(past)
         k, free_k = self._draft_lengths(state, draft_cache, left, caps)
         proposal = self._propose(state, draft_cache, k, free_k, caps) if k or free_k else Proposal.none(state.batch)
         # the target has seen all but each row's last token (prefill and commits keep it so): verify from its past_len
@@ -256,7 +258,7 @@ class Generation:
         committed, finished = state.commit(accepted, emitted, left)
         if self.on_verified is not None:
             self.on_verified(verified.logits, committed)
-        self.policy.observe(_outcome(proposal, accepted, verified))
+        self.policy.observe(_outcome(proposal, accepted, verified, past))
         _record(state, self.cycle, proposal, accepted, committed, verified, accepted_at - began,
                 time.perf_counter() - accepted_at)
         return committed, finished
@@ -327,7 +329,8 @@ class Generation:
             spent, widest = caches.prefill_draft(state.tokens)
             self.prefill_spent += spent
             if widest:  # what the draft's catch-up costs: the policy weighs it before paying one
-                self.policy.observe(CycleOutcome(state.batch, first_call_seconds=spent, first_call_tokens=widest))
+                self.policy.observe(CycleOutcome(state.batch, first_call_seconds=spent, first_call_tokens=widest,
+                                                 past=max(state.lengths) - 1 - widest))
         if caches.cache.past_len.tolist() != [length - 1 for length in state.lengths]:
             return False
         self.prefill_seconds = self.prefill_spent
@@ -416,14 +419,14 @@ def _truncate(request: Request, new: list[int], left: int) -> list[int]:
     return new
 
 
-def _outcome(proposal: Proposal, accepted: list[int], verified: EngineOutput) -> CycleOutcome:
+def _outcome(proposal: Proposal, accepted: list[int], verified: EngineOutput, past: int) -> CycleOutcome:
     """What the policy hears of a cycle: the proposal's rows and draft calls, the drafts each row kept (``accepted``),
-    and the target's call over K + 1 tokens a row (``verified``)."""
+    and the target's call over K + 1 tokens a row (``verified``) after ``past`` tokens (the longest row's)."""
     return CycleOutcome(batch=len(proposal.drafted), drafted=proposal.drafted, accepted=accepted,
                         free=proposal.free, first_call_seconds=proposal.first_call_seconds,
                         first_call_tokens=proposal.first_call_tokens, later_call_seconds=proposal.later_call_seconds,
                         later_calls=proposal.later_calls, verify_seconds=verified.seconds,
-                        verify_tokens=proposal.drafts.shape[1] + 1, estimates=proposal.estimates)
+                        verify_tokens=proposal.drafts.shape[1] + 1, estimates=proposal.estimates, past=past)
 
 
 def _record(state: BatchState, cycle: int, proposal: Proposal, accepted: list[int], committed: list,

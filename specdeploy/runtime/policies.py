@@ -5,7 +5,8 @@ proposes by the draft model (``lookup=False``) or by prompt lookup (``lookup=Tru
 model call); 0: that source does not draft. A suffix index's drafts are priced row by row: ``index_k`` bounds
 them, and ``free_drafts`` says how many of a row's to verify from the index's estimates of them. ``observe``
 hears what a cycle did (``CycleOutcome``: what the proposal drafted, what was kept, what the calls cost);
-``catchup_pays`` judges whether drafting repays the draft model catching up on tokens it has not seen.
+``catchup_pays`` judges whether drafting repays the draft model catching up on tokens it has not seen; ``at_past``
+tells it, before a cycle is priced, how far into their texts the batch's rows are.
 ``stop_below`` (None: never) stops a row's model drafts once the draft's top probability falls below it.
 
 A policy never sees a drafter, nor a drafter the policy: the decoder asks the policy for counts, hands them
@@ -37,6 +38,7 @@ class CycleOutcome:
     verify_seconds: float = 0.0  # the target's call
     verify_tokens: int = 0  # tokens a row in it (K + 1); 0: no target call (a draft catch-up alone)
     estimates: Sequence[Sequence[float] | None] | None = None  # per row: a suffix index's estimate of each draft
+    past: int | None = None  # the longest row's past in the cycle's calls (what they attend over); None: not known
 
     @property
     def lookup(self) -> Sequence[bool]:
@@ -57,6 +59,9 @@ class Policy(ABC):
 
     def observe(self, outcome: CycleOutcome) -> None:  # noqa: B027 (a default: nothing to learn)
         """Learn from a cycle."""
+
+    def at_past(self, past: int) -> None:  # noqa: B027 (a default: nothing depends on it)
+        """The next cycle's calls attend over ``past`` tokens (the batch's longest row): what its prices are at."""
 
     def index_k(self, batch: int) -> int:
         """Drafts a row may take from a suffix index this cycle (each row's own count: ``free_drafts``)."""

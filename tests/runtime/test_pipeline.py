@@ -165,13 +165,17 @@ class _Recording(Policy):
     """Drafts 3 by either source and hears every cycle."""
 
     def __init__(self):
-        self.told = []
+        self.told, self.pasts, self.observed_pasts = [], [], []
 
     def next_k(self, batch, lookup=False) -> int:
         return 3
 
+    def at_past(self, past: int) -> None:
+        self.pasts.append(past)
+
     def observe(self, outcome) -> None:
         self.told.append((list(outcome.drafted), list(outcome.accepted), list(outcome.free)))
+        self.observed_pasts.append(outcome.past)
 
 
 def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
@@ -186,6 +190,14 @@ def test_the_policy_hears_each_cycle_what_each_row_drafted_and_kept(pipeline):
     expected = [([r.drafted for r in records], [r.accepted for r in records], [r.free for r in records])
                 for _, records in sorted(by_cycle.items())]
     assert len(expected) > 2 and policy.told == expected
+    # each cycle is priced, and its calls learnt, at the past of its longest row: all but that row's last token
+    lengths = {row.request_id: len(pipeline.encode(prompt)) for row, prompt in zip(run.results, ["w5 w6 w7", "w9"])}
+    pasts = []
+    for cycle in sorted(by_cycle):
+        pasts.append(max(lengths[r.request_id] for r in by_cycle[cycle]) - 1)
+        for r in by_cycle[cycle]:
+            lengths[r.request_id] += r.committed
+    assert policy.pasts == policy.observed_pasts == pasts and pasts[-1] > pasts[0]
 
 
 def test_each_record_says_what_its_row_did_in_its_cycle(pipeline):

@@ -9,10 +9,12 @@ import pytest
 from specdeploy.runtime.answer_lengths import KEPT, AnswerLengths
 from specdeploy.runtime.cost_policy import (
     EXPLORE_SHARE,
+    PAST_BAND,
     PRIOR,
     CostPolicy,
     Costs,
     acceptance,
+    band,
     best_k,
     call_seconds,
     cycle_prices,
@@ -106,6 +108,53 @@ def test_the_cost_table_round_trips_and_refuses_what_it_did_not_write():
                          ({"draft": {}}, "draft: expected a list"), ({"verify": [[1, 1, math.inf]]}, "positive finite")]:
         with pytest.raises(ValueError, match=message):
             Costs.from_dict(bad)
+
+
+def test_the_cost_table_by_past_round_trips_and_refuses_a_malformed_band():
+    costs = _costs()
+    costs.learn("verify", (1, 3), 0.03, past=10)
+    costs.learn("draft", (1, 1), 0.002, past=500)
+    assert costs.by_past == {("verify", 0): {(1, 3): 0.03}, ("draft", band(500)): {(1, 1): 0.002}}
+    assert Costs.from_dict(costs.to_dict()) == costs
+    old = costs.to_dict()
+    del old["by_past"]  # a record written before the bands: read, with none
+    assert Costs.from_dict(old) == Costs(costs.verify, costs.draft)
+    for bad, message in [({"by_past": {}}, "by_past: expected a list"), ({"by_past": [["prefill", 0, []]]}, "band 0-64"),
+                         ({"by_past": [["verify", -1, []]]}, "band 0-64"), ({"by_past": [["verify", True, []]]}, "band"),
+                         ({"by_past": [["draft", 2, [[1, 1]]]]}, "by_past.draft: got .* expected \\[batch, tokens")]:
+        with pytest.raises(ValueError, match=message):
+            Costs.from_dict(bad)
+
+
+def test_calls_are_priced_at_the_nearest_band_of_their_past_that_measured_a_line():
+    assert [band(p) for p in (0, PAST_BAND - 1, PAST_BAND, 2 * PAST_BAND - 1, 2 * PAST_BAND, 1000)] == [0, 0, 1, 1, 2, 4]
+    costs = Costs()
+    for past, tokens, seconds in [(600, 1, 0.010), (600, 3, 0.012), (20, 1, 0.004), (20, 3, 0.009), (150, 1, 0.007)]:
+        costs.learn("verify", (1, tokens), seconds, past)
+    assert costs.verify_cost(1, 3, past=20) == 0.009 and costs.verify_cost(1, 3, past=700) == 0.012  # its own band
+    assert costs.verify_cost(1, 3, past=150) == 0.009  # one size measured there: the nearest band with two
+    assert costs.verify_cost(1, 3, past=5000) == 0.012
+    assert costs.verify_cost(1, 3) == pytest.approx(0.9 * 0.012 + 0.1 * 0.009)  # no past: every past's table, blended
+    assert costs.verify_cost(2, 1, past=20) == costs.verify_cost(2, 1)  # no band measured that batch: every past's
+
+
+def test_the_cost_policy_prices_a_cycle_at_the_past_it_is_told():
+    """A mixture's verification is steep after a short past (each token brings its own experts) and flat after a long
+    one (the attention over the past dominates): the same acceptance pays drafting after the long past only."""
+    costs = Costs()
+    for t, short, long in [(1, 3.6, 10.0), (2, 7.4, 11.0), (3, 10.5, 12.0)]:
+        costs.learn("verify", (1, t), short / 1e3, past=10)
+        costs.learn("verify", (1, t), long / 1e3, past=400)
+    for t in (1, 2):
+        costs.learn("draft", (1, t), 0.5e-3, past=10)
+        costs.learn("draft", (1, t), 1e-3, past=400)
+    policy = CostPolicy(2, costs)
+    policy.at_past(400)
+    assert policy.next_k(1) == 2
+    policy.at_past(12)
+    assert policy.next_k(1) == 0
+    policy.at_past(410)
+    assert policy.next_k(1) == 2
 
 
 def _train(policy, accept, cycles=60, batch=1):
@@ -223,6 +272,9 @@ def test_the_cost_policy_learns_each_cost_from_what_it_observes():
     assert costs.verify[2, 1] == 0.03
     policy.observe(CycleOutcome(2, [0, 0], [0, 0], [False, False], verify_seconds=0.01, verify_tokens=1))
     assert costs.verify[2, 1] == pytest.approx(0.9 * 0.03 + 0.1 * 0.01)  # later measurements blend in
+    assert costs.by_past == {}  # none of them said their past
+    policy.observe(CycleOutcome(2, [0, 0], [0, 0], [False, False], verify_seconds=0.02, verify_tokens=1, past=300))
+    assert costs.by_past == {("verify", band(300)): {(2, 1): 0.02}}  # its band's first, taken whole
 
 
 def test_the_registry_makes_exactly_the_names_a_config_accepts():
