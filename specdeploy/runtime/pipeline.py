@@ -35,6 +35,10 @@ from .suffix import SuffixIndex
 from .suffix_store import DEFAULT_SCOPE, FROM_SCOPE, FromScope, SuffixFile, SuffixStore, row_scopes
 from .telemetry import FinishReason
 
+# default request ids ("req-N"), unique within the process: a suffix index keeps a finished request's text by its id,
+# and pipelines may share one store (a new pipeline a request, as `specdeploy generate` and tools.replay run them)
+_REQUEST_NUMBERS = itertools.count()
+
 
 class Pipeline:
     """A loaded artifact: tokenizer, target engine and (optionally) draft engine.
@@ -62,7 +66,6 @@ class Pipeline:
         if max_cache_bytes is not None and (not is_integer(max_cache_bytes) or max_cache_bytes < 1):
             raise ConfigError(f"max_cache_bytes: got {short(max_cache_bytes)}; expected an integer >= 1, or None")
         self.max_cache_bytes = max_cache_bytes
-        self._ids = itertools.count()
         # what each call costs on this machine, by mode: the engines', so shared by every request's cost policy; and how
         # long its answers run, which a catch-up is judged by (``Generation.to_come``)
         self.calibration = Calibration(remembered_costs)
@@ -216,7 +219,7 @@ class Pipeline:
         # the batch's slots a row (each row fits them alone: ``check_request``) and its caches' memory
         needed = plan_batch([len(i) for i in ids], replace(config, max_new_tokens=longest.max_new_tokens),
                             self._capacity_limit, specs, self.max_cache_bytes, capacity=capacity)
-        request_ids = list(request_ids) if request_ids is not None else [f"req-{next(self._ids)}" for _ in ids]
+        request_ids = list(request_ids) if request_ids is not None else [f"req-{next(_REQUEST_NUMBERS)}" for _ in ids]
         # one config for all: prompt i draws from stream i of its seed; a prompt with its own config is its own request
         settings = [self._row_settings(row, 0 if mine else i, index, name)
                     for i, (row, (index, name)) in enumerate(zip(row_configs, scopes))]

@@ -8,7 +8,7 @@ import pytest
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.config import ConfigError
 from specdeploy.runtime.suffix import SuffixIndex
-from specdeploy.runtime.suffix_store import DEFAULT_SCOPE
+from specdeploy.runtime.suffix_store import DEFAULT_SCOPE, SuffixStore
 
 PROMPT = "w40 w41 w42 w43"
 CONFIG = GenerationConfig(k=4, policy="fixed", drafter="suffix", max_new_tokens=24, ignore_eos=True)
@@ -69,6 +69,18 @@ def test_the_pipelines_own_index_is_shared_by_generate_stream_and_start(pipeline
     assert chunks[-1].result.token_ids == text
     assert _sources(chunks[-1].result) - {chunks[-1].result.records[0].request_id}  # drafted from generate's answer
     assert len(pipeline.suffix_store.index(DEFAULT_SCOPE)) == before + 2
+
+
+def test_pipelines_sharing_a_store_keep_each_others_texts(pair_dir):
+    """A new pipeline a request over one store (as tools.replay runs fresh processes, or an application its workers):
+    each request's text is kept beside the others', not in place of one that had the same default id."""
+    store = SuffixStore()
+    first, second = (Pipeline.load(pair_dir, suffix_store=store).generate(prompt, CONFIG)[0]
+                     for prompt in (PROMPT, "w50 w51"))
+    assert first.records[0].request_id != second.records[0].request_id
+    assert len(store.index(DEFAULT_SCOPE)) == 2
+    third = Pipeline.load(pair_dir, suffix_store=store).generate(PROMPT, CONFIG)[0]
+    assert first.records[0].request_id in _sources(third)  # the first text is still there to draft from
 
 
 def test_a_failed_or_mistyped_index_is_refused_naming_the_argument(pipeline):
