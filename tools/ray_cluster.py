@@ -1,12 +1,12 @@
 """A Ray cluster of separate processes on this machine: a head and worker nodes started with `ray start`, as they
 are started on many machines, and a node killed or restarted at will (``LocalCluster``).
 
-Every node gets ports of its own (picked free), the cluster a temp dir and an auth token of its own, so that it never
-meets another Ray instance on the machine; each node runs in a process group of its own, and its raylet starts the
-workers (each in a session of its own) as its children, so that killing a node is killing its group and their
-descendants (raylet, agents and workers at once, as a machine that fails; Linux's /proc tells who descends from whom)
-and stopping the cluster touches nothing it did not start. The commands it ran are kept (``commands``), as
-docs/serving.md shows them.
+Every node gets ports of its own (picked free, below the kernel's ephemeral range), the cluster a temp dir and an
+auth token of its own, so that it never meets another Ray instance on the machine; each node runs in a process group
+of its own, and its raylet starts the workers (each in a session of its own) as its children, so that killing a node
+is killing its group and their descendants (raylet, agents and workers at once, as a machine that fails; Linux's
+/proc tells who descends from whom) and stopping the cluster touches nothing it did not start. The commands it ran
+are kept (``commands``), as docs/serving.md shows them.
 
 The nodes' processes import this checkout's specdeploy (PYTHONPATH), and Ray's HTTP proxy is told to answer the
 clients of a replica that was lost (``specdeploy.serve.ray_proxy``). The GCS checks its nodes every half second and
@@ -35,6 +35,7 @@ HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1
           "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
 
 LOG_LINES = 20  # of a failed `ray start`'s log, in its error (the log is removed with the cluster)
+WORKER_PORTS = 64  # a node's range of ports for its worker processes (--min/max-worker-port)
 
 
 @dataclass
@@ -91,7 +92,7 @@ class LocalCluster:
             token.chmod(0o600)
         ports = _free_ports("port", "node-manager-port", "object-manager-port", "dashboard-port", "dashboard-agent-listen-port",
                             "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port",
-                            "ray-client-server-port")
+                            "ray-client-server-port", "min-worker-port", workers=WORKER_PORTS)
         self.port = ports["port"]
         node = self._node("head", ["--head", "--include-dashboard", "false", "--temp-dir", str(self.root / "ray")], ports)
         return self._run(node)
@@ -99,7 +100,8 @@ class LocalCluster:
     def add_worker(self) -> Node:
         """Start a worker node that joins the head; returns it."""
         ports = _free_ports("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
-                            "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
+                            "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port",
+                            "min-worker-port", workers=WORKER_PORTS)
         node = self._node(f"worker-{len(self.nodes)}", ["--address", self.address], ports)
         return self._run(node)
 
@@ -139,7 +141,7 @@ class LocalCluster:
         command = [RAY, "start", *role, "--node-ip-address", "127.0.0.1", "--num-cpus", f"{self.cpus:g}",
                    "--object-store-memory", str(self.object_store_bytes), "--disable-usage-stats",
                    *[part for option, port in ports.items() for part in (f"--{option}", str(port))],
-                   *_worker_ports()]
+                   "--max-worker-port", str(ports["min-worker-port"] + WORKER_PORTS - 1)]
         return Node(name, command, ports=ports)
 
     def _run(self, node: Node, timeout: float = 180) -> Node:
@@ -165,24 +167,19 @@ class LocalCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _free_ports(*names: str) -> dict[str, int]:
-    """A port free now for each name (bound and released together, so that no two are the same)."""
-    probes, ports = [], {}
-    for name in names:
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        probes.append(probe)
-        ports[name] = probe.getsockname()[1]
-    for probe in probes:
-        probe.close()
-    return ports
-
-
-def _worker_ports(count: int = 64) -> list[str]:
-    """--min/max-worker-port: a range of ``count`` ports free now, from a random start (Ray's own default range,
-    10002-19999, is every local cluster's)."""
+def _free_ports(*names: str, workers: int = 1) -> dict[str, int]:
+    """A port free now for each name, consecutive, the last name's ``workers`` wide (Ray's worker range), from a
+    random start below the kernel's ephemeral range: a port there is never handed to another process's outgoing
+    connection between this probe and Ray's bind (under a parallel test run, other clients connect all the time), as a
+    port the kernel chose (bind to 0) or one inside its range may be. From 20000 up: Ray's own default worker range,
+    10002-19999, is every local cluster's."""
+    count = len(names) - 1 + workers
+    low, high = 20000, _ephemeral_start() - count
+    if high <= low:
+        raise RuntimeError(f"no room for {count} ports between 20000 and the ephemeral range's start "
+                           f"({_ephemeral_start()}, /proc/sys/net/ipv4/ip_local_port_range)")
     for _ in range(100):
-        first = 20000 + secrets.randbelow(30000)
+        first = low + secrets.randbelow(high - low)
         probes = []
         try:
             for port in range(first, first + count):
@@ -194,8 +191,16 @@ def _worker_ports(count: int = 64) -> list[str]:
         finally:
             for probe in probes:
                 probe.close()
-        return ["--min-worker-port", str(first), "--max-worker-port", str(first + count - 1)]
-    raise RuntimeError(f"no {count} consecutive free ports found for Ray's workers")
+        return {name: first + i for i, name in enumerate(names)}
+    raise RuntimeError(f"no {count} consecutive free ports found below the ephemeral range")
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's range for outgoing connections (32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _processes(group: int | None) -> list[int]:

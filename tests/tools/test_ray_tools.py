@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tools.bench_ray_routing import figures
 from tools.bench_ray_routing import report as routing_report
 from tools.ray_failover import report as failover_report
@@ -60,3 +62,24 @@ def test_a_result_page_is_the_printed_text_under_its_provenance_and_the_record_b
     assert (tmp_path / "ray" / "failover.md").read_text() == header("Ray Serve: a node killed under load", facts) + \
         "\n| a | b |\n"
     assert json.loads((tmp_path / "ray" / "failover.json").read_text()) == {"provenance": facts, "requests": [1]}
+
+
+def test_a_nodes_ports_are_free_consecutive_and_below_the_kernels_ephemeral_range(monkeypatch):
+    """A port in the ephemeral range may be handed to any client's outgoing connection between the probe and Ray's
+    bind (a parallel test run's clients connect all the time): a node's ports, its worker range included, lie below."""
+    import socket
+
+    from tools import ray_cluster
+
+    ports = ray_cluster._free_ports("port", "node-manager-port", "min-worker-port", workers=ray_cluster.WORKER_PORTS)
+    first = ports["port"]
+    assert list(ports.values()) == [first, first + 1, first + 2]
+    assert 20000 <= first and first + 2 + ray_cluster.WORKER_PORTS <= ray_cluster._ephemeral_start()
+    with socket.socket() as taken:  # a port taken is never handed out
+        taken.bind(("127.0.0.1", first))
+        starts = iter([first - 20000, first + 1 - 20000])
+        monkeypatch.setattr(ray_cluster.secrets, "randbelow", lambda _: next(starts))
+        assert ray_cluster._free_ports("a", "b")["a"] == first + 1
+    monkeypatch.setattr(ray_cluster, "_ephemeral_start", lambda: 20010)
+    with pytest.raises(RuntimeError, match="no room for 66 ports between 20000 and the ephemeral range's start"):
+        ray_cluster._free_ports("a", "b", "c", workers=64)
