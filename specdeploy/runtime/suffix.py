@@ -36,10 +36,13 @@ def estimate(agree: int, occurrences: int, matched: int) -> float:
 
 class SuffixIndex:
     """Token sequences by key, with their anchors. ``max_tokens`` / ``max_sequences`` bound it (None: unbounded,
-    for one request's own text); ``extend`` appends to a sequence, ``add`` replaces one."""
+    for one request's own text); ``min_match``: the shortest context matched (``LEVELS`` below it are not: a scope's
+    index of earlier requests matches at ``suffix_store.MIN_MATCH``); ``extend`` appends to a sequence, ``add`` replaces one."""
 
-    def __init__(self, max_tokens: int | None = None, max_sequences: int | None = None):
-        self.max_tokens, self.max_sequences = max_tokens, max_sequences
+    def __init__(self, max_tokens: int | None = None, max_sequences: int | None = None, min_match: int = 2):
+        if type(min_match) is not int or min_match < 1:
+            raise ValueError(f"min_match: got {min_match!r}; expected a positive integer")
+        self.max_tokens, self.max_sequences, self.min_match = max_tokens, max_sequences, min_match
         self._sequences: OrderedDict[Hashable, tuple[int, list[int]]] = OrderedDict()  # key -> (number, tokens), LRU first
         self._by_number: dict[int, Hashable] = {}
         self._anchors: tuple[dict[int, list[int]], ...] = tuple({} for _ in LEVELS)
@@ -124,6 +127,8 @@ class SuffixIndex:
         """The longest level whose last-n-token anchor occurred, and its occurrences (tokens, continuation start,
         key), latest first; (0, []) if none."""
         for level, n in zip(self._anchors, LEVELS):
+            if n < self.min_match:
+                break
             if len(context) >= n:
                 occurrences = level.get(hash(tuple(context[-n:])))
                 found = []

@@ -8,7 +8,7 @@ import pytest
 
 from specdeploy.runtime.config import ConfigError
 from specdeploy.runtime.suffix import LEVELS, SuffixIndex, estimate, propose
-from specdeploy.runtime.suffix_store import FORMAT, SuffixFileError, SuffixStore, max_tokens_for
+from specdeploy.runtime.suffix_store import FORMAT, MIN_MATCH, SuffixFileError, SuffixStore, max_tokens_for
 
 
 def test_a_context_seen_before_continues_as_it_did():
@@ -103,16 +103,32 @@ def test_a_store_keeps_scopes_apart_and_bounds_their_number():
     assert propose([store.index("key:a")], [1, 2], 1)[0] == []  # made anew, empty
 
 
+def test_a_scopes_index_follows_an_earlier_text_after_four_matched_tokens_a_requests_own_after_two():
+    """Two tokens met again in another request's text say little of what follows (replayed: docs/results/replay_all);
+    in the request's own text they are the start of a repeat."""
+    store = SuffixStore()
+    store.index("default").add("earlier", [5, 1, 2, 3, 4, 9, 9])
+    own = SuffixIndex()
+    own.add("own", [5, 1, 2, 3, 4, 9, 9])
+    assert store.index("default").min_match == MIN_MATCH == 4 and own.min_match == 2
+    assert propose([store.index("default")], [7, 3, 4], 2)[0] == []  # a 2-token match in an earlier text: nothing
+    assert propose([own], [7, 3, 4], 2)[0] == [9, 9]
+    assert propose([store.index("default")], [1, 2, 3, 4], 2)[0] == [9, 9]
+    assert propose([own, store.index("default")], [7, 3, 4], 2)[0] == [9, 9]  # together: the own text's match counts
+    with pytest.raises(ValueError, match="min_match: got 0; expected a positive integer"):
+        SuffixIndex(min_match=0)
+
+
 def test_a_saved_store_round_trips(tmp_path):
     store = SuffixStore()
-    store.index("default").add("r1", [1, 2, 3, 4])
-    store.index("key:x").add("r2", [7, 8, 9])
+    store.index("default").add("r1", [1, 2, 3, 4, 5, 6])
+    store.index("key:x").add("r2", [7, 8, 9, 10, 11])
     path = tmp_path / "suffix.json"
     store.save(path, "fp", 100)
     loaded = SuffixStore()
     assert loaded.load(path, "fp", 100) == 2
-    assert propose([loaded.index("default")], [1, 2], 2)[0] == [3, 4]
-    assert propose([loaded.index("key:x")], [7, 8], 1)[0] == [9]
+    assert propose([loaded.index("default")], [1, 2, 3, 4], 2)[0] == [5, 6]
+    assert propose([loaded.index("key:x")], [7, 8, 9, 10], 1)[0] == [11]
     assert not list(tmp_path.glob(".*tmp"))  # the write left nothing beside the file
     assert SuffixStore().load(tmp_path / "missing.json", "fp", 100) == 0  # no file yet: an empty index
 
