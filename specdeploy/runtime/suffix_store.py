@@ -41,7 +41,7 @@ DEFAULT_SCOPE = "default"  # the scope of a pipeline's requests unless they name
 # a scope's index follows an earlier request's text after a match of 4 tokens or more (a request's own text, after 2):
 # two tokens met again in another text say little of what follows (Spec-Bench qa at 32 tokens drafted 45 such tokens
 # and kept 6), and replayed over every recorded workload and cost table the default's lowest group went 0.974x plain ->
-# 0.990x at 0.1 % of the geometric mean (docs/results/replay_all)
+# 0.996x at 0.2 % of the geometric mean (docs/results/replay_all)
 MIN_MATCH = 4
 
 
