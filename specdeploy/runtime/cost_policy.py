@@ -70,6 +70,11 @@ class Costs:
         here = band(past)
         return self.by_past[name, min(shaped, key=lambda b: (abs(b - here), b))] if shaped else getattr(self, name)
 
+    def at(self, batch: int, past: int | None) -> Costs:
+        """The tables ``table`` picks for ``batch`` rows at ``past``, as a table of their own: a cycle's prices read
+        each call's cost there without looking for the band again."""
+        return Costs(self.table("verify", batch, past), self.table("draft", batch, past))
+
     def verify_cost(self, batch: int, tokens: int, past: int | None = None) -> float | None:
         """A target call of ``tokens`` a row at ``batch`` rows after ``past`` (``call_seconds``; None: whatever the
         past); None: nothing measured."""
@@ -158,10 +163,10 @@ def cycle_prices(costs: Costs, batch: int, k: int, model: bool, past: int | None
     """Seconds of a cycle of K = 0..k drafts at ``batch`` rows after ``past`` tokens (None: whatever the past): the
     draft calls (``model``: the drafts cost draft calls, prompt lookup's and the index's none) and a verification of
     K + 1. None: a cost is not measured."""
-    out = []
+    costs, out = costs.at(batch, past), []  # the band chosen once, not for each K
     for drafts in range(k + 1):
-        verify = costs.verify_cost(batch, drafts + 1, past)
-        draft = costs.draft_cost(batch, drafts, past) if model else 0.0
+        verify = costs.verify_cost(batch, drafts + 1)
+        draft = costs.draft_cost(batch, drafts) if model else 0.0
         if verify is None or draft is None:
             return None
         out.append(draft + verify)

@@ -37,7 +37,8 @@ def estimate(agree: int, occurrences: int, matched: int) -> float:
 class SuffixIndex:
     """Token sequences by key, with their anchors. ``max_tokens`` / ``max_sequences`` bound it (None: unbounded,
     for one request's own text); ``min_match``: the shortest context matched (``LEVELS`` below it are not: a scope's
-    index of earlier requests matches at ``suffix_store.MIN_MATCH``); ``extend`` appends to a sequence, ``add`` replaces one."""
+    index of earlier requests matches at ``suffix_store.MIN_MATCH``); ``extend`` appends to a sequence, ``add``
+    replaces one."""
 
     def __init__(self, max_tokens: int | None = None, max_sequences: int | None = None, min_match: int = 2):
         if type(min_match) is not int or min_match < 1:
