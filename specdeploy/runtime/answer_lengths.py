@@ -34,17 +34,28 @@ class AnswerLengths:
             self._answers.append((int(tokens), bool(ended)))
 
     def to_come(self, made: int, left: int) -> float:
-        """The tokens a request that has made ``made`` and may make ``left`` more will make still: the mean, over the
-        kept answers that went on past ``made``, of what each made beyond it (at most ``left``). An answer cut at its
-        budget did not end by itself: it counts as going on to this one's. A request that outlived every kept answer
-        is expected to run as long again as it has (at most ``left``); with none kept, ``left``: nothing says it ends
-        sooner."""
+        """The tokens a request that has made ``made`` and may make ``left`` more will make still: the mean over the
+        kept answers that went on past ``made`` of what each made beyond it (at most ``left``), where an answer cut at
+        its budget is known only to run past it. Kaplan-Meier's estimate: a cut answer counts among those that may end
+        at each length up to its cut, and tells nothing beyond it, so a short run cut at a small budget (a 4-token
+        warm-up) does not say that answers run to this one's budget; one cut after the longest that ended runs on to
+        this one's. A request that outlived every kept answer is expected to run as long again as it has (at most
+        ``left``); with none kept, ``left``: nothing says it ends sooner."""
         with self._lock:
             answers = tuple(self._answers)
         if not answers:
             return float(left)
-        beyond = [min(tokens - made, left) if ended else left for tokens, ended in answers if tokens > made or not ended]
-        return sum(beyond) / len(beyond) if beyond else float(min(made, left))
+        if all(tokens <= made for tokens, _ in answers):
+            return float(min(made, left))
+        horizon, position, surviving, expected = made + left, made, 1.0, 0.0
+        for end in sorted({tokens for tokens, ended in answers if ended and tokens > made}):
+            if end >= horizon:
+                break
+            expected += surviving * (end - position)
+            position = end
+            at_risk = sum(tokens >= end for tokens, _ in answers)  # a cut at ``end`` ran past it: still at risk there
+            surviving *= 1 - sum(ended and tokens == end for tokens, ended in answers) / at_risk
+        return expected + surviving * (horizon - position)
 
     def to_list(self) -> list[list]:
         with self._lock:

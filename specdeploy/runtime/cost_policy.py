@@ -337,10 +337,17 @@ class CostPolicy(Policy):
 
 
 def _line(points: dict[int, float], tokens: int) -> float:
-    """v(tokens) from measured points: a least-squares line, never below the cheapest point."""
+    """v(tokens) from measured points: a least-squares line, kept to what more tokens cannot cost less than: never
+    below the cheapest point from the smallest size measured on, never above it below that size (nor under that
+    point's share of those tokens). A one-token call priced from a past band where only drafting cycles were measured
+    (two tokens and more) is a one-token call, not the cheapest of them: priced as a two-token call, plain decoding
+    looked dear, the model drafted every cycle and no one-token call came to correct it."""
     mean_t, mean_v = sum(points) / len(points), sum(points.values()) / len(points)
     slope = sum((t - mean_t) * (v - mean_v) for t, v in points.items()) / sum((t - mean_t) ** 2 for t in points)
-    return max(mean_v + slope * (tokens - mean_t), min(points.values()))
+    line, smallest, cheapest = mean_v + slope * (tokens - mean_t), min(points), min(points.values())
+    if tokens < smallest:
+        return min(max(line, cheapest * tokens / smallest), cheapest)
+    return max(line, cheapest)
 
 
 def _entries(table: dict[tuple[int, int], float]) -> list[list]:

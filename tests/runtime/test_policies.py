@@ -87,6 +87,13 @@ def test_call_costs_between_and_beyond_what_was_measured():
     table = {(1, 1): 0.010, (1, 3): 0.014}
     assert call_seconds(table, 1, 2) == pytest.approx(0.012)  # a line through the measured sizes
     assert call_seconds(table, 1, 9) == pytest.approx(0.026)
+    # below the sizes measured (a band where only drafting cycles ran: two tokens and more), the line, no dearer than
+    # the smallest measured call: a one-token call is not priced as a two-token one
+    drafting = {(1, 2): 0.060, (1, 3): 0.070, (1, 5): 0.088}
+    assert call_seconds(drafting, 1, 1) == pytest.approx(0.051)  # the line: 0.060 - 0.009, not 0.060
+    assert call_seconds({(1, 2): 0.060, (1, 3): 0.059}, 1, 1) == 0.059  # a falling line (noise): the cheapest
+    assert call_seconds({(1, 4): 0.010, (1, 5): 0.050}, 1, 1) == pytest.approx(0.010 / 4)  # steep: its share
+    assert call_seconds({(1, 2): 0.060, (1, 3): 0.059}, 1, 9) == 0.059  # above them never below the cheapest
     # another batch size: batch 1's line, calls of several tokens scaled by the rows (the dearest a batch can be)
     assert call_seconds(table, 2, 1) == pytest.approx(0.010) and call_seconds(table, 2, 3) == pytest.approx(0.028)
     table[2, 1] = 0.015  # one size measured at 2 rows: the nearest line, at that level
@@ -237,6 +244,12 @@ def test_tokens_to_come_are_what_the_latest_answers_made_beyond_this_ones():
     assert answers.to_come(100, 27) == 27  # ... within its budget
     answers.add(128, ended=False)  # cut at its budget: it did not end by itself, so it counts as running to this one's
     assert answers.to_come(50, 77) == 77 and answers.to_come(0, 127) == pytest.approx((20 + 30 + 40 + 127) / 4)
+    # cut at a small budget (bench's 4-token warm-ups): known to run past 4 tokens, and nothing beyond
+    warmed = AnswerLengths([(4, False), (4, False), (20, True), (30, True), (40, True)])
+    assert warmed.to_come(0, 127) == pytest.approx(30)  # as the three that ended; not (2 * 127 + 90) / 5
+    assert warmed.to_come(10, 117) == pytest.approx(20)  # past the cut: the three alone
+    cut_between = AnswerLengths([(20, True), (25, False), (30, True)])  # runs past 25: ends as the 30 did
+    assert cut_between.to_come(0, 127) == pytest.approx(20 + 10 * 2 / 3)  # one in three ends at 20, two at 30
     for _ in range(KEPT):  # the latest KEPT answers: a workload that changes is learnt again
         answers.add(5, ended=True)
     assert answers.to_come(0, 127) == 5
