@@ -57,10 +57,9 @@ def _granite_hybrid(meta: dict, names: set, layers: int, head_dim: int) -> dict:
     multipliers; which layers are Mamba-2 and which attention, from the K/V head count it writes per layer (0: Mamba-2);
     Mamba-2's sizes from its ssm.* keys (heads as ``ssm.time_step_rank``, head size = inner size / heads); RoPE only
     where ``rope.scaling.finetuned`` says the model uses it (Granite 4.0-H: no position embedding); biases where the
-    file has their tensors; the dense shared MLP's width (a file's routed experts, ``expert_count`` > 0, are refused)."""
-    if meta.get("expert_count"):  # llama.cpp writes them as GraniteMoE's; no file of them was tested here
-        raise ExportError(f"granitehybrid: expert_count: got {meta['expert_count']}; a Granite 4.0-H file's routed "
-                          "experts are not read (its Hugging Face checkpoint's are); expected 0")
+    file has their tensors; the shared MLP's width; routed experts as GraniteMoE's where ``expert_count`` > 0 (the
+    converter writes their count, top-k and width as GraniteMoeModel does, and its Granite 4.0-H tiny and small files
+    have them: 64 and 72 experts beside the shared MLP)."""
     kv = meta.get("attention.head_count_kv")
     if not isinstance(kv, list) or len(kv) != layers or not all(isinstance(n, int) and n >= 0 for n in kv):
         raise ExportError(f"granitehybrid: attention.head_count_kv: got {kv!r}; expected one K/V head count a layer "
@@ -80,9 +79,9 @@ def _granite_hybrid(meta: dict, names: set, layers: int, head_dim: int) -> dict:
         "mamba_proj_bias": any(n.endswith(".ssm_in.bias") for n in names),
         "attention_bias": any(n.endswith(".attn_q.bias") for n in names),
         "shared_intermediate_size": _need(meta, "granitehybrid", "expert_shared_feed_forward_length"),
-        "num_local_experts": meta.get("expert_count", 0), "num_experts_per_tok": meta.get("expert_used_count", 0),
+        "num_local_experts": 0, "num_experts_per_tok": 0,
         "position_embedding_type": "rope" if meta.get("rope.scaling.finetuned") else "nope",
-    }
+    } | (_experts("granitehybrid", "num_local_experts", None)(meta) if meta.get("expert_count") else {})
 
 
 def _olmo2(meta: dict, names: set, layers: int, head_dim: int) -> dict:
@@ -159,7 +158,8 @@ GGUF_FAMILIES = {
     "olmo2": GgufReader("olmo2", _olmo2),
     "smollm3": GgufReader("smollm3", _smollm3, processor="llama"),
     # the converter permutes attention's q and k as for a Llama (its undo_permute), though Granite 4.0-H rotates nothing
-    "granitehybrid": GgufReader("granitemoehybrid", _granite_hybrid, processor="llama"),
+    "granitehybrid": GgufReader("granitemoehybrid", _granite_hybrid, processor="llama",
+                                keys=GRANITE_KEYS + _expert_keys("num_local_experts", shared="shared_intermediate_size")),
     "qwen3moe": GgufReader("qwen3_moe", _qwen3moe, keys=_expert_keys("num_experts", "moe_intermediate_size")),
     "qwen2moe": GgufReader("qwen2_moe", _qwen2moe, keys=_expert_keys("num_experts", "moe_intermediate_size",
                                                                     "shared_expert_intermediate_size")),

@@ -6,7 +6,9 @@ Granite 4.0-H (``granitehybrid``; convert_hf_to_gguf.py's GraniteHybridModel ove
 GraniteMoeModel): Mamba-2's ``A_log`` is stored as A = -exp(A_log) and ``D`` as [heads, 1]; ``dt_bias`` under
 ``ssm_dt.bias``; the convolution's [channels, 1, kernel] squeezed to [channels, kernel]; the gated norm's [inner] as
 [groups, inner / groups]; the shared MLP's ``input_linear`` (gate and up in one tensor) split into ``ffn_gate`` and
-``ffn_up`` and its ``output_linear`` as ``ffn_down``, where the model has no routed experts.
+``ffn_up`` and its ``output_linear`` as ``ffn_down``, where the model has no routed experts (beside routed experts it is
+the shared expert, ``ffn_*_shexp``, and the experts ``ffn_*_exps``: read under those names as every mixture's are,
+``experts.GgufStacked``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ logits and greedy tokens of the transformers model the file was converted from.
 - Granite 4.0-H (``granitehybrid``): transformers does not map it; its config comes from the metadata
   (exporter/gguf_config.py: layer kinds from the per-layer K/V head counts, Mamba-2's sizes from ssm.*), its tensors
   from the converter's layout (exporter/gguf_layouts.py: A stored as -exp(A_log), D and the gated norm reshaped, the
-  shared MLP split in two, q and k permuted as for a Llama).
+  shared MLP split in two, q and k permuted as for a Llama); with routed experts (Granite 4.0-H tiny's and small's
+  layout) the experts' gate and up split and stacked as ``ffn_*_exps`` and the shared MLP as the shared expert.
 """
 
 from __future__ import annotations
@@ -133,9 +134,10 @@ def granite_hybrid_config(**overrides):
     return tiny.llama_config(
         "granitemoehybrid", vocab_size=GRANITE_VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=256, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"],
-        num_local_experts=0, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4,
+        mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4,
         mamba_expand=2, shared_intermediate_size=48, position_embedding_type="nope", embedding_multiplier=6.0,
-        attention_multiplier=0.05, residual_multiplier=0.3, logits_scaling=4.0, rms_norm_eps=1e-5, **overrides)
+        attention_multiplier=0.05, residual_multiplier=0.3, logits_scaling=4.0, rms_norm_eps=1e-5,
+        **{"num_local_experts": 0} | overrides)
 
 
 def write_granite_hybrid(path, model, extra=None) -> None:
@@ -160,6 +162,8 @@ def write_granite_hybrid(path, model, extra=None) -> None:
     writer.add_vocab_size(config.vocab_size)
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
     writer.add_expert_count(config.num_local_experts)
+    if config.num_local_experts:  # GraniteMoeModel's: top-k (the width is feed_forward_length, the experts')
+        writer.add_expert_used_count(config.num_experts_per_tok)
     writer.add_attention_scale(config.attention_multiplier)
     writer.add_embedding_scale(config.embedding_multiplier)
     writer.add_residual_scale(config.residual_multiplier)
@@ -180,12 +184,18 @@ def write_granite_hybrid(path, model, extra=None) -> None:
         array = tensor.numpy().astype(np.float32)
         layer, part = name.split(".", 3)[2:] if name.startswith("model.layers.") else (None, name)
         at = f"blk.{layer}"
-        if part == "shared_mlp.input_linear.weight":
-            gate, up = np.split(array, 2)
-            writer.add_tensor(f"{at}.ffn_gate.weight", gate)
-            writer.add_tensor(f"{at}.ffn_up.weight", up)
+        shared = "_shexp" if config.num_local_experts else ""  # beside routed experts, the shared MLP is the shared expert
+        # transformers 5 loads the checkpoint's block_sparse_moe.input_linear as experts.gate_up_proj, output_linear
+        # as experts.down_proj and router.layer as router: the converter reads the checkpoint's, the same tensors
+        if part in ("shared_mlp.input_linear.weight", "block_sparse_moe.experts.gate_up_proj"):
+            gate, up = np.split(array, 2, axis=-2)  # gate rows, then up rows ([experts, 2 x width, hidden])
+            kind = "_exps" if part.startswith("block_sparse_moe") else shared
+            writer.add_tensor(f"{at}.ffn_gate{kind}.weight", gate)
+            writer.add_tensor(f"{at}.ffn_up{kind}.weight", up)
             continue
-        written = {"shared_mlp.output_linear.weight": ("ffn_down.weight", lambda a: a),
+        written = {"shared_mlp.output_linear.weight": (f"ffn_down{shared}.weight", lambda a: a),
+                   "block_sparse_moe.experts.down_proj": ("ffn_down_exps.weight", lambda a: a),
+                   "block_sparse_moe.router.weight": ("ffn_gate_inp.weight", lambda a: a),
                    "mamba.A_log": ("ssm_a", lambda a: -np.exp(a).reshape(-1, 1)),
                    "mamba.D": ("ssm_d", lambda a: a.reshape(-1, 1)),
                    "mamba.dt_bias": ("ssm_dt.bias", lambda a: a),
@@ -205,17 +215,44 @@ def write_granite_hybrid(path, model, extra=None) -> None:
     writer.close()
 
 
-@pytest.fixture(scope="module")
-def granite(tmp_path_factory):
-    model = tiny.build_model(granite_hybrid_config(), seed=3)
+ROUTED = {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32}  # Granite 4.0-H tiny's layout
+
+
+@pytest.fixture(scope="module", params=["dense", "routed"])
+def granite(tmp_path_factory, request):
+    """A Granite 4.0-H file with its shared MLP alone (micro's layout), and one with 4 routed experts, top-2, beside
+    it (tiny's and small's: the converter writes the shared MLP as the shared expert, ``ffn_*_shexp``)."""
+    model = tiny.build_model(granite_hybrid_config(**(ROUTED if request.param == "routed" else {})), seed=3)
     path = tmp_path_factory.mktemp("granitehybrid") / "granite.gguf"
     write_granite_hybrid(path, model)
     return path, model, *reference(model)
 
 
+def as_converted(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """A routed model's state dict under the names a GGUF file's experts are read by (llama.cpp's, below the layer:
+    ``experts.GgufStacked``), gate and up split as the converter splits them; the rest as it is."""
+    out = {}
+    for name, value in state.items():
+        layer, _, part = name.rpartition(".block_sparse_moe.")
+        array = value.numpy()
+        if part == "experts.gate_up_proj":
+            out[f"{layer}.ffn_gate_exps.weight"], out[f"{layer}.ffn_up_exps.weight"] = np.split(array, 2, axis=-2)
+        elif part in ("experts.down_proj", "router.weight"):
+            out[f"{layer}.{'ffn_down_exps' if part == 'experts.down_proj' else 'ffn_gate_inp'}.weight"] = array
+        elif ".shared_mlp." in name:
+            stem = name.partition(".shared_mlp.")[0]
+            if name.endswith("input_linear.weight"):
+                out[f"{stem}.ffn_gate_shexp.weight"], out[f"{stem}.ffn_up_shexp.weight"] = np.split(array, 2)
+            else:
+                out[f"{stem}.ffn_down_shexp.weight"] = array
+        else:
+            out[name] = array
+    return out
+
+
 def test_a_granite_hybrid_file_reads_back_its_config_and_every_tensor(granite):
     """Every tensor bit for bit but A_log, which the file holds as -exp(A_log) (read back to a few units in the last
-    place)."""
+    place); a routed file's experts and shared expert under llama.cpp's names."""
     path, model, _, _ = granite
     _, config = load_tokenizer_and_config(path, tokenizer=False)
     expected = model.config
@@ -226,19 +263,26 @@ def test_a_granite_hybrid_file_reads_back_its_config_and_every_tensor(granite):
                   "num_local_experts", "position_embedding_type", "embedding_multiplier", "attention_multiplier",
                   "residual_multiplier", "logits_scaling", "rms_norm_eps", "tie_word_embeddings"):
         assert getattr(config, field) == pytest.approx(getattr(expected, field)), field
+    if expected.num_local_experts:
+        assert (config.num_experts_per_tok, config.intermediate_size) == (2, 32)
     checkpoint = load_checkpoint(path)
-    assert set(checkpoint.weights) == set(model.state_dict())
-    for name, value in model.state_dict().items():
+    state = as_converted(model.state_dict()) if expected.num_local_experts else {
+        name: value.numpy() for name, value in model.state_dict().items()}
+    assert set(checkpoint.weights) == set(state)
+    for name, value in state.items():
         got = checkpoint.weights[name].numpy()
         if name.endswith("A_log"):
-            np.testing.assert_allclose(got, value.numpy(), rtol=1e-6, err_msg=name)
+            np.testing.assert_allclose(got, value, rtol=1e-6, err_msg=name)
         else:
-            np.testing.assert_array_equal(got, value.numpy(), err_msg=name)
+            np.testing.assert_array_equal(got, value, err_msg=name)
     assert checkpoint.eos_token_ids == (GRANITE_VOCAB - 1,)
 
 
 @pytest.mark.parametrize("graph", ["fused", "explicit"])
 def test_a_granite_hybrid_file_exports_with_the_models_logits_and_greedy_tokens(tmp_path, granite, graph):
+    """Speculation over the same family's routed layers is tested from its Hugging Face checkpoints
+    (tests/exporter/test_families.py, granitemoehybrid-experts): a file changes how the weights are read, not the
+    graph."""
     path, _, ids, expected = granite
     assert len(set(ids[len(PROMPT):])) >= 3
     manifest = export_artifact(path, tmp_path / "art", graph=graph, capacity=96, isolate=False)
@@ -252,21 +296,24 @@ def test_a_granite_hybrid_file_exports_with_the_models_logits_and_greedy_tokens(
     assert tokens[0].token_ids == ids[len(PROMPT):]
 
 
-@pytest.mark.parametrize("extra,refusal", [
-    (lambda w: w.add_expert_count(4), "granitehybrid: expert_count: got 4; a Granite 4.0-H file's routed experts are "
-                                      "not read (its Hugging Face checkpoint's are); expected 0"),
-    (lambda w: w.add_ssm_inner_size(100), "granitehybrid: ssm.inner_size 100: expected a multiple of ssm.time_step_rank "
-                                          "(4, Mamba-2's heads) and of embedding_length (64)"),
+@pytest.mark.parametrize("overrides,extra,refusal", [
+    ({}, lambda w: w.add_expert_count(4),
+     "granitehybrid: the GGUF metadata has no granitehybrid.expert_used_count; expected it of a file converted by "
+     "llama.cpp"),
+    (ROUTED, lambda w: w.add_expert_used_count(5),
+     "granitehybrid.expert_used_count (num_experts_per_tok): got 5; expected an integer >= 1, at most "
+     "num_local_experts (4)"),
+    ({}, lambda w: w.add_ssm_inner_size(100), "granitehybrid: ssm.inner_size 100: expected a multiple of "
+                                              "ssm.time_step_rank (4, Mamba-2's heads) and of embedding_length (64)"),
 ])
-def test_what_a_granite_hybrid_file_cannot_export_is_refused_in_one_line(tmp_path, extra, refusal):
-    """Routed experts (a Granite 4.0-H file's are not read) and Mamba-2 sizes that do not divide: one line naming
-    the field, before anything is written."""
+def test_what_a_granite_hybrid_file_cannot_export_is_refused_in_one_line(tmp_path, overrides, extra, refusal):
+    """Experts declared without their top-k, a top-k above the experts and Mamba-2 sizes that do not divide: one line
+    naming the field, before anything is written."""
     import re
 
-    model = tiny.build_model(granite_hybrid_config(), seed=3)
+    model = tiny.build_model(granite_hybrid_config(**overrides), seed=3)
     path = tmp_path / "granite.gguf"
     write_granite_hybrid(path, model, extra)  # GGUFWriter overwrites a key added twice
     with pytest.raises(ExportError, match=re.escape(refusal)) as refused:
         export_artifact(path, tmp_path / "art", isolate=False)
     assert "\n" not in str(refused.value) and not (tmp_path / "art").exists()
-
