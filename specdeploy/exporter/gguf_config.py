@@ -58,8 +58,8 @@ def _granite_hybrid(meta: dict, names: set, layers: int, head_dim: int) -> dict:
     Mamba-2's sizes from its ssm.* keys (heads as ``ssm.time_step_rank``, head size = inner size / heads); RoPE only
     where ``rope.scaling.finetuned`` says the model uses it (Granite 4.0-H: no position embedding); biases where the
     file has their tensors; the shared MLP's width; routed experts as GraniteMoE's where ``expert_count`` > 0 (the
-    converter writes their count, top-k and width as GraniteMoeModel does, and its Granite 4.0-H tiny and small files
-    have them: 64 and 72 experts beside the shared MLP)."""
+    converter writes their count, top-k and width as GraniteMoeModel does: Granite 4.0-H Tiny's and Small's files,
+    mixtures beside the shared MLP)."""
     kv = meta.get("attention.head_count_kv")
     if not isinstance(kv, list) or len(kv) != layers or not all(isinstance(n, int) and n >= 0 for n in kv):
         raise ExportError(f"granitehybrid: attention.head_count_kv: got {kv!r}; expected one K/V head count a layer "
