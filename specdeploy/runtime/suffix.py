@@ -36,17 +36,18 @@ def estimate(agree: int, occurrences: int, matched: int) -> float:
 
 class SuffixIndex:
     """Token sequences by key, with their anchors. ``max_tokens`` / ``max_sequences`` bound it (None: unbounded,
-    for one request's own text); ``min_match``: the shortest context matched (``LEVELS`` below it are not: a scope's
-    index of earlier requests matches at ``suffix_store.MIN_MATCH``); ``extend`` appends to a sequence, ``add``
-    replaces one."""
+    for one request's own text); ``min_match``: the shortest context matched (``LEVELS`` below it are neither matched
+    nor indexed: a scope's index of earlier requests matches at ``suffix_store.MIN_MATCH``); ``extend`` appends to a
+    sequence, ``add`` replaces one."""
 
     def __init__(self, max_tokens: int | None = None, max_sequences: int | None = None, min_match: int = 2):
         if type(min_match) is not int or min_match < 1:
             raise ValueError(f"min_match: got {min_match!r}; expected a positive integer")
         self.max_tokens, self.max_sequences, self.min_match = max_tokens, max_sequences, min_match
+        self._levels = tuple(n for n in LEVELS if n >= min_match)  # the context lengths this index anchors
         self._sequences: OrderedDict[Hashable, tuple[int, list[int]]] = OrderedDict()  # key -> (number, tokens), LRU first
         self._by_number: dict[int, Hashable] = {}
-        self._anchors: tuple[dict[int, list[int]], ...] = tuple({} for _ in LEVELS)
+        self._anchors: tuple[dict[int, list[int]], ...] = tuple({} for _ in self._levels)
         self._numbers = 0
         self.tokens = 0  # kept, all sequences together
         self._lock = threading.Lock()
@@ -61,7 +62,7 @@ class SuffixIndex:
         """What the index holds, estimated from CPython's sizes: per token its id and an occurrence a level, per
         distinct anchor a dict entry and a list (within 20 % of tracemalloc's count, on text and on random ids)."""
         anchors = sum(len(level) for level in self._anchors)
-        return self.tokens * (36 + 40 * len(LEVELS)) + anchors * 170
+        return self.tokens * (36 + 40 * len(self._levels)) + anchors * 170
 
     def sequences(self) -> list[list[int]]:
         """The sequences kept, least recently used first (what ``persist`` writes)."""
@@ -96,7 +97,7 @@ class SuffixIndex:
         for token in new:
             tokens.append(int(token))
             end = len(tokens)  # the anchor ending here points at the continuation's start
-            for level, n in zip(self._anchors, LEVELS):
+            for level, n in zip(self._anchors, self._levels):
                 if end >= n:
                     occurrences = level.setdefault(hash(tuple(tokens[end - n :])), [])
                     occurrences.append(base | end)
@@ -109,7 +110,7 @@ class SuffixIndex:
         del self._by_number[number]
         base = number << _SHIFT
         for end in range(1, len(tokens) + 1):
-            for level, n in zip(self._anchors, LEVELS):
+            for level, n in zip(self._anchors, self._levels):
                 if end >= n:
                     anchor = hash(tuple(tokens[end - n : end]))
                     occurrences = level.get(anchor)
@@ -127,9 +128,7 @@ class SuffixIndex:
     def _matches(self, context: list[int]) -> tuple[int, list[tuple[list[int], int, Hashable]]]:
         """The longest level whose last-n-token anchor occurred, and its occurrences (tokens, continuation start,
         key), latest first; (0, []) if none."""
-        for level, n in zip(self._anchors, LEVELS):
-            if n < self.min_match:
-                break
+        for level, n in zip(self._anchors, self._levels):
             if len(context) >= n:
                 occurrences = level.get(hash(tuple(context[-n:])))
                 found = []
