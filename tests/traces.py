@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 ROOT: Path | None = None  # set by conftest.py: a directory every xdist worker of the run shares
@@ -61,9 +64,8 @@ def _cached(key: str, module_type: type, trace, path: Path) -> None:
     entry = ROOT / f"{key}.onnx"
     with FileLock(f"{entry}.lock"):
         hit = entry.is_file()
-        with open(ROOT / "log", "a") as log:  # how often a trace was shared: what this cache is worth
-            log.write(f"{'hit' if hit else 'trace'} {key} {path.name}\n")
         if not hit:
+            started = time.perf_counter()
             scratch = ROOT / f"{key}.tracing"
             shutil.rmtree(scratch, ignore_errors=True)  # an earlier attempt that failed
             scratch.mkdir()
@@ -73,10 +75,20 @@ def _cached(key: str, module_type: type, trace, path: Path) -> None:
                 for file in written:
                     shutil.move(file, path.parent / file.name)
                 scratch.rmdir()
+                _log("unshared", key, path, time.perf_counter() - started)
                 return
             (scratch / path.name).replace(entry)
             scratch.rmdir()
+        _log("hit" if hit else "trace", key, path, 0.0 if hit else time.perf_counter() - started)
     shutil.copyfile(entry, path)
+
+
+def _log(what: str, key: str, path: Path, seconds: float) -> None:
+    """A line of ROOT/log: how often a trace was shared, what each cost and which test paid (what this cache is worth,
+    and where a test could share a model another has traced)."""
+    worker, test = os.environ.get("PYTEST_XDIST_WORKER", "-"), os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    with open(ROOT / "log", "a") as log:
+        log.write(f"{what} {key} {path.name} {seconds:.1f}s {worker} {test}\n")
 
 
 def _key(arch, checkpoint, dims, capacity, form) -> str | None:
@@ -87,7 +99,9 @@ def _key(arch, checkpoint, dims, capacity, form) -> str | None:
     files = sorted(source.rglob("*")) if source.is_dir() else [source]
     # OpenVINO's form is the explicit trace rewritten after it (``filled_slots``): one trace serves both
     traced = dataclasses.replace(form, filled_slots=0)
-    parts = [arch.name, repr(dims), capacity, repr(traced), checkpoint.config.to_json_string(use_diff=False)]
+    # the config as loaded names the directory it came from: the same checkpoint saved elsewhere traces the same
+    config = {k: v for k, v in checkpoint.config.to_dict().items() if k != "_name_or_path"}
+    parts = [arch.name, repr(dims), capacity, repr(traced), json.dumps(config, sort_keys=True, default=repr)]
     for file in files:
         if file.is_file() and file.name not in _TOKENIZER_FILES:
             parts += [file.relative_to(source).as_posix() if source.is_dir() else file.name, _file_digest(file)]
