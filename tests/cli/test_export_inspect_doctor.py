@@ -97,14 +97,14 @@ def test_existing_output_dir_needs_force(ckpt, tmp_path):
     result = run("export", "--target", ckpt, "--out", out)
     assert result.exit_code != 0 and "already exists; pass --force" in result.output
     assert (out / "keep.txt").read_text() == "mine"
-    result = run("export", "--target", ckpt, "--out", out, "--force", "--capacity", "64")
+    result = run("export", "--target", ckpt, "--out", out, "--force", "--capacity", "96")
     assert result.exit_code != 0 and "not an artifact directory (no manifest.json)" in result.output
     assert (out / "keep.txt").read_text() == "mine"  # --force replaces artifacts only, never a user's files
     artifact = tmp_path / "art"
-    for capacity in ("32", "64"):
-        result = run("export", "--target", ckpt, "--out", artifact, "--force", "--capacity", capacity)
+    for weights in ("full", "int8"):  # at conftest's pairs' capacity: their trace (tests/traces.py)
+        result = run("export", "--target", ckpt, "--out", artifact, "--force", "--capacity", "96", "--weights", weights)
         assert result.exit_code == 0, result.output
-    assert tiny.read_json(artifact / "manifest.json")["models"]["target"]["capacity"] == 64
+    assert tiny.read_json(artifact / "manifest.json")["models"]["target"]["weights"] == "int8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "out"]  # no .art.old, no staging left
 
 
@@ -141,24 +141,22 @@ def test_inspect_counts_nodes_per_layer_as_a_layer_more_adds_them(tmp_path):
     assert f"│ {summaries[4]['nodes']} " in table and "MatMul" in table
 
 
-def test_inspect_shows_the_fused_form_at_a_dozen_nodes_a_layer(tmp_path):
+def test_inspect_shows_the_fused_form_at_a_dozen_nodes_a_layer(exported_architecture):
     """The fused form's layers are a handful of ONNX Runtime's fused ops (issue #13: at most 15 nodes), against
-    the explicit form's dozens, and inspect says which form each graph is."""
-    ckpt = tiny.save_checkpoint(tiny.build_model(tiny.llama_config(num_hidden_layers=3, head_dim=16), seed=0),
-                                tmp_path / "ckpt")
+    the explicit form's dozens, and inspect says which form each graph is (parity's two-layer Llama)."""
     summaries = {}
     for form in ("explicit", "fused"):
-        art = tiny.export_cli(tmp_path / form, ckpt, None, "--graph", form)
+        model, art = exported_architecture("llama", form)
         data = json.loads(run("inspect", art, "--json").output)
         assert data["models"]["target"]["graph"] == form
         summaries[form] = data["graphs"]["target"]
-        assert summaries[form]["layers_found"] == 3
+        assert summaries[form]["layers_found"] == model.config.num_hidden_layers == 2
     fused, explicit = summaries["fused"], summaries["explicit"]
     assert fused["nodes_per_layer"] <= 15 < explicit["nodes_per_layer"]
-    assert fused["ops"]["GroupQueryAttention"] == 3
-    assert fused["ops"]["SkipSimplifiedLayerNormalization"] == 2 * 3  # every norm but the first, plus the final one
+    assert fused["ops"]["GroupQueryAttention"] == 2
+    assert fused["ops"]["SkipSimplifiedLayerNormalization"] == 2 * 2  # every norm but the first, plus the final one
     assert data["models"]["target"]["outputs"][1:3] == ["present_key.0", "present_value.0"]
-    table = run("inspect", tmp_path / "fused").output
+    table = run("inspect", art).output
     assert "present_key.{i}" in table and "fused" in table and "GroupQueryAttention" in table
 
 

@@ -14,7 +14,8 @@ from tests import tiny
 
 
 def export(ckpt, out, *extra):
-    return CliRunner().invoke(main, ["export", "--target", str(ckpt), "--out", str(out), "--capacity", "32", *extra])
+    """At the capacity conftest's pairs have: the same trace (tests/traces.py); a replacement differs in its weights."""
+    return CliRunner().invoke(main, ["export", "--target", str(ckpt), "--out", str(out), "--capacity", "96", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +59,9 @@ def test_an_artifact_is_replaced_and_nothing_stays_behind(ckpt, tmp_path, monkey
     user_old = tmp_path / ".art.old"  # a user's folder that happens to have the name older exporters used
     user_old.mkdir()
     (user_old / "keep.txt").write_text("mine")
-    result = export(ckpt, art, "--force", "--capacity", "48")
+    result = export(ckpt, art, "--force", "--weights", "int8")
     assert result.exit_code == 0, result.output
-    assert tiny.read_json(art / "manifest.json")["models"]["target"]["capacity"] == 48
+    assert tiny.read_json(art / "manifest.json")["models"]["target"]["weights"] == "int8"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".art.old", "art"]  # no staging, no replaced artifact
     assert (user_old / "keep.txt").read_text() == "mine"
 
@@ -72,10 +73,10 @@ def test_an_out_symlink_writes_through_the_link(ckpt, tmp_path):
     assert export(ckpt, real).exit_code == 0
     link = tmp_path / "current"
     link.symlink_to(real)
-    result = export(ckpt, link, "--force", "--capacity", "48")
+    result = export(ckpt, link, "--force", "--weights", "int8")
     assert result.exit_code == 0, result.output
     assert link.is_symlink() and link.resolve() == real.resolve()
-    assert tiny.read_json(link / "manifest.json")["models"]["target"]["capacity"] == 48
+    assert tiny.read_json(link / "manifest.json")["models"]["target"]["weights"] == "int8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "store"]
     assert sorted(p.name for p in real.parent.iterdir()) == ["art-v1"]
     dangling = tmp_path / "dangling"
@@ -150,7 +151,7 @@ def test_a_new_artifact_has_the_permissions_the_umask_gives(ckpt, tmp_path, umas
     before = os.umask(umask)
     try:
         assert export(ckpt, tmp_path / "art").exit_code == 0
-        assert export(ckpt, tmp_path / "art", "--force", "--capacity", "48").exit_code == 0
+        assert export(ckpt, tmp_path / "art", "--force", "--weights", "int8").exit_code == 0
     finally:
         os.umask(before)
     assert (tmp_path / "art").stat().st_mode & 0o777 == 0o777 & ~umask
@@ -168,9 +169,9 @@ def test_a_replaced_artifact_that_cannot_be_removed_now_fails_nothing_and_goes_n
 
     monkeypatch.setattr(output, "_remove", refused)
     with pytest.warns(UserWarning, match="could not be removed .*the next export to .* removes it"):
-        result = export(ckpt, art, "--force", "--capacity", "48")
+        result = export(ckpt, art, "--force", "--weights", "int8")
     assert result.exit_code == 0, result.output
-    assert tiny.read_json(art / "manifest.json")["models"]["target"]["capacity"] == 48
+    assert tiny.read_json(art / "manifest.json")["models"]["target"]["weights"] == "int8"
     left = [p.name for p in tmp_path.iterdir() if p.name != "art"]
     assert left == [f".art.replaced-{os.getpid()}"]
     monkeypatch.setattr(output, "_remove", real_remove)

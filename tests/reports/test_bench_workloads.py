@@ -24,15 +24,14 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def chat_pair_dir(tmp_path_factory):
-    """A tiny target and a close draft, with a chat template, positions and capacity for the chat workloads."""
+    """A tiny target and its own int4 copy as the draft (one trace), with a chat template, positions and capacity for
+    the chat workloads."""
     root = tmp_path_factory.mktemp("chat-pair")
-    config = tiny.llama_config(max_position_embeddings=CAPACITY)
-    target = tiny.build_model(config, seed=0)
-    draft = tiny.build_model(config, seed=1, perturb_from=target, noise=0.05)
-    saved = {name: tiny.save_checkpoint(model, root / name) for name, model in (("target", target), ("draft", draft))}
-    (saved["target"] / "tokenizer_config.json").write_text(json.dumps({
+    target = tiny.save_checkpoint(tiny.build_model(tiny.llama_config(max_position_embeddings=CAPACITY), seed=0),
+                                  root / "target")
+    (target / "tokenizer_config.json").write_text(json.dumps({
         "chat_template": LLAMA3_CHAT_TEMPLATE, "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}))
-    return tiny.export_cli(root / "art", saved["target"], saved["draft"], "--capacity", str(CAPACITY))
+    return tiny.export_cli(root / "art", target, target, "--capacity", str(CAPACITY), "--draft-weights", "int4")
 
 
 def test_conversations_and_structured_prompts_run_in_order_through_the_chat_template(chat_pair_dir, tmp_path):

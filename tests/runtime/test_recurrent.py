@@ -1,5 +1,5 @@
 """Speculation over recurrent layers stays exact: a hybrid target (LFM2's short convolutions, Granite 4.0-H's Mamba-2
-beside attention) drafted for by a perturbed copy of itself decodes what it decodes plainly, whatever the drafter, k
+beside attention) drafted for by its own int4 copy decodes what it decodes plainly, whatever the drafter, k
 and batch, with drafts accepted and rolled back (a rollback restores the recurrent state of the accepted length), a
 reused prefix and exact mode; its committed cache equals a fresh prefill's, recurrent states included."""
 
@@ -13,7 +13,6 @@ from specdeploy.runtime.config import ConfigError
 from specdeploy.runtime.prefix_cache import RING_PARTIAL
 from specdeploy.runtime.suffix import SuffixIndex
 from tests import tiny
-from tests.exporter.cases import PARITY_CASES
 from tests.runtime.test_cache import RandomK
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 30, 31, 30]]  # ragged: 9, 3 and 5 tokens
@@ -23,14 +22,14 @@ FAMILIES = ("lfm2", "granitemoehybrid")  # a positional state (conv inputs), rin
 
 @pytest.fixture(scope="module", params=[(name, form) for name in FAMILIES for form in ("explicit", "fused")],
                 ids=lambda param: "-".join(param))
-def pipeline(request, tmp_path_factory):
-    """A hybrid target and a perturbed copy of it as its draft (partial, ragged acceptance), exported once."""
+def pipeline(request, tmp_path_factory, exported_architecture):
+    """A hybrid target (parity's model: its trace is shared, tests/traces.py) and its own int4 copy as its draft
+    (rounding moves its logits: partial, ragged acceptance), exported once."""
     name, form = request.param
-    root = tmp_path_factory.mktemp(name)
-    target = tiny.build_model(PARITY_CASES[name](), seed=3)
-    draft = tiny.build_model(PARITY_CASES[name](), seed=4, perturb_from=target, noise=0.05)
-    directory = tiny.export_cli(root / "art", tiny.save_checkpoint(target, root / "t"),
-                                tiny.save_checkpoint(draft, root / "d"), "--graph", form)
+    _, artifact = exported_architecture(name, "explicit")
+    checkpoint = artifact.parent / "ckpt"
+    directory = tiny.export_cli(tmp_path_factory.mktemp(name) / "art", checkpoint, checkpoint, "--graph", form,
+                                "--draft-weights", "int4")
     pipeline = Pipeline.load(directory, prefix_cache_bytes=0)
     assert pipeline.target.spec.states and pipeline.draft.spec.states
     return pipeline

@@ -9,21 +9,18 @@ import pytest
 from specdeploy import GenerationConfig, Pipeline
 from specdeploy.runtime.suffix import SuffixIndex
 from tests import tiny
-from tests.exporter.cases import PARITY_CASES
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22]]  # ragged: 9 and 3 tokens
 NEW = 28
 
 
 @pytest.fixture(scope="module", params=["explicit", "fused"])
-def pipeline(request, tmp_path_factory):
-    """Gemma 2 (a window on its first layer, soft-caps) drafted for by a perturbed copy of itself."""
-    root = tmp_path_factory.mktemp("windows")
-    config = PARITY_CASES["gemma2"]()
-    target = tiny.build_model(config, seed=3)
-    draft = tiny.build_model(config, seed=4, perturb_from=target, noise=0.05)
-    directory = tiny.export_cli(root / "art", tiny.save_checkpoint(target, root / "t"),
-                                tiny.save_checkpoint(draft, root / "d"), "--graph", request.param)
+def pipeline(request, tmp_path_factory, exported_architecture):
+    """Gemma 2 (a window on its first layer, soft-caps) drafted for by its own int4 copy (rounding moves its logits:
+    partial acceptance), parity's model: its trace is shared (tests/traces.py)."""
+    _, artifact = exported_architecture("gemma2", "explicit")
+    directory = tiny.export_cli(tmp_path_factory.mktemp("windows") / "art", artifact.parent / "ckpt",
+                                artifact.parent / "ckpt", "--graph", request.param, "--draft-weights", "int4")
     return Pipeline.load(directory)
 
 
