@@ -175,6 +175,28 @@ def _sampled(rule, seed, **settings):
     return GenerationConfig(seed=seed if rule == "keyed" else None, **settings, **SAMPLED)
 
 
+PROMPT = "w30 w31 w30 w31 w30"
+
+
+@pytest.fixture(scope="module")
+def plain_counts():
+    """(pipeline, rule) -> plain decoding's joint counts of the first two tokens, sampled once for every test that
+    compares a speculative run with them (the same run each time: seed 11, or its own generators, apart from the ones
+    ``rule`` gives the speculative rows)."""
+    made = {}  # (id, rule) -> (the pipeline, held so that its id is not another's, its counts)
+
+    def get(pipeline, rule):
+        if (id(pipeline), rule) not in made:
+            with pytest.MonkeyPatch.context() as patch:
+                seeds = iter(range(10**9))
+                patch.setattr(rows, "unseeded_generator", lambda: np.random.default_rng([98, next(seeds)]))
+                counts = _end_to_end_counts(pipeline, _sampled(rule, 11, drafter="none"), PROMPT)
+            made[id(pipeline), rule] = pipeline, counts
+        return made[id(pipeline), rule][1]
+
+    return get
+
+
 def _same_distribution(plain, spec) -> None:
     for position in (0, 1):
         a = [x[position] for x in plain]
@@ -191,12 +213,11 @@ def _same_distribution(plain, spec) -> None:
     ("close", "model", "confidence"), ("close", "hybrid", "fixed"), ("noise", "hybrid", "fixed"),
     ("close", "suffix", "fixed"),  # drafts from its own text and from the earlier samples' texts
 ])
-def test_pipeline_sampling_matches_plain_sampling(pair_pipeline, noise_pipeline, rule, draft, drafter, policy):
+def test_pipeline_sampling_matches_plain_sampling(pair_pipeline, noise_pipeline, plain_counts, rule, draft, drafter,
+                                                  policy):
     pipeline = pair_pipeline if draft == "close" else noise_pipeline
-    prompt = "w30 w31 w30 w31 w30"
-    plain = _end_to_end_counts(pipeline, _sampled(rule, 11, drafter="none"), prompt)
-    spec = _end_to_end_counts(pipeline, _sampled(rule, 12, drafter=drafter, policy=policy, k=3), prompt)
-    _same_distribution(plain, spec)
+    spec = _end_to_end_counts(pipeline, _sampled(rule, 12, drafter=drafter, policy=policy, k=3), PROMPT)
+    _same_distribution(plain_counts(pipeline, rule), spec)
 
 
 def test_same_seed_same_output(pair_pipeline):
@@ -226,15 +247,14 @@ def test_a_seeded_request_gives_the_same_text_whatever_the_speculation(pair_pipe
     assert run.results[1].token_ids == plain
 
 
-def test_pipeline_negative_control_wrong_rule_is_caught(pair_pipeline, rule, monkeypatch):
+def test_pipeline_negative_control_wrong_rule_is_caught(pair_pipeline, plain_counts, rule, monkeypatch):
     """The end-to-end test has the power to catch a wrong rule, of either kind, through the whole pipeline."""
-    prompt = "w30 w31 w30 w31 w30"
-    plain = _end_to_end_counts(pair_pipeline, _sampled(rule, 11, drafter="none"), prompt)
+    plain = plain_counts(pair_pipeline, rule)
     if rule == "keyed":
         monkeypatch.setattr(acceptance, "keyed_accept_row", _keyed_wrong_rule)
     else:
         monkeypatch.setattr(acceptance, "speculative_accept", _wrong_rule)
-    spec = _end_to_end_counts(pair_pipeline, _sampled(rule, 12, k=3, policy="fixed", drafter="model"), prompt)
+    spec = _end_to_end_counts(pair_pipeline, _sampled(rule, 12, k=3, policy="fixed", drafter="model"), PROMPT)
     a, b = [x[0] for x in plain], [x[0] for x in spec]
     tokens = sorted(set(a) | set(b))
     table = np.array([[a.count(t) for t in tokens], [b.count(t) for t in tokens]])
