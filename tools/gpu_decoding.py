@@ -95,6 +95,7 @@ def compare(pipeline, prompts, reference: list[list[int]], results, config) -> d
         drafted = [rec for rec in records if rec.drafted]
         case["accepted_counts"] = [sum(rec.accepted == n for rec in drafted)
                                    for n in range(max((rec.drafted for rec in drafted), default=0) + 1)]
+        case["rejected_cycles"] = sum(rec.accepted < rec.drafted for rec in drafted)  # a draft rolled back
     return case
 
 

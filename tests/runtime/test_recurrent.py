@@ -141,6 +141,8 @@ def test_committed_cache_equals_a_fresh_prefill(pipeline, seed):
     run.policy = RandomK(6, seed)
     for _ in range(6):
         run.step()
+    drafted = [r for result in run.results for r in result.records if r.drafted]
+    assert any(r.accepted < r.drafted for r in drafted)  # rollbacks happened
     assert run.cache.past_len.tolist() == (run.lengths - 1).tolist()
     for cache, engine in ((run.cache, pipeline.target), (run.draft_cache, pipeline.draft)):
         for b in range(len(run.active)):

@@ -73,8 +73,8 @@ def test_greedy_speculative_decoding_is_exact_and_accepts_drafts(report):
         if name in (HYBRID, MIXTURE):
             continue  # its drafters: its own test
         for k in (2, 4):  # the perturbed draft is accepted in part: drafts kept, yet not all of them
-            accepted = cases[f"spec k{k} cpu (2nd pipeline) vs plain"]["mean_accepted_length"]
-            assert 1.2 < accepted < k + 1, (name, k, accepted)
+            case = cases[f"spec k{k} cpu (2nd pipeline) vs plain"]
+            assert case["mean_accepted_length"] > 1.2 and case["rejected_cycles"] > 0, (name, k, case)
         # the suffix index drafts from text alone; the default's drafter (hybrid) at a fixed K drafted too. Whether the
         # default itself drafts is its cost policy's call at the times it measured (on a busy 2-core host one slow
         # call can price drafting out of a 24-token run), so of it only its cycles are asserted, each counted once
@@ -150,7 +150,8 @@ def test_the_mixture_runs_its_experts_on_the_moe_op_and_decodes_exactly(built, r
     assert ops.count("MoE") == 2  # one a layer, every layer sparse
     drafted = record["exactness"]["spec k4 cpu (2nd pipeline) vs plain"]
     assert (drafted["equal"], drafted["of"]) == (3, 3) and drafted["cycles"]["model"] > 0
-    assert 1.0 < drafted["mean_accepted_length"] < 5, drafted  # drafts kept, yet not all of them
+    # drafts kept, yet not all of them (a mean below K + 1 says nothing: a 24-token run's last cycle drafts fewer)
+    assert drafted["mean_accepted_length"] > 1.0 and drafted["rejected_cycles"] > 0, drafted
     assert record["exactness"]["spec suffix-k4 cpu (2nd pipeline) vs plain"]["cycles"]["text"] > 0
     assert record["prefix"]["plain reused vs cold"]["equal"] == 1
     assert record["placement"]["ops_per_provider"]["CPUExecutionProvider"]["MoE"] == 2
