@@ -5,9 +5,11 @@ copy of the graph the first export traced, instead of another ~6 s of torch.onnx
 Only the trace is shared. Everything around it runs for real in every export: the checkpoint is read, the verify module
 is built from its weights, the graph's inputs and outputs are checked against the manifest, and int8 / int4 / float16
 rewrites, role stamps and hashes are made anew. The key is what the trace is a function of: every file of the
-checkpoint but its tokenizer's, the config as loaded, the capacity, the form, the module's class and the exporter's
-own tracing constants. A trace that writes more than its one file (external data) is never shared, and an export in a
-child process (``isolate``, GGUF files) traces for itself: the patches live in this process alone.
+checkpoint but its tokenizer's, the config as loaded (less the directory it was loaded from), the capacity, the form,
+the module's class and the exporter's own tracing constants. A trace that writes more than its one file (external data)
+is never shared, and an export in a child process (``isolate``, GGUF files) traces for itself: the patches live in this
+process alone. ``ROOT/log`` says what each trace cost and which test paid: where a test could use a model another
+test traces.
 """
 
 from __future__ import annotations
