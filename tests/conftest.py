@@ -123,21 +123,26 @@ def chat_target_dir(checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def exported_architecture(tmp_path_factory):
-    """(name, graph form) -> (transformers model, artifact dir) for the parity cases, each exported once per session."""
+    """(name, graph form) -> (transformers model, artifact dir) for the parity cases, each exported once per session;
+    ``.checkpoint(name)``: the case's checkpoint directory (a test exporting it otherwise shares its trace)."""
     from tests.exporter.cases import PARITY_CASES
 
     models, artifacts = {}, {}
 
-    def get(name, graph="explicit"):
+    def built(name):
         if name not in models:
             model = tiny.build_model(PARITY_CASES[name](), seed=3)
             root = tmp_path_factory.mktemp(name)
             models[name] = (model, tiny.save_checkpoint(model, root / "ckpt"), root)
-        model, checkpoint, root = models[name]
+        return models[name]
+
+    def get(name, graph="explicit"):
+        model, checkpoint, root = built(name)
         if (name, graph) not in artifacts:
             artifacts[name, graph] = tiny.export_cli(root / f"art-{graph}", checkpoint, None, "--graph", graph)
         return model, artifacts[name, graph]
 
+    get.checkpoint = lambda name: built(name)[1]
     return get
 
 

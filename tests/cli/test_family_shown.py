@@ -28,13 +28,13 @@ def test_the_manifest_records_the_family_and_its_features(gemma2):
     assert "sliding window 4 on 1 of 2 layers" in spec.features and "logits soft-cap 4" in spec.features
 
 
-def test_inspect_and_doctor_name_the_family_and_its_features(gemma2):
+def test_inspect_and_doctor_name_the_family_and_its_features(gemma2, exported_architecture):
     runner = CliRunner()
     shown = runner.invoke(main, ["inspect", str(gemma2)], env={"COLUMNS": "400"})
     assert shown.exit_code == 0 and GEMMA2 in shown.output.replace("\n", " ")
     checked = runner.invoke(main, ["doctor", str(gemma2)], env={"COLUMNS": "400"})
     assert checked.exit_code == 0 and GEMMA2 in checked.output.replace("\n", " ")
-    before = runner.invoke(main, ["doctor", "--target", str(gemma2.parent / "ckpt")], env={"COLUMNS": "400"})
+    before = runner.invoke(main, ["doctor", "--target", str(exported_architecture.checkpoint("gemma2"))], env={"COLUMNS": "400"})
     assert before.exit_code == 0 and GEMMA2 in before.output.replace("\n", " "), before.output
 
 

@@ -121,7 +121,7 @@ def test_long_rope_chooses_its_factors_by_position(tmp_path, rotary):
 @pytest.mark.parametrize("name", ["qwen3", "gemma2", "gemma3_text", "phi3", "granite", "olmo2", "smollm3"])
 def test_int4_fused_export_runs_close_to_full_weights(exported_architecture, tmp_path, name):
     _, full = exported_architecture(name, "fused")
-    checkpoint = full.parent / "ckpt"
+    checkpoint = exported_architecture.checkpoint(name)
     directory = tiny.export_cli(tmp_path / "int4", checkpoint, None, "--graph", "fused", "--weights", "int4",
                                 "--block-size", "16")
     ids = np.random.default_rng(1).integers(0, tiny.VOCAB, (1, 10))
@@ -151,8 +151,7 @@ def test_a_combination_a_form_cannot_express_is_refused_in_one_line(tmp_path, na
 def test_a_trimmed_draft_keeps_its_cut_tokens_at_minus_inf_under_a_logits_soft_cap(exported_architecture, tmp_path):
     """A soft-cap maps -inf to -cap: Gemma's is applied to the computed logits before the cut columns are padded on,
     so a draft scoring half the vocabulary never proposes the other half."""
-    _, full = exported_architecture("gemma2", "fused")
-    checkpoint = full.parent / "ckpt"
+    checkpoint = exported_architecture.checkpoint("gemma2")
     directory = tiny.export_cli(tmp_path / "art", checkpoint, checkpoint, "--graph", "fused",
                                 "--draft-vocab", str(tiny.VOCAB // 2))
     manifest = Manifest.read(directory)

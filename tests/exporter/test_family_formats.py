@@ -100,7 +100,7 @@ def export(exported_architecture, traced_once, tmp_path_factory):
 
     def get(name, form, fmt):
         model, full = exported_architecture(name, "explicit")
-        checkpoint = full.parent / "ckpt"
+        checkpoint = exported_architecture.checkpoint(name)
         traced_once[str(checkpoint)] = full
         if (name, form, fmt) not in done:
             out = tmp_path_factory.mktemp(f"{name}-{form}-{fmt}") / "art"

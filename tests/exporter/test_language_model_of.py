@@ -23,8 +23,8 @@ def test_the_text_config_and_weights_are_taken_and_the_image_inputs_left_out_in_
     """The text config's sizes and features, the text weights (a checkpoint in the hub's own names, the vision tower's
     left unread), a pair (the model drafting for itself: the pair's checks read the text config's vocabulary), and the
     one line that says what is not exported, in the manifest and in ``specdeploy inspect``."""
-    model, full = exported_architecture("gemma3", "fused")
-    checkpoint = full.parent / "ckpt"
+    model, _ = exported_architecture("gemma3", "fused")
+    checkpoint = exported_architecture.checkpoint("gemma3")
     with safe_open(str(checkpoint / "model.safetensors"), "pt") as stored:  # the hub's names, a vision tower among them
         names = set(stored.keys())
     assert "language_model.model.embed_tokens.weight" in names and any(n.startswith("vision_tower.") for n in names)

@@ -95,9 +95,8 @@ def test_gpt_oss_mxfp4_experts_are_read_exactly(gpt_oss_mxfp4, tmp_path):
 def test_routers_stay_in_full_precision_in_every_weight_format(exported_architecture, tmp_path, form, fmt):
     """A router's MatMul reads a float weight in an int8 or int4 graph (as llama.cpp keeps ffn_gate_inp in F32): which
     experts a token reaches is not moved by the format's rounding. The shared expert's gate too."""
-    _, full = exported_architecture("qwen2_moe", "explicit")
-    directory = tiny.export_cli(tmp_path / "art", full.parent / "ckpt", None, "--graph", form, "--weights", fmt,
-                                "--block-size", "16")
+    directory = tiny.export_cli(tmp_path / "art", exported_architecture.checkpoint("qwen2_moe"), None, "--graph", form,
+                                "--weights", fmt, "--block-size", "16")
     graph = onnx.load(str(directory / "target.onnx"), load_external_data=False).graph
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     routers = [node.input[1] for node in graph.node if node.op_type == "MatMul" and node.input[1].endswith("router")]
@@ -110,8 +109,7 @@ def test_routers_stay_in_full_precision_in_every_weight_format(exported_architec
 def test_fused_experts_fall_back_to_standard_ops_where_qmoe_cannot_take_them(exported_architecture, tmp_path):
     """int4 blocks of 64 do not divide the experts' width (32), which ONNX Runtime's QMoE needs: the fused graph writes
     its experts in standard ops, says so in the manifest, and computes what the explicit form computes."""
-    _, full = exported_architecture("mixtral", "explicit")
-    checkpoint = full.parent / "ckpt"
+    checkpoint = exported_architecture.checkpoint("mixtral")
     exported = {form: tiny.export_cli(tmp_path / form, checkpoint, None, "--graph", form, "--weights", "int4",
                                       "--block-size", "64") for form in ("explicit", "fused")}
     features = Manifest.read(exported["fused"]).target.features

@@ -26,8 +26,7 @@ def pipeline(request, tmp_path_factory, exported_architecture):
     """A hybrid target (parity's model: its trace is shared, tests/traces.py) and its own int4 copy as its draft
     (rounding moves its logits: partial, ragged acceptance), exported once."""
     name, form = request.param
-    _, artifact = exported_architecture(name, "explicit")
-    checkpoint = artifact.parent / "ckpt"
+    checkpoint = exported_architecture.checkpoint(name)
     directory = tiny.export_cli(tmp_path_factory.mktemp(name) / "art", checkpoint, checkpoint, "--graph", form,
                                 "--draft-weights", "int4")
     pipeline = Pipeline.load(directory, prefix_cache_bytes=0)

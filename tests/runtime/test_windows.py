@@ -19,8 +19,7 @@ def pipeline(request, tmp_path_factory, exported_architecture):
     """Gemma 3 (a window of 4 on its first layer, a local and a global RoPE, soft-caps; parity's model, whose trace is
     shared: tests/traces.py) drafted for by its own int4 copy (rounding moves its logits: partial acceptance). Gemma 2's
     model served here until it was seen to repeat its prompt's last token: every draft kept, no rollback at all."""
-    _, artifact = exported_architecture("gemma3_text", "explicit")
-    checkpoint = artifact.parent / "ckpt"
+    checkpoint = exported_architecture.checkpoint("gemma3_text")
     directory = tiny.export_cli(tmp_path_factory.mktemp("windows") / "art", checkpoint, checkpoint,
                                 "--graph", request.param, "--draft-weights", "int4")
     return Pipeline.load(directory)
