@@ -16,6 +16,7 @@ kernels, and each new shape costs it a preparation: the checks share them).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -95,8 +96,6 @@ def sampled(pipeline, prompt, rows: int) -> dict:
     model, k = 3). No K/V or text of earlier requests (``scope=None``): each row is the one prompt alone. Each row's
     generator is made repeatable here, plain and speculative rows on streams apart (a row without a seed takes the
     process's entropy): the chi-square test reads the same counts every run instead of failing one run in a thousand."""
-    import numpy as np
-
     from specdeploy import GenerationConfig
     from specdeploy.runtime import rows as row_state
 
@@ -106,9 +105,7 @@ def sampled(pipeline, prompt, rows: int) -> dict:
     configs = (("plain", GenerationConfig(drafter="none", **settings)),
                ("speculative", GenerationConfig(drafter="model", k=3, policy="fixed", **settings)))
     for stream, (name, config) in enumerate(configs):
-        counter = iter(range(10**9))
-        row_state.unseeded_generator = lambda stream=stream, counter=counter: np.random.default_rng(
-            [97, stream, next(counter)])
+        row_state.unseeded_generator = _repeatable(stream)
         try:
             results = pipeline.generate([prompt] * rows, config, batch_size=rows, suffix_index=None, scope=None)
         finally:
@@ -116,6 +113,14 @@ def sampled(pipeline, prompt, rows: int) -> dict:
         out[name] = [r.token_ids[:2] for r in results]
         out[f"{name} drafted"] = sum(record.drafted for r in results for record in r.records)
     return out
+
+
+def _repeatable(stream: int):
+    """A stand-in for ``rows.unseeded_generator``: each row without a seed gets the next generator of ``stream``."""
+    import numpy as np
+
+    rows = itertools.count()
+    return lambda: np.random.default_rng([97, stream, next(rows)])
 
 
 def refusals(explicit: str, mixed: str) -> dict:

@@ -7,6 +7,8 @@ a negative control: the same test applied to a wrong rule must reject it.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from scipy.stats import chi2_contingency, chisquare
@@ -161,13 +163,19 @@ def noise_pipeline(request, form):
                          else request.getfixturevalue("noise_dir"))
 
 
+def _repeatable(base: int):
+    """A stand-in for ``rows.unseeded_generator``: each row without a seed gets the next generator of ``base``'s
+    stream, so that a run repeats."""
+    seeds = itertools.count()
+    return lambda: np.random.default_rng([base, next(seeds)])
+
+
 @pytest.fixture(params=["keyed", "rejection"])
 def rule(request, monkeypatch):
     """Seeded rows (keyed verification), or rows without a seed (rejection sampling) whose generators are made
     repeatable here: the seed a test passes is then only the generators' base."""
     if request.param == "rejection":
-        seeds = iter(range(10**9))
-        monkeypatch.setattr(rows, "unseeded_generator", lambda: np.random.default_rng([99, next(seeds)]))
+        monkeypatch.setattr(rows, "unseeded_generator", _repeatable(99))
     return request.param
 
 
@@ -183,16 +191,14 @@ def plain_counts():
     """(pipeline, rule) -> plain decoding's joint counts of the first two tokens, sampled once for every test that
     compares a speculative run with them (the same run each time: seed 11, or its own generators, apart from the ones
     ``rule`` gives the speculative rows)."""
-    made = {}  # (id, rule) -> (the pipeline, held so that its id is not another's, its counts)
+    made = {}  # (pipeline, rule) -> counts
 
     def get(pipeline, rule):
-        if (id(pipeline), rule) not in made:
+        if (pipeline, rule) not in made:
             with pytest.MonkeyPatch.context() as patch:
-                seeds = iter(range(10**9))
-                patch.setattr(rows, "unseeded_generator", lambda: np.random.default_rng([98, next(seeds)]))
-                counts = _end_to_end_counts(pipeline, _sampled(rule, 11, drafter="none"), PROMPT)
-            made[id(pipeline), rule] = pipeline, counts
-        return made[id(pipeline), rule][1]
+                patch.setattr(rows, "unseeded_generator", _repeatable(98))
+                made[pipeline, rule] = _end_to_end_counts(pipeline, _sampled(rule, 11, drafter="none"), PROMPT)
+        return made[pipeline, rule]
 
     return get
 
