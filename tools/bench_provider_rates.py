@@ -12,7 +12,8 @@ run the same target graph on the same provider share its session, and the plain 
 one's baseline (plain decoding never calls a draft). The first side's plain decoding is the reference every side is
 also compared with. Writes DIR/records.jsonl and DIR/summary.json (as ``specdeploy bench`` does; ``specdeploy report
 DIR`` plots them) and prints each setting's tokens per second, its speedup over its own plain decoding and over the
-reference, and how many of its outputs were its plain decoding's token for token.
+reference, and how many of its outputs were its plain decoding's token for token; then each setting's target calls by
+their token count T, apart after a call of the same T and after another (``calls_by_shape``).
 """
 
 from __future__ import annotations
@@ -127,7 +128,40 @@ def main() -> None:
                   + ("" if against is None else f"  x{against:.2f} reference")
                   + ("" if entry["identical_to_baseline"] is None else
                      f"  identical {entry['identical_to_baseline']}/{entry['runs']}"))
+    print("\nTarget calls by tokens T, median ms: after a call of the same T in the request, after another T")
+    for line in calls_by_shape(args.out / "records.jsonl"):
+        print(line)
     print(f"\nload after: {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}")
+
+
+def calls_by_shape(records: Path, most_tokens: int = 5) -> list[str]:
+    """Per setting, the median seconds of its target calls of T = 1 .. ``most_tokens`` tokens, apart where the
+    request's previous call had the same T and where it had another: a provider that prepares each new input shape
+    (OpenVINO) pays for a change of T at every call that makes one, which a table of costs by T alone averages away."""
+    import json
+    import statistics
+    from collections import defaultdict
+
+    seconds, previous = defaultdict(list), {}
+    for line in records.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("type") != "cycle":
+            continue
+        request, tokens = (record["config"], record["request_id"]), record["drafted"] + 1
+        if request in previous:
+            seconds[(record["config"], tokens, previous[request] == tokens)].append(record["verify_s"])
+        previous[request] = tokens
+    lines = []
+    for config in dict.fromkeys(config for config, _, _ in seconds):
+        cells = []
+        for tokens in range(1, most_tokens + 1):
+            same, changed = seconds.get((config, tokens, True)), seconds.get((config, tokens, False))
+            if same or changed:
+                cells.append(f"T={tokens}: " + " / ".join("-" if not calls else
+                                                         f"{statistics.median(calls) * 1e3:.1f} (n {len(calls)})"
+                                                         for calls in (same, changed)))
+        lines.append(f"  {config:<24} " + "   ".join(cells))
+    return lines
 
 
 def replace_category(prompt, group: str):
