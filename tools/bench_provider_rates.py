@@ -19,7 +19,6 @@ their token count T, apart after a call of the same T and after another (``calls
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -141,10 +140,11 @@ def calls_by_shape(records: Path, most_tokens: int = 5) -> list[str]:
     """Per setting, the median seconds of its target calls of T = 1 .. ``most_tokens`` tokens, apart where the
     request's previous call had the same T and where it had another: a provider that prepares each new input shape
     (OpenVINO) pays for a change of T at every call that makes one, which a table of costs by T alone averages away."""
+    from specdeploy.reports.bench import read_records
+
     seconds, previous = defaultdict(list), {}
-    for line in records.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("type") != "cycle":
+    for record in read_records(records):
+        if record["type"] != "cycle":
             continue
         request, tokens = (record["config"], record["request_id"]), record["drafted"] + 1
         if request in previous:
