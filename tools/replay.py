@@ -16,10 +16,12 @@ paired wall-clock run (``tools/bench_peer.py``) then confirms what the replay ch
 
 What a replay leaves out: near-ties that a verification's arithmetic tips (a real speculative run can leave
 the plain text there: docs/runtime.md, Exact mode), a machine's drift, and the first calls of a process at each shape,
-which ONNX Runtime runs cold (``--cold`` prices them at a multiple of the table's cost). Greedy only.
+which ONNX Runtime runs cold (``--cold`` prices them at a multiple of the table's cost). Greedy only. A table
+measured under a provider that pays for a change of shape (OpenVINO's) holds that change, and the replay charges it
+to every call whose shape differs from its model's previous call's.
 
     python -m tools.replay record --artifact DIR --out traces.json [--humaneval 8] [--humaneval-from 8]
-        [--specbench 4] [--max-new-tokens 128]
+        [--specbench 4] [--max-new-tokens 128] [--provider openvino]
     python -m tools.replay run --traces traces.json [--lengths 32,128] [--ks 1,2,3,4] [--warm] [--cold 1.0]
         [--noise 0.15 --seeds 3] [--out FILE]
 
@@ -39,6 +41,7 @@ import numpy as np
 
 from specdeploy.contract import PREFILL_CHUNK, ModelSpec
 from specdeploy.engines.base import Engine
+from specdeploy.engines.providers import PROVIDERS
 from specdeploy.runtime.suffix_store import SuffixStore
 from tools.arguments import artifact, integer, integers, json_object, number, parser, prompt_file, refusing
 
@@ -67,22 +70,29 @@ class Trace:
 
 class CostTable:
     """Seconds of one batch-1 call of each model by new tokens, logits kept and past, from medians measured on this
-    machine; in between, linear in tokens and in past (a call's cost is about linear in both past a few tokens)."""
+    machine; in between, linear in tokens and in past (a call's cost is about linear in both past a few tokens). Its
+    calls keep their model's previous shape (``measure_engines``); a call whose input shape differs costs that model's
+    ``change`` more (OpenVINO's execution provider prepares every new shape: 8-9 ms; tables measured before it have
+    none, their calls each measured after another shape)."""
 
     def __init__(self, table: dict):
-        # "pasts": the pasts measured at; role -> {"full" | "trimmed": {tokens: [seconds at each past]}}
-        self.pasts = table["pasts"]
+        # "pasts": the pasts measured at; "change": role -> seconds; role -> {"full" | "trimmed": {tokens: [seconds at
+        # each past]}}
+        self.pasts, self.change = table["pasts"], table.get("change", {})
         self.by_tokens = {role: {kind: {int(t): v for t, v in measured.items()} for kind, measured in kinds.items()}
-                     for role, kinds in table.items() if role != "pasts"}
+                          for role, kinds in table.items() if role not in ("pasts", "change")}
 
-    def seconds(self, role: str, tokens: int, past: int, kept: int) -> float:
+    def seconds(self, role: str, tokens: int, past: int, kept: int, changed: bool = True) -> float:
+        """A call of ``tokens`` after ``past`` keeping ``kept`` positions' logits (``changed``: its input's shape
+        differs from the model's previous call's)."""
+        extra = self.change.get(role, 0.0) if changed else 0.0
         full, trimmed = self.by_tokens[role]["full"], self.by_tokens[role]["trimmed"]
         if kept == tokens and tokens in full or tokens == 1:
-            return float(np.interp(past, self.pasts, full[tokens]))
+            return float(np.interp(past, self.pasts, full[tokens])) + extra
         widest = max(t for t in full if t in trimmed)  # the head over one more position: full minus trimmed there
         head = (np.array(full[widest]) - np.array(trimmed[widest])) / (widest - 1)
         row = np.array(_along(trimmed, tokens)) + np.maximum(head, 0.0) * (kept - 1)
-        return float(np.interp(past, self.pasts, row))
+        return float(np.interp(past, self.pasts, row)) + extra
 
 
 def _along(rows: dict[int, list[float]], tokens: int) -> list[float]:
@@ -132,6 +142,7 @@ class ReplayEngine(Engine):
         self.by_start = {tuple(t.prompt[:PREFILL_CHUNK]): i for i, t in enumerate(traces)}
         self.seen_shapes: set[tuple[int, int]] = set()  # (tokens, kept) called since ``new_process``
         self.calls: list[tuple[int, int, int]] = []  # (batch, tokens, kept) of every call, for tests and reports
+        self.shape: tuple[int, int] | None = None  # the input shape of the latest call (None: a new process)
         # a shared machine's spread: each call's cost times a log-normal factor (seeded: the same runs again)
         self.noise, self.rng = noise, np.random.default_rng([seed, spec.role == "draft"])
         self.expected: int | None = None
@@ -144,6 +155,7 @@ class ReplayEngine(Engine):
     def new_process(self) -> None:
         """Every shape is cold again (a fresh ``specdeploy generate``)."""
         self.seen_shapes.clear()
+        self.shape = None
 
     def allocate_cache(self, batch: int, capacity: int):
         from specdeploy.engines.base import KVCache
@@ -176,7 +188,8 @@ class ReplayEngine(Engine):
                 logits[b, j, next_of[p] if p < on_until and p < len(next_of) else 0] = 30.0
         if batch != 1:
             raise NotImplementedError("replay: batch 1 only (the cost table is batch 1's)")
-        cost = self.costs.seconds(self.spec.role, tokens, int(past_len.max()), kept)
+        changed, self.shape = self.shape != (batch, tokens), (batch, tokens)
+        cost = self.costs.seconds(self.spec.role, tokens, int(past_len.max()), kept, changed)
         shape = (tokens, kept)
         if shape not in self.seen_shapes:
             self.seen_shapes.add(shape)
@@ -276,14 +289,24 @@ def guesses(engine, sequence: list[int], chunk: int = 64) -> list[int]:
 
 
 def measure(pipeline, rounds: int = 5, log=print) -> dict:
-    """Median seconds of one batch-1 call of the pipeline's target and draft (``measure_engines``)."""
-    return measure_engines({"target": pipeline.target, "draft": pipeline.draft}, rounds, log)
+    """Median seconds of one batch-1 call of the pipeline's target and draft (``measure_engines``), and what a change
+    of shape costs each (``calibration.change_seconds``, at the middle past: its one-token calls)."""
+    from specdeploy.runtime.calibration import change_seconds
+
+    engines = {"target": pipeline.target, "draft": pipeline.draft}
+    table = measure_engines(engines, rounds, log)
+    past = table["pasts"][len(table["pasts"]) // 2]
+    table["change"] = {role: change_seconds(engine, engine.allocate_cache(1, engine.spec.capacity), past,
+                                            None if role == "target" else 1) for role, engine in engines.items()}
+    log(f"cost table: a change of shape {', '.join(f'{r} {s * 1e3:.1f} ms' for r, s in table['change'].items())}")
+    return table
 
 
 def measure_engines(engines: dict, rounds: int = 5, log=print, statistic=statistics.median) -> dict:
     """Median (or ``statistic``'s) seconds of one batch-1 call of each engine (role -> engine) at each of ``FULL``
     (every position's logits) and ``TRIMMED`` (the last position's) token counts after each of ``PASTS`` (those the
-    models hold), every call once a round in a shuffled order, after a first unmeasured round."""
+    models hold), every call once a round in a shuffled order, after a first unmeasured round; each call made twice in
+    a row and the second timed: a call that keeps its shape (``measure`` adds what a change costs)."""
     capacity = min(engine.spec.capacity for engine in engines.values())
     pasts = [p for p in PASTS if p + PREFILL_CHUNK <= capacity] or [min(8, capacity // 4), capacity // 3]
     full = [t for t in FULL if t + max(pasts) <= capacity]
@@ -303,8 +326,10 @@ def measure_engines(engines: dict, rounds: int = 5, log=print, statistic=statist
         for key in keys:
             engine, cache, ids, seconds = times[key]
             past, kind = key[3], key[1]
+            call = (ids, np.array([past], np.int64), cache, 1 if kind == "trimmed" else None)
+            engine.infer(*call)
             began = _real_clock()
-            engine.infer(ids, np.array([past], np.int64), cache, last=1 if kind == "trimmed" else None)
+            engine.infer(*call)
             if round_:
                 seconds.append(_real_clock() - began)
         log(f"cost table: round {round_}/{rounds} measured" if round_ else "cost table: warm-up round done")
@@ -477,6 +502,8 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--rounds", type=integer(0), default=7, help="measured rounds of the cost table (0: none; replay them "
                      "with --costs)")
     rec.add_argument("--threads", type=integer(1), default=2, help="ONNX Runtime threads, as the CLI runs them")
+    rec.add_argument("--provider", choices=PROVIDERS, default="cpu",
+                     help="the execution provider both models run on, as the CLI's --provider")
     run = commands.add_parser("run", help="replay configurations over recorded traces")
     run.add_argument("--traces", type=traces_file, required=True, help="the traces' JSON file (record's --out)")
     run.add_argument("--lengths", type=integers(1), default="32,128", help="comma list of max new tokens")
@@ -510,7 +537,7 @@ def _record_traces(args: argparse.Namespace) -> None:
     from specdeploy import Pipeline
     from specdeploy.workloads import workload
 
-    pipeline = Pipeline.load(args.artifact, threads=args.threads)
+    pipeline = Pipeline.load(args.artifact, args.provider, threads=args.threads)
     if pipeline.draft is None:
         raise SystemExit(f"{args.artifact}: no draft model to replay")
     if args.prompts:

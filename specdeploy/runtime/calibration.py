@@ -34,11 +34,14 @@ from ..engines.providers import Provider
 from ..values import short
 from .answer_lengths import AnswerLengths
 from .cache import slots_needed
-from .cost_policy import CostPolicy, Costs
-from .policies import CycleOutcome
+from .cost_policy import Costs
 
 FOLDER = "costs"
 CATCHUP_TOKENS = 32  # a draft catch-up long enough to time a rate, not a call
+CHANGE_ROUNDS = 3  # rounds of (two tokens, one, one) that time what a change of shape costs a model
+# a change of shape costs nothing below this share of a call that kept its shape: the CPU provider's read -1.0 to
+# +0.75 ms of a 46 ms call on the demo's target, which is two minimums of three calls apart; OpenVINO's 8.2-8.8 ms of 48
+NOTICEABLE = 0.05
 TABLES = ("costs", "exact_costs")  # the default mode's table, exact mode's (records before exact mode: the first)
 
 
@@ -131,13 +134,13 @@ class Calibration:
         two-token calls and a catch-up of ``CATCHUP_TOKENS`` (none with ``k`` = 0 or no draft model). A shape the table
         lacks is called twice and the quicker call measured: the first is cold, either may be stalled on a busy host,
         and the table takes its first measurement of a shape whole (one stalled call there can price drafting out of
-        a short request); one it has (recalled from an earlier process) is left to the requests. With
-        ``prompt_tokens``, each model first prefills that many tokens (a server's chunk), so that its first request's
-        prefill is warm too. Returns the seconds taken."""
+        a short request); one it has (recalled from an earlier process) is left to the requests. Then, where the table
+        has not measured it, what a change of shape costs each model (``change_seconds``). With ``prompt_tokens``,
+        each model first prefills that many tokens (a server's chunk), so that its first request's prefill is warm
+        too. Returns the seconds taken."""
         with self._lock:
             began = time.perf_counter()
             costs = self.table(exact)
-            policy = CostPolicy(k, costs)  # what it measures, the cost policy learns as from a cycle
             shapes = [(target, t, None) for t in range(1, k + 2)]
             if k and draft is not None:
                 shapes += [(draft, t, 1) for t in (1, 2, CATCHUP_TOKENS)]
@@ -147,15 +150,36 @@ class Calibration:
                 cache = engine.allocate_cache(1, engine.spec.capacity)
                 if prompt > 0:
                     feed(engine, cache, np.zeros((1, prompt), np.int64), [prompt])
-                for _, tokens, last in [shape for shape in shapes if shape[0] is engine]:
+                mine = [shape for shape in shapes if shape[0] is engine]
+                for _, tokens, last in mine:
                     past = max(0, min(prompt, room - tokens))
-                    known = costs.verify if last is None else costs.draft
-                    if (1, tokens) in known or tokens > room:
+                    name = "verify" if last is None else "draft"
+                    if (1, tokens) in getattr(costs, name) or tokens > room:
                         continue
-                    seconds = min(engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache,
-                                               last).seconds for _ in range(2))
-                    policy.observe(CycleOutcome(1, verify_seconds=seconds, verify_tokens=tokens, past=past) if last is None else
-                                   CycleOutcome(1, first_call_seconds=seconds, first_call_tokens=tokens, past=past)
-                                   if tokens > 1 else CycleOutcome(1, later_call_seconds=seconds, later_calls=1, past=past))
+                    seconds = min(_call(engine, cache, tokens, past, last) for _ in range(2))
+                    costs.learn(name, (1, tokens), seconds, past)
+                for name, last in dict.fromkeys(("verify" if last is None else "draft", last) for _, _, last in mine):
+                    if name not in costs.change and room >= 2:
+                        costs.change[name] = change_seconds(engine, cache, max(0, min(prompt, room - 2)), last)
             self._warmed.add((k, exact))
             return time.perf_counter() - began
+
+
+def change_seconds(engine: Engine, cache, past: int, last: int | None) -> float:
+    """What ``engine``'s call pays when its token count differs from its previous call's: ``CHANGE_ROUNDS`` rounds of
+    a two-token call and two one-token calls after ``past`` (keeping the logits of ``last`` positions; None: all), the
+    quicker of the first one-token calls (after a change) less the quicker of the second (the shape kept); none where
+    that is under ``NOTICEABLE`` of a kept call. OpenVINO's execution provider takes a new shape as a new
+    inference (docs/results/openvino/, Round three)."""
+    changed, kept = [], []
+    for _ in range(CHANGE_ROUNDS):
+        _call(engine, cache, 2, past, last)
+        changed.append(_call(engine, cache, 1, past, last))
+        kept.append(_call(engine, cache, 1, past, last))
+    change = min(changed) - min(kept)
+    return change if change >= NOTICEABLE * min(kept) else 0.0
+
+
+def _call(engine: Engine, cache, tokens: int, past: int, last: int | None) -> float:
+    """The seconds of one call of ``tokens`` (zeros) after ``past`` on a warm-up's throwaway ``cache``."""
+    return engine.infer(np.zeros((1, tokens), np.int64), np.array([past], np.int64), cache, last).seconds

@@ -10,6 +10,11 @@ up on: ``catchup_pays`` weighs that against what drafting would save over the to
 re-measures now and then from one exploration budget: a share of the time decoded without that source, halved each
 time a "no" is confirmed.
 
+OpenVINO's execution provider pays 8-9 ms for a call whose shape differs from the model's previous call's (the CPU
+provider nothing it can measure): the table keeps what a change costs each model (``Costs.change``, measured at warm-up),
+its call costs are those of calls that kept their shape, and a cycle whose calls change shape is priced with the
+change: a verification of drafts at another length than the last one's, a drafting cycle's first two draft calls.
+
 Each step of the pricing is a pure function below; ``tools/replay.py`` judges the whole on recorded traces.
 """
 
@@ -52,6 +57,9 @@ class Costs:
     # 1 token (a cycle's later drafts), 2 (its first call, after a drafting cycle), many (a catch-up)
     by_past: dict[tuple[str, int], dict[tuple[int, int], float]] = field(default_factory=dict)  # ("verify" or
     # "draft", band): the same calls measured at that band's pasts
+    change: dict[str, float] = field(default_factory=dict)  # "verify" or "draft": what that model's call pays when its
+    # (batch, tokens) differs from its previous call's, beyond the tables' costs (calls that kept their shape); absent:
+    # not measured yet (``calibration.Calibration.warm_up`` measures it)
 
     def learn(self, name: str, key: tuple[int, int], seconds: float, past: int | None = None) -> None:
         """Blend a measurement of a ``name`` ("verify" or "draft") call into its table (the first is taken whole), and
@@ -73,33 +81,45 @@ class Costs:
     def at(self, batch: int, past: int | None) -> Costs:
         """The tables ``table`` picks for ``batch`` rows at ``past``, as a table of their own: a cycle's prices read
         each call's cost there without looking for the band again."""
-        return Costs(self.table("verify", batch, past), self.table("draft", batch, past))
+        return Costs(self.table("verify", batch, past), self.table("draft", batch, past), change=self.change)
 
-    def verify_cost(self, batch: int, tokens: int, past: int | None = None) -> float | None:
+    def verify_cost(self, batch: int, tokens: int, past: int | None = None, last: tuple[int, int] | None = None
+                    ) -> float | None:
         """A target call of ``tokens`` a row at ``batch`` rows after ``past`` (``call_seconds``; None: whatever the
-        past); None: nothing measured."""
-        return call_seconds(self.table("verify", batch, past), batch, tokens)
+        past), with what a change of shape costs where it verifies drafts at another shape than ``last`` (the target's
+        previous call's (batch, tokens), a verification of drafts too; None: not known); None: nothing measured.
+
+        A change between plain decoding and drafting is not priced: it starts a stretch of one or the other, and priced
+        on the one cycle, it kept the policy where it was, drafting on where acceptance had fallen (replayed at
+        OpenVINO's table: 0.985-0.991x the geomean of pricing no change). Between drafting lengths it steadies the
+        length: 1.006-1.010x, the lowest group from 0.94x plain to 0.99x (docs/results/openvino/, Round four)."""
+        seconds = call_seconds(self.table("verify", batch, past), batch, tokens)
+        changed = last is not None and last != (batch, tokens) and min(tokens, last[1]) > 1
+        return seconds + self.change.get("verify", 0.0) if seconds is not None and changed else seconds
 
     def draft_cost(self, batch: int, k: int, past: int | None = None) -> float | None:
-        """The draft calls of a cycle of ``k`` drafts: a first call of two tokens, then k - 1 of one."""
+        """The draft calls of a cycle of ``k`` drafts: a first call of two tokens, then k - 1 of one; the first and
+        the second change the draft's shape (after the last cycle's one-token calls, after the two-token call)."""
         if k == 0:
             return 0.0
         table = self.table("draft", batch, past)
         first, later = call_seconds(table, batch, 2), call_seconds(table, batch, 1)
-        return None if first is None else first + (k - 1) * later
+        return None if first is None else first + (k - 1) * later + min(k, 2) * self.change.get("draft", 0.0)
 
     def catchup_cost(self, batch: int, tokens: int, past: int | None = None) -> float | None:
         """The draft catching up on ``tokens`` (all ``batch`` rows together), as one call of their share a row."""
-        return call_seconds(self.table("draft", batch, past), batch, max(1, -(-tokens // batch)))
+        seconds = call_seconds(self.table("draft", batch, past), batch, max(1, -(-tokens // batch)))
+        return None if seconds is None else seconds + self.change.get("draft", 0.0)
 
     def to_dict(self) -> dict:
         return {name: _entries(table) for name, table in (("verify", self.verify), ("draft", self.draft))} | {
-            "by_past": [[name, b, _entries(table)] for (name, b), table in sorted(self.by_past.items())]}
+            "by_past": [[name, b, _entries(table)] for (name, b), table in sorted(self.by_past.items())],
+            "change": dict(sorted(self.change.items()))}
 
     @classmethod
     def from_dict(cls, data) -> Costs:
-        """The table ``to_dict`` wrote (one without ``by_past``, as before 0.6, too); ValueError naming what is
-        malformed (a hand-edited or foreign record)."""
+        """The table ``to_dict`` wrote (one without ``by_past``, as before 0.6, or without ``change``, written before
+        that was measured, too); ValueError naming what is malformed (a hand-edited or foreign record)."""
         if not isinstance(data, dict):
             raise ValueError(f"costs: expected an object, got {type(data).__name__}")
         tables = [_table(f"costs.{name}", data.get(name, [])) for name in ("verify", "draft")]
@@ -113,7 +133,10 @@ class Costs:
                 raise ValueError(f"costs.by_past: got {short(entry)}; expected [\"verify\" or \"draft\", band 0-64, "
                                  "[[batch, tokens, seconds], ...]]")
             bands[entry[0], entry[1]] = _table(f"costs.by_past.{entry[0]}", entry[2])
-        return cls(*tables, bands)
+        change = data.get("change", {})
+        if not isinstance(change, dict) or not set(change) <= {"verify", "draft"}:
+            raise ValueError(f"costs.change: got {short(change)}; expected {{\"verify\" or \"draft\": seconds}}")
+        return cls(*tables, bands, {name: _seconds(value, zero=True) for name, value in change.items()})
 
 
 def band(past: int) -> int:
@@ -159,13 +182,15 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return sum(math.prod(rates[:j]) for j in range(k + 1))
 
 
-def cycle_prices(costs: Costs, batch: int, k: int, model: bool, past: int | None = None) -> list[float] | None:
+def cycle_prices(costs: Costs, batch: int, k: int, model: bool, past: int | None = None,
+                 last: tuple[int, int] | None = None) -> list[float] | None:
     """Seconds of a cycle of K = 0..k drafts at ``batch`` rows after ``past`` tokens (None: whatever the past): the
     draft calls (``model``: the drafts cost draft calls, prompt lookup's and the index's none) and a verification of
-    K + 1. None: a cost is not measured."""
+    K + 1, with the change of shape where it verifies drafts at another shape than ``last``, the target's previous
+    call's (batch, tokens) (``Costs.verify_cost``). None: a cost is not measured."""
     costs, out = costs.at(batch, past), []  # the band chosen once, not for each K
     for drafts in range(k + 1):
-        verify = costs.verify_cost(batch, drafts + 1)
+        verify = costs.verify_cost(batch, drafts + 1, last=last)
         draft = costs.draft_cost(batch, drafts) if model else 0.0
         if verify is None or draft is None:
             return None
@@ -206,6 +231,8 @@ class CostPolicy(Policy):
         self.index_tried = [0.0] * (len(ESTIMATE_EDGES) + 1)  # decayed suffix drafts verified, by estimate bucket
         self.index_kept = [0.0] * (len(ESTIMATE_EDGES) + 1)
         self.past: int | None = None  # the past the next cycle's calls attend over (``at_past``); None: not told
+        # the target's latest call heard of, (batch, tokens a row): at first, the prompt's prefill, a shape of its own
+        self.last_call = (0, 0)
 
     def acceptance(self, source: str) -> list[float]:
         return acceptance(self.tried[source], self.kept[source])
@@ -222,7 +249,7 @@ class CostPolicy(Policy):
         """``cycle_prices`` for K = 0..k at ``batch``, priced once a cycle (the costs learn at each observation)."""
         key = (batch, model)
         if key not in self._prices:
-            self._prices[key] = cycle_prices(self.costs, batch, self.k, model, self.past)
+            self._prices[key] = cycle_prices(self.costs, batch, self.k, model, self.past, self.last_call)
         return self._prices[key]
 
     def at_past(self, past: int) -> None:
@@ -327,13 +354,20 @@ class CostPolicy(Policy):
                 kept[bucket] += i < accepted
 
     def _learn_costs(self, outcome: CycleOutcome) -> None:
-        costs, batch = self.costs, outcome.batch
+        """Each call's cost into the table, less what a change of shape cost it (``Costs.change``): a cycle's first
+        draft call and its second change the draft's shape, as ``draft_cost`` prices them."""
+        costs, batch, past = self.costs, outcome.batch, outcome.past
+        draft_change, verify_change = costs.change.get("draft", 0.0), costs.change.get("verify", 0.0)
         if outcome.first_call_tokens:
-            costs.learn("draft", (batch, outcome.first_call_tokens), outcome.first_call_seconds, outcome.past)
+            costs.learn("draft", (batch, outcome.first_call_tokens), _less(outcome.first_call_seconds, draft_change), past)
         if outcome.later_calls:
-            costs.learn("draft", (batch, 1), outcome.later_call_seconds / outcome.later_calls, outcome.past)
+            later = _less(outcome.later_call_seconds, draft_change)
+            costs.learn("draft", (batch, 1), later / outcome.later_calls, past)
         if outcome.verify_tokens:
-            costs.learn("verify", (batch, outcome.verify_tokens), outcome.verify_seconds, outcome.past)
+            shape = (batch, outcome.verify_tokens)
+            changed = self.last_call != shape
+            costs.learn("verify", shape, _less(outcome.verify_seconds, verify_change if changed else 0.0), past)
+            self.last_call = shape
 
 
 def _line(points: dict[int, float], tokens: int) -> float:
@@ -348,6 +382,12 @@ def _line(points: dict[int, float], tokens: int) -> float:
     if tokens < smallest:
         return min(max(line, cheapest * tokens / smallest), cheapest)
     return max(line, cheapest)
+
+
+def _less(seconds: float, change: float) -> float:
+    """A call's ``seconds`` less what its change of shape cost, still a time (a call quicker than the table's
+    change cost, on a noisy host, is taken as a microsecond)."""
+    return max(seconds - change, 1e-6) if change else seconds
 
 
 def _entries(table: dict[tuple[int, int], float]) -> list[list]:
@@ -375,7 +415,10 @@ def _count(value) -> int:
     return value
 
 
-def _seconds(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"costs: got {short(value)}; expected a positive finite time in seconds")
+def _seconds(value, zero: bool = False) -> float:
+    """A positive finite time in seconds (``zero``: or none)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value if zero else 0 < value) \
+            or not value < math.inf:
+        kind = "non-negative" if zero else "positive"
+        raise ValueError(f"costs: got {short(value)}; expected a {kind} finite time in seconds")
     return float(value)

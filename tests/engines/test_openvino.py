@@ -138,8 +138,11 @@ def test_the_cost_table_is_measured_and_kept_per_provider(seen):
 
 def test_each_models_calls_are_priced_as_its_own_provider_ran_them(seen):
     """The target on OpenVINO, the draft on the CPU provider: each entry of the cost table warm_up left is the quicker of
-    the two calls of that shape that model's engine timed on its own provider, and the table is kept under a key that
-    names both providers."""
+    the two calls of that shape that model's engine timed on its own provider, what a change of shape costs each model
+    is read from the rounds of calls after them (``calibration.change_seconds``) on its own provider, and the table is
+    kept under a key that names both providers."""
+    from specdeploy.runtime.calibration import CHANGE_ROUNDS, NOTICEABLE
+
     priced = seen["priced"]
     measured = {}
     for call in priced["calls"]:
@@ -148,7 +151,13 @@ def test_each_models_calls_are_priced_as_its_own_provider_ran_them(seen):
     table = {("target", t): seconds for _, t, seconds in priced["costs"]["verify"]}
     table |= {("draft", t): seconds for _, t, seconds in priced["costs"]["draft"]}
     assert set(table) == set(measured) >= {("target", 1), ("target", 5), ("draft", 1), ("draft", 2)}
-    assert all(len(times) == 2 and table[shape] == min(times) for shape, times in measured.items())
+    rounds = {1: 2 * CHANGE_ROUNDS, 2: CHANGE_ROUNDS}  # the change's rounds: a two-token call, then two one-token calls
+    assert all(len(times) == 2 + rounds.get(shape[1], 0) and table[shape] == min(times[:2])
+               for shape, times in measured.items())
+    for role, name in (("target", "verify"), ("draft", "draft")):
+        ones = measured[role, 1][2:]
+        changed, kept = min(ones[0::2]), min(ones[1::2])
+        assert priced["costs"]["change"][name] == (changed - kept if changed - kept >= NOTICEABLE * kept else 0.0)
     keys, files = seen["remembered"]["keys"], seen["remembered"]["files"]
     assert keys["mixed, draft on cpu"] != keys["mixed, one provider"]
     assert files == sorted([f"{keys['openvino']}.json", f"{keys['mixed, draft on cpu']}.json"])

@@ -7,7 +7,15 @@ import json
 import pytest
 
 from specdeploy import GenerationConfig, Pipeline
-from specdeploy.runtime.calibration import CATCHUP_TOKENS, FOLDER, RememberedCosts, machine_key
+from specdeploy.runtime.calibration import (
+    CATCHUP_TOKENS,
+    CHANGE_ROUNDS,
+    FOLDER,
+    NOTICEABLE,
+    RememberedCosts,
+    change_seconds,
+    machine_key,
+)
 from specdeploy.runtime.cost_policy import Costs
 from tests.runtime.stubs import Judge
 
@@ -140,8 +148,9 @@ def test_unreadable_answers_mean_starting_from_each_requests_budget(pair_dir, tm
 def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_quicker(pair_dir):
     """T = 1 .. k + 1 in the target, then T = 1, 2 and a catch-up in the draft, each twice (the first call at a shape is
     cold), on throwaway caches, after a prefill of ``prompt_tokens`` in each; the quicker of the two calls is the cost
-    table's first entry (a call stalled by a busy host, here every other one, is not); a shape the table has is not
-    called again; the next request's output is the same as without it."""
+    table's first entry (a call stalled by a busy host, here every other one, is not); after each model's shapes, what
+    a change of shape costs it; a shape the table has is not called again; the next request's output is the same as
+    without it."""
     alone = Pipeline.load(pair_dir).generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids
     loaded, calls, seconds = Pipeline.load(pair_dir), [], {}
     for name, engine in (("target", loaded.target), ("draft", loaded.draft)):
@@ -159,14 +168,42 @@ def test_warm_up_calls_each_shape_the_cost_table_lacks_twice_and_measures_the_qu
     assert loaded.warm_up(3, prompt_tokens=20) > 0
     twice = [call for call in [*(("target", t, 20, None) for t in range(1, 5)),
                                *(("draft", t, 20, 1) for t in (1, 2, CATCHUP_TOKENS))] for _ in range(2)]
-    assert calls == [("target", 20, 0, 1), *twice[:8], ("draft", 20, 0, 1), *twice[8:]]
+    changes = {name: [(name, t, 20, last) for t in (2, 1, 1)] * CHANGE_ROUNDS
+               for name, last in (("target", None), ("draft", 1))}  # after each model's shapes: what a change costs
+    assert calls == [("target", 20, 0, 1), *twice[:8], *changes["target"], ("draft", 20, 0, 1), *twice[8:],
+                     *changes["draft"]]
     costs = loaded.costs
-    assert costs.verify == {(1, t): min(seconds["target", t][-2:]) for t in range(1, 5)}
-    assert costs.draft == {(1, t): min(seconds["draft", t][-2:]) for t in (1, 2, CATCHUP_TOKENS)}
+    assert costs.verify == {(1, t): min(seconds["target", t][:2]) for t in range(1, 5)}
+    assert costs.draft == {(1, t): min(seconds["draft", t][:2]) for t in (1, 2, CATCHUP_TOKENS)}
     assert max(costs.verify.values()) < 1.0 and max(costs.draft.values()) < 1.0
+    for name, model in (("verify", "target"), ("draft", "draft")):  # the one-token calls after the shapes' two
+        ones = seconds[model, 1][2:]
+        changed, kept = min(ones[0::2]), min(ones[1::2])
+        assert costs.change[name] == (changed - kept if changed - kept >= NOTICEABLE * kept else 0.0)
     calls.clear()
-    loaded.warm_up(4)  # only what the table lacks: a verification of 5
+    loaded.warm_up(4)  # only what the table lacks: a verification of 5 (what a change costs is measured)
     assert calls == [("target", 5, 0, None)] * 2 and (1, 5) in costs.verify
     calls.clear()
     assert loaded.generate(["w1 w2 w3"], GenerationConfig(k=3, max_new_tokens=12))[0].token_ids == alone
     assert ("target", 1, 20, None) not in calls  # k = 3 is warm: a request does not warm it again
+
+
+@pytest.mark.parametrize("extra", [0.0, 0.0085])
+def test_what_a_change_of_shape_costs_is_measured_and_none_below_what_the_calls_differ_by(pair_dir, extra):
+    """An engine whose call pays ``extra`` seconds when its token count differs from its previous call's (OpenVINO's
+    execution provider, 8.2-8.8 ms of a 48 ms call) measures about that; one that pays nothing measures none, though
+    its calls after a change read up to 1.5 ms dearer (the CPU provider's differ by -1.0 to +0.75 ms of 46 ms). The calls'
+    seconds are set, not timed."""
+    target = Pipeline.load(pair_dir).target
+    infer, previous, jitter = target.infer, [], iter([0.001, 0.0015, 0.0, 0.0, 0.002, 0.0004] * 2)
+
+    def shaped(input_ids, past_len, cache, last=None, widths=None):
+        done = infer(input_ids, past_len, cache, last, widths)
+        done.seconds = 0.046 + next(jitter) + (extra if previous and previous[-1] != input_ids.shape else 0.0)
+        previous.append(input_ids.shape)
+        return done
+
+    target.infer = shaped
+    measured = change_seconds(target, target.allocate_cache(1, target.spec.capacity), 10, None)
+    assert len(previous) == 3 * CHANGE_ROUNDS and previous[:3] == [(1, 2), (1, 1), (1, 1)]
+    assert measured == pytest.approx(extra + 0.0015) if extra else measured == 0.0

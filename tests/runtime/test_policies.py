@@ -117,6 +117,20 @@ def test_the_cost_table_round_trips_and_refuses_what_it_did_not_write():
             Costs.from_dict(bad)
 
 
+def test_the_cost_table_keeps_what_a_change_of_shape_costs_and_refuses_a_malformed_one():
+    costs = _costs()
+    costs.change.update(verify=0.009, draft=0.0)  # none measured is a measurement: not measured again
+    assert Costs.from_dict(costs.to_dict()) == costs
+    old = costs.to_dict()
+    del old["change"]  # a record written before it: read, not measured
+    assert Costs.from_dict(old).change == {}
+    for bad, message in [({"change": []}, "change: got"), ({"change": {"prefill": 0.1}}, "expected {\"verify\""),
+                         ({"change": {"verify": -0.001}}, "non-negative finite"),
+                         ({"change": {"draft": math.nan}}, "non-negative finite")]:
+        with pytest.raises(ValueError, match=message):
+            Costs.from_dict(bad)
+
+
 def test_the_cost_table_by_past_round_trips_and_refuses_a_malformed_band():
     costs = _costs()
     costs.learn("verify", (1, 3), 0.03, past=10)
@@ -131,6 +145,34 @@ def test_the_cost_table_by_past_round_trips_and_refuses_a_malformed_band():
                          ({"by_past": [["draft", 2, [[1, 1]]]]}, "by_past.draft: got .* expected \\[batch, tokens")]:
         with pytest.raises(ValueError, match=message):
             Costs.from_dict(bad)
+
+
+def test_a_change_of_shape_is_priced_where_a_cycle_makes_one_and_learned_apart():
+    """OpenVINO's execution provider pays ~9 ms for a call whose shape differs from the model's previous call's: a
+    verification of drafts at another length than the last verification of drafts is priced with it, so the policy
+    keeps the length it drafted at where the lengths are near a tie; a change between plain decoding and drafting is
+    not (it starts a stretch of one or the other); the table learns every call without the change it paid."""
+    verify = {(1, t): ms / 1e3 for t, ms in enumerate((48, 53, 57, 61, 65, 69, 73, 77, 81), start=1)}
+    costs = Costs(dict(verify), change={"verify": 0.009})
+    policy = CostPolicy(8, costs)  # prompt lookup's drafts at the prior's acceptance, 0.7 a draft
+    unpriced = CostPolicy(8, Costs(dict(verify)))  # no change measured: none priced
+    assert policy.next_k(1, lookup=True) == unpriced.next_k(1, lookup=True) == 4  # after the prompt's prefill
+    for k, shape_kept in [(3, False), (4, False), (4, True), (0, False)]:  # model-drafted cycles (lookup's counts unmoved)
+        paid = 0.0 if shape_kept else 0.009
+        policy.observe(CycleOutcome(1, [k], [min(k, 1)], [False], verify_seconds=verify[1, k + 1] + paid,
+                                    verify_tokens=k + 1))
+        assert costs.verify[1, k + 1] == pytest.approx(verify[1, k + 1])  # learned less the change it paid
+        # the length drafted at is kept (priced without the change: 4 each time); after plain decoding, no change
+        assert policy.next_k(1, lookup=True) == (k or 4)
+    assert policy.prices(1, model=False) == unpriced.prices(1, model=False)
+
+    draft = Costs(draft={(1, 1): 0.020, (1, 2): 0.022, (1, 32): 0.030}, change={"draft": 0.005})
+    assert draft.draft_cost(1, 1) == pytest.approx(0.022 + 0.005)  # the first call changes shape
+    assert draft.draft_cost(1, 3) == pytest.approx(0.022 + 2 * 0.020 + 2 * 0.005)  # and the second
+    assert draft.catchup_cost(1, 32) == pytest.approx(0.035)
+    CostPolicy(3, draft).observe(CycleOutcome(1, [3], [3], [False], first_call_seconds=0.027, first_call_tokens=2,
+                                              later_call_seconds=0.045, later_calls=2))
+    assert draft.draft == pytest.approx({(1, 1): 0.020, (1, 2): 0.022, (1, 32): 0.030})
 
 
 def test_calls_are_priced_at_the_nearest_band_of_their_past_that_measured_a_line():

@@ -239,7 +239,8 @@ def test_latencies_are_measured_at_each_token_count(report):
 def test_the_real_pairs_traces_are_replayed_at_the_measured_costs(report):
     pair = report[0]["pairs"]["test+test"]
     costs = pair["costs"]
-    assert set(costs) == {"pasts", "target", "draft"}
+    assert set(costs) == {"pasts", "target", "draft", "change"}  # what a change of shape costs each model, too
+    assert set(costs["change"]) == {"target", "draft"} and min(costs["change"].values()) >= 0
     assert all(len(seconds) == len(costs["pasts"]) for seconds in costs["target"]["full"].values())
     replayed = pair["replay"]
     assert set(replayed["tokens_per_s"]) == {"plain", "k=4", "cost", "lookup, cost", "suffix, cost", "hybrid, cost"}

@@ -138,19 +138,48 @@ def test_the_cost_table_interpolates_in_tokens_and_past_and_prices_the_head():
     assert costs.seconds("draft", 1, 8, 1) == pytest.approx(0.004 + 0.001 + 0.0005 + 8e-5)
 
 
+def test_a_table_with_a_change_of_shape_charges_it_where_a_call_changes_shape_and_the_warm_up_measures_it(recorded):
+    """A table measured on OpenVINO holds what a change of shape costs each model: its calls kept their shape, and a
+    call whose shape differs from its model's previous call's costs that much more. Plain decoding changes shape at its
+    first step after the prefill, then keeps it; the pipeline's warm-up measures the change the table charges."""
+    from specdeploy.runtime.calibration import change_seconds
+
+    tool, pipeline, data = recorded
+    table = _linear_costs() | {"change": {"target": 0.004, "draft": 0.001}}
+    costs = tool.CostTable(table)
+    plain = tool.CostTable(_linear_costs())
+    assert plain.change == {}  # a table measured before: no change charged
+    assert costs.seconds("target", 3, 8, 3) == pytest.approx(plain.seconds("target", 3, 8, 3) + 0.004)
+    assert costs.seconds("target", 3, 8, 3, changed=False) == pytest.approx(plain.seconds("target", 3, 8, 3))
+    assert costs.seconds("draft", 1, 8, 1) == pytest.approx(plain.seconds("draft", 1, 8, 1) + 0.001)
+    changing = {**data, "costs": table}
+    rows = tool.replay(changing, GenerationConfig(drafter="none", max_new_tokens=24), fresh=False, runtime_time=False)
+    for trace, row in zip(data["traces"], rows):
+        m = len(trace["prompt"])
+        prefill = costs.seconds("target", m - 1, 0, 1)
+        decode = sum(costs.seconds("target", 1, m - 1 + i, 1, changed=i == 0) for i in range(row["tokens"]))
+        assert row["seconds"] == pytest.approx(prefill + decode)
+    traces = [tool.Trace(**t) for t in data["traces"]]
+    with tool.VirtualClock(runtime_time=False) as clock:
+        for role, last, change in (("target", None, 0.004), ("draft", 1, 0.001)):
+            engine = tool.ReplayEngine(pipeline.manifest.models[role], traces, costs, clock)
+            assert change_seconds(engine, engine.allocate_cache(1, 64), 8, last) == pytest.approx(change)
+
+
 def test_the_tool_records_and_replays_every_configuration(fused_dirs, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p, "id": str(i), "category": "c" if i else "d"}) + "\n"
                                for i, p in enumerate(PROMPTS)))
     traces, out = tmp_path / "traces.json", tmp_path / "replayed.json"
     done = subprocess.run([sys.executable, *TOOL, "record", "--artifact", str(fused_dirs["close"]), "--prompts",
-                           str(prompts), "--max-new-tokens", "12", "--rounds", "1", "--out", str(traces)],
+                           str(prompts), "--max-new-tokens", "12", "--rounds", "1", "--provider", "cpu", "--out", str(traces)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(traces.read_text())
     assert [t["prompt_id"] for t in data["traces"]] == ["0", "1", "2"]
     assert all(v > 0 for role in ("target", "draft") for kind in data["costs"][role].values() for row in kind.values()
                for v in row)
+    assert set(data["costs"]["change"]) == {"target", "draft"} and min(data["costs"]["change"].values()) >= 0
     done = subprocess.run([sys.executable, *TOOL, "run", "--traces", str(traces), "--lengths", "6,12", "--ks", "1,2",
                            "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
