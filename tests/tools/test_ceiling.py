@@ -38,6 +38,20 @@ def test_the_draft_models_ceiling_is_fixed_k_at_a_constant_acceptance_against_pl
     assert found[1.0]["speedup"] > found[0.5]["speedup"]
 
 
+def test_at_a_fixed_k_the_target_keeps_its_shape_and_the_draft_changes_its_own_twice_a_cycle():
+    """A table measured on OpenVINO holds what a change of shape costs each model: the target's calls at a fixed K keep
+    their shape (no change), the draft's first two calls of a cycle change it."""
+    plain_table = CostTable(_table())
+    costs = CostTable(_table() | {"change": {"target": 0.009, "draft": 0.004}})
+    same, changed = (ceiling.model_ceiling(c, 8, rates=(0.8,), k_max=3, log=lambda *_: None)[0.8]["by_k"]
+                     for c in (plain_table, costs))
+    plain, step = plain_table.seconds("target", 1, 8, 1), plain_table.seconds("draft", 1, 8, 1)
+    for k in (1, 2, 3):
+        tokens = sum(0.8**j for j in range(k + 1))
+        cycle = k * step + min(k, 2) * 0.004 + plain_table.seconds("target", k + 1, 8, k + 1)
+        assert changed[k] == pytest.approx(tokens / cycle * plain) and changed[k] < same[k]
+
+
 def test_free_drafts_are_bounded_by_the_cheapest_verification_a_token_and_by_the_tables_slope():
     """v(T) = a + b T: T v(1) / v(T) grows with T, so the bound is the largest size measured, at the past where a
     verification is cheapest relative to one token; drafts of any length tend to v(1) / b."""
