@@ -24,6 +24,7 @@ import json
 import statistics
 from pathlib import Path
 
+from specdeploy.runtime.cost_policy import draft_changes
 from tools.arguments import integer, parser
 from tools.replay import CostTable
 
@@ -37,7 +38,8 @@ def model_ceiling(costs: CostTable, past: int, rates=(1.0, 0.9, 0.8), k_max: int
     out = {}
     for a in rates:
         speed = {k: sum(a**j for j in range(k + 1))
-                 / (k * step + min(k, 2) * change + costs.seconds("target", k + 1, past, k + 1, changed=False)) * plain
+                 / (k * step + draft_changes(k) * change + costs.seconds("target", k + 1, past, k + 1, changed=False))
+                 * plain
                  for k in range(1, k_max + 1)}
         best = max(speed, key=speed.get)
         out[a] = {"best_k": best, "speedup": speed[best], "by_k": speed}

@@ -141,24 +141,24 @@ class Calibration:
         with self._lock:
             began = time.perf_counter()
             costs = self.table(exact)
-            shapes = [(target, t, None) for t in range(1, k + 2)]
+            # (engine, its table, tokens, logits kept: None for all): the target's calls keep every position's
+            shapes = [(target, "verify", t, None) for t in range(1, k + 2)]
             if k and draft is not None:
-                shapes += [(draft, t, 1) for t in (1, 2, CATCHUP_TOKENS)]
-            for engine in dict.fromkeys(engine for engine, _, _ in shapes):  # the target first
+                shapes += [(draft, "draft", t, 1) for t in (1, 2, CATCHUP_TOKENS)]
+            for engine in dict.fromkeys(shape[0] for shape in shapes):  # the target first
                 room = engine.spec.capacity - slots_needed(0, 1, k)  # the longest prompt of a one-token request
                 prompt = min(prompt_tokens, PREFILL_CHUNK, room)
                 cache = engine.allocate_cache(1, engine.spec.capacity)
                 if prompt > 0:
                     feed(engine, cache, np.zeros((1, prompt), np.int64), [prompt])
                 mine = [shape for shape in shapes if shape[0] is engine]
-                for _, tokens, last in mine:
+                for _, name, tokens, last in mine:
                     past = max(0, min(prompt, room - tokens))
-                    name = "verify" if last is None else "draft"
                     if (1, tokens) in getattr(costs, name) or tokens > room:
                         continue
                     seconds = min(_call(engine, cache, tokens, past, last) for _ in range(2))
                     costs.learn(name, (1, tokens), seconds, past)
-                for name, last in dict.fromkeys(("verify" if last is None else "draft", last) for _, _, last in mine):
+                for name, last in dict.fromkeys((name, last) for _, name, _, last in mine):
                     if name not in costs.change and room >= 2:
                         costs.change[name] = change_seconds(engine, cache, max(0, min(prompt, room - 2)), last)
             self._warmed.add((k, exact))

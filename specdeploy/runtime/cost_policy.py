@@ -83,28 +83,19 @@ class Costs:
         each call's cost there without looking for the band again."""
         return Costs(self.table("verify", batch, past), self.table("draft", batch, past), change=self.change)
 
-    def verify_cost(self, batch: int, tokens: int, past: int | None = None, last: tuple[int, int] | None = None
-                    ) -> float | None:
+    def verify_cost(self, batch: int, tokens: int, past: int | None = None) -> float | None:
         """A target call of ``tokens`` a row at ``batch`` rows after ``past`` (``call_seconds``; None: whatever the
-        past), with what a change of shape costs where it verifies drafts at another shape than ``last`` (the target's
-        previous call's (batch, tokens), a verification of drafts too; None: not known); None: nothing measured.
-
-        A change between plain decoding and drafting is not priced: it starts a stretch of one or the other, and priced
-        on the one cycle, it kept the policy where it was, drafting on where acceptance had fallen (replayed at
-        OpenVINO's table: 0.985-0.991x the geomean of pricing no change). Between drafting lengths it steadies the
-        length: 1.006-1.010x, the lowest group from 0.94x plain to 0.99x (docs/results/openvino/, Round four)."""
-        seconds = call_seconds(self.table("verify", batch, past), batch, tokens)
-        changed = last is not None and last != (batch, tokens) and min(tokens, last[1]) > 1
-        return seconds + self.change.get("verify", 0.0) if seconds is not None and changed else seconds
+        past), its shape kept; None: nothing measured."""
+        return call_seconds(self.table("verify", batch, past), batch, tokens)
 
     def draft_cost(self, batch: int, k: int, past: int | None = None) -> float | None:
-        """The draft calls of a cycle of ``k`` drafts: a first call of two tokens, then k - 1 of one; the first and
-        the second change the draft's shape (after the last cycle's one-token calls, after the two-token call)."""
+        """The draft calls of a cycle of ``k`` drafts: a first call of two tokens, then k - 1 of one, with the changes
+        of shape they make (``draft_changes``)."""
         if k == 0:
             return 0.0
         table = self.table("draft", batch, past)
         first, later = call_seconds(table, batch, 2), call_seconds(table, batch, 1)
-        return None if first is None else first + (k - 1) * later + min(k, 2) * self.change.get("draft", 0.0)
+        return None if first is None else first + (k - 1) * later + draft_changes(k) * self.change.get("draft", 0.0)
 
     def catchup_cost(self, batch: int, tokens: int, past: int | None = None) -> float | None:
         """The draft catching up on ``tokens`` (all ``batch`` rows together), as one call of their share a row."""
@@ -137,6 +128,12 @@ class Costs:
         if not isinstance(change, dict) or not set(change) <= {"verify", "draft"}:
             raise ValueError(f"costs.change: got {short(change)}; expected {{\"verify\" or \"draft\": seconds}}")
         return cls(*tables, bands, {name: _seconds(value, zero=True) for name, value in change.items()})
+
+
+def draft_changes(k: int) -> int:
+    """Changes of the draft's shape in a cycle of ``k`` drafts: its first call (two tokens, after the last cycle's
+    one-token calls) and its second (one token, after the two)."""
+    return min(k, 2)
 
 
 def band(past: int) -> int:
@@ -186,11 +183,19 @@ def cycle_prices(costs: Costs, batch: int, k: int, model: bool, past: int | None
                  last: tuple[int, int] | None = None) -> list[float] | None:
     """Seconds of a cycle of K = 0..k drafts at ``batch`` rows after ``past`` tokens (None: whatever the past): the
     draft calls (``model``: the drafts cost draft calls, prompt lookup's and the index's none) and a verification of
-    K + 1, with the change of shape where it verifies drafts at another shape than ``last``, the target's previous
-    call's (batch, tokens) (``Costs.verify_cost``). None: a cost is not measured."""
+    K + 1, with the change of shape where it verifies drafts at another shape than ``last`` (the target's previous
+    call's (batch, tokens), a verification of drafts too; None: not known). None: a cost is not measured.
+
+    A change between plain decoding and drafting is not priced: it starts a stretch of one or the other, and priced on
+    the one cycle, it kept the policy where it was, drafting on where acceptance had fallen (replayed at OpenVINO's
+    table: 0.985-0.991x the geomean of pricing no change). Between drafting lengths it steadies the length:
+    1.006-1.010x, the lowest group from 0.94x plain to 0.99x (docs/results/openvino/, Round four)."""
     costs, out = costs.at(batch, past), []  # the band chosen once, not for each K
+    change = costs.change.get("verify", 0.0) if last is not None and last[1] > 1 else 0.0
     for drafts in range(k + 1):
-        verify = costs.verify_cost(batch, drafts + 1, last=last)
+        verify = costs.verify_cost(batch, drafts + 1)
+        if verify is not None and drafts and (batch, drafts + 1) != last:
+            verify += change
         draft = costs.draft_cost(batch, drafts) if model else 0.0
         if verify is None or draft is None:
             return None
